@@ -1,0 +1,123 @@
+"""Reference greedy and beam-search decoding in PyTorch, on the cached incremental path.
+
+This is the specification that the ONNX decoder and the server's scheduler must reproduce token for
+token. Beam search, per source sentence with beam size K:
+
+1. Start with one live hypothesis [BOS] of score 0.
+2. Each step, every live hypothesis proposes score + log_softmax(logits) for every token; the 2K best
+   candidates over all live hypotheses are taken in descending score order (ties: lower flat index
+   `hyp * V + token` first). A candidate ending in EOS is finished, with normalised score
+   score / (generated length incl. EOS) ** length_penalty; any other candidate becomes live until K
+   are live. Candidates past those K are dropped.
+3. Stop when K hypotheses have finished, or when the generated length reaches `max_len`, at which
+   point the live hypotheses are finished as they are (normalised by their length).
+4. Return finished hypotheses by descending normalised score (ties: earlier finished first).
+
+Greedy is the same with K = 1 but stops at the first EOS and is normalised the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated ids, EOS excluded
+    score: float  # sum of token log-probabilities, EOS included when it was generated
+    normalized: float  # score / length ** length_penalty; the ranking key
+
+
+class CachedDecoder:
+    """Runs `decode_step` for a set of rows whose caches grow by one position per call."""
+
+    def __init__(self, model: Transformer, src: Tensor) -> None:
+        """src (1, S) ids of one sentence."""
+        self.model = model
+        self.src_mask = src != model.cfg.pad_id
+        self.cross = model.cross_kv(model.encode(src, self.src_mask))
+        n_layers, cfg = len(model.decoder), model.cfg
+        empty = torch.zeros(1, cfg.n_heads, 0, cfg.head_dim)
+        self.k = [empty] * n_layers
+        self.v = [empty] * n_layers
+        self.rows = 1
+
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        """tokens (R,) for the current rows -> log-probs (R, V); caches grow by one position."""
+        rows = tokens.size(0)
+        cross = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.cross]
+        keep = torch.ones(rows, self.k[0].size(2), dtype=torch.bool)
+        positions = torch.full((rows,), step, dtype=torch.long)
+        logits, new_k, new_v = self.model.decode_step(
+            tokens, positions, self.k, self.v, keep, cross, self.src_mask.expand(rows, -1)
+        )
+        self.k = [torch.cat([k, nk], dim=2) for k, nk in zip(self.k, new_k, strict=True)]
+        self.v = [torch.cat([v, nv], dim=2) for v, nv in zip(self.v, new_v, strict=True)]
+        return logits.float().log_softmax(dim=-1)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep cache rows `rows` (R',), in that order (beam reordering)."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+
+
+def normalize(score: float, length: int, length_penalty: float) -> float:
+    return score / (max(length, 1) ** length_penalty)
+
+
+@torch.no_grad()
+def beam_search(
+    model: Transformer,
+    src_ids: list[int],
+    beam_size: int = 4,
+    max_len: int = 128,
+    length_penalty: float = 1.0,
+) -> list[Hypothesis]:
+    """All finished hypotheses of one source, best first (see the module docstring for the rules)."""
+    cfg = model.cfg
+    if beam_size < 1 or max_len < 1:
+        raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size} and {max_len}")
+    decoder = CachedDecoder(model, torch.tensor([src_ids], dtype=torch.long))
+    live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    finished: list[Hypothesis] = []
+    new_live: list[tuple[tuple[int, ...], float]] = []
+    last = torch.tensor([cfg.bos_id])
+    for step in range(max_len):
+        logp = decoder.step(last, step)  # (R, V)
+        scores = torch.tensor([s for _, s in live]).unsqueeze(1) + logp
+        flat = scores.view(-1)
+        k = min(2 * beam_size, flat.numel())
+        # stable descending order: equal scores keep the lower flat index first
+        order = torch.sort(flat, descending=True, stable=True).indices[:k]
+        new_live: list[tuple[tuple[int, ...], float]] = []
+        parents: list[int] = []
+        for idx in order.tolist():
+            hyp, token = divmod(idx, cfg.vocab_size)
+            tokens, score = live[hyp][0], float(flat[idx])
+            if token == cfg.eos_id:
+                length = len(tokens) + 1
+                finished.append(Hypothesis(tokens, score, normalize(score, length, length_penalty)))
+            else:
+                new_live.append(((*tokens, token), score))
+                parents.append(hyp)
+            if len(finished) >= beam_size or len(new_live) == beam_size:
+                break
+        if len(finished) >= beam_size or step + 1 == max_len:
+            break
+        live = new_live
+        decoder.reorder(torch.tensor(parents))
+        last = torch.tensor([t[-1] for t, _ in live])
+    if len(finished) < beam_size:
+        finished.extend(Hypothesis(t, s, normalize(s, len(t), length_penalty)) for t, s in new_live)
+    return sorted(finished, key=lambda h: -h.normalized)  # sorted() is stable: ties keep finish order
+
+
+@torch.no_grad()
+def greedy(model: Transformer, src_ids: list[int], max_len: int = 128) -> Hypothesis:
+    """Most likely token at each step until EOS or `max_len` generated tokens."""
+    return beam_search(model, src_ids, beam_size=1, max_len=max_len)[0]

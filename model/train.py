@@ -1,0 +1,246 @@
+"""Train the Transformer as in the paper, resumable, on CPU or CUDA.
+
+Label smoothing, Adam(0.9, 0.98) with linear warmup then inverse-square-root decay, token-count
+batches, dropout. A checkpoint is written every `--save-minutes` and at the end; `--resume` continues
+from the newest one exactly where it stopped (step, epoch, batch, RNG state). The last
+`--average` checkpoints are averaged into the shipped artifact by `--ship`.
+
+Usage:
+    python -m model.train --data data --tokenizer model/shipped/tokenizer.model --run runs/base
+    python -m model.train ... --resume            # continue
+    python -m model.train --run runs/base --ship model/shipped   # average and export only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from model.artifact import save_artifact
+from model.batching import Batch, Mixture, collate, epoch_examples, make_examples, token_batches
+from model.config import PAD_ID, ModelConfig
+from model.data import read_tsv
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer, count_parameters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; saved next to every checkpoint."""
+
+    max_tokens: int = 3000  # padded source+target tokens per batch
+    peak_lr: float = 1.5e-3  # reached at the end of warmup
+    warmup_steps: int = 600
+    label_smoothing: float = 0.1
+    max_minutes: float = 120.0  # stop (and checkpoint) after this much wall time in this process
+    max_steps: int = 1_000_000
+    save_minutes: float = 10.0
+    keep_checkpoints: int = 5
+    seed: int = 1234
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to `peak_lr`, then decay with 1/sqrt(step) as in the paper."""
+    step = max(step, 1)
+    return cfg.peak_lr * min(step / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / step))
+
+
+def loss_of(model: Transformer, batch: Batch, smoothing: float) -> torch.Tensor:
+    logits = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)),
+        batch.tgt_out.reshape(-1),
+        ignore_index=PAD_ID,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+
+
+@torch.no_grad()
+def validation_loss(model: Transformer, batches: list[Batch]) -> float:
+    model.eval()
+    total = sum(float(loss_of(model, b, 0.0)) for b in batches)
+    model.train()
+    return total / max(1, sum(b.n_tokens for b in batches))
+
+
+def checkpoint_paths(run: Path) -> list[Path]:
+    return sorted(run.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+
+
+def save_checkpoint(run: Path, state: dict[str, object], keep: int) -> None:
+    path = run / f"ckpt_{state['step']:07d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a killed run never leaves a torn checkpoint
+    for old in checkpoint_paths(run)[:-keep]:
+        old.unlink()
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Mean of the model weights of `paths` (Vaswani et al. average the last five)."""
+    avg: dict[str, torch.Tensor] = {}
+    for path in paths:
+        state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+        for k, v in state.items():
+            avg[k] = avg.get(k, torch.zeros_like(v, dtype=torch.float32)) + v.float() / len(paths)
+    return avg
+
+
+def ship(run: Path, out: Path, n_average: int) -> None:
+    paths = checkpoint_paths(run)[-n_average:]
+    if not paths:
+        raise SystemExit(f"no checkpoints in {run}")
+    cfg = ModelConfig.from_dict(json.loads((run / "model_config.json").read_text()))
+    model = Transformer(cfg)
+    model.load_state_dict(average_checkpoints(paths))
+    save_artifact(model, out)
+    log.info("averaged %s into %s", [p.name for p in paths], out)
+
+
+class Trainer:
+    """Holds model, optimiser and data position; `run()` trains until a time or step limit."""
+
+    def __init__(self, args: argparse.Namespace, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+        self.run_dir: Path = args.run
+        self.tcfg = tcfg
+        self.device = torch.device(args.device)
+        torch.manual_seed(tcfg.seed)
+        self.model = Transformer(mcfg).to(self.device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+        tok = Tokenizer(args.tokenizer)
+        self.train_examples = make_examples(read_tsv(args.data / "train.tsv"), tok, mcfg.max_len)
+        valid = make_examples(read_tsv(args.data / "valid.tsv"), tok, mcfg.max_len)
+        self.valid = [collate(b, self.device) for b in token_batches(valid, 4000, random.Random(0))]
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        log.info("model %s parameters, %d training examples", f"{count_parameters(self.model):,}",
+                 len(self.train_examples))
+
+    def state(self) -> dict[str, object]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+        }
+
+    def resume(self) -> None:
+        paths = checkpoint_paths(self.run_dir)
+        if not paths:
+            log.info("nothing to resume in %s; starting fresh", self.run_dir)
+            return
+        state = torch.load(paths[-1], map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        log.info("resumed from %s (step %d, epoch %d)", paths[-1].name, self.step, self.epoch)
+
+    def epoch_batches(self) -> list[list]:
+        rng = random.Random(self.tcfg.seed * 1000 + self.epoch)  # same epoch, same batches: exact resume
+        return token_batches(epoch_examples(self.train_examples, Mixture(), rng), self.tcfg.max_tokens, rng)
+
+    def log_metrics(self, record: dict[str, float]) -> None:
+        with (self.run_dir / "log.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def train_step(self, batch: Batch) -> float:
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(self.step + 1, self.tcfg)
+        loss = loss_of(self.model, batch, self.tcfg.label_smoothing)
+        self.opt.zero_grad(set_to_none=True)
+        (loss / batch.n_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        return float(loss.detach()) / batch.n_tokens
+
+    def checkpoint(self, tokens_per_s: float, train_loss: float) -> None:
+        vloss = validation_loss(self.model, self.valid)
+        self.log_metrics({"step": self.step, "epoch": self.epoch, "train_loss": train_loss,
+                          "valid_loss": vloss, "lr": lr_at(self.step, self.tcfg),
+                          "tokens_per_s": tokens_per_s, "time": time.time()})
+        save_checkpoint(self.run_dir, self.state(), self.tcfg.keep_checkpoints)
+        log.info("step %d epoch %d train %.3f valid %.3f (%.0f tok/s)", self.step, self.epoch, train_loss,
+                 vloss, tokens_per_s)
+
+    def run(self) -> None:
+        self.model.train()
+        start = last_save = time.time()
+        tokens, loss_sum, loss_n = 0, 0.0, 0
+        while self.step < self.tcfg.max_steps:
+            batches = self.epoch_batches()
+            bar = tqdm(batches[self.batch_in_epoch:], desc=f"epoch {self.epoch}", mininterval=30)
+            for examples in bar:
+                batch = collate(examples, self.device)
+                loss_sum += self.train_step(batch)
+                loss_n += 1
+                tokens += batch.n_tokens
+                self.batch_in_epoch += 1
+                now = time.time()
+                bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", step=self.step, refresh=False)
+                out_of_time = now - start > self.tcfg.max_minutes * 60 or self.step >= self.tcfg.max_steps
+                if now - last_save > self.tcfg.save_minutes * 60 or out_of_time:
+                    self.checkpoint(tokens / (now - last_save), loss_sum / loss_n)
+                    last_save, tokens, loss_sum, loss_n = time.time(), 0, 0.0, 0
+                if out_of_time:
+                    return
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=Path("data"))
+    p.add_argument("--tokenizer", type=Path, default=Path("model/shipped/tokenizer.model"))
+    p.add_argument("--run", type=Path, default=Path("runs/base"))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--ship", type=Path, help="average the last checkpoints of --run into this dir and exit")
+    p.add_argument("--average", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    for name, field_type in (("d_model", int), ("n_heads", int), ("d_ff", int), ("n_encoder_layers", int),
+                             ("n_decoder_layers", int), ("dropout", float)):
+        p.add_argument(f"--{name.replace('_', '-')}", type=field_type, default=getattr(ModelConfig, name))
+    for name in ("max_tokens", "peak_lr", "warmup_steps", "max_minutes", "max_steps", "save_minutes"):
+        default = getattr(TrainConfig, name)
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ship:
+        ship(args.run, args.ship, args.average)
+        return
+    vocab = Tokenizer(args.tokenizer).vocab_size
+    mcfg = ModelConfig(vocab_size=vocab, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
+                       n_encoder_layers=args.n_encoder_layers, n_decoder_layers=args.n_decoder_layers,
+                       dropout=args.dropout)
+    tcfg = TrainConfig(max_tokens=args.max_tokens, peak_lr=args.peak_lr, warmup_steps=args.warmup_steps,
+                       max_minutes=args.max_minutes, max_steps=args.max_steps, save_minutes=args.save_minutes)
+    args.run.mkdir(parents=True, exist_ok=True)
+    (args.run / "model_config.json").write_text(mcfg.to_json())
+    (args.run / "train_config.json").write_text(json.dumps(tcfg.__dict__, indent=2))
+    trainer = Trainer(args, mcfg, tcfg)
+    if args.resume:
+        trainer.resume()
+    trainer.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The seam between the engine loop and a model runtime: slots with a key/value cache each.
+
+A runner owns a fixed pool of `max_slots` decoding slots. Each slot holds one decoding row: the
+cross-attention keys/values of its source and the self-attention keys/values of the tokens it has
+fed so far (up to `max_target_len`). The scheduler decides which slot holds what; the runner only
+computes. Rows at different steps share one `step` call: each row has its own position, and
+attends only to its own first `position` cache entries.
+
+Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
+Implementations: `server.runtime.OnnxRunner` (onnxruntime, CPU or CUDA) and the fakes in tests.
+This module imports numpy only, so the scheduler and its tests stay free of onnxruntime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine needs to know of a model; read from the exported metadata."""
+
+    vocab_size: int  # V: width of the log-probability rows `step` returns
+    max_source_len: int  # longest source in tokens, language tag and EOS included
+    max_target_len: int  # most tokens a slot can feed (and so generate)
+    bos_id: int  # first decoder input of every row
+    eos_id: int  # ends a hypothesis
+    pad_id: int  # never produced
+    tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}
+
+
+@dataclass(frozen=True)
+class EncodeItem:
+    """One source to encode into one or more slots (beam search fills K slots from one source)."""
+
+    source_ids: list[int]  # tag + pieces + EOS
+    slots: list[int]  # slots that decode this source; their self-attention caches are reset
+
+
+class Runner(Protocol):
+    """Computes for the scheduler; never decides anything."""
+
+    spec: ModelSpec
+    max_slots: int  # slots are numbered 0 .. max_slots - 1
+
+    def encode(self, items: list[EncodeItem]) -> None:
+        """Run the encoder once per item (batched) and store its cross keys/values in its slots."""
+        ...
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        """Feed `tokens[i]` at `positions[i]` to `slots[i]`; return log-probabilities (B, V) float32.
+
+        The new keys/values are stored at `positions[i]` of each slot, so the next call for that
+        slot passes `positions[i] + 1`. Row i attends to cache entries 0 .. positions[i].
+        """
+        ...
+
+    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
+        """Make each destination slot a copy of its source slot as it was before the call (cache and
+        source alike). Sources and destinations may overlap: this is a gather, like
+        `cache[destinations] = cache[sources]`."""
+        ...
