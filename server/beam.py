@@ -1,0 +1,90 @@
+"""Beam search for one sentence as a pure state machine over log-probability rows (numpy only).
+
+It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
+order (ties: lower flat index first), EOS candidates finish with score / length ** length_penalty,
+the rest stay live until K are live; stop at K finished or at `max_len` generated tokens.
+The caller owns the rows (slots): after `advance`, live row i continues from parent row
+`parents[i]` with token `tokens[i]`. Greedy is K = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated ids, EOS excluded
+    score: float  # sum of token log-probabilities, EOS included when generated
+    normalized: float  # score / length ** length_penalty; the ranking key
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What the caller must do to its rows after one step."""
+
+    parents: list[int]  # for each new live row, the row it continues (index into the previous rows)
+    tokens: list[int]  # the token each new live row feeds next
+    done: bool  # no live rows remain to step
+
+
+def normalize(score: float, length: int, length_penalty: float) -> float:
+    return score / (max(length, 1) ** length_penalty)
+
+
+@dataclass
+class BeamState:
+    """The live and finished hypotheses of one sentence."""
+
+    beam_size: int
+    max_len: int
+    length_penalty: float
+    eos_id: int
+    live: list[tuple[tuple[int, ...], float]] = field(default_factory=lambda: [((), 0.0)])
+    finished: list[Hypothesis] = field(default_factory=list)
+    steps: int = 0  # tokens generated so far by every live row
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.max_len < 1:
+            raise ValueError(f"beam_size and max_len must be >= 1, got {self.beam_size} and {self.max_len}")
+
+    def advance(self, logprobs: npt.NDArray[np.float32]) -> Advance:
+        """Take log-probabilities (R, V) of the R live rows; return the rows' next moves."""
+        if logprobs.shape[0] != len(self.live):
+            raise ValueError(f"expected {len(self.live)} rows of log-probabilities, got {logprobs.shape[0]}")
+        vocab = logprobs.shape[1]
+        # float32 sums, as torch adds scores to log-probs in float32 in the reference
+        scores = np.asarray([s for _, s in self.live], dtype=np.float32)[:, None] + logprobs.astype(np.float32)
+        flat = scores.reshape(-1)
+        k = min(2 * self.beam_size, flat.size)
+        order = np.argsort(-flat, kind="stable")[:k]
+        new_live: list[tuple[tuple[int, ...], float]] = []
+        parents: list[int] = []
+        for idx in order.tolist():
+            hyp, token = divmod(idx, vocab)
+            tokens, score = self.live[hyp][0], float(flat[idx])
+            if token == self.eos_id:
+                length = len(tokens) + 1
+                self.finished.append(Hypothesis(tokens, score, normalize(score, length, self.length_penalty)))
+            else:
+                new_live.append(((*tokens, token), score))
+                parents.append(hyp)
+            if len(self.finished) >= self.beam_size or len(new_live) == self.beam_size:
+                break
+        self.steps += 1
+        if len(self.finished) >= self.beam_size or self.steps >= self.max_len:
+            if len(self.finished) < self.beam_size:
+                self.finished.extend(
+                    Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live
+                )
+            self.live = []
+            return Advance([], [], done=True)
+        self.live = new_live
+        return Advance(parents, [t[-1] for t, _ in new_live], done=False)
+
+    def best(self, n: int = 1) -> list[Hypothesis]:
+        """The n best finished hypotheses (stable sort: ties keep finishing order)."""
+        return sorted(self.finished, key=lambda h: -h.normalized)[:n]

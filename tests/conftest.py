@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny random models built once per test session in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from model.artifact import SHIPPED_DIR, WEIGHTS_FILE
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model artifact (config, fp32 safetensors, tokenizer)."""
+    from tests.tiny import build_tiny_artifact
+
+    return build_tiny_artifact(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def shipped_model_dir() -> Path:
+    if not (SHIPPED_DIR / WEIGHTS_FILE).is_file():
+        pytest.fail(f"the shipped model is missing from {SHIPPED_DIR}")
+    return SHIPPED_DIR

@@ -1,0 +1,63 @@
+"""Tiny randomly initialised model artifacts for tests: built in a temp dir in seconds, never shipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model.artifact import TOKENIZER_FILE, save_artifact
+from model.config import ModelConfig
+from model.tokenizer import Tokenizer, train_tokenizer
+from model.transformer import make_model
+
+# A few real dictionary-style pairs: enough text for a small SentencePiece vocabulary.
+TINY_PAIRS: list[tuple[str, str]] = [
+    ("Das Haus ist groß.", "The house is big."),
+    ("Ich verstehe ihre Gedankengänge nicht.", "I don't understand how her mind operates."),
+    ("Es hörte auf zu regnen.", "The rain passed off."),
+    ("Er wartete voller Nervosität.", "He waited nervously."),
+    ("Die Stiefel reichten ihm bis zu den Knien.", "The boots reached up to his knees."),
+    ("Sie schrieben gemeinsam ein Buch.", "They collaborated to write a book."),
+    ("Du glaubst also, es ist alles vorbei?", "So you think it's all over?"),
+    ("Ich möchte mich nicht festlegen.", "I don't want to be committed."),
+    ("Komm, hör auf zu jammern, wir sind gleich da.", "Oh, stop complaining, we're nearly there."),
+    ("Ich habe mich dort ausgeschlossen gefühlt.", "I felt out of it there."),
+    ("Für gesellschaftliche Aktivitäten hatte ich keine Zeit.", "I didn't have time for socializing."),
+    ("Die Sache wurde bis zur Klärung zurückgestellt.", "Matters were put in abeyance."),
+    ("Lernfähigkeit", "learning ability"),
+    ("Geheimpolizei", "secret police"),
+    ("Steuerpult", "console"),
+    ("Datenbankstruktur", "database structure"),
+    ("ins Kino kommen", "to hit the screen"),
+    ("Leidenschaft", "passion"),
+    ("eine Leidenschaft für etw. haben", "to have a passion for sth."),
+    ("Planungsprozess", "planning process"),
+]
+
+TINY_CONFIG = ModelConfig(
+    vocab_size=0,  # replaced by the tokenizer's size
+    d_model=32,
+    n_heads=4,
+    d_ff=64,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
+    dropout=0.0,
+    max_len=64,
+)
+
+
+def build_tiny_tokenizer(out_dir: Path, vocab_size: int = 120) -> Tokenizer:
+    texts = [t for pair in TINY_PAIRS for t in pair] * 4
+    train_tokenizer(texts, out_dir, vocab_size)
+    return Tokenizer(out_dir / TOKENIZER_FILE)
+
+
+def build_tiny_artifact(out_dir: Path, seed: int = 0, config: ModelConfig = TINY_CONFIG) -> Path:
+    """config.json + model.safetensors + tokenizer.model of a random tiny model in `out_dir`."""
+    tok = build_tiny_tokenizer(out_dir)
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**config.to_dict(), "vocab_size": tok.vocab_size})
+    model = make_model(cfg).eval()
+    save_artifact(model, out_dir, dtype=torch.float32)
+    return out_dir
