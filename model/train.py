@@ -125,8 +125,9 @@ class Trainer:
         valid = make_examples(read_tsv(args.data / "valid.tsv"), tok, mcfg.max_len)
         self.valid = [collate(b, self.device) for b in token_batches(valid, 4000, random.Random(0))]
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
-        log.info("model %s parameters, %d training examples", f"{count_parameters(self.model):,}",
-                 len(self.train_examples))
+        log.info(
+            "model %s parameters, %d training examples", f"{count_parameters(self.model):,}", len(self.train_examples)
+        )
 
     def state(self) -> dict[str, object]:
         return {
@@ -169,12 +170,26 @@ class Trainer:
 
     def checkpoint(self, tokens_per_s: float, train_loss: float) -> None:
         vloss = validation_loss(self.model, self.valid)
-        self.log_metrics({"step": self.step, "epoch": self.epoch, "train_loss": train_loss,
-                          "valid_loss": vloss, "lr": lr_at(self.step, self.tcfg),
-                          "tokens_per_s": tokens_per_s, "time": time.time()})
+        self.log_metrics(
+            {
+                "step": self.step,
+                "epoch": self.epoch,
+                "train_loss": train_loss,
+                "valid_loss": vloss,
+                "lr": lr_at(self.step, self.tcfg),
+                "tokens_per_s": tokens_per_s,
+                "time": time.time(),
+            }
+        )
         save_checkpoint(self.run_dir, self.state(), self.tcfg.keep_checkpoints)
-        log.info("step %d epoch %d train %.3f valid %.3f (%.0f tok/s)", self.step, self.epoch, train_loss,
-                 vloss, tokens_per_s)
+        log.info(
+            "step %d epoch %d train %.3f valid %.3f (%.0f tok/s)",
+            self.step,
+            self.epoch,
+            train_loss,
+            vloss,
+            tokens_per_s,
+        )
 
     def run(self) -> None:
         self.model.train()
@@ -182,7 +197,7 @@ class Trainer:
         tokens, loss_sum, loss_n = 0, 0.0, 0
         while self.step < self.tcfg.max_steps:
             batches = self.epoch_batches()
-            bar = tqdm(batches[self.batch_in_epoch:], desc=f"epoch {self.epoch}", mininterval=30)
+            bar = tqdm(batches[self.batch_in_epoch :], desc=f"epoch {self.epoch}", mininterval=30)
             for examples in bar:
                 batch = collate(examples, self.device)
                 loss_sum += self.train_step(batch)
@@ -210,8 +225,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ship", type=Path, help="average the last checkpoints of --run into this dir and exit")
     p.add_argument("--average", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
-    for name, field_type in (("d_model", int), ("n_heads", int), ("d_ff", int), ("n_encoder_layers", int),
-                             ("n_decoder_layers", int), ("dropout", float)):
+    for name, field_type in (
+        ("d_model", int),
+        ("n_heads", int),
+        ("d_ff", int),
+        ("n_encoder_layers", int),
+        ("n_decoder_layers", int),
+        ("dropout", float),
+    ):
         p.add_argument(f"--{name.replace('_', '-')}", type=field_type, default=getattr(ModelConfig, name))
     for name in ("max_tokens", "peak_lr", "warmup_steps", "max_minutes", "max_steps", "save_minutes"):
         default = getattr(TrainConfig, name)
@@ -228,11 +249,23 @@ def main() -> None:
         ship(args.run, args.ship, args.average)
         return
     vocab = Tokenizer(args.tokenizer).vocab_size
-    mcfg = ModelConfig(vocab_size=vocab, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
-                       n_encoder_layers=args.n_encoder_layers, n_decoder_layers=args.n_decoder_layers,
-                       dropout=args.dropout)
-    tcfg = TrainConfig(max_tokens=args.max_tokens, peak_lr=args.peak_lr, warmup_steps=args.warmup_steps,
-                       max_minutes=args.max_minutes, max_steps=args.max_steps, save_minutes=args.save_minutes)
+    mcfg = ModelConfig(
+        vocab_size=vocab,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        d_ff=args.d_ff,
+        n_encoder_layers=args.n_encoder_layers,
+        n_decoder_layers=args.n_decoder_layers,
+        dropout=args.dropout,
+    )
+    tcfg = TrainConfig(
+        max_tokens=args.max_tokens,
+        peak_lr=args.peak_lr,
+        warmup_steps=args.warmup_steps,
+        max_minutes=args.max_minutes,
+        max_steps=args.max_steps,
+        save_minutes=args.save_minutes,
+    )
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())
     (args.run / "train_config.json").write_text(json.dumps(tcfg.__dict__, indent=2))

@@ -122,8 +122,14 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: Tensor, self_k: Tensor, self_v: Tensor, self_keep: Tensor,
-        cross_k: Tensor, cross_v: Tensor, src_keep: Tensor,
+        self,
+        x: Tensor,
+        self_k: Tensor,
+        self_v: Tensor,
+        self_keep: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_keep: Tensor,
     ) -> Tensor:
         """`self_k`/`self_v` (B, H, P, Dh) already include this call's own positions."""
         x = x + self.dropout(self.self_attn(self.norm1(x), self_k, self_v, self_keep))

@@ -1,0 +1,86 @@
+"""Dictionary parsing on real Ding lines, including malformed ones."""
+
+from __future__ import annotations
+
+from model.data import Pair, ParseStats, clean, is_sentence, parse_line, parse_lines, resolve_slashes, split_pairs
+
+REAL_LINES = [
+    "# Version :: devel 2023-01-30",
+    "Aalsuppe {f} [cook.] | Aalsuppen {pl} :: eel soup | eel soups",
+    "Lüftungsgerät {n} | Lüftungsgeräte {pl} | Kompaktlüftungsgerät {n} :: air handling unit /AHU/; air handler"
+    " | air handling units; air handlers | compact air-handling unit",
+    "Aalräucherei {f} | Aalräuchereien {pl} :: eel smokery; eel-smoking business <eelsmoking business>"
+    " | eel smokeries; eel-smoking businesses",
+    "Das ist die Höhe!; Das schießt den Vogel ab! [übtr.] :: That takes the cake! [fig.]",
+    "blanker Hohn | Es war purer Zufall. :: sheer/pure mockery | It was sheer/pure coincidence.",
+]
+MALFORMED_LINES = [
+    "Aal {m} | Aale {pl} :: eel",  # sub-entries do not align
+    "no separator at all",
+    "a :: b :: c",  # two separators
+    "{f} [techn.] :: <x>",  # nothing left after cleaning
+    "",
+]
+
+
+def test_annotations_are_stripped() -> None:
+    assert clean("Aalsuppe {f} [cook.]") == "Aalsuppe"
+    assert clean("air handling unit /AHU/") == "air handling unit"
+    assert clean("eel-smoking business <eelsmoking business>") == "eel-smoking business"
+
+
+def test_parenthesised_glosses_are_kept() -> None:
+    assert clean("Aal {m} (auf der Speisekarte) [cook.]") == "Aal (auf der Speisekarte)"
+
+
+def test_slash_alternatives_keep_the_first() -> None:
+    assert resolve_slashes("ganz/völlig") == "ganz"
+    assert resolve_slashes("It was sheer/pure coincidence.") == "It was sheer coincidence."
+    assert resolve_slashes("pure / arrant rhetoric") == "pure rhetoric"
+    assert resolve_slashes("1/2 cup") == "1/2 cup"
+
+
+def test_aligned_subentries_and_alternatives() -> None:
+    stats = ParseStats()
+    pairs = parse_line(REAL_LINES[2], stats)
+    assert Pair("Lüftungsgerät", "air handling unit") in pairs
+    assert Pair("Lüftungsgerät", "air handler") in pairs
+    assert Pair("Lüftungsgeräte", "air handling units") in pairs
+    assert Pair("Kompaktlüftungsgerät", "compact air-handling unit") in pairs
+    assert not stats.malformed
+
+
+def test_sentence_alternatives_pair_with_first() -> None:
+    pairs = parse_line(REAL_LINES[4], ParseStats())
+    assert pairs == [
+        Pair("Das ist die Höhe!", "That takes the cake!"),
+        Pair("Das schießt den Vogel ab!", "That takes the cake!"),
+    ]
+
+
+def test_malformed_lines_are_counted_not_fatal() -> None:
+    stats = ParseStats()
+    pairs = list(parse_lines(REAL_LINES + MALFORMED_LINES, stats))
+    assert pairs, "the good lines still parse"
+    assert sum(stats.malformed.values()) == 4
+    assert stats.malformed["unaligned sub-entries"] == 1
+    assert stats.malformed["separator"] == 2
+    assert stats.comments == 2  # the header comment and the empty line
+
+
+def test_sentence_detection() -> None:
+    assert is_sentence(Pair("Es war purer Zufall.", "It was sheer coincidence."))
+    assert not is_sentence(Pair("blanker Hohn", "sheer mockery"))
+
+
+def test_split_is_deterministic_and_leak_free() -> None:
+    sentences = [Pair(f"Das ist Satz Nummer {i}.", f"This is sentence number {i}.") for i in range(2000)]
+    words = [Pair(f"Wort{i}", f"word{i}") for i in range(200)]
+    leak = [Pair(p.de, "another translation") for p in sentences]  # same German, other English
+    first = split_pairs(sentences + words + leak)
+    second = split_pairs(sentences + words + leak)
+    assert first == second
+    assert first["test"] and first["valid"]
+    held_de = {p.de for p in first["test"] + first["valid"]}
+    assert not held_de & {p.de for p in first["train"]}
+    assert all(is_sentence(p) for p in first["test"] + first["valid"])
