@@ -94,7 +94,7 @@ def beam_search(
         k = min(2 * beam_size, flat.numel())
         # stable descending order: equal scores keep the lower flat index first
         order = torch.sort(flat, descending=True, stable=True).indices[:k]
-        new_live: list[tuple[tuple[int, ...], float]] = []
+        new_live = []
         parents: list[int] = []
         for idx in order.tolist():
             hyp, token = divmod(idx, cfg.vocab_size)

@@ -14,6 +14,8 @@ reference); `decode_step` advances one token per row against a key/value cache (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -140,6 +142,8 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with tied embeddings and a cached incremental decoder."""
 
+    positions: Tensor  # (max_len, D) sinusoids; a non-persistent buffer, rebuilt from the config
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -160,6 +164,11 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 module.weight[self.cfg.pad_id].zero_()
 
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """`self.decoder` typed: nn.ModuleList yields plain Modules to the type checker."""
+        return cast("Sequence[DecoderLayer]", self.decoder)
+
     def embed_tokens(self, ids: Tensor, pos: Tensor) -> Tensor:
         """Scaled token embedding plus sinusoid at `pos`; ids and pos (B, T) -> (B, T, D)."""
         return self.embed_dropout(self.embed(ids) * math.sqrt(self.cfg.d_model) + self.positions[pos])
@@ -179,7 +188,7 @@ class Transformer(nn.Module):
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Encoder-decoder keys and values for every decoder layer, each (B, H, S, Dh); computed once."""
-        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder over all positions: tgt_in (B, T) -> logits (B, T, V)."""
@@ -188,7 +197,7 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, pos)
         self_keep = subsequent_mask(t, tgt_in.device)  # (1, 1, T, T)
         src_keep = src_mask[:, None, None, :]
-        for layer, (ck, cv) in zip(self.decoder, self.cross_kv(memory), strict=True):
+        for layer, (ck, cv) in zip(self.decoder_layers, self.cross_kv(memory), strict=True):
             k, v = layer.self_attn.project_kv(layer.norm1(x))
             x = layer(x, k, v, self_keep, ck, cv, src_keep)
         return self.logits(x)
@@ -222,7 +231,7 @@ class Transformer(nn.Module):
         src_keep = src_mask[:, None, None, :]
         new_k: list[Tensor] = []
         new_v: list[Tensor] = []
-        for i, layer in enumerate(self.decoder):
+        for i, layer in enumerate(self.decoder_layers):
             k, v = layer.self_attn.project_kv(layer.norm1(x))  # (B, H, 1, Dh)
             new_k.append(k)
             new_v.append(v)

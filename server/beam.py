@@ -77,9 +77,7 @@ class BeamState:
         self.steps += 1
         if len(self.finished) >= self.beam_size or self.steps >= self.max_len:
             if len(self.finished) < self.beam_size:
-                self.finished.extend(
-                    Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live
-                )
+                self.finished.extend(Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live)
             self.live = []
             return Advance([], [], done=True)
         self.live = new_live

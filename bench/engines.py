@@ -1,0 +1,143 @@
+"""One small adapter per offline engine behind a common interface.
+
+Every engine takes the same token ids (language tag + pieces + EOS, exactly what our encoder sees),
+the same beam size and the same thread count, and returns the best hypothesis' ids per source, so
+throughput is counted in the same target tokens everywhere and outputs can be compared id for id.
+The served path is measured end to end through gRPC by bench.loadgen, not here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from model.artifact import load_config
+
+
+class Unavailable(RuntimeError):
+    """The engine cannot run here (missing package, export or device); the bench records why."""
+
+
+class OfflineEngine(Protocol):
+    name: str
+
+    def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
+        """Best hypothesis ids (EOS excluded) for each source, decoded as one batch."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine shares, so that the comparison is like for like."""
+
+    model_dir: Path
+    device: str  # "cpu" or "cuda"
+    threads: int  # intra-op threads for every engine
+    max_len: int  # most generated tokens per sentence
+    max_batch: int  # sentences per batch call
+
+
+class PyTorchEngine:
+    """Our reference decoder (model/decode.py), eager PyTorch, one sentence at a time."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        import torch
+
+        from model.artifact import load_artifact
+
+        if settings.device == "cuda" and not torch.cuda.is_available():
+            raise Unavailable("torch has no CUDA device")
+        torch.set_num_threads(settings.threads)
+        self.name = "pytorch-eager"
+        self.model = load_artifact(settings.model_dir, settings.device)
+        self.max_len = settings.max_len
+
+    def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
+        from model.decode import beam_search
+
+        # The reference decoder has no batch dimension: it is the spec, not a server.
+        return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
+
+
+class CTranslate2Engine:
+    """CTranslate2 `translate_batch` on a model converted by bench.ct2_convert."""
+
+    def __init__(self, settings: EngineSettings, compute_type: str, work_dir: Path) -> None:
+        import ctranslate2
+
+        from bench.ct2_convert import convert, piece_list
+
+        if settings.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            raise Unavailable("CTranslate2 sees no CUDA device")
+        if compute_type not in ctranslate2.get_supported_compute_types(settings.device):
+            raise Unavailable(f"compute type {compute_type} unsupported on {settings.device}")
+        self.name = f"ctranslate2-{compute_type}"
+        model_path = convert(settings.model_dir, work_dir / self.name, quantization=compute_type)
+        self.translator = ctranslate2.Translator(
+            str(model_path), device=settings.device, compute_type=compute_type, inter_threads=1,
+            intra_threads=settings.threads,
+        )  # fmt: skip
+        self.vocabulary = piece_list(settings.model_dir)
+        self.settings = settings
+
+    def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
+        from bench.ct2_convert import translate_ids
+
+        return translate_ids(
+            self.translator, self.vocabulary, sources, beam_size, self.settings.max_len, self.settings.max_batch
+        )
+
+
+class OnnxEngine:
+    """Our ONNX decoder offline: server.offline.translate_ids over server.runtime.OnnxRunner."""
+
+    def __init__(self, settings: EngineSettings, variant: str) -> None:
+        variant_dir = settings.model_dir / "onnx" / variant
+        for module in ("server.runtime", "server.offline"):
+            if importlib.util.find_spec(module) is None:
+                raise Unavailable(f"{module} is not in this checkout")
+        if not (variant_dir / "decoder_step.onnx").is_file():
+            raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
+        from server.runtime import OnnxRunner
+
+        self.name = f"onnx-{variant}"
+        # Beam rows take one slot each: a full batch of beams must fit.
+        slots = settings.max_batch * 4
+        self.runner = OnnxRunner(variant_dir, slots, provider=settings.device, intra_op_threads=settings.threads)
+        self.settings = settings
+
+    def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
+        from server.offline import translate_ids
+
+        results = translate_ids(self.runner, sources, beam_size, 1.0, self.settings.max_len)
+        return [list(hyps[0].tokens) for hyps in results]
+
+
+EngineFactory = Callable[[EngineSettings, Path], OfflineEngine]
+
+# Name -> constructor; the bench runs them in this order.
+ENGINES: dict[str, EngineFactory] = {
+    "ctranslate2-float32": lambda s, work: CTranslate2Engine(s, "float32", work),
+    "ctranslate2-int8": lambda s, work: CTranslate2Engine(s, "int8", work),
+    "ctranslate2-float16": lambda s, work: CTranslate2Engine(s, "float16", work),
+    "pytorch-eager": lambda s, work: PyTorchEngine(s),
+    "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32"),
+    "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
+    "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16"),
+}
+# int8 is the CPU quantization, fp16 the GPU one (as in the export variants).
+DEVICE_ENGINES: dict[str, list[str]] = {
+    "cpu": ["ctranslate2-float32", "ctranslate2-int8", "pytorch-eager", "onnx-fp32", "onnx-int8"],
+    "cuda": ["ctranslate2-float32", "ctranslate2-float16", "pytorch-eager", "onnx-fp32", "onnx-fp16"],
+}
+
+
+def create(name: str, settings: EngineSettings, work_dir: Path | None = None) -> OfflineEngine:
+    """Build engine `name`; raises Unavailable when it cannot run here."""
+    if settings.max_len > load_config(settings.model_dir).max_len:
+        raise ValueError(f"max_len {settings.max_len} exceeds the model's limit")
+    return ENGINES[name](settings, work_dir or Path(tempfile.mkdtemp(prefix="bench-")))

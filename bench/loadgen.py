@@ -1,0 +1,202 @@
+"""Open-loop and closed-loop gRPC load generator (asyncio).
+
+Open loop: request i leaves at t0 + i / rate whatever happened to earlier requests, so a slow server
+builds a queue instead of slowing the client down (no coordinated omission); every request is awaited
+after the offering window, and its status and latency are recorded. Closed loop: N workers each send
+their next request when the previous one returns, which finds the saturation throughput.
+
+Usage:
+  python -m bench.loadgen --address localhost:50051 --rate 20 --duration 10
+  python -m bench.loadgen --address localhost:50051 --concurrency 8 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from server.proto.translation.v1 import translation_pb2, translation_pb2_grpc
+
+
+@dataclass(frozen=True)
+class Query:
+    """One text to translate."""
+
+    text: str
+    source_language: str
+    target_language: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """What happened to one request."""
+
+    start: float  # seconds since the run began, when the request was sent
+    latency: float  # seconds until its response or error
+    code: str  # gRPC status name, "OK" on success
+    output_tokens: int  # target tokens the server reported (0 on error)
+
+
+# Sends one query; returns output tokens or raises grpc.aio.AioRpcError.
+Sender = Callable[[Query], Awaitable[int]]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of `values`; NaN when empty."""
+    if not values:
+        return math.nan
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Aggregate of one load run."""
+
+    mode: str  # "open" (fixed offered rate) or "closed" (fixed concurrency)
+    offered_rate: float  # requests per second offered (open loop), 0 for closed loop
+    concurrency: int  # workers (closed loop), 0 for open loop
+    requests: int
+    ok: int
+    errors: dict[str, int] = field(default_factory=dict)  # gRPC status name -> count, OK excluded
+    elapsed_s: float = 0.0  # first send to last response
+    achieved_rps: float = 0.0  # successful requests per second
+    tokens_per_s: float = 0.0  # target tokens per second over successful requests
+    p50_ms: float = math.nan
+    p95_ms: float = math.nan
+    p99_ms: float = math.nan
+
+
+def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, concurrency: int = 0) -> Summary:
+    """Latency percentiles of successful requests, throughput and error counts."""
+    ok = [r for r in records if r.code == "OK"]
+    errors = Counter(r.code for r in records if r.code != "OK")
+    elapsed = max((r.start + r.latency for r in records), default=0.0) - min((r.start for r in records), default=0.0)
+    latencies_ms = [r.latency * 1000 for r in ok]
+    rate = (lambda n: n / elapsed) if elapsed > 0 else (lambda n: 0.0)
+    return Summary(
+        mode=mode,
+        offered_rate=offered_rate,
+        concurrency=concurrency,
+        requests=len(records),
+        ok=len(ok),
+        errors=dict(errors),
+        elapsed_s=elapsed,
+        achieved_rps=rate(len(ok)),
+        tokens_per_s=rate(sum(r.output_tokens for r in ok)),
+        p50_ms=percentile(latencies_ms, 50),
+        p95_ms=percentile(latencies_ms, 95),
+        p99_ms=percentile(latencies_ms, 99),
+    )
+
+
+async def _timed(send: Sender, query: Query, t0: float) -> Record:
+    start = time.perf_counter()
+    try:
+        tokens, code = await send(query), "OK"
+    except grpc.aio.AioRpcError as err:
+        tokens, code = 0, err.code().name
+    return Record(start - t0, time.perf_counter() - start, code, tokens)
+
+
+def send_times(rate: float, duration_s: float) -> list[float]:
+    """Offsets (seconds) at which an open-loop run sends: evenly spaced, `rate` per second."""
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
+    return [i / rate for i in range(max(1, math.floor(rate * duration_s)))]
+
+
+async def open_loop(send: Sender, queries: Sequence[Query], rate: float, duration_s: float) -> list[Record]:
+    """Offer `rate` requests/s for `duration_s`, cycling through `queries`; await every response."""
+    t0 = time.perf_counter()
+    tasks: list[asyncio.Task[Record]] = []
+    for i, offset in enumerate(send_times(rate, duration_s)):
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        tasks.append(asyncio.create_task(_timed(send, queries[i % len(queries)], t0)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(send: Sender, queries: Sequence[Query], concurrency: int, duration_s: float) -> list[Record]:
+    """`concurrency` workers send back to back until `duration_s` has passed."""
+    t0 = time.perf_counter()
+    counter = itertools.count()  # shared by the workers: they walk the queries together
+    records: list[Record] = []
+
+    async def worker() -> None:
+        while time.perf_counter() - t0 < duration_s:
+            records.append(await _timed(send, queries[next(counter) % len(queries)], t0))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records
+
+
+def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float) -> Sender:
+    """A Sender calling Translator.Translate with one text per request."""
+    stub = translation_pb2_grpc.TranslatorStub(channel)
+
+    async def send(query: Query) -> int:
+        options = translation_pb2.TranslationOptions(
+            source_language=query.source_language, target_language=query.target_language, beam_size=beam_size
+        )
+        request = translation_pb2.TranslateRequest(texts=[query.text], options=options)
+        response = await stub.Translate(request, timeout=timeout_s)
+        return sum(r.output_tokens for r in response.results)
+
+    return send
+
+
+async def run_grpc(
+    address: str, queries: Sequence[Query], beam_size: int, duration_s: float, rate: float = 0.0, concurrency: int = 0
+) -> Summary:
+    """One open-loop (rate > 0) or closed-loop (concurrency > 0) run against `address`."""
+    if (rate > 0) == (concurrency > 0):
+        raise ValueError("give exactly one of rate or concurrency")
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout=30)
+        send = grpc_sender(channel, beam_size, timeout_s=max(30.0, 4 * duration_s))
+        if rate > 0:
+            return summarize(await open_loop(send, queries, rate, duration_s), "open", offered_rate=rate)
+        return summarize(await closed_loop(send, queries, concurrency, duration_s), "closed", concurrency=concurrency)
+
+
+def load_queries(tsv: Path) -> list[Query]:
+    """Both directions of every test pair, interleaved."""
+    from model.data import read_tsv
+
+    queries: list[Query] = []
+    for pair in read_tsv(tsv):
+        queries += [Query(pair.de, "de", "en"), Query(pair.en, "en", "de")]
+    return queries
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", default="localhost:50051")
+    parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
+    mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
+    args = parser.parse_args()
+    summary = asyncio.run(
+        run_grpc(args.address, load_queries(args.data), args.beam_size, args.duration, args.rate, args.concurrency)
+    )
+    print(json.dumps(asdict(summary), indent=2))
+
+
+if __name__ == "__main__":
+    main()

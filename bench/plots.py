@@ -1,0 +1,167 @@
+"""Markdown table and PNG plots from a bench results dict (see bench.run)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers
+import matplotlib.pyplot as plt
+
+BEAMS = (1, 4)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _engine_rows(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, entry in results["offline"].items():
+        if "skipped" in entry:
+            rows.append(f"| {name} | skipped: {entry['skipped']} | | | | | | |")
+            continue
+        cells = []
+        for beam in BEAMS:
+            b = entry[f"beam{beam}"]
+            agree = b.get("agreement_with_pytorch")
+            agree_txt = f"{agree['identical']}/{agree['compared']}" if agree else "reference"
+            cells += [
+                _fmt(b["throughput"]["tokens_per_s"]),
+                f"{_fmt(b['latency']['p50_ms'])} / {_fmt(b['latency']['p99_ms'])}",
+                agree_txt,
+            ]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _served_rows(results: dict[str, Any]) -> list[str]:
+    served = results["served"]
+    if "skipped" in served:
+        return [f"| served (gRPC) | skipped: {served['skipped']} | | | | | |"]
+    cells = []
+    for beam in BEAMS:
+        b = served[f"beam{beam}"]
+        single = b["closed"][0]
+        cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
+    return [f"| served {served['variant']} (gRPC, end to end) | " + " | ".join(cells) + " |"]
+
+
+def _load_rows(results: dict[str, Any]) -> list[str]:
+    served = results["served"]
+    if "skipped" in served:
+        return []
+    rows = [
+        "",
+        "Served path under load (beam 4 unless noted; closed = fixed concurrency, open = fixed offered rate):",
+        "",
+        "| beam | mode | concurrency / offered req/s | achieved req/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for beam in BEAMS:
+        b = served[f"beam{beam}"]
+        for run in b["closed"] + b.get("open", []):
+            level = run["concurrency"] if run["mode"] == "closed" else _fmt(run["offered_rate"])
+            rows.append(
+                f"| {beam} | {run['mode']} | {level} | {_fmt(run['achieved_rps'])} | {_fmt(run['tokens_per_s'])} | "
+                f"{_fmt(run['p50_ms'], 0)} | {_fmt(run['p95_ms'], 0)} | {_fmt(run['p99_ms'], 0)} | "
+                f"{run['errors'] or 0} |"
+            )
+    return rows
+
+
+def _ratio_rows(results: dict[str, Any]) -> list[str]:
+    rows = ["", "Ratios to CTranslate2 (throughput: higher is better; latency: lower is better):", ""]
+    rows += ["| baseline | beam | engine | throughput ratio | p50 latency ratio |", "|---|---|---|---|---|"]
+    for baseline, per_beam in results["ratios_to_ctranslate2"].items():
+        for key, per_engine in per_beam.items():
+            for name, r in per_engine.items():
+                rows.append(
+                    f"| {baseline} | {key[4:]} | {name} | {_fmt(r['throughput'], 2)} | {_fmt(r['latency_p50'], 2)} |"
+                )
+    return rows
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """The README-ready table: throughput, single-request latency, agreement, load sweep, ratios."""
+    m = results["machine"]
+    s = results["settings"]
+    header = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        f"Device {s['device']}, {s['threads']} threads per engine, batch {s['max_batch']} sentences, "
+        f"max {s['max_len']} tokens, {results['sentences']} test sentences (both directions); "
+        f"weights sha256 {results['model_sha256'][:12]}; wall {results['wall_s']:.0f} s"
+        + (" (--quick: smoke-test budgets, not comparable numbers)" if s["quick"] else ""),
+        "",
+        f"Command: `{results['command']}`",
+        "",
+        "| engine | beam 1 tokens/s | beam 1 latency p50 / p99 ms | beam 1 ids = PyTorch "
+        "| beam 4 tokens/s | beam 4 latency p50 / p99 ms | beam 4 ids = PyTorch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines = header + _engine_rows(results) + _served_rows(results) + _load_rows(results) + _ratio_rows(results)
+    return "\n".join(lines) + "\n"
+
+
+def _offline_lines(ax: Any, results: dict[str, Any], beam: int) -> None:
+    for i, (name, entry) in enumerate(results["offline"].items()):
+        if f"beam{beam}" in entry:
+            tps = entry[f"beam{beam}"]["throughput"]["tokens_per_s"]
+            # axhline does not advance the colour cycle: give each engine its own colour.
+            ax.axhline(tps, color=f"C{i + 1}", linestyle="--", linewidth=1, label=f"{name} offline")
+
+
+def plot_throughput(results: dict[str, Any], out: Path) -> Path:
+    """Served tokens/s vs concurrency per beam, with offline engines as reference lines."""
+    fig, axes = plt.subplots(1, len(BEAMS), figsize=(12, 4.5))
+    served = results["served"]
+    for ax, beam in zip(axes, BEAMS, strict=True):
+        _offline_lines(ax, results, beam)
+        if f"beam{beam}" in served:
+            runs = served[f"beam{beam}"]["closed"]
+            ax.plot(
+                [r["concurrency"] for r in runs],
+                [r["tokens_per_s"] for r in runs],
+                "o-",
+                color="C0",
+                label="served (gRPC)",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")  # engines differ by orders of magnitude
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("target tokens / s")
+        ax.set_title(f"throughput vs concurrency, beam {beam}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "throughput_vs_concurrency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(results: dict[str, Any], out: Path) -> Path:
+    """Served p50/p95/p99 latency vs offered request rate (open loop, beam 4)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    runs = results["served"].get("beam4", {}).get("open", [])
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        ax.plot([r["offered_rate"] for r in runs], [r[key] for r in runs], "o-", label=key.split("_")[0])
+    ax.set_xlabel("offered requests / s (one sentence each)")
+    ax.set_ylabel("latency ms")
+    ax.set_title("served latency vs offered load, beam 4")
+    if runs:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "served path skipped", ha="center", transform=ax.transAxes)
+    fig.tight_layout()
+    path = out / "latency_vs_load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(results: dict[str, Any], out: Path) -> list[Path]:
+    return [plot_throughput(results, out), plot_latency(results, out)]

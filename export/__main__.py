@@ -1,0 +1,74 @@
+"""python -m export --model-dir DIR [--out DIR] [--variants fp32,int8,fp16] [--opset 18]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from export.onnx_export import SUPPORTED_OPSETS, export_float
+from export.quantize import export_int8
+from model.artifact import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_config
+from server.metadata import VARIANTS
+
+
+class ExportError(Exception):
+    """Bad input to the exporter; reported as one line and exit status 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None, help="default: <model-dir>/onnx")
+    parser.add_argument("--variants", default="fp32,int8,fp16")
+    parser.add_argument("--opset", type=int, default=18)
+    return parser.parse_args(argv)
+
+
+def validate(model_dir: Path, variants: list[str], opset: int) -> None:
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        if not (model_dir / name).is_file():
+            raise ExportError(f"missing {name} in model directory {model_dir}")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ExportError(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if opset not in SUPPORTED_OPSETS:
+        raise ExportError(
+            f"unsupported opset {opset}; supported: {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
+        )
+    try:
+        cfg = load_config(model_dir)
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"bad {CONFIG_FILE} in {model_dir}: {exc}") from exc
+    from model.tokenizer import Tokenizer
+
+    vocab = Tokenizer(model_dir / TOKENIZER_FILE).vocab_size
+    if vocab != cfg.vocab_size:
+        raise ExportError(f"config vocab_size {cfg.vocab_size} does not match the tokenizer's {vocab}")
+
+
+def run(model_dir: Path, out: Path, variants: list[str], opset: int) -> None:
+    validate(model_dir, variants, opset)
+    fp32_dir = export_float(model_dir, out / "fp32", "fp32", opset)  # int8 derives from it
+    if "int8" in variants:
+        export_int8(fp32_dir, out / "int8")
+    if "fp16" in variants:
+        export_float(model_dir, out / "fp16", "fp16", opset)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    try:
+        run(args.model_dir, args.out or args.model_dir / "onnx", variants, args.opset)
+    except ExportError as exc:
+        print(f"export: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Export an artifact to encoder.onnx + decoder_step.onnx (self-attention KV cache, no `If` node)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from model.artifact import TOKENIZER_FILE, load_artifact, weights_sha256
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+from server.metadata import DECODER_FILE, ENCODER_FILE, ExportMetadata
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_OPSETS = range(17, 21)
+EXPORTER = f"torch {torch.__version__} torch.onnx.export(dynamo=False)"
+
+
+class EncoderGraph(nn.Module):
+    """src_ids (B,S), src_mask (B,S) -> cross_k_i, cross_v_i per decoder layer, each (B,H,S,Dh)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(src_ids, src_mask)
+        return tuple(t for kv in self.model.cross_kv(memory) for t in kv)
+
+
+class DecoderStepGraph(nn.Module):
+    """One step for every row against a gathered cache; log_softmax inside, float32 out."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+        self.n_layers = model.cfg.n_decoder_layers
+
+    def forward(self, tokens: Tensor, positions: Tensor, src_mask: Tensor, past_keep: Tensor, *kv: Tensor) -> tuple:
+        n = self.n_layers
+        cross = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
+        past_k = [kv[2 * n + 2 * i] for i in range(n)]
+        past_v = [kv[2 * n + 2 * i + 1] for i in range(n)]
+        logits, new_k, new_v = self.model.decode_step(tokens, positions, past_k, past_v, past_keep, cross, src_mask)
+        log_probs = logits.float().log_softmax(dim=-1)
+        return (log_probs, *[t for pair in zip(new_k, new_v, strict=True) for t in pair])
+
+
+def layer_names(prefix_k: str, prefix_v: str, n: int) -> list[str]:
+    return [name for i in range(n) for name in (f"{prefix_k}_{i}", f"{prefix_v}_{i}")]
+
+
+def export_encoder(model: Transformer, path: Path, opset: int) -> None:
+    n = model.cfg.n_decoder_layers
+    src = torch.full((2, 3), 7, dtype=torch.long)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    outputs = layer_names("cross_k", "cross_v", n)
+    axes = {"src_ids": {0: "B", 1: "S"}, "src_mask": {0: "B", 1: "S"}} | {o: {0: "B", 2: "S"} for o in outputs}
+    torch.onnx.export(
+        EncoderGraph(model), (src, mask), str(path), input_names=["src_ids", "src_mask"], output_names=outputs,
+        dynamic_axes=axes, opset_version=opset, dynamo=False,
+    )  # fmt: skip
+
+
+def export_decoder(model: Transformer, path: Path, opset: int) -> None:
+    cfg = model.cfg
+    n, b, s, p = cfg.n_decoder_layers, 2, 3, 4
+    kv_shape_s, kv_shape_p = (b, cfg.n_heads, s, cfg.head_dim), (b, cfg.n_heads, p, cfg.head_dim)
+    dtype = next(model.parameters()).dtype
+    cross = [torch.randn(kv_shape_s, dtype=dtype) for _ in range(2 * n)]
+    past = [torch.randn(kv_shape_p, dtype=dtype) for _ in range(2 * n)]
+    args = (
+        torch.tensor([5, 6]), torch.tensor([4, 4]), torch.ones(b, s, dtype=torch.bool),
+        torch.ones(b, p, dtype=torch.bool), *cross, *past,
+    )  # fmt: skip
+    cross_names, past_names = layer_names("cross_k", "cross_v", n), layer_names("past_k", "past_v", n)
+    new_names = layer_names("new_k", "new_v", n)
+    inputs = ["tokens", "positions", "src_mask", "past_keep", *cross_names, *past_names]
+    axes: dict[str, dict[int, str]] = {"tokens": {0: "B"}, "positions": {0: "B"}, "src_mask": {0: "B", 1: "S"}}
+    axes |= {"past_keep": {0: "B", 1: "P"}, "log_probs": {0: "B"}}
+    axes |= {c: {0: "B", 2: "S"} for c in cross_names} | {c: {0: "B", 2: "P"} for c in past_names}
+    axes |= {c: {0: "B"} for c in new_names}
+    torch.onnx.export(
+        DecoderStepGraph(model), args, str(path), input_names=inputs, output_names=["log_probs", *new_names],
+        dynamic_axes=axes, opset_version=opset, dynamo=False,
+    )  # fmt: skip
+
+
+def check_graph(path: Path) -> None:
+    """onnx.checker plus the no-`If` rule (an If blocks CUDA graphs and forces host-device copies)."""
+    onnx.checker.check_model(str(path))
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    if "If" in ops:
+        raise RuntimeError(f"{path} contains an If node")
+
+
+def build_metadata(model_dir: Path, model: Transformer, variant: str, opset: int) -> ExportMetadata:
+    cfg = model.cfg
+    tag_ids = dict(Tokenizer(model_dir / TOKENIZER_FILE).tag_ids)
+    return ExportMetadata(
+        model_config=cfg.to_dict(), variant=variant, dtype="float16" if variant == "fp16" else "float32",
+        opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
+        n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, tag_ids=tag_ids,
+        max_source_len=cfg.max_len, max_target_len=cfg.max_len,
+    )  # fmt: skip
+
+
+def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Path:
+    """Export fp32 (or fp16 from a half model: MASK_VALUE -1e4 is finite in half precision)."""
+    model = load_artifact(model_dir)
+    if variant == "fp16":
+        model = model.half()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        export_encoder(model, out_dir / ENCODER_FILE, opset)
+        export_decoder(model, out_dir / DECODER_FILE, opset)
+    for name in (ENCODER_FILE, DECODER_FILE):
+        check_graph(out_dir / name)
+    build_metadata(model_dir, load_artifact(model_dir), variant, opset).write(out_dir)
+    log.info("exported %s to %s", variant, out_dir)
+    return out_dir

@@ -1,0 +1,93 @@
+"""python -m export.parity --model-dir DIR [--limit N]: the fp32 export against PyTorch.
+
+Checks, in the order of the minGPT parity test: encoder outputs and per-step log-probabilities
+within 1e-4 (max abs), then greedy and beam-4 token ids identical on the test set, both directions.
+Exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.artifact import TOKENIZER_FILE, load_artifact
+from model.data import read_tsv
+from model.decode import beam_search
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+from server.offline import translate_ids
+from server.runner import EncodeItem
+from server.runtime import OnnxRunner
+
+TOLERANCE = 1e-4
+TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
+
+
+@dataclass(frozen=True)
+class DecodingReport:
+    identical: int  # sources whose best hypothesis has the same token ids
+    total: int
+
+
+def compare_decoding(
+    model: Transformer, runner: OnnxRunner, sources: list[list[int]], beam_size: int, max_len: int
+) -> DecodingReport:
+    """Best-hypothesis ids of the ONNX offline decoder vs model/decode.py."""
+    onnx_best = translate_ids(runner, sources, beam_size, 1.0, max_len)
+    identical = 0
+    for src, hyps in zip(sources, onnx_best, strict=True):
+        reference = beam_search(model, src, beam_size=beam_size, max_len=max_len)[0]
+        identical += int(tuple(reference.tokens) == hyps[0].tokens)
+    return DecodingReport(identical, len(sources))
+
+
+@torch.no_grad()
+def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int], steps: int) -> float:
+    """Max abs difference of cross K/V and of every teacher-forced step's log-probabilities."""
+    s = torch.tensor([src])
+    runner.encode([EncodeItem(src, [0])])
+    cross = model.cross_kv(model.encode(s, s != 0))
+    diff = max(
+        float(np.abs(runner.cross_kv[2 * i + j][0, :, : len(src)] - kv[j][0].numpy()).max())
+        for i, kv in enumerate(cross)
+        for j in range(2)
+    )
+    tgt_in = [model.cfg.bos_id, *src[1:-1][: steps - 1]]  # any tokens will do: teacher forcing
+    full = model(s, s != 0, torch.tensor([tgt_in]))[0].log_softmax(-1).numpy()
+    for pos, token in enumerate(tgt_in):
+        diff = max(diff, float(np.abs(runner.step([0], [token], [pos])[0] - full[pos]).max()))
+    return diff
+
+
+def test_sources(tokenizer: Tokenizer, limit: int | None) -> list[list[int]]:
+    pairs = read_tsv(TEST_FILE)[:limit]
+    return [tokenizer.encode_source(p.de, "en") for p in pairs] + [tokenizer.encode_source(p.en, "de") for p in pairs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.parity", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
+    parser.add_argument("--max-len", type=int, default=128)
+    args = parser.parse_args(argv)
+    model = load_artifact(args.model_dir)
+    runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
+    sources = test_sources(Tokenizer(args.model_dir / TOKENIZER_FILE), args.limit)
+    diff = max(max_logit_difference(model, runner, src, steps=8) for src in sources[:20])
+    ok = diff <= TOLERANCE
+    print(f"max abs difference (cross K/V, step log-probs): {diff:.2e} (limit {TOLERANCE:.0e})")
+    for beam in (1, 4):
+        report = compare_decoding(model, runner, sources, beam, args.max_len)
+        ok &= report.identical == report.total
+        print(f"beam {beam}: identical token ids {report.identical}/{report.total}")
+    print("parity: PASS" if ok else "parity: FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

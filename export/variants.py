@@ -1,0 +1,67 @@
+"""python -m export.variants --model-dir DIR [--limit N]: BLEU per exported variant and the 0.5 gate.
+
+Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on CPU,
+scores with sacreBLEU and writes `<model-dir>/variants.json`; a variant passes if its BLEU in each
+direction is within 0.5 of fp32's. `server.metadata.choose_variant` reads the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import sacrebleu
+
+from model.artifact import TOKENIZER_FILE
+from model.data import read_tsv
+from model.tokenizer import Tokenizer
+from server.metadata import VARIANTS_FILE, available_variants
+from server.offline import translate_ids
+from server.runtime import OnnxRunner
+
+BLEU_GATE = 0.5
+TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
+DIRECTIONS = (("de", "en"), ("en", "de"))
+
+
+def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: int) -> dict[str, float]:
+    """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
+    tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
+    runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64)
+    pairs = read_tsv(TEST_FILE)[:limit]
+    scores: dict[str, float] = {}
+    for src_lang, tgt_lang in DIRECTIONS:
+        sources = [tokenizer.encode_source(getattr(p, src_lang), tgt_lang) for p in pairs]
+        start = time.perf_counter()
+        best = translate_ids(runner, sources, beam_size, 1.0, 128)
+        scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
+        hypotheses = [tokenizer.decode(list(h[0].tokens)) for h in best]
+        references = [getattr(p, tgt_lang) for p in pairs]
+        scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.variants", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
+    parser.add_argument("--beam-size", type=int, default=4)
+    args = parser.parse_args(argv)
+    results = {
+        v: variant_bleu(args.model_dir, v, args.limit, args.beam_size) for v in available_variants(args.model_dir)
+    }
+    reference = results["fp32"]
+    for scores in results.values():
+        scores_passed = all(scores[f"{s}-{t}"] >= reference[f"{s}-{t}"] - BLEU_GATE for s, t in DIRECTIONS)
+        scores["passed"] = scores_passed
+    record = {"gate_bleu": BLEU_GATE, "beam_size": args.beam_size, "limit": args.limit, "variants": results}
+    (args.model_dir / VARIANTS_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(record, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""`translate`: translate texts with a running server, one translation per line, in input order.
+
+Usage:
+    echo "Das Haus ist groß." | translate --server localhost:50051 --source de --target en
+    translate --server localhost:50051 --source en --target de "The house is big." "Good morning."
+
+Texts come from the arguments, or one per line from stdin. They are sent in chunks of at most
+`--batch` texts with `TranslateStream`, so results print in order while later chunks are still
+being translated; a progress bar appears on stderr when it is a terminal and the input is large.
+On an error the command prints the server's status and message and exits non-zero (the status's
+numeric gRPC code, e.g. 3 for INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Protocol
+
+import grpc
+
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+
+PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to help
+DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
+
+
+class Progress(Protocol):
+    def update(self, n: int) -> object: ...
+    def close(self) -> None: ...
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_progress(total: int, stream: IO[str]) -> Progress:
+    """A tqdm bar on a terminal with many texts, else nothing (pipes and logs stay clean)."""
+    if total < PROGRESS_MIN_TEXTS or not stream.isatty():
+        return _NoProgress()
+    from tqdm import tqdm  # only interactive use needs it
+
+    return tqdm(total=total, unit="text", file=stream)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="translate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
+    parser.add_argument("--server", default="localhost:50051", help="HOST:PORT of translate-server")
+    parser.add_argument("--source", required=True, help="source language, e.g. de")
+    parser.add_argument("--target", required=True, help="target language, e.g. en")
+    parser.add_argument("--beam-size", type=int, default=None, help="beam width (server default 4)")
+    parser.add_argument("--length-penalty", type=float, default=None, help="length penalty (server default 1.0)")
+    parser.add_argument("--max-output-len", type=int, default=0, help="most tokens per sentence (0 = model limit)")
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per request")
+    parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
+    return parser
+
+
+def make_options(args: argparse.Namespace) -> pb.TranslationOptions:
+    options = pb.TranslationOptions(
+        source_language=args.source, target_language=args.target, max_output_len=args.max_output_len
+    )
+    if args.beam_size is not None:
+        options.beam_size = args.beam_size
+    if args.length_penalty is not None:
+        options.length_penalty = args.length_penalty
+    return options
+
+
+def chunks(texts: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(texts), size):
+        yield texts[start : start + size]
+
+
+def translate_chunk(
+    stub: pb_grpc.TranslatorStub, texts: Sequence[str], options: pb.TranslationOptions, timeout: float | None
+) -> Iterator[str]:
+    """Translations of `texts` in order, each yielded as soon as it and all before it are done."""
+    request = pb.TranslateRequest(texts=list(texts), options=options)
+    ready: dict[int, str] = {}
+    emitted = 0
+    for message in stub.TranslateStream(request, timeout=timeout):
+        if message.WhichOneof("event") != "result":
+            continue
+        ready[message.result.index] = message.result.translation
+        while emitted in ready:
+            yield ready.pop(emitted)
+            emitted += 1
+    if emitted != len(texts):
+        raise RuntimeError(f"the server answered {emitted} of {len(texts)} texts")
+
+
+def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[str]) -> int:
+    """Translate and print; return the exit status."""
+    if args.batch < 1:
+        err.write("translate: --batch must be >= 1\n")
+        return 2
+    options = make_options(args)
+    progress = make_progress(len(texts), err)
+    try:
+        with grpc.insecure_channel(args.server) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            for chunk in chunks(texts, args.batch):
+                for translation in translate_chunk(stub, chunk, options, args.timeout):
+                    out.write(_one_line(translation) + "\n")
+                    progress.update(1)
+                out.flush()
+    except grpc.RpcError as error:
+        code = error.code()  # type: ignore[attr-defined]  # every RpcError a stub raises is also a grpc.Call
+        err.write(f"translate: {code.name}: {error.details()}\n")  # type: ignore[attr-defined]
+        return int(code.value[0]) or 1
+    finally:
+        progress.close()
+    return 0
+
+
+def _one_line(text: str) -> str:
+    """One output line per input line: a translation never contains a line break of its own, but be sure."""
+    return " ".join(text.splitlines())
+
+
+def read_texts(args: argparse.Namespace, stdin: Iterable[str]) -> list[str]:
+    if args.texts:
+        return list(args.texts)
+    return [line.rstrip("\r\n") for line in stdin]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(run(args, read_texts(args, sys.stdin), sys.stdout, sys.stderr))
+
+
+if __name__ == "__main__":
+    main()

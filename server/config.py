@@ -1,0 +1,128 @@
+"""The server's one typed config, parsed once at the entrypoint from CLI flags and `TRANSLATE_*` variables.
+
+Every flag `--some-flag` can also come from the environment as `TRANSLATE_SOME_FLAG`; a flag on the
+command line wins over the environment, which wins over the default. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+ENV_PREFIX = "TRANSLATE_"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "model" / "shipped"
+VARIANTS = ("auto", "fp32", "int8", "fp16")
+PROVIDERS = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How one server process runs; built by `parse_config` and passed down, never read from globals."""
+
+    port: int = 50051  # gRPC port; 0 binds an ephemeral port (tests)
+    metrics_port: int = 9400  # Prometheus /metrics HTTP port; 0 = ephemeral, -1 = no metrics server
+    host: str = "[::]"  # address the gRPC and metrics servers bind to
+    model_dir: Path = DEFAULT_MODEL_DIR  # artifact dir: tokenizer.model + onnx/<variant>/
+    variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
+    provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
+    max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
+    max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
+    drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
+    threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's default (all cores)
+    reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
+    log_level: str = "INFO"
+    max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in -1..65535, got {self.metrics_port}")
+        _check_choice("variant", self.variant, VARIANTS)
+        _check_choice("provider", self.provider, PROVIDERS)
+        _check_choice("log_level", self.log_level, LOG_LEVELS)
+        for name in ("max_slots", "max_queue", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.drain_seconds < 0 or self.threads < 0:
+            raise ValueError(f"drain_seconds and threads must be >= 0, got {self.drain_seconds}, {self.threads}")
+
+    @property
+    def log_level_number(self) -> int:
+        return int(logging.getLevelName(self.log_level))
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def _bool_env(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """Flags with defaults taken from `environ` where set, so flags win over the environment."""
+    defaults = {f.name: f.default for f in fields(ServerConfig)}
+    parser = argparse.ArgumentParser(
+        prog="translate-server",
+        description="Serve the German<->English translation model over gRPC. "
+        f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}MAX_SLOTS=32); flags win.",
+    )
+
+    def add(flag: str, kind: Callable[[str], object], help_text: str, choices: Sequence[str] | None = None) -> None:
+        dest = flag.replace("-", "_")
+        raw = environ.get(_env_name(flag))
+        default = defaults[dest] if raw is None else _convert(flag, raw, kind)
+        parser.add_argument(f"--{flag}", type=kind, default=default, choices=choices, help=help_text)
+
+    add("port", int, "gRPC port (0 = ephemeral)")
+    add("metrics-port", int, "Prometheus /metrics port (0 = ephemeral, -1 = off)")
+    add("host", str, "bind address")
+    add("model-dir", Path, "model directory with tokenizer.model and onnx/<variant>/")
+    add("variant", str, "exported variant", VARIANTS)
+    add("provider", str, "execution provider", PROVIDERS)
+    add("max-slots", int, "decoding slots (beam rows) per step")
+    add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
+    add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
+    add("threads", int, "onnxruntime intra-op threads (0 = default)")
+    add("log-level", str.upper, "log level", LOG_LEVELS)
+    add("max-message-bytes", int, "gRPC message size limit in bytes")
+    env_no_reflection = environ.get(_env_name("no-reflection"))
+    parser.add_argument(
+        "--no-reflection",
+        dest="reflection",
+        action="store_false",
+        default=not _bool_env(env_no_reflection) if env_no_reflection is not None else defaults["reflection"],
+        help="do not serve gRPC reflection",
+    )
+    return parser
+
+
+def _convert(flag: str, raw: str, kind: Callable[[str], object]) -> object:
+    try:
+        return kind(raw)
+    except ValueError as err:
+        raise ValueError(f"{_env_name(flag)}={raw!r}: {err}") from err
+
+
+def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerConfig:
+    """The config from `argv` (without the program name) over `environ` over the defaults.
+
+    Raises ValueError for a bad environment value; argparse exits with status 2 for a bad flag.
+    """
+    args = build_parser(environ).parse_args(argv)
+    return ServerConfig(**vars(args))

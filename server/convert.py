@@ -1,0 +1,153 @@
+"""Protobuf at the edge: validate requests into typed objects and turn results back into messages.
+
+Nothing past the servicer sees a protobuf object; nothing here knows of the engine's threads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from server.documents import PartialSentence, RequestLimits, TextTranslation
+from server.engine import DecodeOptions
+from server.errors import InvalidRequest
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.runner import ModelSpec
+
+DEFAULT_BEAM_SIZE = 4
+DEFAULT_LENGTH_PENALTY = 1.0
+MAX_LENGTH_PENALTY = 2.0
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What ListModels reports about the served model, gathered once at load time."""
+
+    name: str  # model directory name, e.g. "shipped"
+    variant: str  # exported variant in use: fp32, int8 or fp16
+    available_variants: list[str]  # variants exported for this model
+    provider: str  # onnxruntime execution provider in use
+    opset: int  # ONNX opset of the graphs
+    model_sha256: str  # hash of the source weights the graphs were exported from
+    dtype: str  # weight dtype of the variant
+
+
+@dataclass(frozen=True)
+class TranslateJob:
+    """A validated request: its texts, languages and decoding options."""
+
+    texts: list[str]
+    source_lang: str
+    target_lang: str
+    options: DecodeOptions  # stream_tokens as asked; the unary method turns it off
+    return_scores: bool
+
+    @property
+    def lang_pair(self) -> str:
+        return f"{self.source_lang}-{self.target_lang}"
+
+
+def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
+    """Every ordered pair of distinct languages the model has a target tag for."""
+    languages = sorted(spec.tag_ids)
+    return [(s, t) for s in languages for t in languages if s != t]
+
+
+def parse_request(request: pb.TranslateRequest, spec: ModelSpec, limits: RequestLimits) -> TranslateJob:
+    """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks."""
+    texts = list(request.texts)
+    if not texts:
+        raise InvalidRequest(f"the request has no texts; send 1 to {limits.max_texts} in `texts`")
+    if len(texts) > limits.max_texts:
+        raise InvalidRequest(f"the request has {len(texts)} texts, over the limit of {limits.max_texts}")
+    for index, text in enumerate(texts):
+        if len(text) > limits.max_chars_per_text:
+            raise InvalidRequest(
+                f"texts[{index}] has {len(text)} characters, over the limit of {limits.max_chars_per_text}; "
+                "split it across requests"
+            )
+    source, target = _parse_languages(request.options, spec)
+    options = _parse_options(request.options, spec, limits)
+    return TranslateJob(texts, source, target, options, request.options.return_scores)
+
+
+def _parse_languages(options: pb.TranslationOptions, spec: ModelSpec) -> tuple[str, str]:
+    source, target = options.source_language, options.target_language
+    if not source or not target:
+        raise InvalidRequest("options.source_language and options.target_language are required, e.g. 'de' and 'en'")
+    pairs = language_pairs(spec)
+    if (source, target) not in pairs:
+        supported = ", ".join(f"{s}-{t}" for s, t in pairs)
+        raise InvalidRequest(f"unsupported language pair {source}-{target}; supported pairs: {supported}")
+    return source, target
+
+
+def _parse_options(options: pb.TranslationOptions, spec: ModelSpec, limits: RequestLimits) -> DecodeOptions:
+    beam = options.beam_size if options.HasField("beam_size") else DEFAULT_BEAM_SIZE
+    if not 1 <= beam <= limits.max_beam_size:
+        raise InvalidRequest(f"options.beam_size must be in 1..{limits.max_beam_size}, got {beam}")
+    penalty = options.length_penalty if options.HasField("length_penalty") else DEFAULT_LENGTH_PENALTY
+    if not (math.isfinite(penalty) and 0.0 <= penalty <= MAX_LENGTH_PENALTY):
+        raise InvalidRequest(f"options.length_penalty must be in 0..{MAX_LENGTH_PENALTY}, got {penalty}")
+    if options.max_output_len > spec.max_target_len:
+        raise InvalidRequest(
+            f"options.max_output_len must be at most the model's {spec.max_target_len} tokens (0 = that limit), "
+            f"got {options.max_output_len}"
+        )
+    n_best = options.num_hypotheses if options.HasField("num_hypotheses") else 1
+    if not 1 <= n_best <= beam:
+        raise InvalidRequest(f"options.num_hypotheses must be in 1..beam_size ({beam}), got {n_best}")
+    return DecodeOptions(
+        beam_size=beam,
+        length_penalty=penalty,
+        max_output_len=options.max_output_len,
+        num_hypotheses=n_best,
+        stream_tokens=options.stream_tokens,
+    )
+
+
+def text_result_to_pb(result: TextTranslation, job: TranslateJob) -> pb.TextResult:
+    message = pb.TextResult(
+        index=result.index,
+        translation=result.translation,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        sentences=result.sentences,
+    )
+    if job.options.num_hypotheses > 1 or job.return_scores:
+        for text, score in result.hypotheses:
+            hypothesis = message.hypotheses.add(text=text)
+            if job.return_scores:
+                hypothesis.score = score
+    return message
+
+
+def partial_to_pb(partial: PartialSentence) -> pb.PartialTranslation:
+    return pb.PartialTranslation(
+        text_index=partial.text_index,
+        sentence_index=partial.sentence_index,
+        text=partial.text,
+        finished=partial.finished,
+    )
+
+
+def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLimits) -> pb.ModelInfo:
+    return pb.ModelInfo(
+        name=model.name,
+        languages=sorted(spec.tag_ids),
+        pairs=[pb.LanguagePair(source=s, target=t) for s, t in language_pairs(spec)],
+        limits=pb.Limits(
+            max_texts_per_request=limits.max_texts,
+            max_chars_per_text=limits.max_chars_per_text,
+            max_sentences_per_request=limits.max_sentences,
+            max_source_tokens=spec.max_source_len,
+            max_output_len=spec.max_target_len,
+            max_beam_size=limits.max_beam_size,
+        ),
+        variant=model.variant,
+        available_variants=model.available_variants,
+        provider=model.provider,
+        opset=model.opset,
+        model_sha256=model.model_sha256,
+        dtype=model.dtype,
+    )

@@ -1,0 +1,154 @@
+"""Texts to sentence sources and sentence results back to texts: the request's shape around the engine.
+
+The engine sees one flat list of sentences per request; this module remembers which text and which
+position each sentence came from, and joins finished sentences with their text's original
+whitespace. Blank texts never reach the engine: they come back unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model.tokenizer import Tokenizer
+from server.beam import Hypothesis
+from server.errors import InvalidRequest
+from server.splitter import Split, join, split
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Documented per-request limits (mirrored in the proto comments and ListModels)."""
+
+    max_texts: int = 256  # texts in one request
+    max_chars_per_text: int = 10_000  # characters (code points) in one text
+    max_sentences: int = 512  # sentences in one request after splitting
+    max_beam_size: int = 8  # widest beam a request may ask for
+
+
+@dataclass(frozen=True)
+class PreparedText:
+    """One request text, split and tokenized."""
+
+    index: int  # position in the request
+    split: Split  # sentences and the whitespace around them
+    sources: list[list[int]]  # tag + pieces + EOS, one per sentence of `split`
+
+
+@dataclass(frozen=True)
+class TextTranslation:
+    """The finished translation of one request text."""
+
+    index: int  # position in the request
+    hypotheses: list[tuple[str, float]]  # (text, summed normalised score), best first; never empty
+    input_tokens: int  # source tokens over the text's sentences
+    output_tokens: int  # tokens of the best hypothesis over the text's sentences
+    sentences: int  # sentences translated
+
+    @property
+    def translation(self) -> str:
+        return self.hypotheses[0][0]
+
+
+@dataclass(frozen=True)
+class PartialSentence:
+    """Output so far of one sentence (streaming)."""
+
+    text_index: int  # position of the text in the request
+    sentence_index: int  # position of the sentence in its text
+    text: str  # detokenized output so far, or the final best hypothesis
+    finished: bool
+
+
+def prepare_texts(
+    texts: list[str], source_lang: str, target_lang: str, tokenizer: Tokenizer, limits: RequestLimits, max_tokens: int
+) -> list[PreparedText]:
+    """Split and tokenize every text; reject (never truncate) anything over a limit."""
+    prepared: list[PreparedText] = []
+    sentences = 0
+    for index, text in enumerate(texts):
+        parts = split(text, source_lang)
+        sentences += len(parts.pieces)
+        if sentences > limits.max_sentences:
+            raise InvalidRequest(
+                f"the request splits into more than {limits.max_sentences} sentences (limit reached at text {index}); "
+                "send fewer or shorter texts per request"
+            )
+        sources = [tokenizer.encode_source(piece, target_lang) for piece in parts.pieces]
+        for position, ids in enumerate(sources):
+            if len(ids) > max_tokens:
+                raise InvalidRequest(
+                    f"texts[{index}] sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
+                    "tokens per sentence (tag and end token included); split it into shorter sentences"
+                )
+        prepared.append(PreparedText(index, parts, sources))
+    return prepared
+
+
+@dataclass
+class _Pending:
+    text: PreparedText
+    results: list[list[Hypothesis] | None]  # per sentence; None until it is done
+    input_tokens: list[int]
+    remaining: int
+
+
+@dataclass
+class Assembler:
+    """Maps the engine's flat sentence indices back to texts; finishes a text when its last sentence is done."""
+
+    tokenizer: Tokenizer
+    texts: list[PreparedText]
+    num_hypotheses: int
+    _where: list[tuple[int, int]] = field(default_factory=list)  # flat sentence index -> (text slot, position)
+    _pending: list[_Pending] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for slot, text in enumerate(self.texts):
+            n = len(text.sources)
+            self._pending.append(_Pending(text, [None] * n, [0] * n, n))
+            self._where += [(slot, position) for position in range(n)]
+
+    @property
+    def sources(self) -> list[list[int]]:
+        """Every sentence of the request in order: what the engine decodes."""
+        return [ids for text in self.texts for ids in text.sources]
+
+    def blank_texts(self) -> list[TextTranslation]:
+        """Texts without sentences, finished at once with their text unchanged."""
+        return [self._finish(p) for p in self._pending if p.remaining == 0]
+
+    def partial(self, sentence_index: int, tokens: tuple[int, ...], finished: bool) -> PartialSentence:
+        slot, position = self._where[sentence_index]
+        return PartialSentence(self.texts[slot].index, position, self.tokenizer.decode(list(tokens)), finished)
+
+    def sentence_done(
+        self, sentence_index: int, hypotheses: list[Hypothesis], input_tokens: int
+    ) -> TextTranslation | None:
+        """Record a finished sentence; return its text's translation if that was the text's last sentence."""
+        if not hypotheses:
+            raise ValueError(f"sentence {sentence_index} finished without hypotheses")
+        slot, position = self._where[sentence_index]
+        pending = self._pending[slot]
+        if pending.results[position] is not None:
+            raise ValueError(f"sentence {sentence_index} finished twice")
+        pending.results[position] = hypotheses
+        pending.input_tokens[position] = input_tokens
+        pending.remaining -= 1
+        return self._finish(pending) if pending.remaining == 0 else None
+
+    def _finish(self, pending: _Pending) -> TextTranslation:
+        text = pending.text
+        results = [r for r in pending.results if r is not None]
+        if not results:
+            original = join(text.split.pieces, text.split.separators)
+            return TextTranslation(text.index, [(original, 0.0)], 0, 0, 0)
+        count = min(self.num_hypotheses, max(len(r) for r in results))
+        hypotheses = [self._nth(text, results, rank) for rank in range(count)]
+        output_tokens = sum(len(r[0].tokens) for r in results)
+        return TextTranslation(text.index, hypotheses, sum(pending.input_tokens), output_tokens, len(results))
+
+    def _nth(self, text: PreparedText, results: list[list[Hypothesis]], rank: int) -> tuple[str, float]:
+        """The text's rank-th hypothesis: each sentence's rank-th best (or its last, if it has fewer)."""
+        chosen = [r[min(rank, len(r) - 1)] for r in results]
+        pieces = [self.tokenizer.decode(list(h.tokens)) for h in chosen]
+        return join(pieces, text.split.separators), sum(h.normalized for h in chosen)

@@ -1,0 +1,312 @@
+"""The decode loop: schedule -> runner (copy_slots, encode, step) -> scheduler.update -> deliver events.
+
+One engine thread owns the runner and the scheduler. Other threads only `submit` and `cancel`: they
+validate, drop the work in an inbox under a lock held for microseconds, and wake the loop, which
+sleeps on a condition variable while there is no work. So a submitter (the servicer's event loop)
+never waits behind a decoder step or a beam update. Callbacks run on the engine thread and must be
+cheap (the servicer hands events to its asyncio loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from server.metrics import Metrics, StepStats
+from server.runner import Runner
+from server.scheduler import (
+    Batch,
+    DecodeOptions,
+    DrainingError,
+    EngineLimits,
+    Event,
+    FailureReason,
+    QueueFullError,
+    RequestDone,
+    RequestFailed,
+    Scheduler,
+    SentenceDone,
+    TokensEvent,
+)
+
+__all__ = [
+    "DecodeOptions",
+    "DrainingError",
+    "Engine",
+    "EngineLimits",
+    "Event",
+    "FailureReason",
+    "QueueFullError",
+    "RequestDone",
+    "RequestFailed",
+    "RequestHandle",
+    "SentenceDone",
+    "TokensEvent",
+]
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
+WARMUP_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class _Owner:
+    on_event: Callable[[Event], None]
+    lang_pair: str | None  # None: internal work (warmup) kept out of the per-language counters
+
+
+@dataclass(frozen=True)
+class _Submission:
+    """A request waiting in the inbox for the engine thread to hand it to the scheduler."""
+
+    request_id: int
+    sentences: list[list[int]]
+    options: DecodeOptions
+    deadline: float | None
+    submitted_at: float  # queue wait counts from here
+    owner: _Owner
+
+
+class RequestHandle:
+    """The submitter's grip on a request."""
+
+    def __init__(self, engine: Engine, request_id: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+
+    def cancel(self) -> None:
+        """Fail the request with CANCELLED at the next iteration, queued or decoding; its slots are freed."""
+        self._engine._cancel(self.request_id)
+
+
+class Engine:
+    """Continuous batching over one runner."""
+
+    def __init__(self, runner: Runner, limits: EngineLimits | None = None, metrics: Metrics | None = None) -> None:
+        limits = limits or EngineLimits(max_slots=runner.max_slots)
+        if limits.max_slots > runner.max_slots:
+            raise ValueError(f"max_slots={limits.max_slots} exceeds the runner's {runner.max_slots} slots")
+        self._runner = runner
+        self._scheduler = Scheduler(runner.spec, limits)  # engine thread only (any thread once stopped)
+        self._owners: dict[int, _Owner] = {}  # engine thread only
+        self._moved_sentences = 0  # engine thread only: taken from the inbox, not yet published
+        self._metrics = metrics
+        self._ids = itertools.count(1)
+        # Guarded by _cond: the hand-over from submitters and the load they may read.
+        self._cond = threading.Condition()
+        self._inbox: list[_Submission] = []
+        self._cancels: set[int] = set()
+        self._inbox_sentences = 0
+        self._scheduled_queue = 0  # scheduler's queue depth as of the last iteration
+        self._active_slots = 0
+        self._idle = True  # nothing in the inbox or the scheduler
+        self._draining = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        if metrics is not None:
+            metrics.set_capacity(limits.max_slots)
+            metrics.set_load(0, 0)
+
+    @property
+    def queue_depth(self) -> int:
+        """Sentences waiting for slots (an overestimate for at most one iteration, never an underestimate)."""
+        with self._cond:
+            return self._scheduled_queue + self._inbox_sentences
+
+    @property
+    def active_slots(self) -> int:
+        with self._cond:
+            return self._active_slots
+
+    def start(self) -> None:
+        """Run the decode loop in its own daemon thread."""
+        if self._thread is not None:
+            raise RuntimeError("the engine is already started")
+        self._thread = threading.Thread(target=self._loop, name="translation-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        sentences: list[list[int]],
+        options: DecodeOptions,
+        on_event: Callable[[Event], None],
+        deadline: float | None = None,
+        lang_pair: str = "",
+    ) -> RequestHandle:
+        """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
+
+        Raises ValueError for invalid work, QueueFullError when the queue bound would be exceeded,
+        DrainingError once draining or stopped. `deadline` is `time.monotonic()` based.
+        """
+        return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline)
+
+    def warmup(self) -> None:
+        """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving."""
+        if self._thread is None:
+            raise RuntimeError("start() the engine before warmup()")
+        spec = self._runner.spec
+        source = [*list(spec.tag_ids.values())[:1], spec.eos_id]
+        options = DecodeOptions(beam_size=min(2, self._scheduler.limits.max_slots), max_output_len=4)
+        finished = threading.Event()
+        outcome: list[Event] = []
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, RequestDone | RequestFailed):
+                outcome.append(event)
+                finished.set()
+
+        self._submit([source], options, _Owner(on_event, None), deadline=None)
+        if not finished.wait(WARMUP_TIMEOUT_S) or not isinstance(outcome[0], RequestDone):
+            raise RuntimeError(f"warmup did not finish: {outcome or 'timed out'}")
+
+    def drain(self, timeout: float) -> bool:
+        """Admit nothing new; wait up to `timeout` s for in-flight work; True if all of it finished."""
+        with self._cond:
+            self._draining = True
+            return self._cond.wait_for(lambda: self._idle, timeout)
+
+    def stop(self) -> None:
+        """End the loop after its current iteration and fail what is left with UNAVAILABLE."""
+        with self._cond:
+            self._draining = self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self._take_inbox()  # the loop is gone: this thread owns the scheduler now
+        self._fail_all(FailureReason.UNAVAILABLE, "the server is shutting down")
+
+    def step(self) -> None:
+        """One iteration: take new work, schedule, run, update, deliver."""
+        self._take_inbox()
+        batch = self._scheduler.schedule(time.monotonic())
+        self._deliver(batch.events)
+        if batch.empty:
+            self._publish()
+            return
+        started = time.perf_counter()
+        try:
+            logprobs = self._execute(batch)
+        except Exception:
+            logger.exception("runner failed; failing the %d requests of this batch", len(batch.request_ids()))
+            events = self._scheduler.fail(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
+        else:
+            events = self._scheduler.update(batch, logprobs)
+        self._observe(batch, time.perf_counter() - started)
+        self._deliver(events)
+        self._publish()
+
+    def _submit(
+        self, sentences: list[list[int]], options: DecodeOptions, owner: _Owner, deadline: float | None
+    ) -> RequestHandle:
+        self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
+        limit = self._scheduler.limits.max_queue_sentences
+        with self._cond:
+            if self._draining:
+                raise DrainingError("the engine is draining and admits no new requests")
+            queued = self._scheduled_queue + self._inbox_sentences
+            if queued + len(sentences) > limit:
+                raise QueueFullError(f"the queue holds {queued} of {limit} sentences")
+            request_id = next(self._ids)
+            self._inbox.append(_Submission(request_id, sentences, options, deadline, time.monotonic(), owner))
+            self._inbox_sentences += len(sentences)
+            self._idle = False
+            if self._metrics is not None:
+                self._metrics.set_load(queued + len(sentences), self._active_slots)
+            self._cond.notify_all()
+        return RequestHandle(self, request_id)
+
+    def _cancel(self, request_id: int) -> None:
+        with self._cond:
+            self._cancels.add(request_id)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._inbox or self._cancels or not self._idle)
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception:  # a bug, not a runner error: fail loudly but keep serving, losing no request
+                logger.exception("engine iteration failed; failing every request in flight")
+                self._fail_all(FailureReason.INTERNAL, INTERNAL_MESSAGE)
+
+    def _fail_all(self, reason: FailureReason, message: str) -> None:
+        self._deliver(self._scheduler.fail(set(self._scheduler.request_ids()), reason, message))
+        self._publish()
+
+    def _take_inbox(self) -> None:
+        """Hand submitted requests and cancellations to the scheduler (engine thread)."""
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, set()
+        for sub in inbox:
+            # cannot overflow: submit counted these sentences against the same bound
+            self._scheduler.add(sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at)
+            self._owners[sub.request_id] = sub.owner
+        for request_id in cancels:
+            self._scheduler.cancel(request_id)
+        self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
+
+    def _publish(self) -> None:
+        """Make the scheduler's load visible to other threads; wake drain() once all work is done."""
+        with self._cond:
+            self._inbox_sentences -= self._moved_sentences
+            self._moved_sentences = 0
+            self._scheduled_queue = self._scheduler.queue_depth
+            self._active_slots = self._scheduler.active_slots
+            self._idle = self._scheduler.idle and not self._inbox
+            if self._idle:
+                self._cond.notify_all()
+            if self._metrics is not None:
+                self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
+
+    def _execute(self, batch: Batch) -> npt.NDArray[np.float32]:
+        """The runner calls of one iteration, in the order the batch requires."""
+        if batch.copy_sources:
+            self._runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+        if batch.encode:
+            self._runner.encode(batch.encode)
+        logprobs = self._runner.step(batch.slots, batch.tokens, batch.positions)
+        expected = (len(batch.slots), self._runner.spec.vocab_size)
+        if logprobs.shape != expected:
+            raise RuntimeError(f"runner returned log-probabilities of shape {logprobs.shape}, expected {expected}")
+        return logprobs
+
+    def _deliver(self, events: list[tuple[int, Event]]) -> None:
+        """Hand events to their owners; a final event retires the owner."""
+        for request_id, event in events:
+            final = isinstance(event, RequestDone | RequestFailed)
+            owner = self._owners.pop(request_id) if final else self._owners[request_id]
+            if self._metrics is not None and owner.lang_pair is not None and isinstance(event, SentenceDone):
+                output = len(event.hypotheses[0].tokens) if event.hypotheses else 0
+                self._metrics.observe_sentence(owner.lang_pair, event.input_tokens, output)
+            try:
+                owner.on_event(event)
+            except Exception:
+                logger.exception("an event callback raised; the engine carries on")
+
+    def _observe(self, batch: Batch, duration: float) -> None:
+        if self._metrics is None:
+            return
+        sources = [len(item.source_ids) for item in batch.encode]
+        spans = [p + 1 for p in batch.positions]
+        stats = StepStats(
+            duration_s=duration,
+            active_slots=len(batch.slots),
+            encode_real_tokens=sum(sources),
+            encode_padded_tokens=len(sources) * max(sources, default=0),
+            step_real_tokens=sum(spans),
+            step_padded_tokens=len(spans) * max(spans, default=0),
+            queue_waits_s=tuple(batch.queue_waits),
+        )
+        self._metrics.observe_step(stats)

@@ -1,0 +1,187 @@
+"""The one place where exceptions become gRPC statuses, and where every call is counted.
+
+Servicer methods raise; the `unary_call` / `stream_call` wrappers turn what they raise into a
+status with a message safe for clients (never exception text for unexpected faults: those are
+logged with their traceback and answered INTERNAL) and record the call's status code, language
+pair and duration in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import grpc
+import grpc.aio
+
+from server.engine import DrainingError, FailureReason, QueueFullError, RequestFailed
+from server.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE = "internal error"
+QUEUE_FULL_MESSAGE = "the server's queue is full; retry with backoff or on another replica"
+DRAINING_MESSAGE = "the server is shutting down; retry on another replica"
+
+
+class ServiceError(Exception):
+    """An error with a status and a message meant for the client."""
+
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class _Failed(ServiceError):
+    """A request the engine failed; carries the engine's client-safe message and mapped status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_FAILURE_CODES = {
+    FailureReason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    FailureReason.CANCELLED: grpc.StatusCode.CANCELLED,
+    FailureReason.INTERNAL: grpc.StatusCode.INTERNAL,
+    FailureReason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def request_failed(event: RequestFailed) -> ServiceError:
+    """The exception for an engine's RequestFailed event (its message is client-safe by contract)."""
+    return _Failed(_FAILURE_CODES[event.reason], event.message)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Status code and client-safe message for an exception a servicer method raised."""
+    if isinstance(exc, ServiceError):
+        return exc.code, exc.message
+    if isinstance(exc, QueueFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
+    if isinstance(exc, DrainingError):
+        return grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
+@dataclass
+class CallRecord:
+    """What a servicer method learns about its call that the metrics need."""
+
+    lang_pair: str = ""  # set once the request's languages are validated
+    first_result_s: float | None = None  # seconds from the call's start to its first result
+
+
+class Observed(Protocol):
+    metrics: Metrics | None
+
+
+S = TypeVar("S", bound=Observed)
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+UnaryMethod = Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp], CallRecord], Awaitable[Resp]]
+StreamMethod = Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp], CallRecord], AsyncGenerator[Resp, None]]
+
+
+def unary_call(
+    method: str,
+) -> Callable[[UnaryMethod[S, Req, Resp]], Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]]:
+    """Wrap a unary servicer method: statuses from exceptions, metrics for every outcome."""
+
+    def decorate(
+        fn: UnaryMethod[S, Req, Resp],
+    ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
+        @functools.wraps(fn)
+        async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
+            call, started = CallRecord(), time.monotonic()
+            try:
+                response = await fn(self, request, context, call)
+            except BaseException as exc:
+                await _fail(self.metrics, method, call, started, context, exc)
+                raise  # unreachable for Exception: _fail aborts the call
+            call.first_result_s = time.monotonic() - started
+            _observe(self.metrics, method, call, started, grpc.StatusCode.OK)
+            return response
+
+        return wrapper
+
+    return decorate
+
+
+def stream_call(
+    method: str,
+) -> Callable[
+    [StreamMethod[S, Req, Resp]], Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]
+]:
+    """Wrap a server-streaming servicer method (an async generator) like `unary_call`."""
+
+    def decorate(
+        fn: StreamMethod[S, Req, Resp],
+    ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
+        @functools.wraps(fn)
+        async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
+            call, started = CallRecord(), time.monotonic()
+            try:
+                # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
+                async with contextlib.aclosing(fn(self, request, context, call)) as responses:
+                    async for response in responses:
+                        if call.first_result_s is None:
+                            call.first_result_s = time.monotonic() - started
+                        yield response
+            except BaseException as exc:
+                await _fail(self.metrics, method, call, started, context, exc)
+                raise
+            _observe(self.metrics, method, call, started, grpc.StatusCode.OK)
+
+        return wrapper
+
+    return decorate
+
+
+async def _fail(
+    metrics: Metrics | None,
+    method: str,
+    call: CallRecord,
+    started: float,
+    context: grpc.aio.ServicerContext[Req, Resp],
+    exc: BaseException,
+) -> None:
+    """Record the failed call; abort it with its status unless the client is already gone."""
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        # grpc cancels the handler when the client cancels or its deadline passes
+        remaining = context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        _observe(metrics, method, call, started, code)
+        return
+    if not isinstance(exc, Exception):
+        return  # KeyboardInterrupt, SystemExit: not a request outcome
+    code, message = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
+        logger.error("%s failed", method, exc_info=exc)
+    _observe(metrics, method, call, started, code)
+    await context.abort(code, message)
+
+
+def _observe(metrics: Metrics | None, method: str, call: CallRecord, started: float, code: grpc.StatusCode) -> None:
+    if metrics is None:
+        return
+    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - started)
+    if call.first_result_s is not None:
+        metrics.observe_first_result(method, call.first_result_s)

@@ -1,0 +1,42 @@
+"""Exit 0 iff the server's gRPC health check says SERVING (for Docker HEALTHCHECK and scripts).
+
+Usage: python -m server.healthcheck --address localhost:50051 [--service translation.v1.Translator]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def check(address: str, service: str = "", timeout: float = 3.0) -> bool:
+    """True iff `service` at `address` answers SERVING within `timeout` seconds."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as err:
+            sys.stderr.write(f"health check of {address} failed: {err.code().name}\n")
+            return False
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        sys.stderr.write(f"{address} is {status}\n")
+        return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", default="localhost:50051", help="HOST:PORT of the gRPC server")
+    parser.add_argument("--service", default="", help='service name to check ("" = the whole server)')
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+    args = parser.parse_args(argv)
+    sys.exit(0 if check(args.address, args.service, args.timeout) else 1)
+
+
+if __name__ == "__main__":
+    main()

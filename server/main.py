@@ -1,0 +1,210 @@
+"""`translate-server`: load the exported model, warm it up, serve gRPC with health, reflection and metrics.
+
+`create_server(config)` builds and starts a server on `config.port` (0 = ephemeral, for tests) and
+returns it with its bound port; `serve(config)` adds the metrics endpoint and SIGTERM/SIGINT
+handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds` to finish, new
+ones are answered UNAVAILABLE, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from model.tokenizer import TOKENIZER_FILE, Tokenizer
+from server.config import ServerConfig, parse_config
+from server.convert import ModelDescription
+from server.documents import RequestLimits
+from server.engine import Engine, EngineLimits
+from server.metrics import Metrics, start_metrics_server
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.runner import Runner
+from server.servicer import Backend, TranslatorServicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
+HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
+MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve: its runner, tokenizer and the metadata ListModels reports."""
+
+    runner: Runner
+    tokenizer: Tokenizer
+    description: ModelDescription
+
+
+def resolve_provider(requested: str) -> str:
+    """ "cuda" or "cpu": auto picks CUDA when onnxruntime offers its execution provider."""
+    if requested != "auto":
+        return requested
+    import onnxruntime  # imported here: tests that inject a runner never load onnxruntime
+
+    return "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
+
+
+def load_model(config: ServerConfig) -> LoadedModel:
+    """Open the configured variant of the exported model with the configured provider."""
+    from server.metadata import available_variants, choose_variant
+    from server.runtime import OnnxRunner
+
+    model_dir = config.model_dir
+    provider = resolve_provider(config.provider)
+    variant = choose_variant(model_dir, config.variant, provider)
+    runner = OnnxRunner(model_dir / "onnx" / variant, config.max_slots, provider, config.threads)
+    meta = runner.metadata
+    logger.info("loaded %s variant %s on %s (requested provider %s)", model_dir, variant, runner.provider, provider)
+    description = ModelDescription(
+        name=model_dir.resolve().name,
+        variant=variant,
+        available_variants=available_variants(model_dir),
+        provider=runner.provider,
+        opset=int(meta.opset),
+        model_sha256=str(meta.source_sha256),
+        dtype=str(meta.dtype),
+    )
+    return LoadedModel(runner, load_tokenizer(model_dir, runner.spec.tag_ids), description)
+
+
+def load_tokenizer(model_dir: Path, tag_ids: dict[str, int]) -> Tokenizer:
+    """The model's tokenizer; its language tags must be the ids the exported graphs were trained with."""
+    tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
+    if tokenizer.tag_ids != tag_ids:
+        raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {tag_ids}")
+    return tokenizer
+
+
+class TranslationServer:
+    """One grpc.aio server with the Translator, health and reflection services, and its engine."""
+
+    def __init__(self, config: ServerConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.limits = RequestLimits(max_beam_size=min(RequestLimits().max_beam_size, config.max_slots))
+        self.servicer = TranslatorServicer(self.limits, self.metrics)
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
+        self.engine: Engine | None = None
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+            ]
+        )
+        pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if config.reflection:
+            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            reflection.enable_server_reflection(names, self.server)
+
+    async def start(self) -> int:
+        """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if port == 0:
+            raise RuntimeError(f"could not bind {self.config.host}:{self.config.port}")
+        await self.server.start()
+        return port
+
+    async def load(self, model: LoadedModel | None = None) -> None:
+        """Load (unless given) and warm up the model, then turn SERVING."""
+        if model is None:
+            model = await asyncio.to_thread(load_model, self.config)
+        slots = min(self.config.max_slots, model.runner.max_slots)
+        limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
+        engine = Engine(model.runner, limits, self.metrics)
+        engine.start()
+        self.engine = engine
+        await asyncio.to_thread(engine.warmup)
+        info = model.description
+        self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
+        self.servicer.attach(Backend(engine, model.runner.spec, model.tokenizer, info))
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        logger.info("serving %s (%s, %s)", info.name, info.variant, info.provider)
+
+    async def shutdown(self, grace: float) -> bool:
+        """NOT_SERVING, finish in-flight work within `grace` seconds, stop; True if nothing was cut off."""
+        await self.health.enter_graceful_shutdown()
+        deadline = time.monotonic() + grace
+        drained = True
+        if self.engine is not None:
+            drained = await asyncio.to_thread(self.engine.drain, grace)
+        await self.server.stop(max(deadline - time.monotonic(), MIN_STOP_GRACE_S))
+        if self.engine is not None:
+            self.engine.stop()
+        if not drained:
+            logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
+        return drained
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, status)
+
+
+async def create_server(
+    config: ServerConfig, model: LoadedModel | None = None, registry: CollectorRegistry | None = None
+) -> tuple[TranslationServer, int]:
+    """A started, loaded and warmed-up server and its bound port; `model` defaults to `config.model_dir`."""
+    server = TranslationServer(config, registry)
+    port = await server.start()
+    try:
+        await server.load(model)
+    except BaseException:
+        await server.shutdown(0.0)
+        raise
+    return server, port
+
+
+async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to `config.model_dir`."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = TranslationServer(config)
+    port = await server.start()
+    logger.info("gRPC on %s:%d (reflection %s)", config.host, port, "on" if config.reflection else "off")
+    if config.metrics_port >= 0:
+        metrics_port = start_metrics_server(config.metrics_port, server.registry)
+        logger.info("metrics on :%d/metrics", metrics_port)
+    loading = asyncio.create_task(server.load(model))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    failure = loading.exception() if loading.done() else None
+    if failure is None:
+        await stopping
+        loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
+    logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)
+    await server.shutdown(0.0 if failure else config.drain_seconds)
+    if failure is not None:
+        raise failure
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        config = parse_config(argv, os.environ)
+    except ValueError as err:
+        sys.exit(f"translate-server: {err}")
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Metadata written beside each exported variant; the service reads only this, never training flags."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from server.runner import ModelSpec
+
+METADATA_FILE = "metadata.json"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder_step.onnx"
+VARIANTS = ("fp32", "int8", "fp16")
+VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
+DEFAULT_BY_PROVIDER = {"cuda": "fp16", "cpu": "int8"}
+
+
+class MetadataError(ValueError):
+    """An export directory is missing files or does not match its metadata."""
+
+
+@dataclass(frozen=True)
+class ExportMetadata:
+    model_config: dict[str, Any]  # model.config.ModelConfig as a dict
+    variant: str  # fp32 | int8 | fp16
+    dtype: str  # float dtype of the graph's activations: float32 | float16
+    opset: int  # ONNX opset of both graphs
+    exporter: str  # e.g. "torch 2.x onnx (dynamo=False)"
+    source_sha256: str  # sha256 of the source model.safetensors
+    n_decoder_layers: int
+    n_heads: int
+    head_dim: int
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    tag_ids: dict[str, int]  # target-language tag id by language code
+    max_source_len: int
+    max_target_len: int
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            vocab_size=self.vocab_size,
+            max_source_len=self.max_source_len,
+            max_target_len=self.max_target_len,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            tag_ids=dict(self.tag_ids),
+        )
+
+    def write(self, variant_dir: Path) -> Path:
+        path = variant_dir / METADATA_FILE
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        return path
+
+
+def read_metadata(variant_dir: Path) -> ExportMetadata:
+    """Read and check a variant directory: both graphs present, metadata complete and consistent."""
+    for name in (METADATA_FILE, ENCODER_FILE, DECODER_FILE):
+        if not (variant_dir / name).is_file():
+            raise MetadataError(f"missing {name} in export directory {variant_dir}")
+    data = json.loads((variant_dir / METADATA_FILE).read_text())
+    try:
+        meta = ExportMetadata(**data)
+    except TypeError as exc:
+        raise MetadataError(f"{variant_dir / METADATA_FILE} does not match ExportMetadata: {exc}") from exc
+    cfg = meta.model_config
+    expected = {"vocab_size": meta.vocab_size, "n_heads": meta.n_heads, "n_decoder_layers": meta.n_decoder_layers}
+    mismatched = [k for k, v in expected.items() if cfg.get(k) != v]
+    if mismatched or cfg.get("d_model", 0) != meta.n_heads * meta.head_dim:
+        raise MetadataError(f"{variant_dir / METADATA_FILE}: model config disagrees on {mismatched or ['d_model']}")
+    if variant_dir.name in VARIANTS and meta.variant != variant_dir.name:
+        raise MetadataError(f"{variant_dir} holds variant {meta.variant!r}")
+    return meta
+
+
+def available_variants(model_dir: Path) -> list[str]:
+    """Variants exported under `<model_dir>/onnx`, in the canonical order."""
+    root = model_dir / "onnx"
+    return [v for v in VARIANTS if all((root / v / f).is_file() for f in (METADATA_FILE, ENCODER_FILE, DECODER_FILE))]
+
+
+def passed_gate(model_dir: Path, variant: str) -> bool:
+    """True if `variants.json` records this variant's BLEU within the gate of fp32."""
+    path = model_dir / VARIANTS_FILE
+    if not path.is_file():
+        return False
+    entry = json.loads(path.read_text()).get("variants", {}).get(variant, {})
+    return bool(entry.get("passed", False))
+
+
+def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
+    """Resolve "auto" to the provider's fast variant if it passed the BLEU gate, else fp32."""
+    available = available_variants(model_dir)
+    if requested != "auto":
+        if requested not in available:
+            raise MetadataError(f"variant {requested!r} is not exported under {model_dir / 'onnx'} ({available})")
+        return requested
+    preferred = DEFAULT_BY_PROVIDER.get(provider)
+    if preferred in available and passed_gate(model_dir, preferred):
+        return preferred
+    if "fp32" not in available:
+        raise MetadataError(f"no fp32 export under {model_dir / 'onnx'}; run python -m export --model-dir {model_dir}")
+    return "fp32"

@@ -1,0 +1,146 @@
+"""Every Prometheus series of the service, on an injected registry (tests use a fresh one).
+
+The engine and the servicer hand over plain numbers or stats objects; nothing else in the server
+touches prometheus_client. Names carry the `translation_` prefix and their unit; durations are
+histograms (not summaries) so they aggregate across replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Milliseconds to a minute: a single short sentence on a GPU up to a long document on a loaded CPU.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# One decoder step: tens of microseconds (tiny batch on GPU) to a second (full batch on a slow CPU).
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine iteration, as the engine measured it."""
+
+    duration_s: float  # wall time of the runner calls (copy, encode, step)
+    active_slots: int  # rows stepped
+    encode_real_tokens: int  # source tokens encoded
+    encode_padded_tokens: int  # items * longest source: what a padded encoder batch computes
+    step_real_tokens: int  # sum over rows of cache entries attended (position + 1)
+    step_padded_tokens: int  # rows * longest attended span
+    queue_waits_s: tuple[float, ...]  # per sentence admitted this iteration
+
+
+class Metrics:
+    """The `translation_*` series; one instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "translation_requests_total",
+            "Finished RPCs by method, gRPC status code name and language pair.",
+            ["method", "code", "lang_pair"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "translation_request_duration_seconds",
+            "RPC latency from receipt to the last response.",
+            ["method", "lang_pair"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "translation_queue_wait_seconds",
+            "Time a sentence waited in the queue before it got slots.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.first_result = Histogram(
+            "translation_time_to_first_result_seconds",
+            "Time from receipt to the first result sent (a sentence, or tokens when streaming).",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.step_duration = Histogram(
+            "translation_decode_step_duration_seconds",
+            "Wall time of one engine iteration's runner calls.",
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+        self.step_active_slots = Histogram(
+            "translation_step_active_slots",
+            "Rows (slots) stepped together in one decoder call: the batch size.",
+            buckets=SLOT_BUCKETS,
+            registry=registry,
+        )
+        self.queue_depth = Gauge("translation_queue_depth", "Sentences waiting for slots.", registry=registry)
+        self.active_slots = Gauge("translation_active_slots", "Slots reserved by running sentences.", registry=registry)
+        self.max_slots = Gauge("translation_max_slots", "Slots the engine may use.", registry=registry)
+        self.input_tokens = Counter(
+            "translation_input_tokens_total",
+            "Source tokens of finished sentences, language tag and EOS included.",
+            ["lang_pair"],
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "translation_output_tokens_total",
+            "Tokens of the best hypothesis of finished sentences, EOS excluded.",
+            ["lang_pair"],
+            registry=registry,
+        )
+        self.sentences = Counter("translation_sentences_total", "Finished sentences.", ["lang_pair"], registry=registry)
+        self.padding_efficiency = Histogram(
+            "translation_padding_efficiency_ratio",
+            "Real over padded tokens per runner call (encoder: source padding; decoder: attended cache span).",
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.model_info = Gauge(
+            "translation_model_info",
+            "The served model; always 1.",
+            ["model", "variant", "provider", "opset"],
+            registry=registry,
+        )
+
+    def observe_request(self, method: str, code: str, lang_pair: str, seconds: float) -> None:
+        self.requests.labels(method=method, code=code, lang_pair=lang_pair).inc()
+        self.request_duration.labels(method=method, lang_pair=lang_pair).observe(seconds)
+
+    def observe_first_result(self, method: str, seconds: float) -> None:
+        self.first_result.labels(method=method).observe(seconds)
+
+    def set_model_info(self, model: str, variant: str, provider: str, opset: int) -> None:
+        self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)
+
+    def set_capacity(self, max_slots: int) -> None:
+        self.max_slots.set(max_slots)
+
+    def set_load(self, queue_depth: int, active_slots: int) -> None:
+        self.queue_depth.set(queue_depth)
+        self.active_slots.set(active_slots)
+
+    def observe_step(self, stats: StepStats) -> None:
+        self.step_duration.observe(stats.duration_s)
+        if stats.active_slots:
+            self.step_active_slots.observe(stats.active_slots)
+        for wait in stats.queue_waits_s:
+            self.queue_wait.observe(wait)
+        for real, padded in (
+            (stats.encode_real_tokens, stats.encode_padded_tokens),
+            (stats.step_real_tokens, stats.step_padded_tokens),
+        ):
+            if padded:
+                self.padding_efficiency.observe(real / padded)
+
+    def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
+        self.sentences.labels(lang_pair=lang_pair).inc()
+        self.input_tokens.labels(lang_pair=lang_pair).inc(input_tokens)
+        self.output_tokens.labels(lang_pair=lang_pair).inc(output_tokens)
+
+
+def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:
+    """Serve `/metrics` of `registry` from a daemon thread; return the bound port (port 0 = any free one)."""
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return int(server.server_port)

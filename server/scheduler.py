@@ -1,0 +1,337 @@
+"""Iteration-level (continuous) batching with beam search, as a pure state machine.
+
+Each iteration the engine calls `schedule` (expire deadlines and cancellations, admit queued
+sentences into free slots, list the rows to step), runs the runner on the returned `Batch`, then
+calls `update` with the log-probabilities (advance every sentence's beam, free the slots of finished
+sentences at once, plan next iteration's beam reordering). Nothing here knows of threads, gRPC or
+onnxruntime, so every rule is unit-tested with a fake runner.
+
+One slot holds one beam row; a sentence with beam size K reserves K slots from admission to finish,
+so a step never waits for memory. Each sentence has its own `BeamState` and its rows only ever read
+their own slots, so a result does not depend on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from server.beam import BeamState, Hypothesis
+from server.runner import EncodeItem, ModelSpec
+
+
+class QueueFullError(Exception):
+    """The queue bound would be exceeded; nothing was enqueued."""
+
+
+class DrainingError(Exception):
+    """The engine is draining or stopped and admits no new work."""
+
+
+class FailureReason(enum.Enum):
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode every sentence of one request."""
+
+    beam_size: int = 4  # K: slots each sentence holds; 1 = greedy
+    length_penalty: float = 1.0  # hypotheses rank by score / length ** length_penalty
+    max_output_len: int = 0  # most generated tokens, EOS included; 0 = the model's max_target_len
+    num_hypotheses: int = 1  # best hypotheses returned per sentence, <= beam_size
+    stream_tokens: bool = False  # TokensEvent after every step (greedy rows only; beams report when done)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Capacity limits of one engine."""
+
+    max_slots: int = 64  # decoding rows stepped together; at most the runner's pool
+    max_queue_sentences: int = 1024  # sentences waiting for slots; a request over the bound is refused whole
+    max_encode_tokens: int = 4096  # source tokens encoded per iteration, so admitting a burst never stalls decoding
+
+
+# Events delivered to a request's owner, in order; RequestDone and RequestFailed are final.
+@dataclass(frozen=True)
+class TokensEvent:
+    sentence_index: int  # index of the sentence in the request
+    token_ids: tuple[int, ...]  # output so far (greedy); grows by one token per event
+
+
+@dataclass(frozen=True)
+class SentenceDone:
+    sentence_index: int
+    hypotheses: list[Hypothesis]  # best first, num_hypotheses of them
+    input_tokens: int  # source length, tag and EOS included
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    reason: FailureReason
+    message: str  # safe to show to the client: never exception text
+
+
+@dataclass(frozen=True)
+class RequestDone:
+    pass
+
+
+Event = TokensEvent | SentenceDone | RequestFailed | RequestDone
+
+
+@dataclass
+class _Request:
+    request_id: int
+    options: DecodeOptions
+    deadline: float | None  # time.monotonic() based
+    pending: int  # sentences not yet done
+    sentences: list[_Sentence] = field(default_factory=list)
+    cancelled: bool = False
+
+
+@dataclass
+class _Sentence:
+    request: _Request
+    index: int  # in its request
+    source_ids: list[int]
+    beam: BeamState
+    enqueued_at: float
+    slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
+    planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
+    feed: list[int] = field(default_factory=list)  # token each live row feeds next
+    running: bool = False
+
+    @property
+    def position(self) -> int:
+        return self.beam.steps  # every live row of a sentence is at the same position
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """The rows of one sentence in a step call: `Batch.slots[start:start + count]`."""
+
+    sentence: _Sentence
+    start: int
+    count: int
+
+
+@dataclass
+class Batch:
+    """One iteration's work for the runner, in order: copy_slots, encode, step."""
+
+    copy_sources: list[int] = field(default_factory=list)
+    copy_destinations: list[int] = field(default_factory=list)
+    encode: list[EncodeItem] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # rows to step, grouped by sentence
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    groups: list[RowGroup] = field(default_factory=list)
+    events: list[tuple[int, Event]] = field(default_factory=list)  # (request id, event) found while scheduling
+    queue_waits: list[float] = field(default_factory=list)  # seconds each admitted sentence waited
+
+    @property
+    def empty(self) -> bool:
+        return not self.slots
+
+    def request_ids(self) -> set[int]:
+        return {g.sentence.request.request_id for g in self.groups}
+
+
+class Scheduler:
+    """Queue, admission, slots and beams of every request in one engine."""
+
+    def __init__(self, spec: ModelSpec, limits: EngineLimits) -> None:
+        if limits.max_slots < 1 or limits.max_queue_sentences < 1 or limits.max_encode_tokens < 1:
+            raise ValueError(f"every limit must be >= 1, got {limits}")
+        self.spec = spec
+        self.limits = limits
+        self._free: list[int] = list(range(limits.max_slots - 1, -1, -1))  # pop() hands out low slots first
+        self._queue: deque[_Sentence] = deque()
+        self._running: list[_Sentence] = []
+        self._requests: dict[int, _Request] = {}
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active_slots(self) -> int:
+        return self.limits.max_slots - len(self._free)
+
+    @property
+    def idle(self) -> bool:
+        return not self._requests
+
+    def request_ids(self) -> list[int]:
+        return list(self._requests)
+
+    def validate(self, sentences: list[list[int]], options: DecodeOptions) -> None:
+        """Raise ValueError for work this scheduler can never run."""
+        spec = self.spec
+        if not sentences:
+            raise ValueError("a request needs at least one sentence")
+        if not 1 <= options.beam_size <= self.limits.max_slots:
+            raise ValueError(f"beam_size must be in [1, {self.limits.max_slots}], got {options.beam_size}")
+        if not 1 <= options.num_hypotheses <= options.beam_size:
+            raise ValueError(f"num_hypotheses must be in [1, beam_size], got {options.num_hypotheses}")
+        if options.max_output_len < 0:
+            raise ValueError(f"max_output_len must be >= 0, got {options.max_output_len}")
+        for ids in sentences:
+            if not 1 <= len(ids) <= spec.max_source_len:
+                raise ValueError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
+            if min(ids) < 0 or max(ids) >= spec.vocab_size:
+                raise ValueError(f"token ids must be in [0, {spec.vocab_size})")
+
+    def add(
+        self, request_id: int, sentences: list[list[int]], options: DecodeOptions, deadline: float | None, now: float
+    ) -> None:
+        """Queue every sentence of a request, or none (QueueFullError)."""
+        self.validate(sentences, options)
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id} is already scheduled")
+        if len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
+            raise QueueFullError(f"the queue holds {len(self._queue)} of {self.limits.max_queue_sentences} sentences")
+        request = _Request(request_id, options, deadline, pending=len(sentences))
+        max_len = min(options.max_output_len or self.spec.max_target_len, self.spec.max_target_len)
+        for index, ids in enumerate(sentences):
+            beam = BeamState(options.beam_size, max_len, options.length_penalty, self.spec.eos_id)
+            request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
+        self._requests[request_id] = request
+        self._queue.extend(request.sentences)
+
+    def cancel(self, request_id: int) -> None:
+        """Mark a request cancelled; it fails at the next `schedule` (a no-op for finished requests)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.cancelled = True
+
+    def schedule(self, now: float) -> Batch:
+        """Expire, admit, and list this iteration's rows."""
+        batch = Batch()
+        self._expire(now, batch)
+        self._admit(now, batch)
+        for sentence in self._running:
+            self._add_rows(sentence, batch)
+        return batch
+
+    def update(self, batch: Batch, logprobs: npt.NDArray[np.float32]) -> list[tuple[int, Event]]:
+        """Advance every stepped sentence with its rows of `logprobs` (B, V); return the events."""
+        if logprobs.shape[0] != len(batch.slots):
+            raise ValueError(f"expected {len(batch.slots)} rows of log-probabilities, got {logprobs.shape[0]}")
+        events: list[tuple[int, Event]] = []
+        for group in batch.groups:
+            rows = logprobs[group.start : group.start + group.count]
+            self._advance(group.sentence, rows, events)
+        return events
+
+    def fail(self, request_ids: set[int], reason: FailureReason, message: str) -> list[tuple[int, Event]]:
+        """Fail whole requests now (a runner error, shutdown): free their slots, drop their queued sentences."""
+        events: list[tuple[int, Event]] = []
+        for request_id in request_ids:
+            request = self._requests.get(request_id)
+            if request is not None:
+                self._abort(request)
+                events.append((request_id, RequestFailed(reason, message)))
+        return events
+
+    def _expire(self, now: float, batch: Batch) -> None:
+        for request in list(self._requests.values()):
+            if request.cancelled:
+                batch.events += self.fail({request.request_id}, FailureReason.CANCELLED, "the request was cancelled")
+            elif request.deadline is not None and now >= request.deadline:
+                message = "the deadline passed before the translation finished"
+                batch.events += self.fail({request.request_id}, FailureReason.DEADLINE_EXCEEDED, message)
+
+    def _admit(self, now: float, batch: Batch) -> None:
+        """Strict FIFO: the head waits for K free slots, so wide beams are never starved by narrow ones."""
+        budget = self.limits.max_encode_tokens
+        while self._queue:
+            head = self._queue[0]
+            k = head.beam.beam_size
+            over_budget = len(head.source_ids) > budget and batch.encode  # one source always fits an empty batch
+            if k > len(self._free) or over_budget:
+                break
+            self._queue.popleft()
+            head.slots = [self._free.pop() for _ in range(k)]
+            head.feed = [self.spec.bos_id]
+            head.running = True
+            self._running.append(head)
+            batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
+            batch.queue_waits.append(now - head.enqueued_at)
+            budget -= len(head.source_ids)
+
+    def _add_rows(self, sentence: _Sentence, batch: Batch) -> None:
+        for source, destination in sentence.planned_copies:
+            batch.copy_sources.append(source)
+            batch.copy_destinations.append(destination)
+        sentence.planned_copies = []
+        rows = len(sentence.feed)
+        batch.groups.append(RowGroup(sentence, len(batch.slots), rows))
+        batch.slots += sentence.slots[:rows]
+        batch.tokens += sentence.feed
+        batch.positions += [sentence.position] * rows
+
+    def _advance(self, sentence: _Sentence, rows: npt.NDArray[np.float32], events: list[tuple[int, Event]]) -> None:
+        request = sentence.request
+        move = sentence.beam.advance(rows)
+        if move.done:
+            self._release(sentence)
+            hypotheses = sentence.beam.best(request.options.num_hypotheses)
+            events.append((request.request_id, SentenceDone(sentence.index, hypotheses, len(sentence.source_ids))))
+            request.pending -= 1
+            if request.pending == 0:
+                del self._requests[request.request_id]
+                events.append((request.request_id, RequestDone()))
+            return
+        sentence.slots, sentence.planned_copies = reorder_slots(sentence.slots, move.parents)
+        sentence.feed = move.tokens
+        if request.options.stream_tokens and request.options.beam_size == 1:
+            events.append((request.request_id, TokensEvent(sentence.index, sentence.beam.live[0][0])))
+
+    def _release(self, sentence: _Sentence) -> None:
+        if sentence.running:
+            self._running.remove(sentence)
+            self._free.extend(reversed(sentence.slots))
+            sentence.running = False
+        sentence.slots, sentence.planned_copies = [], []
+
+    def _abort(self, request: _Request) -> None:
+        for sentence in request.sentences:
+            self._release(sentence)
+        self._queue = deque(s for s in self._queue if s.request is not request)
+        del self._requests[request.request_id]
+
+
+def reorder_slots(slots: list[int], parents: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Assign new live rows to a sentence's slots after a beam step, copying as little as possible.
+
+    `slots[i]` holds old row i (the tail past the old live rows is spare). New row j continues old
+    row `parents[j]`: the first new row of each parent keeps the parent's slot in place; any other
+    takes a slot no new row keeps and gets a copy of its parent's slot. Copy sources are kept slots
+    and destinations are not, so the copies never read a slot they overwrite.
+    Returns (new slot order: new row j in slot j, then spares; copies as (source, destination)).
+    """
+    kept: dict[int, int] = {}  # parent row -> new row that keeps its slot
+    for row, parent in enumerate(parents):
+        kept.setdefault(parent, row)
+    spare = [slot for old_row, slot in enumerate(slots) if old_row not in kept]
+    spare.reverse()  # pop() then hands them out in order
+    order: list[int] = []
+    copies: list[tuple[int, int]] = []
+    for row, parent in enumerate(parents):
+        if kept[parent] == row:
+            order.append(slots[parent])
+        else:
+            destination = spare.pop()
+            copies.append((slots[parent], destination))
+            order.append(destination)
+    order.extend(reversed(spare))
+    return order, copies

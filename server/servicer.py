@@ -1,0 +1,161 @@
+"""The Translator gRPC servicer: validate, convert, delegate to the engine, convert back.
+
+Each request is submitted to the engine as one flat list of sentences; the engine's events arrive
+on its thread and are handed to this request's asyncio queue with `call_soon_threadsafe`. Errors
+become statuses in `server.errors`; nothing here catches an exception to choose a status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+
+import grpc.aio
+
+from model.tokenizer import Tokenizer
+from server.convert import (
+    ModelDescription,
+    TranslateJob,
+    model_info_to_pb,
+    parse_request,
+    partial_to_pb,
+    text_result_to_pb,
+)
+from server.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
+from server.engine import Engine, Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
+from server.errors import CallRecord, InvalidRequest, Unavailable, request_failed, stream_call, unary_call
+from server.metrics import Metrics
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.runner import ModelSpec
+
+Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The loaded model the servicer translates with; absent until loading and warmup finish."""
+
+    engine: Engine
+    spec: ModelSpec  # the runner's spec: languages and token limits
+    tokenizer: Tokenizer
+    model: ModelDescription
+
+
+class TranslatorServicer(pb_grpc.TranslatorServicer):
+    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None) -> None:
+        self.limits = limits
+        self.metrics = metrics
+        self._backend: Backend | None = None
+
+    def attach(self, backend: Backend) -> None:
+        """Start serving with a loaded, warmed-up model."""
+        self._backend = backend
+
+    @unary_call("Translate")
+    async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
+        backend = self._require_backend()
+        job = self._parse(request, backend, call)
+        job = replace(job, options=replace(job.options, stream_tokens=False))
+        results: list[TextTranslation] = []
+        async with aclosing(self._translate(job, backend, context)) as items:
+            async for item in items:
+                if isinstance(item, TextTranslation):
+                    results.append(item)
+        results.sort(key=lambda r: r.index)
+        return pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results])
+
+    @stream_call("TranslateStream")
+    async def TranslateStream(
+        self, request: pb.TranslateRequest, context: Context, call: CallRecord
+    ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
+        backend = self._require_backend()
+        job = self._parse(request, backend, call)
+        async with aclosing(self._translate(job, backend, context)) as items:
+            async for item in items:
+                if isinstance(item, TextTranslation):
+                    yield pb.TranslateStreamResponse(result=text_result_to_pb(item, job))
+                else:
+                    yield pb.TranslateStreamResponse(partial=partial_to_pb(item))
+
+    @unary_call("ListModels")
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: Context, call: CallRecord
+    ) -> pb.ListModelsResponse:
+        backend = self._require_backend()
+        spec = backend.spec
+        return pb.ListModelsResponse(models=[model_info_to_pb(backend.model, spec, self.limits)])
+
+    def _require_backend(self) -> Backend:
+        if self._backend is None:
+            raise Unavailable("the model is still loading; retry shortly")
+        return self._backend
+
+    def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
+        job = parse_request(request, backend.spec, self.limits)
+        call.lang_pair = job.lang_pair
+        return job
+
+    async def _translate(
+        self, job: TranslateJob, backend: Backend, context: Context
+    ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
+        """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens."""
+        texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the event loop
+            prepare_texts,
+            job.texts,
+            job.source_lang,
+            job.target_lang,
+            backend.tokenizer,
+            self.limits,
+            backend.spec.max_source_len,
+        )
+        assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
+        for blank in assembler.blank_texts():
+            yield blank
+        if not assembler.sources:
+            return
+        async with aclosing(_engine_events(backend.engine, assembler.sources, job, context)) as events:
+            async for event in events:
+                if isinstance(event, TokensEvent):
+                    yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
+                    continue
+                if job.options.stream_tokens:
+                    yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
+                done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
+                if done is not None:
+                    yield done
+
+
+async def _engine_events(
+    engine: Engine, sources: list[list[int]], job: TranslateJob, context: Context
+) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
+    """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+
+    def deliver(event: Event) -> None:  # on the engine thread
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    try:
+        handle = engine.submit(sources, job.options, deliver, deadline=deadline, lang_pair=job.lang_pair)
+    except ValueError as err:  # the engine's own validation; its messages name the limit, never internals
+        raise InvalidRequest(str(err)) from err
+    finished = False
+    try:
+        while True:
+            event = await queue.get()
+            if isinstance(event, RequestDone):
+                finished = True
+                return
+            if isinstance(event, RequestFailed):
+                finished = True
+                raise request_failed(event)
+            yield event
+    finally:
+        if not finished:  # client gone, deadline hit by grpc, or a conversion error: free the slots now
+            handle.cancel()

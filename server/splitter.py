@@ -1,0 +1,93 @@
+"""Sentence splitting that keeps every character of the input, so translations reassemble exactly.
+
+Long texts are split into sentences with pysbd (rule-based, maintained, German and English rules)
+after first cutting at line breaks, which always end a sentence (a title line has no full stop).
+A text becomes `pieces` (sentences, stripped) and `separators` (the whitespace around them), with
+`join(pieces, separators) == text` for every text: the server translates the pieces and joins the
+translations with the original separators, so line breaks and spacing survive translation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+
+import pysbd
+
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+_SUPPORTED = ("de", "en")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A text as sentences and the whitespace between them."""
+
+    pieces: list[str]  # sentences without leading or trailing whitespace, in order; never empty strings
+    separators: list[str]  # len(pieces) + 1 whitespace runs: before, between and after the pieces
+
+
+def join(pieces: list[str], separators: list[str]) -> str:
+    """separators[0] + pieces[0] + separators[1] + ... + pieces[-1] + separators[-1]."""
+    if len(separators) != len(pieces) + 1:
+        raise ValueError(f"need {len(pieces) + 1} separators for {len(pieces)} pieces, got {len(separators)}")
+    out = [separators[0]]
+    for piece, sep in zip(pieces, separators[1:], strict=True):
+        out += [piece, sep]
+    return "".join(out)
+
+
+@cache
+def _segmenter(language: str) -> pysbd.Segmenter:
+    # clean=False: pysbd must not rewrite the text, we locate its sentences in the original
+    return pysbd.Segmenter(language=language, clean=False)
+
+
+def split(text: str, language: str) -> Split:
+    """Split `text` (in `language`, "de" or "en") into sentences and separators."""
+    if language not in _SUPPORTED:
+        raise ValueError(f"no sentence rules for language {language!r}")
+    cuts = sorted(set(_line_cuts(text)) | set(_sentence_cuts(text, language)))
+    pieces: list[str] = []
+    separators: list[str] = []
+    pending = ""  # whitespace since the last piece
+    start = 0
+    for end in [*cuts, len(text)]:
+        chunk = text[start:end]
+        start = end
+        core = chunk.strip()
+        if not core:
+            pending += chunk
+            continue
+        lead = chunk[: len(chunk) - len(chunk.lstrip())]
+        trail = chunk[len(chunk.rstrip()) :]
+        separators.append(pending + lead)
+        pieces.append(core)
+        pending = trail
+    separators.append(pending)
+    return Split(pieces, separators)
+
+
+def _line_cuts(text: str) -> list[int]:
+    return [m.end() for m in _LINE_BREAK.finditer(text)]
+
+
+def _sentence_cuts(text: str, language: str) -> list[int]:
+    """End offsets of pysbd's sentences found in the original text, line by line.
+
+    A segment pysbd altered (and so cannot be found) adds no cut: its text stays in a neighbouring
+    piece, so nothing is ever lost.
+    """
+    cuts: list[int] = []
+    line_start = 0
+    for line_end in [*_line_cuts(text), len(text)]:
+        line = text[line_start:line_end]
+        if line.strip():
+            cursor = 0
+            for segment in _segmenter(language).segment(line):
+                found = line.find(segment.strip(), cursor) if segment.strip() else -1
+                if found >= 0:
+                    cursor = found + len(segment.strip())
+                    cuts.append(line_start + cursor)
+        line_start = line_end
+    return cuts

@@ -1,0 +1,215 @@
+"""A real Translator server on an ephemeral loopback port, for tests that call it over gRPC.
+
+The server runs on its own asyncio loop in a background thread, exactly as `translate-server` runs
+it; tests talk to it with ordinary synchronous stubs. Models: the tiny ONNX export (the real runtime)
+or the deterministic `tests.fakes.FakeRunner` behind the tiny tokenizer, optionally throttled or
+gated so that queueing, deadlines and draining can be provoked on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry
+
+from model.tokenizer import TOKENIZER_FILE, Tokenizer
+from server.config import ServerConfig
+from server.convert import ModelDescription
+from server.main import LoadedModel, TranslationServer, create_server, load_model
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.runner import EncodeItem, ModelSpec, Runner
+from tests.fakes import FAKE_SPEC, FakeRunner
+
+T = TypeVar("T")
+START_TIMEOUT_S = 120.0
+FAKE_DESCRIPTION = ModelDescription(
+    name="fake", variant="fp32", available_variants=["fp32"], provider="fake", opset=18, model_sha256="0" * 64,
+    dtype="float32",
+)  # fmt: skip
+
+
+class GatedRunner:
+    """Wraps a runner: every `step` first waits for `gate` (open by default) and then sleeps `delay` s.
+
+    Closing the gate holds the engine mid-request, so tests can fill the queue, let a deadline pass,
+    cancel, or start a drain while work is provably in flight.
+    """
+
+    def __init__(self, inner: Runner, delay: float = 0.0) -> None:
+        self.inner = inner
+        self.spec: ModelSpec = inner.spec
+        self.max_slots = inner.max_slots
+        self.delay = delay
+        self.gate = threading.Event()
+        self.gate.set()
+        self.steps_waiting = threading.Semaphore(0)  # released once per step that reached the gate
+
+    def close_gate(self) -> None:
+        """Hold every later step at the gate; forget steps counted before (warmup)."""
+        self.gate.clear()
+        self.steps_waiting = threading.Semaphore(0)
+
+    def wait_for_step(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Block until a step has reached the gate: some request is provably decoding."""
+        if not self.steps_waiting.acquire(timeout=timeout):
+            raise TimeoutError("no step reached the gate")
+
+    def encode(self, items: list[EncodeItem]) -> None:
+        self.inner.encode(items)
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        self.steps_waiting.release()
+        if not self.gate.wait(START_TIMEOUT_S):
+            raise TimeoutError("the test never opened the gate")
+        if self.delay:
+            time.sleep(self.delay)
+        return self.inner.step(slots, tokens, positions)
+
+    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
+        self.inner.copy_slots(sources, destinations)
+
+
+def fake_model(
+    tokenizer_dir: Path, max_slots: int = 8, max_source_len: int = 48, max_target_len: int = 12
+) -> LoadedModel:
+    """FakeRunner (pure numpy, deterministic per source) behind the tiny model's real tokenizer."""
+    tokenizer = Tokenizer(tokenizer_dir / TOKENIZER_FILE)
+    spec = replace(
+        FAKE_SPEC,
+        vocab_size=tokenizer.vocab_size,
+        max_source_len=max_source_len,
+        max_target_len=max_target_len,
+        tag_ids=tokenizer.tag_ids,
+    )
+    return LoadedModel(FakeRunner(max_slots, spec), tokenizer, FAKE_DESCRIPTION)
+
+
+def export_tiny_onnx(model_dir: Path) -> Path:
+    """Export the fp32 ONNX graphs of a model artifact (once; reused when present)."""
+    variant_dir = model_dir / "onnx" / "fp32"
+    if not (variant_dir / "metadata.json").is_file():
+        command = [sys.executable, "-m", "export", "--model-dir", str(model_dir), "--variants", "fp32"]
+        subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return variant_dir
+
+
+def onnx_model(model_dir: Path, max_slots: int = 8) -> LoadedModel:
+    """The real runtime (OnnxRunner on CPU) over an exported model directory."""
+    return load_model(ServerConfig(model_dir=model_dir, variant="fp32", provider="cpu", max_slots=max_slots, threads=1))
+
+
+@dataclass
+class RunningServer:
+    """A started server, its loop thread and a channel to it."""
+
+    server: TranslationServer
+    port: int
+    loop: asyncio.AbstractEventLoop
+    channel: grpc.Channel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.insecure_channel(self.address)
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self.port}"
+
+    @property
+    def stub(self) -> pb_grpc.TranslatorStub:
+        return pb_grpc.TranslatorStub(self.channel)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.server.registry
+
+    def run(self, coroutine: Awaitable[T], timeout: float = START_TIMEOUT_S) -> T:
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(_awaited(coroutine), self.loop).result(timeout)
+
+    def start(self, coroutine: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """Start a coroutine on the server's loop without waiting for it (e.g. a shutdown)."""
+        return asyncio.run_coroutine_threadsafe(_awaited(coroutine), self.loop)
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+@contextmanager
+def server_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An asyncio loop running in a daemon thread until the context exits."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-server-loop", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(START_TIMEOUT_S)
+        loop.close()
+
+
+@contextmanager
+def running_server(model: LoadedModel, config: ServerConfig | None = None) -> Iterator[RunningServer]:
+    """A loaded, SERVING server on an ephemeral port; shut down (no grace) when the context exits."""
+    config = config or ServerConfig(port=0, host="localhost", metrics_port=-1)
+    with server_loop() as loop:
+        future = asyncio.run_coroutine_threadsafe(create_server(config, model, CollectorRegistry()), loop)
+        server, port = future.result(START_TIMEOUT_S)
+        running = RunningServer(server, port, loop)
+        try:
+            yield running
+        finally:
+            running.channel.close()
+            if isinstance(model.runner, GatedRunner):
+                model.runner.gate.set()
+            running.run(server.shutdown(0.0))
+
+
+def request(texts: list[str], source: str = "de", target: str = "en", **options: Any) -> pb.TranslateRequest:
+    return pb.TranslateRequest(
+        texts=texts, options=pb.TranslationOptions(source_language=source, target_language=target, **options)
+    )
+
+
+def sample_value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A metric sample's value, 0 when the series does not exist yet."""
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def main() -> None:
+    """`python -m tests.serving --tokenizer-dir DIR`: `serve()` a slowed FakeRunner, for process-level tests."""
+    import argparse
+    import logging
+
+    from server.main import serve
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--tokenizer-dir", type=Path, required=True)
+    parser.add_argument("--step-delay", type=float, default=0.05, help="seconds added to every decoder step")
+    parser.add_argument("--drain-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    base = fake_model(args.tokenizer_dir)
+    model = LoadedModel(GatedRunner(base.runner, args.step_delay), base.tokenizer, base.description)
+    config = ServerConfig(port=0, host="localhost", metrics_port=-1, drain_seconds=args.drain_seconds)
+    asyncio.run(serve(config, model))
+
+
+if __name__ == "__main__":
+    main()

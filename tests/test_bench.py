@@ -1,0 +1,143 @@
+"""The benchmark's own correctness: CTranslate2 conversion parity, load generator math, pipeline smoke."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import ctranslate2
+import grpc
+import pytest
+import torch
+
+from bench.ct2_convert import convert, piece_list, translate_ids
+from bench.loadgen import Query, Record, open_loop, percentile, send_times, summarize
+from model.artifact import load_artifact
+from model.decode import beam_search
+from model.tokenizer import Tokenizer
+from tests.tiny import TINY_PAIRS
+
+
+@pytest.fixture(scope="module")
+def ct2_translator(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ctranslate2.Translator:
+    out = convert(tiny_model_dir, tmp_path_factory.mktemp("ct2") / "model")
+    return ctranslate2.Translator(str(out), device="cpu", inter_threads=1, intra_threads=1)
+
+
+def tiny_sources(model_dir: Path) -> list[list[int]]:
+    tok = Tokenizer(model_dir / "tokenizer.model")
+    return [tok.encode_source(de, "en") for de, _ in TINY_PAIRS] + [tok.encode_source(en, "de") for _, en in TINY_PAIRS]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_ct2_ids_equal_pytorch(tiny_model_dir: Path, ct2_translator: ctranslate2.Translator, beam_size: int) -> None:
+    model, sources = load_artifact(tiny_model_dir), tiny_sources(tiny_model_dir)
+    got = translate_ids(ct2_translator, piece_list(tiny_model_dir), sources, beam_size, max_len=12)
+    want = [list(beam_search(model, src, beam_size, max_len=12)[0].tokens) for src in sources]
+    assert got == want
+
+
+def test_ct2_token_log_probs_equal_pytorch(tiny_model_dir: Path, ct2_translator: ctranslate2.Translator) -> None:
+    """Teacher-forced log-probs of random targets: checks every weight, not just the argmax a random model picks."""
+    model, vocab = load_artifact(tiny_model_dir), piece_list(tiny_model_dir)
+    sources = tiny_sources(tiny_model_dir)[:6]
+    gen = torch.Generator().manual_seed(0)
+    targets = [torch.randint(5, len(vocab), (7,), generator=gen).tolist() for _ in sources]
+    scored = ct2_translator.score_batch(
+        [[vocab[i] for i in s] for s in sources], [[vocab[i] for i in t] for t in targets]
+    )
+    for src, tgt, result in zip(sources, targets, scored, strict=True):
+        src_t = torch.tensor([src])
+        tgt_in = torch.tensor([[model.cfg.bos_id, *tgt]])
+        with torch.no_grad():
+            logp = model(src_t, src_t != model.cfg.pad_id, tgt_in).log_softmax(-1)[0]
+        want = [float(logp[i, tok]) for i, tok in enumerate([*tgt, model.cfg.eos_id])]
+        assert result.log_probs == pytest.approx(want, abs=1e-3)
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(v) for v in range(100, 0, -1)]  # unsorted on purpose
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile(values, 0) == 1.0
+    assert percentile([7.0], 95) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_send_times_are_evenly_spaced_at_rate() -> None:
+    times = send_times(rate=20, duration_s=0.5)
+    assert len(times) == 10
+    assert times == pytest.approx([i * 0.05 for i in range(10)])
+    with pytest.raises(ValueError):
+        send_times(rate=0, duration_s=1)
+
+
+def test_summarize_counts_errors_and_rates() -> None:
+    records = [
+        Record(start=0.0, latency=0.1, code="OK", output_tokens=10),
+        Record(start=0.5, latency=0.3, code="OK", output_tokens=20),
+        Record(start=1.0, latency=1.0, code="DEADLINE_EXCEEDED", output_tokens=0),
+        Record(start=1.5, latency=0.5, code="OK", output_tokens=30),
+    ]
+    s = summarize(records, "open", offered_rate=2.0)
+    assert (s.requests, s.ok, s.errors) == (4, 3, {"DEADLINE_EXCEEDED": 1})
+    assert s.elapsed_s == pytest.approx(2.0)  # first send at 0, last response at 2.0
+    assert s.achieved_rps == pytest.approx(1.5)
+    assert s.tokens_per_s == pytest.approx(30.0)
+    assert (s.p50_ms, s.p99_ms) == (pytest.approx(300.0), pytest.approx(500.0))  # errors excluded
+
+
+def test_open_loop_offers_fixed_rate_and_records_failures() -> None:
+    """A slow server must not slow the offered rate down (no coordinated omission)."""
+    calls: list[str] = []
+
+    async def send(query: Query) -> int:
+        calls.append(query.text)
+        await asyncio.sleep(0.2)  # slower than the 0.05 s between sends
+        if query.text == "bad":
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", None
+            )
+        return 3
+
+    queries = [Query("good", "de", "en"), Query("bad", "de", "en")]
+    records = asyncio.run(open_loop(send, queries, rate=20, duration_s=0.5))
+    assert len(records) == 10 and len(calls) == 10
+    assert sorted(r.code for r in records) == ["OK"] * 5 + ["UNAVAILABLE"] * 5
+    starts = [r.start for r in records]
+    assert max(starts) < 0.5 + 0.1  # all sent on schedule although each took 0.2 s
+    assert all(r.latency >= 0.19 for r in records)
+
+
+def test_bench_pipeline_end_to_end_quick(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--quick on the tiny model: results.json, results.md and both plots; CT2 agrees with PyTorch."""
+    from bench.run import main
+
+    out = tmp_path / "results"
+    main(["--model-dir", str(tiny_model_dir), "--out", str(out), "--quick", "--sentences", "4", "--max-len", "6"])
+    results = json.loads((out / "results.json").read_text())
+    ct2 = results["offline"]["ctranslate2-float32"]["beam1"]
+    assert ct2["throughput"]["sentences"] == 4 and ct2["throughput"]["tokens_per_s"] > 0
+    assert ct2["agreement_with_pytorch"]["rate"] == 1.0
+    assert "ctranslate2-float32" in (out / "results.md").read_text()
+    for png in ("throughput_vs_concurrency.png", "latency_vs_load.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> None:
+    """Closed and open loop through real gRPC on loopback (fake runner): every request OK, tokens counted."""
+    from bench.loadgen import run_grpc
+    from tests.serving import fake_model, running_server
+
+    queries = [Query(de, "de", "en") for de, _ in TINY_PAIRS[:6]]
+    with running_server(fake_model(tiny_model_dir, max_slots=8)) as server:
+        closed = asyncio.run(run_grpc(server.address, queries, beam_size=2, duration_s=0.5, concurrency=4))
+        opened = asyncio.run(run_grpc(server.address, queries, beam_size=1, duration_s=0.5, rate=20))
+    assert closed.ok == closed.requests > 4 and not closed.errors and closed.tokens_per_s > 0
+    assert (opened.requests, opened.ok, opened.errors) == (10, 10, {})
+    assert opened.p50_ms <= opened.p95_ms <= opened.p99_ms

@@ -1,0 +1,107 @@
+"""The `translate` command against a real server: stdin or arguments in, one translation per line out."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.client_cli import PROGRESS_MIN_TEXTS, build_parser, make_progress, read_texts, run
+from server.config import ServerConfig
+from server.main import LoadedModel
+from tests.serving import RunningServer, fake_model, request, running_server
+from tests.tiny import TINY_PAIRS
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    from tests.tiny import build_tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("cli_tokenizer")
+    build_tiny_tokenizer(directory)
+    return fake_model(directory)
+
+
+@pytest.fixture(scope="module")
+def served(model: LoadedModel) -> Iterator[RunningServer]:
+    with running_server(model, ServerConfig(port=0, host="localhost", metrics_port=-1)) as running:
+        yield running
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def cli(served: RunningServer, *args: str, texts: list[str] | None = None) -> tuple[int, str, str]:
+    parsed = build_parser().parse_args(["--server", served.address, "--source", "de", "--target", "en", *args])
+    out, err = io.StringIO(), io.StringIO()
+    code = run(parsed, texts if texts is not None else read_texts(parsed, []), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_prints_one_translation_per_input_line_in_order_across_batches(served: RunningServer) -> None:
+    texts = [de for de, _ in TINY_PAIRS] * 4 + ["", "Zwei Sätze. Noch einer."]
+    code, out, err = cli(served, "--batch", "7", "--beam-size", "2", texts=texts)
+    expected = [r.translation for r in served.stub.Translate(request(texts, beam_size=2)).results]
+    assert code == 0 and err == ""
+    assert out.split("\n")[:-1] == expected
+
+
+def test_texts_from_arguments(served: RunningServer) -> None:
+    code, out, _ = cli(served, "Das Haus ist groß.", "Geheimpolizei")
+    expected = [r.translation for r in served.stub.Translate(request(["Das Haus ist groß.", "Geheimpolizei"])).results]
+    assert code == 0 and out.splitlines() == expected
+
+
+def test_stdin_lines_become_texts() -> None:
+    args = build_parser().parse_args(["--source", "de", "--target", "en"])
+    assert read_texts(args, ["eins\n", "\n", "zwei\r\n"]) == ["eins", "", "zwei"]
+
+
+def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServer) -> None:
+    parsed = build_parser().parse_args(["--server", served.address, "--source", "de", "--target", "fr", "Hallo"])
+    out, err = io.StringIO(), io.StringIO()
+    assert run(parsed, ["Hallo"], out, err) == 3  # INVALID_ARGUMENT's gRPC code
+    assert err.getvalue().startswith("translate: INVALID_ARGUMENT: unsupported language pair de-fr")
+    assert out.getvalue() == ""
+
+
+def test_unreachable_server_is_unavailable(tmp_path: Path) -> None:
+    parsed = build_parser().parse_args(
+        ["--server", "localhost:1", "--source", "de", "--target", "en", "--timeout", "5"]
+    )
+    err = io.StringIO()
+    assert run(parsed, ["Hallo"], io.StringIO(), err) == 14  # UNAVAILABLE
+    assert "UNAVAILABLE" in err.getvalue()
+
+
+def test_progress_bar_only_on_a_terminal_with_many_texts() -> None:
+    from tqdm import tqdm
+
+    terminal = FakeTerminal()
+    bar = make_progress(PROGRESS_MIN_TEXTS, terminal)
+    assert isinstance(bar, tqdm)
+    bar.update(PROGRESS_MIN_TEXTS)
+    bar.close()
+    assert f"{PROGRESS_MIN_TEXTS}/{PROGRESS_MIN_TEXTS}" in terminal.getvalue()
+    assert not isinstance(make_progress(PROGRESS_MIN_TEXTS - 1, FakeTerminal()), tqdm)
+    assert not isinstance(make_progress(10_000, io.StringIO()), tqdm)
+
+
+def test_console_entry_point_reads_stdin(served: RunningServer) -> None:
+    lines = ["Das Haus ist groß.", "Leidenschaft"]
+    done = subprocess.run(
+        [sys.executable, "-m", "server.client_cli", "--server", served.address, "--source", "de", "--target", "en"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [r.translation for r in served.stub.Translate(request(lines)).results]

@@ -1,0 +1,34 @@
+"""The committed generated code is exactly what `python -m server.codegen` makes from the proto."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from server.codegen import PACKAGE, REPO_ROOT, generate
+
+
+def test_committed_generated_code_matches_the_codegen_command(tmp_path: Path) -> None:
+    fresh = {p.relative_to(tmp_path / PACKAGE): p.read_bytes() for p in generate(tmp_path)}
+    committed_root = REPO_ROOT / PACKAGE
+    committed = {
+        p.relative_to(committed_root): p.read_bytes()
+        for p in committed_root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert sorted(committed) == sorted(fresh), "run `python -m server.codegen` and commit server/proto/"
+    stale = [str(path) for path in fresh if committed[path] != fresh[path]]
+    assert not stale, f"generated files differ from the proto: {stale}; run `python -m server.codegen`"
+
+
+def test_generated_package_imports_with_typed_stubs() -> None:
+    from server.proto.translation.v1 import translation_pb2, translation_pb2_grpc
+
+    assert translation_pb2.DESCRIPTOR.package == "translation.v1"
+    assert {m.name for m in translation_pb2.DESCRIPTOR.services_by_name["Translator"].methods} == {
+        "Translate",
+        "TranslateStream",
+        "ListModels",
+    }
+    assert hasattr(translation_pb2_grpc, "TranslatorStub")
+    assert (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2.pyi").is_file()
+    assert (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2_grpc.pyi").is_file()

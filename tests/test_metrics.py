@@ -1,0 +1,142 @@
+"""Every series moves by exactly what was done, on a fresh registry per test."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from server.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
+from server.metrics import Metrics, StepStats, start_metrics_server
+from tests.fakes import FakeRunner, reference_decode
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    sample = registry.get_sample_value(name, labels)
+    return 0.0 if sample is None else sample
+
+
+def test_request_and_first_result(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry)
+    metrics.observe_request("Translate", "OK", "de-en", 0.03)
+    metrics.observe_request("Translate", "OK", "de-en", 0.5)
+    metrics.observe_request("TranslateStream", "DEADLINE_EXCEEDED", "en-de", 2.0)
+    metrics.observe_first_result("TranslateStream", 0.004)
+    assert value(registry, "translation_requests_total", method="Translate", code="OK", lang_pair="de-en") == 2
+    labels = {"method": "TranslateStream", "code": "DEADLINE_EXCEEDED", "lang_pair": "en-de"}
+    assert value(registry, "translation_requests_total", **labels) == 1
+    duration = "translation_request_duration_seconds"
+    assert value(registry, f"{duration}_count", method="Translate", lang_pair="de-en") == 2
+    assert value(registry, f"{duration}_sum", method="Translate", lang_pair="de-en") == pytest.approx(0.53)
+    assert value(registry, f"{duration}_bucket", method="Translate", lang_pair="de-en", le="0.05") == 1
+    ttfr = "translation_time_to_first_result_seconds"
+    assert value(registry, f"{ttfr}_bucket", method="TranslateStream", le="0.005") == 1
+    assert value(registry, f"{ttfr}_bucket", method="TranslateStream", le="0.0025") == 0
+
+
+def test_model_info_and_capacity(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry)
+    metrics.set_model_info("shipped", "int8", "CPUExecutionProvider", 18)
+    metrics.set_capacity(32)
+    info = {"model": "shipped", "variant": "int8", "provider": "CPUExecutionProvider", "opset": "18"}
+    assert value(registry, "translation_model_info", **info) == 1
+    assert value(registry, "translation_max_slots") == 32
+
+
+def test_step_stats(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry)
+    stats = StepStats(
+        duration_s=0.002,
+        active_slots=6,
+        encode_real_tokens=9,
+        encode_padded_tokens=12,
+        step_real_tokens=12,
+        step_padded_tokens=24,
+        queue_waits_s=(0.1, 0.3),
+    )
+    metrics.observe_step(stats)
+    assert value(registry, "translation_decode_step_duration_seconds_sum") == pytest.approx(0.002)
+    assert value(registry, "translation_step_active_slots_sum") == 6
+    assert value(registry, "translation_queue_wait_seconds_count") == 2
+    assert value(registry, "translation_queue_wait_seconds_sum") == pytest.approx(0.4)
+    assert value(registry, "translation_padding_efficiency_ratio_sum") == pytest.approx(0.75 + 0.5)
+    metrics.set_load(queue_depth=7, active_slots=6)
+    assert value(registry, "translation_queue_depth") == 7
+    assert value(registry, "translation_active_slots") == 6
+
+
+def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
+    Metrics(registry)
+    # prometheus_client drops a counter's `_total` from the family name; put it back
+    names = {f"{f.name}_total" if f.type == "counter" else f.name for f in registry.collect()}
+    assert len(names) == 14 and all(name.startswith("translation_") for name in names), names
+    units = ("_seconds", "_total", "_ratio", "_slots", "_depth", "_info")
+    assert all(name.endswith(units) for name in names), names
+
+
+def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
+    runner = FakeRunner(max_slots=4)
+    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry))
+    sources = [[5, 9, 10, 3], [5, 11, 12, 13, 14, 3], [5, 8, 3]]
+    options = DecodeOptions(beam_size=2)
+    finished = threading.Event()
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, RequestDone | RequestFailed):
+            finished.set()
+
+    engine.start()
+    try:
+        engine.submit(sources, options, on_event, lang_pair="de-en")
+        assert finished.wait(30)
+    finally:
+        engine.stop()
+    best = [reference_decode(s, 2, 1.0, 12)[0] for s in sources]
+    assert value(registry, "translation_sentences_total", lang_pair="de-en") == 3
+    assert value(registry, "translation_input_tokens_total", lang_pair="de-en") == 4 + 6 + 3
+    assert value(registry, "translation_output_tokens_total", lang_pair="de-en") == sum(len(h.tokens) for h in best)
+    assert value(registry, "translation_decode_step_duration_seconds_count") == runner.step_calls
+    assert value(registry, "translation_step_active_slots_sum") == sum(runner.step_batch_sizes)
+    assert value(registry, "translation_queue_wait_seconds_count") == 3
+    assert value(registry, "translation_padding_efficiency_ratio_count") == runner.step_calls + len(runner.encode_calls)
+    assert value(registry, "translation_queue_depth") == 0
+    assert value(registry, "translation_active_slots") == 0
+    assert value(registry, "translation_max_slots") == 4
+
+
+def test_sentence_done_output_tokens_count_the_best_hypothesis(registry: CollectorRegistry) -> None:
+    runner = FakeRunner(max_slots=2)
+    engine = Engine(runner, EngineLimits(max_slots=2), Metrics(registry))
+    done: list[SentenceDone] = []
+    finished = threading.Event()
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, SentenceDone):
+            done.append(event)
+        if isinstance(event, RequestDone):
+            finished.set()
+
+    engine.start()
+    try:
+        engine.submit([[4, 7, 3]], DecodeOptions(beam_size=2, num_hypotheses=2), on_event, lang_pair="en-de")
+        assert finished.wait(30)
+    finally:
+        engine.stop()
+    assert value(registry, "translation_output_tokens_total", lang_pair="en-de") == len(done[0].hypotheses[0].tokens)
+
+
+def test_metrics_server_serves_the_registry(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry)
+    metrics.observe_request("Translate", "OK", "de-en", 0.01)
+    port = start_metrics_server(0, registry, addr="127.0.0.1")
+    assert port > 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        body = reply.read().decode()
+    assert 'translation_requests_total{code="OK",lang_pair="de-en",method="Translate"} 1.0' in body

@@ -1,0 +1,90 @@
+"""OnnxRunner against PyTorch on the tiny model: encoder, per-step logits, cache semantics, int8."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export.__main__ import main
+from model.artifact import load_artifact
+from server.runner import EncodeItem
+from server.runtime import OnnxRunner
+
+SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runtime") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    assert main(["--model-dir", str(out), "--variants", "fp32,int8"]) == 0
+    return out
+
+
+@pytest.fixture()
+def runner(model_dir: Path) -> OnnxRunner:
+    return OnnxRunner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
+
+
+def torch_full_logprobs(model_dir: Path, src: list[int], tgt_in: list[int]) -> np.ndarray:
+    """Full recomputation (no cache) of every target position: (T, V)."""
+    model = load_artifact(model_dir)
+    s = torch.tensor([src])
+    with torch.no_grad():
+        logits = model(s, s != 0, torch.tensor([tgt_in]))
+    return logits[0].log_softmax(-1).numpy()
+
+
+def test_encoder_matches_pytorch(model_dir: Path, runner: OnnxRunner) -> None:
+    model = load_artifact(model_dir)
+    runner.encode([EncodeItem(SOURCES[2], [3])])
+    s = torch.tensor([SOURCES[2]])
+    with torch.no_grad():
+        cross = model.cross_kv(model.encode(s, s != 0))
+    for i, (k, v) in enumerate(cross):
+        assert np.abs(runner.cross_kv[2 * i][3, :, :7] - k[0].numpy()).max() <= 1e-4
+        assert np.abs(runner.cross_kv[2 * i + 1][3, :, :7] - v[0].numpy()).max() <= 1e-4
+
+
+def test_incremental_equals_full_recomputation(model_dir: Path, runner: OnnxRunner) -> None:
+    tgt_in = [2, 40, 41, 42, 43]
+    runner.encode([EncodeItem(SOURCES[0], [0])])
+    steps = np.stack([runner.step([0], [t], [i])[0] for i, t in enumerate(tgt_in)])
+    assert np.abs(steps - torch_full_logprobs(model_dir, SOURCES[0], tgt_in)).max() <= 1e-4
+
+
+def test_rows_at_different_steps_equal_alone(model_dir: Path, runner: OnnxRunner) -> None:
+    tgt = [[2, 40, 41, 42, 43, 44], [2, 50, 51]]
+    runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [5])])
+    for i in range(3):  # row 0 runs alone for three steps, then row 1 joins at position 0
+        runner.step([0], [tgt[0][i]], [i])
+    for j in range(3):
+        both = runner.step([5, 0], [tgt[1][j], tgt[0][3 + j]], [j, 3 + j])
+        expected_1 = torch_full_logprobs(model_dir, SOURCES[1], tgt[1][: j + 1])[j]
+        expected_0 = torch_full_logprobs(model_dir, SOURCES[0], tgt[0][: 4 + j])[3 + j]
+        assert np.abs(both[0] - expected_1).max() <= 1e-4
+        assert np.abs(both[1] - expected_0).max() <= 1e-4
+
+
+def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
+    runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
+    runner.step([0, 1], [2, 2], [0, 0])
+    before = [c.copy() for c in runner.self_kv]
+    runner.copy_slots([0, 1], [1, 0])  # swap: each destination reads the pre-call source
+    for cache, old in zip(runner.self_kv, before, strict=True):
+        np.testing.assert_array_equal(cache[0], old[1])
+        np.testing.assert_array_equal(cache[1], old[0])
+    assert runner.src_mask[0].sum() == len(SOURCES[2]) and runner.src_mask[1].sum() == len(SOURCES[0])
+
+
+def test_int8_runs_and_stays_close(model_dir: Path) -> None:
+    runner = OnnxRunner(model_dir / "onnx" / "int8", max_slots=2, intra_op_threads=1)
+    assert runner.provider == "CPUExecutionProvider" and runner.metadata.variant == "int8"
+    runner.encode([EncodeItem(SOURCES[0], [0])])
+    logp = runner.step([0], [2], [0])
+    assert logp.shape == (1, runner.spec.vocab_size) and np.isfinite(logp).all()
+    assert np.allclose(np.exp(logp).sum(), 1.0, atol=1e-3)

@@ -1,0 +1,259 @@
+"""The scheduler state machine driven by hand with the fake runner: admission, continuous batching,
+beams, limits, deadlines, cancellation and failures, with exact expected outputs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.scheduler import (
+    Batch,
+    DecodeOptions,
+    EngineLimits,
+    Event,
+    FailureReason,
+    QueueFullError,
+    RequestDone,
+    RequestFailed,
+    Scheduler,
+    SentenceDone,
+    TokensEvent,
+    reorder_slots,
+)
+from tests.fakes import FAKE_SPEC, FakeRunner, reference_decode
+
+Events = dict[int, list[Event]]
+
+
+def make(max_slots: int = 8, max_queue: int = 64, max_encode_tokens: int = 4096) -> tuple[Scheduler, FakeRunner]:
+    limits = EngineLimits(max_slots=max_slots, max_queue_sentences=max_queue, max_encode_tokens=max_encode_tokens)
+    return Scheduler(FAKE_SPEC, limits), FakeRunner(max_slots)
+
+
+def execute(runner: FakeRunner, batch: Batch) -> np.ndarray:
+    if batch.copy_sources:
+        runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+    if batch.encode:
+        runner.encode(batch.encode)
+    return runner.step(batch.slots, batch.tokens, batch.positions)
+
+
+def iterate(scheduler: Scheduler, runner: FakeRunner, events: Events, now: float = 0.0) -> Batch:
+    batch = scheduler.schedule(now)
+    for request_id, event in batch.events:
+        events[request_id].append(event)
+    if not batch.empty:
+        for request_id, event in scheduler.update(batch, execute(runner, batch)):
+            events[request_id].append(event)
+    return batch
+
+
+def run_all(scheduler: Scheduler, runner: FakeRunner, events: Events | None = None) -> Events:
+    events = events if events is not None else defaultdict(list)
+    for _ in range(1000):
+        if scheduler.idle:
+            return events
+        iterate(scheduler, runner, events)
+    raise AssertionError("the scheduler did not become idle")
+
+
+def source(seed: int, length: int | None = None) -> list[int]:
+    rng = np.random.default_rng(seed)
+    n = length if length is not None else int(rng.integers(2, 10))
+    return [4, *rng.integers(6, FAKE_SPEC.vocab_size, n - 2).tolist(), FAKE_SPEC.eos_id]
+
+
+def done_hypotheses(events: list[Event]) -> dict[int, list[tuple[tuple[int, ...], float]]]:
+    return {
+        e.sentence_index: [(h.tokens, h.score) for h in e.hypotheses] for e in events if isinstance(e, SentenceDone)
+    }
+
+
+def expected(src: list[int], options: DecodeOptions) -> list[tuple[tuple[int, ...], float]]:
+    max_len = options.max_output_len or FAKE_SPEC.max_target_len
+    hyps = reference_decode(src, options.beam_size, options.length_penalty, max_len)
+    return [(h.tokens, h.score) for h in hyps[: options.num_hypotheses]]
+
+
+def test_reorder_keeps_first_child_in_place_and_copies_the_rest() -> None:
+    order, copies = reorder_slots([10, 11, 12, 13], [0, 0, 1])
+    assert order == [10, 12, 11, 13]  # row 1 (second child of row 0) takes row 2's slot, the spare stays last
+    assert copies == [(10, 12)]
+
+
+@given(st.data())
+def test_reorder_gives_every_row_its_parents_history(data: st.DataObject) -> None:
+    k = data.draw(st.integers(1, 6))
+    live = data.draw(st.integers(1, k))
+    parents = data.draw(st.lists(st.integers(0, live - 1), min_size=1, max_size=k))
+    slots = data.draw(st.permutations(list(range(20, 20 + k))))
+    cache = {slot: f"row{row}" if row < live else "spare" for row, slot in enumerate(slots)}
+    order, copies = reorder_slots(slots, parents)
+    gathered = {d: cache[s] for s, d in copies}  # gather semantics: all reads before any write
+    cache.update(gathered)
+    assert sorted(order) == sorted(slots)  # the sentence keeps exactly its K slots
+    assert [cache[order[j]] for j in range(len(parents))] == [f"row{p}" for p in parents]
+    assert len(copies) == len(parents) - len(set(parents))  # one copy per extra child, none otherwise
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+def test_one_sentence_matches_the_reference(beam_size: int) -> None:
+    scheduler, runner = make()
+    options = DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size)
+    scheduler.add(1, [source(0)], options, None, now=0.0)
+    events = run_all(scheduler, runner)
+    assert done_hypotheses(events[1]) == {0: expected(source(0), options)}
+    assert isinstance(events[1][-1], RequestDone)
+
+
+def test_mixed_beams_sharing_few_slots_match_each_sentence_alone() -> None:
+    scheduler, runner = make(max_slots=6)
+    requests = {}
+    for request_id in range(12):
+        beam_size = [1, 2, 3, 4][request_id % 4]
+        options = DecodeOptions(beam_size=beam_size, num_hypotheses=min(beam_size, 1 + request_id % 3))
+        sentences = [source(100 * request_id + i) for i in range(1 + request_id % 3)]
+        scheduler.add(request_id, sentences, options, None, now=0.0)
+        requests[request_id] = (sentences, options)
+    events = run_all(scheduler, runner)
+    for request_id, (sentences, options) in requests.items():
+        assert done_hypotheses(events[request_id]) == {i: expected(s, options) for i, s in enumerate(sentences)}
+        assert isinstance(events[request_id][-1], RequestDone)
+    assert max(runner.step_batch_sizes) == 6  # the pool was shared, not run one request at a time
+    assert scheduler.active_slots == 0 and scheduler.queue_depth == 0
+
+
+def test_finished_rows_free_their_slots_and_new_work_joins_the_next_step() -> None:
+    scheduler, runner = make(max_slots=2)
+    greedy = DecodeOptions(beam_size=1)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=1, max_output_len=2), None, now=0.0)
+    scheduler.add(2, [source(2)], DecodeOptions(beam_size=1, max_output_len=9), None, now=0.0)
+    scheduler.add(3, [source(3)], greedy, None, now=0.0)  # waits for a slot
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events)
+    assert scheduler.queue_depth == 1
+    second = iterate(scheduler, runner, events)  # request 1 generates its 2nd token and leaves
+    assert isinstance(events[1][-1], RequestDone)
+    assert scheduler.active_slots == 1 and second.slots == [0, 1]
+    third = iterate(scheduler, runner, events)
+    assert [item.slots for item in third.encode] == [[0]]  # request 3 took the freed slot at once
+    assert sorted(third.slots) == [0, 1] and scheduler.queue_depth == 0
+    assert third.positions == [2, 0]  # request 2 mid-sentence beside request 3's first step
+
+
+def test_admission_is_fifo_and_a_wide_beam_waits_for_enough_slots() -> None:
+    scheduler, runner = make(max_slots=4)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=3), None, now=0.0)
+    scheduler.add(2, [source(2)], DecodeOptions(beam_size=2), None, now=0.0)
+    scheduler.add(3, [source(3)], DecodeOptions(beam_size=1), None, now=0.0)
+    batch = iterate(scheduler, runner, defaultdict(list))
+    # request 2 needs 2 slots and 1 is free: it blocks request 3 behind it rather than being overtaken
+    assert [item.slots for item in batch.encode] == [[0, 1, 2]]
+    assert scheduler.queue_depth == 2
+
+
+def test_encode_token_budget_spreads_a_burst_over_iterations() -> None:
+    scheduler, runner = make(max_slots=8, max_encode_tokens=10)
+    scheduler.add(1, [source(i, length=6) for i in range(3)], DecodeOptions(beam_size=1), None, now=0.0)
+    scheduler.add(2, [source(9, length=14)], DecodeOptions(beam_size=1), None, now=0.0)
+    events: Events = defaultdict(list)
+    admitted = [[len(i.source_ids) for i in iterate(scheduler, runner, events).encode] for _ in range(3)]
+    assert admitted == [[6], [6], [6]]  # 6 + 6 > 10
+    assert [len(i.source_ids) for i in iterate(scheduler, runner, events).encode] == [14]  # alone, over budget
+
+
+def test_queue_bound_refuses_a_request_whole() -> None:
+    scheduler, _ = make(max_slots=1, max_queue=3)
+    scheduler.add(1, [source(1), source(2)], DecodeOptions(beam_size=1), None, now=0.0)
+    with pytest.raises(QueueFullError):
+        scheduler.add(2, [source(3), source(4)], DecodeOptions(beam_size=1), None, now=0.0)
+    assert scheduler.queue_depth == 2 and scheduler.request_ids() == [1]
+    scheduler.add(3, [source(5)], DecodeOptions(beam_size=1), None, now=0.0)
+    assert scheduler.queue_depth == 3
+
+
+def test_deadline_fails_queued_and_decoding_work_and_frees_slots() -> None:
+    scheduler, runner = make(max_slots=4)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=4), deadline=5.0, now=0.0)
+    scheduler.add(2, [source(2)], DecodeOptions(beam_size=1), deadline=5.0, now=0.0)  # queued behind it
+    scheduler.add(3, [source(3)], DecodeOptions(beam_size=1), deadline=None, now=0.0)
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events, now=1.0)
+    assert scheduler.active_slots == 4 and scheduler.queue_depth == 2
+    batch = iterate(scheduler, runner, events, now=5.0)
+    for request_id in (1, 2):
+        [failed] = events[request_id]
+        assert isinstance(failed, RequestFailed) and failed.reason is FailureReason.DEADLINE_EXCEEDED
+    assert [item.source_ids for item in batch.encode] == [source(3)]  # the freed slots serve the next request
+    run_all(scheduler, runner, events)
+    assert done_hypotheses(events[3]) == {0: expected(source(3), DecodeOptions(beam_size=1))}
+
+
+def test_cancel_while_queued_and_while_decoding() -> None:
+    scheduler, runner = make(max_slots=2)
+    scheduler.add(1, [source(1), source(2)], DecodeOptions(beam_size=2), None, now=0.0)
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events)  # sentence 0 decoding, sentence 1 queued
+    scheduler.cancel(1)
+    scheduler.cancel(99)  # unknown or finished: ignored
+    batch = iterate(scheduler, runner, events)
+    assert batch.empty and events[1] == [RequestFailed(FailureReason.CANCELLED, "the request was cancelled")]
+    assert scheduler.idle and scheduler.active_slots == 0 and scheduler.queue_depth == 0
+
+
+def test_fail_drops_only_the_given_requests() -> None:
+    scheduler, runner = make(max_slots=4)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=2), None, now=0.0)
+    scheduler.add(2, [source(2)], DecodeOptions(beam_size=2), None, now=0.0)
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events)
+    failed = scheduler.fail({1}, FailureReason.INTERNAL, "internal error")
+    assert failed == [(1, RequestFailed(FailureReason.INTERNAL, "internal error"))]
+    assert scheduler.active_slots == 2
+    scheduler.add(3, [source(3)], DecodeOptions(beam_size=2), None, now=0.0)  # reuses request 1's slots
+    run_all(scheduler, runner, events)
+    assert done_hypotheses(events[2]) == {0: expected(source(2), DecodeOptions(beam_size=2))}
+    assert done_hypotheses(events[3]) == {0: expected(source(3), DecodeOptions(beam_size=2))}
+
+
+def test_streaming_greedy_reports_every_token() -> None:
+    scheduler, runner = make()
+    scheduler.add(1, [source(4)], DecodeOptions(beam_size=1, stream_tokens=True), None, now=0.0)
+    events = run_all(scheduler, runner)[1]
+    partial = [e.token_ids for e in events if isinstance(e, TokensEvent)]
+    final = done_hypotheses(events)[0][0][0]
+    assert partial == [final[:n] for n in range(1, len(partial) + 1)]
+    assert len(partial) >= len(final) - 1 and partial  # one event per step until the last
+
+
+def test_output_length_is_capped_by_request_and_model() -> None:
+    scheduler, runner = make()
+    scheduler.add(1, [source(5)], DecodeOptions(beam_size=2, max_output_len=3, num_hypotheses=2), None, now=0.0)
+    scheduler.add(2, [source(6)], DecodeOptions(beam_size=1, max_output_len=10_000), None, now=0.0)
+    events = run_all(scheduler, runner)
+    hyps = done_hypotheses(events[1])[0]
+    assert len(hyps) == 2 and all(len(tokens) <= 3 for tokens, _ in hyps)
+    assert done_hypotheses(events[2])[0] == expected(source(6), DecodeOptions(beam_size=1))
+
+
+@pytest.mark.parametrize(
+    ("sentences", "options"),
+    [
+        ([], DecodeOptions()),
+        ([[]], DecodeOptions()),
+        ([[4] * 17], DecodeOptions()),
+        ([[4, 99]], DecodeOptions()),
+        ([[4, 3]], DecodeOptions(beam_size=9)),
+        ([[4, 3]], DecodeOptions(beam_size=2, num_hypotheses=3)),
+        ([[4, 3]], DecodeOptions(max_output_len=-1)),
+    ],
+)
+def test_invalid_work_is_refused(sentences: list[list[int]], options: DecodeOptions) -> None:
+    scheduler, _ = make(max_slots=8)
+    with pytest.raises(ValueError):
+        scheduler.add(1, sentences, options, None, now=0.0)
+    assert scheduler.idle

@@ -1,0 +1,551 @@
+"""The Translator service over real gRPC on a loopback port: results, streaming, statuses, health, drain, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from model.tokenizer import Tokenizer
+from server.config import ServerConfig
+from server.documents import RequestLimits
+from server.main import SERVICE_NAME, LoadedModel, TranslationServer
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.splitter import join, split
+from tests.fakes import FakeRunner, reference_decode
+from tests.serving import (
+    GatedRunner,
+    RunningServer,
+    export_tiny_onnx,
+    fake_model,
+    onnx_model,
+    request,
+    running_server,
+    sample_value,
+    server_loop,
+)
+
+TEXTS = [
+    "Das Haus ist groß.",
+    "Ich verstehe ihre Gedankengänge nicht. Es hörte auf zu regnen.\nEr wartete.",
+    "",
+    "Geheimpolizei",
+    "  \n ",
+    "Sie schrieben gemeinsam ein Buch.",
+]
+
+
+def config(**overrides: object) -> ServerConfig:
+    return ServerConfig(**{"port": 0, "host": "localhost", "metrics_port": -1, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.fixture()
+def model(tiny_model_dir: Path) -> LoadedModel:
+    return fake_model(tiny_model_dir)
+
+
+@pytest.fixture()
+def served(model: LoadedModel) -> Iterator[RunningServer]:
+    with running_server(model, config()) as running:
+        yield running
+
+
+def expected_hypotheses(model: LoadedModel, text: str, beam: int = 4, penalty: float = 1.0) -> list[tuple[str, float]]:
+    """The whole text decoded offline, sentence by sentence, without the server: what it must answer."""
+    spec, tokenizer = model.runner.spec, model.tokenizer
+    parts = split(text, "de")
+    if not parts.pieces:
+        return [(text, 0.0)]
+    per_sentence = [
+        reference_decode(tokenizer.encode_source(p, "en"), beam, penalty, spec.max_target_len, spec)
+        for p in parts.pieces
+    ]
+    ranked = []
+    for rank in range(beam):
+        chosen = [hyps[min(rank, len(hyps) - 1)] for hyps in per_sentence]
+        pieces = [tokenizer.decode(list(h.tokens)) for h in chosen]
+        ranked.append((join(pieces, parts.separators), sum(h.normalized for h in chosen)))
+    return ranked
+
+
+@dataclass(frozen=True)
+class Status:
+    code: grpc.StatusCode
+    details: str
+
+
+def status_of(call: Callable[[], object]) -> Status:
+    """The status a call fails with (it must fail)."""
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    error = info.value
+    assert isinstance(error, grpc.Call), "stub errors carry their status"
+    return Status(error.code(), error.details() or "")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.01)
+
+
+def test_translate_answers_every_text_in_order_like_the_offline_decoder(
+    served: RunningServer, model: LoadedModel
+) -> None:
+    reply = served.stub.Translate(request(TEXTS, beam_size=2))
+    assert [r.index for r in reply.results] == list(range(len(TEXTS)))
+    assert [r.translation for r in reply.results] == [expected_hypotheses(model, t, beam=2)[0][0] for t in TEXTS]
+    assert [r.sentences for r in reply.results] == [1, 3, 0, 1, 0, 1]
+    assert reply.results[1].translation.count("\n") == 1  # the line break survives translation
+    assert not reply.results[0].hypotheses  # n-best only when asked for
+
+
+def test_blank_texts_come_back_unchanged_without_running_the_model(served: RunningServer, model: LoadedModel) -> None:
+    runner = model.runner
+    assert isinstance(runner, FakeRunner)
+    steps = runner.step_calls
+    reply = served.stub.Translate(request(["", "  \n\t ", "\n"]))
+    assert [r.translation for r in reply.results] == ["", "  \n\t ", "\n"]
+    assert [r.input_tokens for r in reply.results] == [0, 0, 0]
+    assert runner.step_calls == steps
+
+
+def test_n_best_with_scores(served: RunningServer, model: LoadedModel) -> None:
+    text = "Ich verstehe ihre Gedankengänge nicht. Es hörte auf zu regnen."
+    reply = served.stub.Translate(request([text], beam_size=4, num_hypotheses=3, return_scores=True))
+    result = reply.results[0]
+    want = expected_hypotheses(model, text)[:3]
+    assert [h.text for h in result.hypotheses] == [t for t, _ in want]
+    assert [h.score for h in result.hypotheses] == pytest.approx([s for _, s in want], abs=1e-5)
+    assert result.hypotheses[0].text == result.translation
+    assert all(h.HasField("score") for h in result.hypotheses)
+    no_scores = served.stub.Translate(request([text], beam_size=4, num_hypotheses=2)).results[0]
+    assert [h.HasField("score") for h in no_scores.hypotheses] == [False, False]
+
+
+def test_stream_sends_each_text_once_and_partials_before_their_result(
+    served: RunningServer, model: LoadedModel
+) -> None:
+    messages = list(served.stub.TranslateStream(request(TEXTS, beam_size=1, stream_tokens=True)))
+    results = [m.result for m in messages if m.WhichOneof("event") == "result"]
+    assert sorted(r.index for r in results) == list(range(len(TEXTS)))
+    assert {r.index: r.translation for r in results} == {
+        i: expected_hypotheses(model, t, beam=1)[0][0] for i, t in enumerate(TEXTS)
+    }
+    done_at = {m.result.index: n for n, m in enumerate(messages) if m.WhichOneof("event") == "result"}
+    partials = [(n, m.partial) for n, m in enumerate(messages) if m.WhichOneof("event") == "partial"]
+    assert partials, "greedy token streaming sends partial output"
+    for n, partial in partials:
+        assert n < done_at[partial.text_index], "a partial arrives before its text's result"
+    finals = [p for _, p in partials if p.finished]
+    assert len(finals) == sum(r.sentences for r in results)  # one final partial per sentence
+    assert len(finals) < len(partials), "greedy streams unfinished partials too"
+
+
+def test_stream_with_beams_reports_finished_sentences_only(served: RunningServer) -> None:
+    messages = list(served.stub.TranslateStream(request(TEXTS[:2], beam_size=3, stream_tokens=True)))
+    partials = [m.partial for m in messages if m.WhichOneof("event") == "partial"]
+    assert len(partials) == 4 and all(p.finished for p in partials)
+    assert not [m for m in served.stub.TranslateStream(request(TEXTS[:2])) if m.WhichOneof("event") == "partial"]
+
+
+def test_concurrent_clients_get_exactly_their_own_translations(served: RunningServer, model: LoadedModel) -> None:
+    from tests.tiny import TINY_PAIRS
+
+    sources = [de for de, _ in TINY_PAIRS]
+
+    def one_client(k: int) -> tuple[list[str], list[str]]:
+        texts = [sources[(k + j) % len(sources)] for j in range(1 + k % 3)]
+        reply = served.stub.Translate(request(texts, beam_size=1 + k % 3))
+        return texts, [r.translation for r in reply.results]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one_client, range(16)))
+    for k, (texts, got) in enumerate(answers):
+        assert got == [expected_hypotheses(model, t, beam=1 + k % 3)[0][0] for t in texts]
+
+
+def test_list_models_reports_languages_pairs_limits_and_runtime(served: RunningServer, model: LoadedModel) -> None:
+    (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+    assert list(info.languages) == ["de", "en"]
+    assert {(p.source, p.target) for p in info.pairs} == {("de", "en"), ("en", "de")}
+    assert info.limits.max_texts_per_request == 256
+    assert info.limits.max_chars_per_text == 10_000
+    assert info.limits.max_sentences_per_request == 512
+    assert info.limits.max_source_tokens == model.runner.spec.max_source_len
+    assert info.limits.max_output_len == model.runner.spec.max_target_len
+    assert info.limits.max_beam_size == 8
+    assert (info.variant, info.provider, info.opset) == ("fp32", "fake", 18)
+
+
+LONG_SENTENCE = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."
+INVALID = {
+    "empty request": (request([]), "no texts"),
+    "no languages": (pb.TranslateRequest(texts=["Hallo"]), "source_language"),
+    "unknown pair": (request(["Hallo"], "de", "fr"), "unsupported language pair de-fr"),
+    "same language": (request(["Hallo"], "de", "de"), "unsupported language pair de-de"),
+    "too many texts": (request(["Hallo"] * 257), "over the limit of 256"),
+    "text too long": (request(["ok", "a" * 10_001]), "texts[1] has 10001 characters"),
+    "too many sentences": (request(["Ja. " * 300, "Nein. " * 300]), "more than 512 sentences"),
+    "sentence too long": (request(["Gut.", LONG_SENTENCE]), "texts[1] sentence 0"),
+    "beam zero": (request(["Hallo"], beam_size=0), "beam_size must be in 1..8"),
+    "beam too wide": (request(["Hallo"], beam_size=9), "beam_size must be in 1..8"),
+    "n-best over beam": (request(["Hallo"], beam_size=2, num_hypotheses=3), "num_hypotheses"),
+    "negative penalty": (request(["Hallo"], length_penalty=-1.0), "length_penalty"),
+    "nan penalty": (request(["Hallo"], length_penalty=float("nan")), "length_penalty"),
+    "output too long": (request(["Hallo"], max_output_len=13), "max_output_len must be at most"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_bad_requests_are_invalid_argument_with_a_helpful_message(served: RunningServer, case: str) -> None:
+    bad, message = INVALID[case]
+    for call in (served.stub.Translate, lambda r: list(served.stub.TranslateStream(r))):
+        error = status_of(lambda: call(bad))  # noqa: B023
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in error.details
+
+
+def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path) -> None:
+    max_queue = 3
+    base = fake_model(tiny_model_dir, max_slots=1)
+    gated = GatedRunner(base.runner)
+    with running_server(
+        LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1, max_queue=max_queue)
+    ) as served:
+        engine = served.server.engine
+        assert engine is not None
+        gated.close_gate()
+        accepted = [served.stub.Translate.future(request(["Das Haus ist groß."], beam_size=1))]
+        gated.wait_for_step()  # the engine is stuck mid-iteration: every later sentence waits in the queue
+        refused = None
+        for _ in range(max_queue + 2):
+            depth = engine.queue_depth
+            future = served.stub.Translate.future(request(["Geheimpolizei"], beam_size=1))
+            wait_until(lambda: future.done() or engine.queue_depth == depth + 1)  # noqa: B023
+            if future.done():
+                refused = future
+                break
+            accepted.append(future)
+        assert refused is not None, "the queue bound was never enforced"
+        assert engine.queue_depth == max_queue
+        error = status_of(refused.result)
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue is full" in error.details
+        gated.gate.set()
+        assert [f.result(30).results[0].sentences for f in accepted] == [1] * len(accepted)
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        assert (
+            sample_value(
+                served.registry,
+                "translation_requests_total",
+                method="Translate",
+                code="RESOURCE_EXHAUSTED",
+                lang_pair="de-en",
+            )
+            == 1
+        )
+
+
+@pytest.mark.parametrize("where", ["decoding", "queued"])
+def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> None:
+    base = fake_model(tiny_model_dir, max_slots=1)
+    gated = GatedRunner(base.runner)
+    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1)) as served:
+        engine = served.server.engine
+        assert engine is not None
+        gated.close_gate()
+        blocker = None
+        if where == "queued":
+            blocker = served.stub.Translate.future(request(["Das Haus ist groß."], beam_size=1))
+            gated.wait_for_step()
+        error = status_of(lambda: served.stub.Translate(request(["Geheimpolizei"], beam_size=1), timeout=0.3))
+        assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        gated.gate.set()
+        if blocker is not None:
+            assert blocker.result(30).results[0].sentences == 1
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        wait_until(
+            lambda: (
+                sample_value(
+                    served.registry,
+                    "translation_requests_total",
+                    method="Translate",
+                    code="DEADLINE_EXCEEDED",
+                    lang_pair="de-en",
+                )
+                == 1
+            )
+        )
+        assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
+
+
+def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir, max_slots=4)
+    gated = GatedRunner(base.runner)
+    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=4)) as served:
+        engine = served.server.engine
+        assert engine is not None
+        gated.close_gate()
+        stream = served.stub.TranslateStream(request(["Das Haus ist groß."], beam_size=4))
+        gated.wait_for_step()
+        stream.cancel()
+        gated.gate.set()
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        wait_until(
+            lambda: (
+                sample_value(
+                    served.registry,
+                    "translation_requests_total",
+                    method="TranslateStream",
+                    code="CANCELLED",
+                    lang_pair="de-en",
+                )
+                == 1
+            )
+        )
+        assert sample_value(served.registry, "translation_sentences_total", lang_pair="de-en") == 0
+
+
+def test_a_failing_batch_is_internal_without_details_and_the_server_carries_on(tiny_model_dir: Path) -> None:
+    model = fake_model(tiny_model_dir)
+    runner = model.runner
+    assert isinstance(runner, FakeRunner)
+    with running_server(model, config()) as served:
+        runner.fail_on_step = runner.step_calls
+        error = status_of(lambda: served.stub.Translate(request(["Das Haus ist groß."])))
+        assert error.code == grpc.StatusCode.INTERNAL
+        assert "injected" not in error.details
+        assert served.stub.Translate(request(["Das Haus ist groß."])).results[0].sentences == 1
+
+
+class ExplodingTokenizer(Tokenizer):
+    def decode(self, ids: list[int]) -> str:
+        raise RuntimeError("secret stack detail")
+
+
+def test_an_unexpected_error_is_internal_without_exception_text(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    tokenizer = ExplodingTokenizer(tiny_model_dir / "tokenizer.model")
+    with running_server(LoadedModel(base.runner, tokenizer, base.description), config()) as served:
+        error = status_of(lambda: served.stub.Translate(request(["Das Haus ist groß."])))
+        assert error.code == grpc.StatusCode.INTERNAL
+        assert error.details == "internal error"
+        engine = served.server.engine
+        assert engine is not None
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+
+
+def test_metrics_move_by_exactly_what_the_requests_did(served: RunningServer) -> None:
+    registry = served.registry
+    reply = served.stub.Translate(request(TEXTS, beam_size=2))
+    status_of(lambda: served.stub.Translate(request(["Hallo"], "de", "fr")))
+    list(served.stub.TranslateStream(request(TEXTS[:2], "en", "de")))
+
+    def value(name: str, **labels: str) -> float:
+        return sample_value(registry, name, **labels)
+
+    assert value("translation_requests_total", method="Translate", code="OK", lang_pair="de-en") == 1
+    assert value("translation_requests_total", method="Translate", code="INVALID_ARGUMENT", lang_pair="") == 1
+    assert value("translation_requests_total", method="TranslateStream", code="OK", lang_pair="en-de") == 1
+    assert value("translation_sentences_total", lang_pair="de-en") == sum(r.sentences for r in reply.results)
+    assert value("translation_input_tokens_total", lang_pair="de-en") == sum(r.input_tokens for r in reply.results)
+    assert value("translation_output_tokens_total", lang_pair="de-en") == sum(r.output_tokens for r in reply.results)
+    assert value("translation_sentences_total", lang_pair="en-de") == 4
+    assert value("translation_request_duration_seconds_count", method="Translate", lang_pair="de-en") == 1
+    assert value("translation_time_to_first_result_seconds_count", method="TranslateStream") == 1
+    assert value("translation_model_info", model="fake", variant="fp32", provider="fake", opset="18") == 1
+
+
+def health_status(channel: grpc.Channel, service: str) -> str:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def test_health_is_not_serving_until_loaded_then_serving(model: LoadedModel) -> None:
+    async def unloaded() -> tuple[TranslationServer, int]:
+        server = TranslationServer(config())  # on the loop: grpc.aio binds the server to the running loop
+        return server, await server.start()
+
+    with server_loop() as loop:
+        server, port = asyncio.run_coroutine_threadsafe(unloaded(), loop).result(60)
+        running = RunningServer(server, port, loop)
+        channel = running.channel
+        assert [health_status(channel, s) for s in ("", SERVICE_NAME)] == ["NOT_SERVING"] * 2
+        error = status_of(lambda: running.stub.Translate(request(["Hallo"])))
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert "loading" in error.details
+        running.run(server.load(model))
+        assert [health_status(channel, s) for s in ("", SERVICE_NAME)] == ["SERVING"] * 2
+        channel.close()
+        running.run(server.shutdown(0.0))
+
+
+def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    gated = GatedRunner(base.runner)
+    with running_server(LoadedModel(gated, base.tokenizer, base.description), config()) as served:
+        gated.close_gate()
+        in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei"]))
+        gated.wait_for_step()
+        drained = served.start(served.server.shutdown(30.0))
+        wait_until(lambda: health_status(served.channel, "") == "NOT_SERVING")
+        error = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in error.details
+        gated.gate.set()
+        assert [r.sentences for r in in_flight.result(30).results] == [1, 1]
+        assert drained.result(30) is True
+
+
+def test_reflection_lists_the_service_and_can_be_turned_off(model: LoadedModel) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with running_server(model, config()) as served:
+        services = ProtoReflectionDescriptorDatabase(served.channel).get_services()
+        assert SERVICE_NAME in services and "grpc.health.v1.Health" in services
+    with running_server(model, config(reflection=False)) as served:
+        with pytest.raises(grpc.RpcError) as info:
+            ProtoReflectionDescriptorDatabase(served.channel).get_services()
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
+    with running_server(model, config(max_message_bytes=4096)) as served:
+        error = status_of(lambda: served.stub.Translate(request(["Hallo. " * 1000])))
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
+
+
+def test_request_limits_match_the_proto_documentation() -> None:
+    limits = RequestLimits()
+    proto = (Path(__file__).resolve().parent.parent / "protos/translation/v1/translation.proto").read_text()
+    assert f"at most {limits.max_texts} texts per request" in proto
+    assert f"at most {limits.max_chars_per_text:,} characters per text" in proto
+    assert f"at most {limits.max_sentences} sentences per request" in proto
+    assert f"beam_size 1..{limits.max_beam_size}" in proto
+
+
+@contextmanager
+def server_process(tokenizer_dir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`serve()` in its own process (real signal handling) with a slowed fake model; yields it and its address."""
+    command = [sys.executable, "-m", "tests.serving", "--tokenizer-dir", str(tokenizer_dir), "--step-delay", "0.05"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert process.stderr is not None
+        address = ""
+        for line in process.stderr:
+            if match := re.search(r"gRPC on (\S+):(\d+)", line):
+                address = f"localhost:{match.group(2)}"
+            if "serving" in line and address:
+                break
+        assert address, "the server never logged its address"
+        yield process, address
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: signal.Signals) -> None:
+    with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        assert stub.Translate(request(["Hallo."], beam_size=1), timeout=30).results[0].sentences == 1
+        in_flight = stub.Translate.future(request(["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]), timeout=60)
+        time.sleep(0.2)  # the request is decoding: each step takes 50 ms
+        assert not in_flight.done()
+        process.send_signal(sig)
+        assert [r.sentences for r in in_flight.result(60).results] == [1, 1, 1]
+        assert process.wait(60) == 0
+
+
+def test_healthcheck_command_exits_zero_only_when_serving(served: RunningServer) -> None:
+    def healthcheck(address: str) -> int:
+        command = [sys.executable, "-m", "server.healthcheck", "--address", address, "--timeout", "5"]
+        return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode
+
+    assert healthcheck(served.address) == 0
+    assert healthcheck("localhost:1") == 1
+
+
+def test_stream_sends_a_text_as_soon_as_it_is_done_not_in_request_order(
+    served: RunningServer, model: LoadedModel
+) -> None:
+    from tests.tiny import TINY_PAIRS
+
+    spec, tokenizer = model.runner.spec, model.tokenizer
+
+    def output_len(text: str) -> int:
+        return len(reference_decode(tokenizer.encode_source(text, "en"), 1, 1.0, spec.max_target_len, spec)[0].tokens)
+
+    by_length = sorted((de for de, _ in TINY_PAIRS), key=output_len)
+    short, long = by_length[0], by_length[-1]
+    assert output_len(short) < output_len(long), "the fixture needs two outputs of different lengths"
+    messages = list(served.stub.TranslateStream(request([long, short], beam_size=1)))
+    assert [m.result.index for m in messages] == [1, 0]  # both start together; the short one finishes first
+
+
+@pytest.fixture(scope="module")
+def onnx_served(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, LoadedModel]]:
+    """The real runtime: the tiny model exported to ONNX (fp32), served by OnnxRunner on CPU."""
+    export_tiny_onnx(tiny_model_dir)
+    model = onnx_model(tiny_model_dir)
+    with running_server(model, config()) as running:
+        yield running, model
+
+
+@pytest.mark.parametrize(("beam", "n_best"), [(1, 1), (3, 2)])
+def test_served_output_equals_the_offline_onnx_decoder(
+    onnx_served: tuple[RunningServer, LoadedModel], tiny_model_dir: Path, beam: int, n_best: int
+) -> None:
+    from server.offline import translate_ids
+    from server.runtime import OnnxRunner
+
+    served, model = onnx_served
+    texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei", "", "Sie schrieben gemeinsam ein Buch."]
+    reply = served.stub.Translate(request(texts, beam_size=beam, num_hypotheses=n_best, return_scores=True))
+    runner = OnnxRunner(tiny_model_dir / "onnx" / "fp32", max_slots=8)  # a runner of its own: no shared state
+    spec, tokenizer = runner.spec, model.tokenizer
+    for text, result in zip(texts, reply.results, strict=True):
+        parts = split(text, "de")
+        if not parts.pieces:
+            assert result.translation == text
+            continue
+        sources = [tokenizer.encode_source(p, "en") for p in parts.pieces]
+        offline = translate_ids(runner, sources, beam, 1.0, spec.max_target_len, n_best)
+        want = []
+        for rank in range(n_best):
+            chosen = [hyps[min(rank, len(hyps) - 1)] for hyps in offline]
+            pieces = [tokenizer.decode(list(h.tokens)) for h in chosen]
+            want.append((join(pieces, parts.separators), sum(h.normalized for h in chosen)))
+        assert [h.text for h in result.hypotheses] == [t for t, _ in want]
+        assert [h.score for h in result.hypotheses] == pytest.approx([s for _, s in want], abs=1e-4)
+        assert result.translation == want[0][0]
+
+
+def test_list_models_describes_the_onnx_runtime(
+    onnx_served: tuple[RunningServer, LoadedModel], tiny_model_dir: Path
+) -> None:
+    from model.artifact import weights_sha256
+
+    served, _ = onnx_served
+    (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+    assert (info.variant, info.provider, info.dtype) == ("fp32", "CPUExecutionProvider", "float32")
+    assert info.model_sha256 == weights_sha256(tiny_model_dir)
+    assert info.opset >= 17 and list(info.available_variants) == ["fp32"]

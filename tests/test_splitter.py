@@ -1,0 +1,51 @@
+"""Sentence splitting keeps every character: translations reassemble with the original whitespace."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.splitter import join, split
+
+WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "z.B.", "Dr.", "3.5", "e.g.", "U.S.", "Nein", "ok", "«Ja»"])
+PUNCT = st.sampled_from([".", "!", "?", "...", ":", ";", ",", ""])
+SPACE = st.sampled_from([" ", "  ", "\n", "\r\n", "\t", " \n\n ", "\u00a0", "\u2028", ""])
+TEXTY = st.lists(st.tuples(WORDS, PUNCT, SPACE), max_size=30).map(lambda parts: "".join("".join(p) for p in parts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(TEXTY, st.text(max_size=200)), language=st.sampled_from(["de", "en"]))
+def test_join_of_split_is_the_original_text(text: str, language: str) -> None:
+    parts = split(text, language)
+    assert join(parts.pieces, parts.separators) == text
+    assert all(p and p == p.strip() for p in parts.pieces)
+    assert all(not s.strip() for s in parts.separators)
+    assert all("\n" not in p and "\r" not in p for p in parts.pieces)  # line breaks always separate
+
+
+def test_splits_sentences_and_keeps_spacing_and_line_breaks() -> None:
+    text = "  Hallo Welt.  Wie geht es dir?\nGut, z.B. das Haus von Dr. Meier ist groß.\n\nTitel\n"
+    parts = split(text, "de")
+    assert parts.pieces == ["Hallo Welt.", "Wie geht es dir?", "Gut, z.B. das Haus von Dr. Meier ist groß.", "Titel"]
+    assert parts.separators == ["  ", "  ", "\n", "\n\n", "\n"]
+
+
+def test_english_abbreviations_do_not_split() -> None:
+    assert split("Mr. Smith paid $3.50 for it. It was cheap.", "en").pieces == [
+        "Mr. Smith paid $3.50 for it.",
+        "It was cheap.",
+    ]
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n\n", " \t\r\n "])
+def test_blank_text_has_no_pieces(blank: str) -> None:
+    parts = split(blank, "en")
+    assert parts.pieces == [] and parts.separators == [blank]
+
+
+def test_join_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="separators"):
+        join(["a", "b"], ["", ""])
+    with pytest.raises(ValueError, match="language"):
+        split("Hallo.", "fr")
