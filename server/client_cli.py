@@ -9,20 +9,27 @@ Texts come from the arguments, or one per line from stdin. They are sent in chun
 being translated; a progress bar appears on stderr when it is a terminal and the input is large.
 On an error the command prints the server's status and message and exits non-zero (the status's
 numeric gRPC code, e.g. 3 for INVALID_ARGUMENT).
+
+For a server with TLS pass `--tls-ca` (and `--tls-cert`/`--tls-key` for mutual TLS); for one that
+requires a bearer token pass `--token`, or set TRANSLATE_TOKEN to keep it out of the process list.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Protocol
 
 import grpc
 
+from server.channels import Metadata, auth_metadata, open_channel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
+TOKEN_ENV = "TRANSLATE_TOKEN"
 PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to help
 DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
 
@@ -49,7 +56,7 @@ def make_progress(total: int, stream: IO[str]) -> Progress:
     return tqdm(total=total, unit="text", file=stream)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="translate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -62,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-output-len", type=int, default=0, help="most tokens per sentence (0 = model limit)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
+    parser.add_argument("--tls-ca", type=Path, default=None, help="PEM CA bundle: connect with TLS")
+    parser.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM key of --tls-cert")
+    token = (environ or {}).get(TOKEN_ENV) or None
+    parser.add_argument("--token", default=token, help=f"bearer token for the server (default: ${TOKEN_ENV})")
     return parser
 
 
@@ -82,13 +94,17 @@ def chunks(texts: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 
 
 def translate_chunk(
-    stub: pb_grpc.TranslatorStub, texts: Sequence[str], options: pb.TranslationOptions, timeout: float | None
+    stub: pb_grpc.TranslatorStub,
+    texts: Sequence[str],
+    options: pb.TranslationOptions,
+    timeout: float | None,
+    metadata: Metadata = (),
 ) -> Iterator[str]:
     """Translations of `texts` in order, each yielded as soon as it and all before it are done."""
     request = pb.TranslateRequest(texts=list(texts), options=options)
     ready: dict[int, str] = {}
     emitted = 0
-    for message in stub.TranslateStream(request, timeout=timeout):
+    for message in stub.TranslateStream(request, timeout=timeout, metadata=metadata):
         if message.WhichOneof("event") != "result":
             continue
         ready[message.result.index] = message.result.translation
@@ -105,12 +121,18 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
         err.write("translate: --batch must be >= 1\n")
         return 2
     options = make_options(args)
+    metadata = auth_metadata(args.token)
     progress = make_progress(len(texts), err)
     try:
-        with grpc.insecure_channel(args.server) as channel:
+        channel = open_channel(args.server, args.tls_ca, args.tls_cert, args.tls_key)
+    except (OSError, ValueError) as error:
+        err.write(f"translate: {error}\n")
+        return 2
+    try:
+        with channel:
             stub = pb_grpc.TranslatorStub(channel)
             for chunk in chunks(texts, args.batch):
-                for translation in translate_chunk(stub, chunk, options, args.timeout):
+                for translation in translate_chunk(stub, chunk, options, args.timeout, metadata):
                     out.write(_one_line(translation) + "\n")
                     progress.update(1)
                 out.flush()
@@ -135,7 +157,7 @@ def read_texts(args: argparse.Namespace, stdin: Iterable[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = build_parser(os.environ).parse_args(argv)
     sys.exit(run(args, read_texts(args, sys.stdin), sys.stdout, sys.stderr))
 
 

@@ -36,6 +36,10 @@ class ServerConfig:
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
+    tls_cert: Path | None = None  # PEM certificate chain: serve TLS instead of plaintext (with tls_key)
+    tls_key: Path | None = None  # PEM private key of tls_cert
+    tls_client_ca: Path | None = None  # PEM CA bundle: require client certificates it signed (mutual TLS)
+    auth_token_file: Path | None = None  # file holding a bearer token every call but health checks must carry
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -50,6 +54,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.drain_seconds < 0 or self.threads < 0:
             raise ValueError(f"drain_seconds and threads must be >= 0, got {self.drain_seconds}, {self.threads}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both to serve TLS, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
     @property
     def log_level_number(self) -> int:
@@ -101,6 +109,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("threads", int, "onnxruntime intra-op threads (0 = default)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")
+    add("tls-cert", Path, "PEM certificate chain; serve TLS (with --tls-key) instead of plaintext")
+    add("tls-key", Path, "PEM private key of --tls-cert")
+    add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")
+    add("auth-token-file", Path, "file with a bearer token that every call except health checks must carry")
     env_no_reflection = environ.get(_env_name("no-reflection"))
     parser.add_argument(
         "--no-reflection",

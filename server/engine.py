@@ -5,6 +5,11 @@ validate, drop the work in an inbox under a lock held for microseconds, and wake
 sleeps on a condition variable while there is no work. So a submitter (the servicer's event loop)
 never waits behind a decoder step or a beam update. Callbacks run on the engine thread and must be
 cheap (the servicer hands events to its asyncio loop).
+
+Faults: a runner error fails only the request that causes it (`Scheduler.isolate`); a bug in an
+iteration fails the requests in flight and the loop carries on; should the loop itself die, every
+waiting request is failed UNAVAILABLE, new ones are refused, and `on_failure` tells the server
+(which turns NOT_SERVING), so no client waits on a thread that is gone.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +27,7 @@ import numpy.typing as npt
 from server.metrics import Metrics, StepStats
 from server.runner import Runner
 from server.scheduler import (
+    INTERNAL_MESSAGE,
     Batch,
     DecodeOptions,
     DrainingError,
@@ -40,6 +46,7 @@ __all__ = [
     "DecodeOptions",
     "DrainingError",
     "Engine",
+    "EngineFailedError",
     "EngineLimits",
     "Event",
     "FailureReason",
@@ -53,8 +60,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
 WARMUP_TIMEOUT_S = 120.0
+ENGINE_FAILED_MESSAGE = "the translation engine failed; retry on another replica"
+
+
+class EngineFailedError(Exception):
+    """The engine's loop has died; it admits no work until the process is restarted."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,13 @@ class RequestHandle:
 class Engine:
     """Continuous batching over one runner."""
 
-    def __init__(self, runner: Runner, limits: EngineLimits | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        limits: EngineLimits | None = None,
+        metrics: Metrics | None = None,
+        on_failure: Callable[[], None] | None = None,  # called once, on the dying thread, if the loop dies
+    ) -> None:
         limits = limits or EngineLimits(max_slots=runner.max_slots)
         if limits.max_slots > runner.max_slots:
             raise ValueError(f"max_slots={limits.max_slots} exceeds the runner's {runner.max_slots} slots")
@@ -99,6 +116,7 @@ class Engine:
         self._owners: dict[int, _Owner] = {}  # engine thread only
         self._moved_sentences = 0  # engine thread only: taken from the inbox, not yet published
         self._metrics = metrics
+        self._on_failure = on_failure
         self._ids = itertools.count(1)
         # Guarded by _cond: the hand-over from submitters and the load they may read.
         self._cond = threading.Condition()
@@ -110,6 +128,7 @@ class Engine:
         self._idle = True  # nothing in the inbox or the scheduler
         self._draining = False
         self._stopping = False
+        self._failed = False  # the loop died: nothing is admitted any more
         self._thread: threading.Thread | None = None
         if metrics is not None:
             metrics.set_capacity(limits.max_slots)
@@ -125,6 +144,12 @@ class Engine:
     def active_slots(self) -> int:
         with self._cond:
             return self._active_slots
+
+    @property
+    def failed(self) -> bool:
+        """True once the decode loop has died (see the module docstring)."""
+        with self._cond:
+            return self._failed
 
     def start(self) -> None:
         """Run the decode loop in its own daemon thread."""
@@ -144,7 +169,8 @@ class Engine:
         """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
 
         Raises ValueError for invalid work, QueueFullError when the queue bound would be exceeded,
-        DrainingError once draining or stopped. `deadline` is `time.monotonic()` based.
+        DrainingError once draining or stopped, EngineFailedError once the loop has died.
+        `deadline` is `time.monotonic()` based.
         """
         return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline)
 
@@ -180,6 +206,8 @@ class Engine:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        if self.failed:
+            return  # the dying loop answered everything; its scheduler is not to be trusted
         self._take_inbox()  # the loop is gone: this thread owns the scheduler now
         self._fail_all(FailureReason.UNAVAILABLE, "the server is shutting down")
 
@@ -195,8 +223,9 @@ class Engine:
         try:
             logprobs = self._execute(batch)
         except Exception:
-            logger.exception("runner failed; failing the %d requests of this batch", len(batch.request_ids()))
-            events = self._scheduler.fail(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
+            count = len(batch.request_ids())
+            logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
+            events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
             events = self._scheduler.update(batch, logprobs)
         self._observe(batch, time.perf_counter() - started)
@@ -209,6 +238,8 @@ class Engine:
         self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
         limit = self._scheduler.limits.max_queue_sentences
         with self._cond:
+            if self._failed:
+                raise EngineFailedError(ENGINE_FAILED_MESSAGE)
             if self._draining:
                 raise DrainingError("the engine is draining and admits no new requests")
             queued = self._scheduled_queue + self._inbox_sentences
@@ -229,6 +260,13 @@ class Engine:
             self._cond.notify_all()
 
     def _loop(self) -> None:
+        try:
+            self._iterate_until_stopped()
+        except BaseException:  # the recovery below failed too, or worse: no request may wait on a dead thread
+            logger.critical("the engine loop died; failing every waiting request UNAVAILABLE", exc_info=True)
+            self._die()
+
+    def _iterate_until_stopped(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or self._inbox or self._cancels or not self._idle)
@@ -239,6 +277,24 @@ class Engine:
             except Exception:  # a bug, not a runner error: fail loudly but keep serving, losing no request
                 logger.exception("engine iteration failed; failing every request in flight")
                 self._fail_all(FailureReason.INTERNAL, INTERNAL_MESSAGE)
+
+    def _die(self) -> None:
+        """Refuse new work and answer every request the dead loop held, without its scheduler."""
+        with self._cond:
+            self._failed = self._draining = self._idle = True
+            inbox, self._inbox = self._inbox, []
+            self._inbox_sentences = self._scheduled_queue = self._active_slots = 0
+            self._cond.notify_all()  # wakes drain()
+        owners = [*self._owners.values(), *(sub.owner for sub in inbox)]
+        self._owners.clear()
+        self._notify(owners, RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE))
+        if self._metrics is not None:
+            self._metrics.set_load(0, 0)
+        if self._on_failure is not None:
+            try:
+                self._on_failure()
+            except Exception:
+                logger.exception("the engine failure callback raised")
 
     def _fail_all(self, reason: FailureReason, message: str) -> None:
         self._deliver(self._scheduler.fail(set(self._scheduler.request_ids()), reason, message))
@@ -290,6 +346,11 @@ class Engine:
             if self._metrics is not None and owner.lang_pair is not None and isinstance(event, SentenceDone):
                 output = len(event.hypotheses[0].tokens) if event.hypotheses else 0
                 self._metrics.observe_sentence(owner.lang_pair, event.input_tokens, output)
+            self._notify([owner], event)
+
+    @staticmethod
+    def _notify(owners: Iterable[_Owner], event: Event) -> None:
+        for owner in owners:
             try:
                 owner.on_event(event)
             except Exception:

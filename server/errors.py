@@ -20,7 +20,14 @@ from typing import Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from server.engine import DrainingError, FailureReason, QueueFullError, RequestFailed
+from server.engine import (
+    ENGINE_FAILED_MESSAGE,
+    DrainingError,
+    EngineFailedError,
+    FailureReason,
+    QueueFullError,
+    RequestFailed,
+)
 from server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -28,6 +35,8 @@ logger = logging.getLogger(__name__)
 INTERNAL_MESSAGE = "internal error"
 QUEUE_FULL_MESSAGE = "the server's queue is full; retry with backoff or on another replica"
 DRAINING_MESSAGE = "the server is shutting down; retry on another replica"
+MALFORMED_MESSAGE = "the request is not a valid serialized message of its type (bad wire format or UTF-8)"
+UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token in the `authorization` metadata"
 
 
 class ServiceError(Exception):
@@ -77,6 +86,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
     if isinstance(exc, DrainingError):
         return grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE
+    if isinstance(exc, EngineFailedError):
+        return grpc.StatusCode.UNAVAILABLE, ENGINE_FAILED_MESSAGE
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 

@@ -4,6 +4,10 @@
 returns it with its bound port; `serve(config)` adds the metrics endpoint and SIGTERM/SIGINT
 handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds` to finish, new
 ones are answered UNAVAILABLE, then the process exits.
+
+Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
+model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
+Should the engine's loop die, health turns NOT_SERVING (liveness probes then restart the process).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from server.config import ServerConfig, parse_config
 from server.convert import ModelDescription
 from server.documents import RequestLimits
 from server.engine import Engine, EngineLimits
+from server.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.metrics import Metrics, start_metrics_server
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -40,6 +45,10 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+
+
+class StartupError(RuntimeError):
+    """The server cannot start as configured; the message says why, for the operator."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,17 @@ def resolve_provider(requested: str) -> str:
 
 
 def load_model(config: ServerConfig) -> LoadedModel:
-    """Open the configured variant of the exported model with the configured provider."""
+    """Open the configured variant of the exported model; StartupError naming the cause if it cannot."""
+    if not config.model_dir.is_dir():
+        raise StartupError(f"model directory {config.model_dir} does not exist")
+    try:
+        return _open_model(config)
+    except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
+        raise StartupError(f"cannot load the model from {config.model_dir}: {type(err).__name__}: {err}") from err
+
+
+def _open_model(config: ServerConfig) -> LoadedModel:
+    # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
     from server.metadata import available_variants, choose_variant
     from server.runtime import OnnxRunner
 
@@ -102,11 +121,14 @@ class TranslationServer:
         self.servicer = TranslatorServicer(self.limits, self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engine: Engine | None = None
+        self.credentials = server_credentials(config)
         self.server = grpc.aio.server(
+            interceptors=interceptors(config, self.metrics),
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
-            ]
+                ("grpc.so_reuseport", 0),  # else a second instance on the same port starts and shares the traffic
+            ],
         )
         pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -117,9 +139,16 @@ class TranslationServer:
     async def start(self) -> int:
         """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            if self.credentials is None:
+                port = self.server.add_insecure_port(address)
+            else:
+                port = self.server.add_secure_port(address, self.credentials)
+        except RuntimeError as err:  # grpc raises when no address could be bound
+            raise StartupError(f"could not bind {address}; is another instance running? ({err})") from err
         if port == 0:
-            raise RuntimeError(f"could not bind {self.config.host}:{self.config.port}")
+            raise StartupError(f"could not bind {address}; is another instance running?")
         await self.server.start()
         return port
 
@@ -129,10 +158,18 @@ class TranslationServer:
             model = await asyncio.to_thread(load_model, self.config)
         slots = min(self.config.max_slots, model.runner.max_slots)
         limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
-        engine = Engine(model.runner, limits, self.metrics)
+        loop = asyncio.get_running_loop()
+
+        def engine_failed() -> None:  # on the dying engine thread
+            asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
+
+        engine = Engine(model.runner, limits, self.metrics, on_failure=engine_failed)
         engine.start()
         self.engine = engine
-        await asyncio.to_thread(engine.warmup)
+        try:
+            await asyncio.to_thread(engine.warmup)
+        except RuntimeError as err:
+            raise StartupError(f"the model does not run: {err}") from err
         info = model.description
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         self.servicer.attach(Backend(engine, model.runner.spec, model.tokenizer, info))
@@ -158,6 +195,36 @@ class TranslationServer:
             await self.health.set(name, status)
 
 
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured PEM files (client certificates required with a client CA)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = _read_file(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read_file(config.tls_key, "TLS key"), _read_file(config.tls_cert, "TLS certificate"))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def interceptors(config: ServerConfig, metrics: Metrics) -> list[Interceptor]:
+    """Authentication first (a refused call's request is never parsed), then request parsing."""
+    chain: list[Interceptor] = [ParseInterceptor(metrics)]
+    if config.auth_token_file is not None:
+        token = _read_file(config.auth_token_file, "auth token file").decode().strip()
+        if not token:
+            raise StartupError(f"the auth token file {config.auth_token_file} is empty")
+        chain.insert(0, AuthInterceptor(token, metrics))
+    return chain
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
+
+
 async def create_server(
     config: ServerConfig, model: LoadedModel | None = None, registry: CollectorRegistry | None = None
 ) -> tuple[TranslationServer, int]:
@@ -180,9 +247,19 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     server = TranslationServer(config)
     port = await server.start()
-    logger.info("gRPC on %s:%d (reflection %s)", config.host, port, "on" if config.reflection else "off")
+    logger.info(
+        "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
+        config.host,
+        port,
+        "on" if config.reflection else "off",
+        "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
+        "required" if config.auth_token_file else "not required",
+    )
     if config.metrics_port >= 0:
-        metrics_port = start_metrics_server(config.metrics_port, server.registry)
+        try:
+            metrics_port = start_metrics_server(config.metrics_port, server.registry)
+        except OSError as err:
+            raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)
     loading = asyncio.create_task(server.load(model))
     stopping = asyncio.create_task(stop.wait())
@@ -191,7 +268,7 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
     if failure is None:
         await stopping
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
-    logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)
+        logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)
     await server.shutdown(0.0 if failure else config.drain_seconds)
     if failure is not None:
         raise failure
@@ -203,7 +280,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except StartupError as err:
+        logger.debug("startup failed", exc_info=err)
+        sys.exit(f"translate-server: {err}")
 
 
 if __name__ == "__main__":

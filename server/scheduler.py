@@ -9,11 +9,17 @@ onnxruntime, so every rule is unit-tested with a fake runner.
 One slot holds one beam row; a sentence with beam size K reserves K slots from admission to finish,
 so a step never waits for memory. Each sentence has its own `BeamState` and its rows only ever read
 their own slots, so a result does not depend on what else shares the batch.
+
+Faults stay with the request that causes them where the batch allows telling it apart: rows of
+NaN log-probabilities fail only their own request (`update`), and when a runner call raises for a
+batch of several requests, `isolate` restarts them to run one request at a time, so a retried
+request that fails again fails alone and the others finish.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -22,6 +28,10 @@ import numpy.typing as npt
 
 from server.beam import BeamState, Hypothesis
 from server.runner import EncodeItem, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
 
 
 class QueueFullError(Exception):
@@ -95,6 +105,7 @@ class _Request:
     pending: int  # sentences not yet done
     sentences: list[_Sentence] = field(default_factory=list)
     cancelled: bool = False
+    suspect: bool = False  # shared a runner call that raised: runs alone from now on (see `isolate`)
 
 
 @dataclass
@@ -108,6 +119,7 @@ class _Sentence:
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
     running: bool = False
+    done: bool = False  # its SentenceDone was sent
 
     @property
     def position(self) -> int:
@@ -227,9 +239,17 @@ class Scheduler:
         if logprobs.shape[0] != len(batch.slots):
             raise ValueError(f"expected {len(batch.slots)} rows of log-probabilities, got {logprobs.shape[0]}")
         events: list[tuple[int, Event]] = []
+        # A numeric fault of one input (an fp16 overflow) spoils only that input's rows.
+        nan_rows = np.asarray(np.isnan(logprobs).any(axis=1))
         for group in batch.groups:
-            rows = logprobs[group.start : group.start + group.count]
-            self._advance(group.sentence, rows, events)
+            request = group.sentence.request
+            if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
+                continue
+            if nan_rows[group.start : group.start + group.count].any():
+                logger.error("the runner returned NaN log-probabilities for request %d; failing it", request.request_id)
+                events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
+                continue
+            self._advance(group.sentence, logprobs[group.start : group.start + group.count], events)
         return events
 
     def fail(self, request_ids: set[int], reason: FailureReason, message: str) -> list[tuple[int, Event]]:
@@ -241,6 +261,32 @@ class Scheduler:
                 self._abort(request)
                 events.append((request_id, RequestFailed(reason, message)))
         return events
+
+    def isolate(self, request_ids: set[int], reason: FailureReason, message: str) -> list[tuple[int, Event]]:
+        """A runner call raised for these requests: find the one at fault instead of failing them all.
+
+        One request alone in the call is the cause: it fails. Several: each restarts its unfinished
+        sentences from scratch (slots freed, beams reset; greedy streams resend their tokens) at the
+        head of the queue, and runs alone from now on, so only one that fails again fails.
+        """
+        requests = [self._requests[r] for r in sorted(request_ids) if r in self._requests]
+        if len(requests) <= 1:
+            return self.fail(request_ids, reason, message)
+        restarted: list[_Sentence] = []
+        for request in requests:
+            request.suspect = True
+            restarted += [self._restart(s) for s in request.sentences if not s.done]
+        ids = {r.request_id for r in requests}
+        others = [s for s in self._queue if s.request.request_id not in ids]
+        self._queue = deque([*restarted, *others])  # may exceed the bound by these sentences, once
+        return []
+
+    def _restart(self, sentence: _Sentence) -> _Sentence:
+        self._release(sentence)
+        beam = sentence.beam
+        sentence.beam = BeamState(beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id)
+        sentence.feed = []
+        return sentence
 
     def _expire(self, now: float, batch: Batch) -> None:
         for request in list(self._requests.values()):
@@ -257,7 +303,7 @@ class Scheduler:
             head = self._queue[0]
             k = head.beam.beam_size
             over_budget = len(head.source_ids) > budget and batch.encode  # one source always fits an empty batch
-            if k > len(self._free) or over_budget:
+            if k > len(self._free) or over_budget or not self._may_join(head.request):
                 break
             self._queue.popleft()
             head.slots = [self._free.pop() for _ in range(k)]
@@ -267,6 +313,11 @@ class Scheduler:
             batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
             batch.queue_waits.append(now - head.enqueued_at)
             budget -= len(head.source_ids)
+
+    def _may_join(self, request: _Request) -> bool:
+        """A suspect request shares runner calls with no other request, so its next failure is its own."""
+        others = [s for s in self._running if s.request is not request]
+        return not others or not (request.suspect or any(s.request.suspect for s in others))
 
     def _add_rows(self, sentence: _Sentence, batch: Batch) -> None:
         for source, destination in sentence.planned_copies:
@@ -284,6 +335,7 @@ class Scheduler:
         move = sentence.beam.advance(rows)
         if move.done:
             self._release(sentence)
+            sentence.done = True
             hypotheses = sentence.beam.best(request.options.num_hypotheses)
             events.append((request.request_id, SentenceDone(sentence.index, hypotheses, len(sentence.source_ids))))
             request.pending -= 1

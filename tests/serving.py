@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 import numpy.typing as npt
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
@@ -180,6 +181,11 @@ def running_server(model: LoadedModel, config: ServerConfig | None = None) -> It
             running.run(server.shutdown(0.0))
 
 
+def server_config(**overrides: Any) -> ServerConfig:
+    """A test server's config: ephemeral loopback port, no metrics HTTP server."""
+    return ServerConfig(**{"port": 0, "host": "localhost", "metrics_port": -1, **overrides})
+
+
 def request(texts: list[str], source: str = "de", target: str = "en", **options: Any) -> pb.TranslateRequest:
     return pb.TranslateRequest(
         texts=texts, options=pb.TranslationOptions(source_language=source, target_language=target, **options)
@@ -190,6 +196,35 @@ def sample_value(registry: CollectorRegistry, name: str, **labels: str) -> float
     """A metric sample's value, 0 when the series does not exist yet."""
     value = registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
+
+
+@dataclass(frozen=True)
+class Status:
+    code: grpc.StatusCode
+    details: str
+
+
+def status_of(call: Callable[[], object]) -> Status:
+    """The status a call fails with (it must fail)."""
+    try:
+        call()
+    except grpc.RpcError as error:
+        assert isinstance(error, grpc.Call), "stub errors carry their status"
+        return Status(error.code(), error.details() or "")
+    raise AssertionError("the call succeeded; it was expected to fail")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.01)
+
+
+def health_status(channel: grpc.Channel, service: str = "") -> str:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 def main() -> None:

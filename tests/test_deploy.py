@@ -395,3 +395,12 @@ def test_k8s_service_hpa_and_pdb_point_at_the_deployment() -> None:
     adapter = yaml.safe_load((PROMETHEUS / "adapter-rules.yaml").read_text())["rules"]["custom"]
     assert metric["pods"]["metric"]["name"] in {rule["name"]["as"] for rule in adapter}
     assert metric["pods"]["metric"]["name"] in EXPORTED
+
+
+def test_production_configs_turn_reflection_off() -> None:
+    """Reflection is for development; the images and the Deployment switch it off (clients have the proto)."""
+    for dockerfile in DOCKERFILES:
+        runtime = "\n".join(_stages(dockerfile)["runtime"])
+        assert "TRANSLATE_NO_REFLECTION=1" in runtime, dockerfile
+    container = _manifests()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "TRANSLATE_NO_REFLECTION", "value": "1"} in container["env"]

@@ -8,15 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from model.tokenizer import Tokenizer
 from server.config import ServerConfig
@@ -31,11 +29,14 @@ from tests.serving import (
     RunningServer,
     export_tiny_onnx,
     fake_model,
+    health_status,
     onnx_model,
     request,
     running_server,
     sample_value,
     server_loop,
+    status_of,
+    wait_until,
 )
 
 TEXTS = [
@@ -79,29 +80,6 @@ def expected_hypotheses(model: LoadedModel, text: str, beam: int = 4, penalty: f
         pieces = [tokenizer.decode(list(h.tokens)) for h in chosen]
         ranked.append((join(pieces, parts.separators), sum(h.normalized for h in chosen)))
     return ranked
-
-
-@dataclass(frozen=True)
-class Status:
-    code: grpc.StatusCode
-    details: str
-
-
-def status_of(call: Callable[[], object]) -> Status:
-    """The status a call fails with (it must fail)."""
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    error = info.value
-    assert isinstance(error, grpc.Call), "stub errors carry their status"
-    return Status(error.code(), error.details() or "")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.01)
 
 
 def test_translate_answers_every_text_in_order_like_the_offline_decoder(
@@ -370,11 +348,6 @@ def test_metrics_move_by_exactly_what_the_requests_did(served: RunningServer) ->
     assert value("translation_request_duration_seconds_count", method="Translate", lang_pair="de-en") == 1
     assert value("translation_time_to_first_result_seconds_count", method="TranslateStream") == 1
     assert value("translation_model_info", model="fake", variant="fp32", provider="fake", opset="18") == 1
-
-
-def health_status(channel: grpc.Channel, service: str) -> str:
-    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 def test_health_is_not_serving_until_loaded_then_serving(model: LoadedModel) -> None:

@@ -19,7 +19,10 @@ Status codes:
                      started. Retry with backoff (the load is transient) or on another replica.
   DEADLINE_EXCEEDED  the gRPC deadline passed while the request was queued or decoding.
   CANCELLED          the client cancelled; its decoding slots are freed at the next step.
-  UNAVAILABLE        the server is draining (shutting down) or not yet loaded; retry elsewhere.
+  UNAVAILABLE        the server is draining (shutting down), not yet loaded, or its decode loop
+                     failed (health turns NOT_SERVING); retry elsewhere.
+  UNAUTHENTICATED    the server requires a bearer token (`authorization: Bearer <token>` metadata)
+                     and the call has none or a wrong one. Health checks need no token.
   INTERNAL           an unexpected server fault; the message never carries exception text.
 """
 

@@ -1,0 +1,35 @@
+"""Client side of the security options: channels with TLS or mutual TLS, and bearer-token metadata.
+
+Shared by the `translate` CLI and the health check, so both reach a server whatever it requires.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+def open_channel(
+    address: str, tls_ca: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None
+) -> grpc.Channel:
+    """Plaintext unless a CA (TLS) or a client certificate and key (mutual TLS) is given."""
+    if tls_ca is None and tls_cert is None:
+        return grpc.insecure_channel(address)
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("a client certificate needs its key, and a key its certificate")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
+    )
+    return grpc.secure_channel(address, credentials)
+
+
+def auth_metadata(token: str | None) -> Metadata:
+    """Call metadata that carries `token` (none without one); works over plaintext and TLS alike."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _read(path: Path | None) -> bytes | None:
+    return None if path is None else path.read_bytes()

@@ -1,0 +1,223 @@
+"""Hostile and odd input over real gRPC: every request gets its documented status or a translation,
+one result per text, and the server stays up.
+
+The named invalid requests (empty, too many texts, text over the limit, unknown pair, same
+language, bad options) and an over-size message followed by a small one are proven in
+test_servicer.py; this file adds odd characters, raw bytes that do not parse, a property test over
+texts and options, and a fuzz pass over serialized requests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from server.convert import MAX_LENGTH_PENALTY
+from server.documents import RequestLimits
+from server.errors import MALFORMED_MESSAGE
+from tests.serving import (
+    RunningServer,
+    fake_model,
+    health_status,
+    request,
+    running_server,
+    server_config,
+    status_of,
+)
+from tests.tiny import TINY_PAIRS
+
+MAX_TARGET_LEN = 12  # fake_model's default
+TRANSLATE = "/translation.v1.Translator/Translate"
+STREAM = "/translation.v1.Translator/TranslateStream"
+LIST_MODELS = "/translation.v1.Translator/ListModels"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with running_server(fake_model(tiny_model_dir), server_config()) as running:
+        yield running
+
+
+def raw_unary(served: RunningServer, method: str) -> Callable[..., bytes]:
+    """A call that sends bytes as they are, without serializing (nor checking) them on the client."""
+    return served.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+
+
+def raw_stream(served: RunningServer, method: str) -> Callable[..., Iterable[bytes]]:
+    return served.channel.unary_stream(method, request_serializer=None, response_deserializer=None)
+
+
+def assert_still_serving(served: RunningServer) -> None:
+    assert health_status(served.channel, "") == "SERVING"
+    assert served.stub.Translate(request(["Das Haus ist groß."], beam_size=1), timeout=30).results[0].sentences == 1
+
+
+ODD_TEXTS = {
+    "nul": "Das\x00Haus ist\x00 groß.",
+    "control characters": "Das \x01\x02\x07\x1b[31mHaus\x1b[0m\x7f ist groß.",
+    "bidi marks": "\u202eDas Haus ist groß.\u202c \u200fEr wartete.\u200e \u2066Geheimpolizei\u2069",
+    "zero width": "Das\u200b Haus\u200d ist\ufeff groß.",
+    "emoji": "Das Haus 🏠 ist groß 👍🏽. 👨‍👩‍👧‍👦",
+    "mixed scripts": "Das Haus Москва 東京 ist groß. مرحبا Ελλάδα.",
+    "combining marks": "Das Hau\u0308s ist gro\u00dfe\u0301\u0301\u0301.",
+    "unpaired brackets": "Das (Haus [ist {groß.",
+    "only punctuation": "?!... --- ;;;",
+    "odd line breaks": "Das Haus.\r\nEr wartete.\u2028Geheimpolizei\u2029Steuerpult\x0b\x0c",
+    "whitespace only": " \t\u00a0\u3000\n",
+    "private use and noncharacters": "Das \ue000 Haus \ufdd0 ist \U0010fffd groß.",
+}
+
+
+def test_odd_characters_are_translated_one_result_per_text(served: RunningServer) -> None:
+    texts = list(ODD_TEXTS.values())
+    reply = served.stub.Translate(request(texts, beam_size=2), timeout=30)
+    assert [r.index for r in reply.results] == list(range(len(texts)))
+    streamed = served.stub.TranslateStream(request(texts, beam_size=1, stream_tokens=True), timeout=30)
+    assert sorted(m.result.index for m in streamed if m.HasField("result")) == list(range(len(texts)))
+    assert_still_serving(served)
+
+
+@pytest.mark.parametrize("name", list(ODD_TEXTS))
+def test_each_odd_text_alone_is_translated(served: RunningServer, name: str) -> None:
+    (result,) = served.stub.Translate(request([ODD_TEXTS[name]], beam_size=1), timeout=30).results
+    assert result.index == 0
+    assert (result.sentences == 0) == (not ODD_TEXTS[name].strip()), "blank texts only skip the model"
+
+
+MALFORMED = {
+    "invalid UTF-8 in a text": b"\x0a\x04\xff\xfe\xc0\xaf",  # texts[0] = 4 bytes that are not UTF-8
+    "invalid UTF-8 in a language": b"\x0a\x02ok\x12\x04\x0a\x02\xc3\x28",  # options.source_language
+    "truncated field": b"\x0a\x10Das Haus",
+    "bad wire type": b"\x0f\xff\xff\xff",
+    "runaway varint": b"\x18" + b"\xff" * 11,
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_bytes_that_do_not_parse_are_invalid_argument(served: RunningServer, case: str) -> None:
+    payload = MALFORMED[case]
+    for call in (raw_unary(served, TRANSLATE), lambda p, **kw: list(raw_stream(served, STREAM)(p, **kw))):
+        error = status_of(lambda: call(payload, timeout=10))  # noqa: B023
+        assert (error.code, error.details) == (grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE)
+    assert_still_serving(served)
+
+
+def option_errors(options: dict[str, object]) -> bool:
+    """Whether the options break a documented rule (independently of the texts)."""
+    beam = options.get("beam_size", 4)
+    penalty = options.get("length_penalty", 1.0)
+    n_best = options.get("num_hypotheses", 1)
+    assert isinstance(beam, int) and isinstance(penalty, float) and isinstance(n_best, int)
+    return not (
+        1 <= beam <= RequestLimits().max_beam_size
+        and math.isfinite(penalty)
+        and 0.0 <= penalty <= MAX_LENGTH_PENALTY
+        and 1 <= n_best <= beam
+        and int(options.get("max_output_len", 0)) <= MAX_TARGET_LEN  # type: ignore[call-overload]
+    )
+
+
+sentences = [t for pair in TINY_PAIRS for t in pair]
+texts_strategy = st.lists(
+    st.one_of(st.text(max_size=60), st.sampled_from(sentences), st.sampled_from(list(ODD_TEXTS.values()))),
+    max_size=5,
+)
+
+
+def mostly(valid: st.SearchStrategy[object], anything: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    """Two draws in three within the documented range, so that many examples get as far as decoding."""
+    return st.one_of(valid, valid, anything)
+
+
+options_strategy = st.fixed_dictionaries(
+    {},
+    optional={
+        "beam_size": mostly(st.integers(1, 3), st.integers(0, 10)),
+        "length_penalty": mostly(st.floats(0.0, 2.0, width=32), st.floats(width=32)),
+        "num_hypotheses": mostly(st.integers(1, 2), st.integers(0, 10)),
+        "max_output_len": mostly(st.integers(0, MAX_TARGET_LEN), st.integers(0, 2**32 - 1)),
+        "return_scores": st.booleans(),
+        "stream_tokens": st.booleans(),
+    },
+)
+pairs_strategy = mostly(
+    st.sampled_from([("de", "en"), ("en", "de")]), st.sampled_from([("de", "de"), ("de", "fr"), ("", "en")])
+)
+
+
+@settings(max_examples=50, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts=texts_strategy, options=options_strategy, pair=pairs_strategy, stream=st.booleans())
+def test_any_texts_and_options_get_a_documented_answer(
+    served: RunningServer, texts: list[str], options: dict[str, object], pair: tuple[str, str], stream: bool
+) -> None:
+    message = request(texts, pair[0], pair[1], **options)
+    invalid = not texts or pair not in (("de", "en"), ("en", "de")) or option_errors(options)
+    try:
+        if stream:
+            results = [m.result for m in served.stub.TranslateStream(message, timeout=30) if m.HasField("result")]
+        else:
+            results = list(served.stub.Translate(message, timeout=30).results)
+    except grpc.RpcError as error:
+        event("refused")  # --hypothesis-show-statistics shows how the examples split
+        assert isinstance(error, grpc.Call)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        if not invalid:  # valid options: only a sentence over the token limit may be refused
+            assert "tokens long, over the limit" in (error.details() or "")
+        return
+    event("translated")
+    assert not invalid, "a request that breaks a documented rule was accepted"
+    assert sorted(r.index for r in results) == list(range(len(texts))), "one result per text, none twice"
+    for result in results:
+        if texts[result.index] == "":
+            assert result.translation == ""
+
+
+def mutate(rng: random.Random, payload: bytes) -> bytes:
+    data = bytearray(payload)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(4)
+        at = rng.randrange(len(data) + 1)
+        if kind == 0 and data:  # flip a bit
+            data[at % len(data)] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # truncate
+            del data[at:]
+        elif kind == 2:  # insert random bytes
+            data[at:at] = rng.randbytes(rng.randint(1, 8))
+        else:  # overwrite with a random byte
+            data[at % max(len(data), 1) : at % max(len(data), 1) + 1] = bytes([rng.randrange(256)])
+    return bytes(data)
+
+
+def fuzz_payloads(count: int, seed: int = 7) -> list[bytes]:
+    rng = random.Random(seed)
+    texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
+    valid = request(texts, beam_size=2, num_hypotheses=2).SerializeToString()
+    payloads = [rng.randbytes(rng.randint(0, 64)) for _ in range(count // 3)]
+    payloads += [mutate(rng, valid) for _ in range(count - len(payloads))]
+    return payloads
+
+
+def test_fuzzed_request_bytes_each_get_a_status_and_the_server_stays_up(served: RunningServer) -> None:
+    methods: list[Callable[[bytes], object]] = [
+        lambda p: raw_unary(served, TRANSLATE)(p, timeout=10),
+        lambda p: list(raw_stream(served, STREAM)(p, timeout=10)),
+        lambda p: raw_unary(served, LIST_MODELS)(p, timeout=10),
+    ]
+    codes: dict[grpc.StatusCode, int] = {}
+    for n, payload in enumerate(fuzz_payloads(300)):
+        try:
+            methods[n % len(methods)](payload)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as error:
+            code = error.code()  # type: ignore[attr-defined]
+        codes[code] = codes.get(code, 0) + 1
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, codes
+    assert codes.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 100, "the fuzz reached the parser"
+    assert_still_serving(served)

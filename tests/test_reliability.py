@@ -1,0 +1,328 @@
+"""Overload, faults and lifecycle against a real server on loopback (RELIABILITY.md lists each guarantee).
+
+Queue-full, deadline, cancel, drain, signals and a failing single-request batch are proven in
+test_servicer.py and test_engine.py; this file covers what they do not: refusing exactly the excess
+at once, a client process that dies mid-request, fault isolation inside one batch, a dead engine
+loop, and startup that fails loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from model.tokenizer import Tokenizer
+from server.engine import (
+    DecodeOptions,
+    Engine,
+    EngineLimits,
+    Event,
+    FailureReason,
+    RequestDone,
+    RequestFailed,
+    SentenceDone,
+)
+from server.main import SERVICE_NAME, LoadedModel, StartupError, create_server
+from server.scheduler import Scheduler
+from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, reference_decode
+from tests.serving import (
+    GatedRunner,
+    RunningServer,
+    export_tiny_onnx,
+    fake_model,
+    health_status,
+    request,
+    running_server,
+    sample_value,
+    server_loop,
+    status_of,
+    wait_until,
+)
+from tests.serving import (
+    server_config as config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+HOUSE, POLICE, CONSOLE = "Das Haus ist groß.", "Geheimpolizei", "Steuerpult"
+
+
+def gated(tiny_model_dir: Path, max_slots: int, runner: FakeRunner | None = None) -> tuple[LoadedModel, GatedRunner]:
+    base = fake_model(tiny_model_dir, max_slots=max_slots)
+    gate = GatedRunner(runner if runner is not None else base.runner)
+    return LoadedModel(gate, base.tokenizer, base.description), gate
+
+
+def engine_of(served: RunningServer) -> Engine:
+    engine = served.server.engine
+    assert engine is not None, "a running server has an engine"
+    return engine
+
+
+def wait_submitted(engine: Engine, sentences: int) -> None:
+    """Wait until `sentences` sentences reached the engine while its first step is held at the gate.
+
+    Until that step returns nothing is published, so `queue_depth` counts every sentence submitted
+    since, the decoding ones included (it may overestimate for one iteration, by design).
+    """
+    wait_until(lambda: engine.queue_depth == sentences)
+
+
+def count(served: RunningServer, code: str, method: str = "Translate", lang_pair: str = "de-en") -> float:
+    return sample_value(served.registry, "translation_requests_total", method=method, code=code, lang_pair=lang_pair)
+
+
+def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny_model_dir: Path) -> None:
+    max_queue, excess = 4, 5
+    model, gate = gated(tiny_model_dir, max_slots=1)
+    with running_server(model, config(max_slots=1, max_queue=max_queue)) as served:
+        engine = engine_of(served)
+        gate.close_gate()
+        admitted = [served.stub.Translate.future(request([HOUSE], beam_size=1))]
+        gate.wait_for_step()  # the engine is frozen mid-step: what follows can only queue
+        while (depth := engine.queue_depth) < max_queue:  # the depth the admission check sees
+            admitted.append(served.stub.Translate.future(request([POLICE], beam_size=1)))
+            wait_until(lambda: engine.queue_depth == depth + 1)
+        started = time.monotonic()
+        refused = [served.stub.Translate.future(request([CONSOLE], beam_size=1)) for _ in range(excess)]
+        errors = [status_of(lambda f=f: f.result(10)) for f in refused]  # type: ignore[misc]
+        assert time.monotonic() - started < 2.0, "refusals come at once, not after the queue moves"
+        assert {e.code for e in errors} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert all("queue is full" in e.details for e in errors)
+        assert count(served, "RESOURCE_EXHAUSTED") == excess
+        assert engine.queue_depth == max_queue, "nothing of a refused request was queued"
+        for service in ("", SERVICE_NAME):
+            asked = time.monotonic()
+            assert health_status(served.channel, service) == "SERVING"
+            assert time.monotonic() - asked < 1.0
+        gate.gate.set()
+        assert [f.result(30).results[0].sentences for f in admitted] == [1] * len(admitted)
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        assert count(served, "OK") == len(admitted) >= max_queue
+
+
+CLIENT = """
+import sys, grpc
+from server.proto.translation.v1 import translation_pb2 as pb, translation_pb2_grpc as pb_grpc
+stub = pb_grpc.TranslatorStub(grpc.insecure_channel(sys.argv[1]))
+options = pb.TranslationOptions(source_language="de", target_language="en", beam_size=1)
+unary = stub.Translate.future(pb.TranslateRequest(texts=[sys.argv[2]], options=options))
+stream = stub.TranslateStream(pb.TranslateRequest(texts=[sys.argv[3]], options=options))
+print("sent", flush=True)
+unary.result(); list(stream)
+"""
+
+
+def test_a_client_killed_mid_request_leaves_nothing_behind(tiny_model_dir: Path) -> None:
+    model, gate = gated(tiny_model_dir, max_slots=1)
+    with running_server(model, config(max_slots=1)) as served:
+        engine = engine_of(served)
+        gate.close_gate()
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, served.address, HOUSE, POLICE], cwd=ROOT, stdout=subprocess.PIPE
+        )
+        try:
+            gate.wait_for_step(timeout=60)  # one request decodes, held at the gate; the other waits for its slot
+            wait_submitted(engine, 2)
+        finally:
+            client.kill()
+            client.wait(30)
+
+        def cancelled() -> float:
+            return count(served, "CANCELLED") + count(served, "CANCELLED", method="TranslateStream")
+
+        wait_until(lambda: cancelled() == 2)  # the server saw the connection go and cancelled both calls
+        gate.gate.set()
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        assert sample_value(served.registry, "translation_sentences_total", lang_pair="de-en") == 0
+        assert served.stub.Translate(request([CONSOLE], beam_size=1), timeout=30).results[0].sentences == 1
+
+
+class PoisonRunner(FakeRunner):
+    """A FakeRunner that breaks on one token: it raises, or returns NaN rows for the rows of that source."""
+
+    def __init__(self, max_slots: int, base: FakeRunner, poison: int, fault: str) -> None:
+        super().__init__(max_slots, base.spec)
+        self.poison, self.fault = poison, fault
+        self.faulty_batches: list[int] = []  # distinct sources in each step call that met the poison
+
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        poisoned = [i for i, s in enumerate(slots) if self.poison in (self.slots[s].source or ())]
+        if poisoned:
+            self.faulty_batches.append(len({self.slots[s].source for s in slots}))
+            if self.fault == "raise":
+                raise InjectedFailure("poisoned input")
+        rows = super().step(slots, tokens, positions)
+        rows[poisoned] = np.nan
+        return rows
+
+
+def poison_token(tokenizer: Tokenizer, bad: str, good: list[str]) -> int:
+    """A piece of `bad` that none of `good` contains."""
+    clean = {t for text in good for t in tokenizer.encode_source(text, "en")}
+    return next(t for t in tokenizer.encode_source(bad, "en") if t not in clean)
+
+
+@pytest.mark.parametrize("fault", ["raise", "nan"])
+def test_a_poisoned_input_fails_only_its_own_request_in_a_shared_batch(tiny_model_dir: Path, fault: str) -> None:
+    base = fake_model(tiny_model_dir)
+    assert isinstance(base.runner, FakeRunner)
+    poison = poison_token(base.tokenizer, POLICE, [HOUSE, CONSOLE])
+    runner = PoisonRunner(base.runner.max_slots, base.runner, poison, fault)
+    model, gate = gated(tiny_model_dir, max_slots=8, runner=runner)
+    with running_server(model, config()) as served:
+        engine = engine_of(served)
+        gate.close_gate()
+        first = served.stub.Translate.future(request([HOUSE], beam_size=2))
+        gate.wait_for_step()
+        bad = served.stub.Translate.future(request([POLICE], beam_size=2))
+        other = served.stub.Translate.future(request([CONSOLE], beam_size=2))
+        wait_submitted(engine, 3)
+        gate.gate.set()  # the next step holds all three requests' rows
+        error = status_of(lambda: bad.result(30))
+        assert (error.code, error.details) == (grpc.StatusCode.INTERNAL, "internal error while translating")
+        good = [first.result(30).results[0].translation, other.result(30).results[0].translation]
+        assert runner.faulty_batches[0] == 3, "the poisoned rows shared a step with both other requests"
+        again = served.stub.Translate(request([HOUSE, CONSOLE], beam_size=2), timeout=30)
+        assert good == [r.translation for r in again.results], "the survivors' output is exact"
+        assert (count(served, "INTERNAL"), count(served, "OK")) == (1, 3)
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+
+
+def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
+    """The scheduler rule behind the test above: restart, then suspects never share a runner call."""
+    scheduler = Scheduler(FAKE_SPEC, EngineLimits(max_slots=8))
+    runner = FakeRunner(max_slots=8)
+    options = DecodeOptions(beam_size=2, num_hypotheses=2)
+    sources = {1: [5, 6, 7, 3], 2: [5, 8, 3], 3: [5, 9, 9, 10, 3]}
+    for request_id, source in sources.items():
+        scheduler.add(request_id, [source], options, None, 0.0)
+    assert scheduler.schedule(0.0).request_ids() == {1, 2, 3}
+    assert scheduler.isolate({1, 2, 3}, FailureReason.INTERNAL, "failed") == []  # nobody fails yet
+    assert (scheduler.active_slots, scheduler.queue_depth) == (0, 3)
+    shared: list[set[int]] = []
+    done: dict[int, list[tuple[int, ...]]] = {}
+    while not scheduler.idle:
+        batch = scheduler.schedule(0.0)
+        shared.append(batch.request_ids())
+        if batch.copy_sources:
+            runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+        if batch.encode:
+            runner.encode(batch.encode)
+        for request_id, event in scheduler.update(batch, runner.step(batch.slots, batch.tokens, batch.positions)):
+            if isinstance(event, SentenceDone):
+                done[request_id] = [h.tokens for h in event.hypotheses]
+    assert all(len(ids) == 1 for ids in shared), "suspects run alone"
+    for request_id, source in sources.items():
+        assert done[request_id] == [h.tokens for h in reference_decode(source, 2, 1.0, 12)][:2]
+    scheduler.add(4, [sources[1]], options, None, 0.0)
+    scheduler.schedule(0.0)
+    events = scheduler.isolate({4}, FailureReason.INTERNAL, "failed")
+    assert events == [(4, RequestFailed(FailureReason.INTERNAL, "failed"))], "a request alone is the cause"
+
+
+class BrokenRunner(FakeRunner):
+    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        raise InjectedFailure("the device is gone")
+
+
+def test_a_runner_that_always_fails_fails_every_request_and_none_hangs() -> None:
+    runner = BrokenRunner(max_slots=4)
+    engine = Engine(runner, EngineLimits(max_slots=4))
+    engine.start()
+    outcomes: list[Future[Event]] = []
+    for seed in range(5):
+        outcome: Future[Event] = Future()
+        outcomes.append(outcome)
+
+        def deliver(event: Event, outcome: Future[Event] = outcome) -> None:
+            if isinstance(event, RequestDone | RequestFailed):
+                outcome.set_result(event)
+
+        engine.submit([[5, 6 + seed, 7, 3], [5, 8, 3]], DecodeOptions(beam_size=2), deliver)
+    try:
+        results = [o.result(30) for o in outcomes]
+        assert all(isinstance(r, RequestFailed) and r.message == "internal error while translating" for r in results)
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+    finally:
+        engine.stop()
+
+
+def test_a_dead_engine_loop_turns_not_serving_and_fails_waiting_requests_unavailable(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, gate = gated(tiny_model_dir, max_slots=1)
+    with running_server(model, config(max_slots=1)) as served:
+        engine = engine_of(served)
+        gate.close_gate()
+        decoding = served.stub.Translate.future(request([HOUSE], beam_size=1))  # no deadline: it would wait forever
+        gate.wait_for_step()
+        queued = served.stub.Translate.future(request([POLICE], beam_size=1))
+        wait_submitted(engine, 2)
+
+        def corrupt(*args: object) -> None:
+            raise RuntimeError("scheduler state corrupted")
+
+        monkeypatch.setattr(engine._scheduler, "update", corrupt)  # a bug outside the runner ...
+        monkeypatch.setattr(engine._scheduler, "fail", corrupt)  # ... that the loop's recovery cannot survive
+        gate.gate.set()
+        for call in (decoding, queued):
+            error = status_of(lambda c=call: c.result(30))  # type: ignore[misc]
+            assert error.code == grpc.StatusCode.UNAVAILABLE
+            assert "engine failed" in error.details and "corrupted" not in error.details
+        assert engine.failed
+        wait_until(lambda: [health_status(served.channel, s) for s in ("", SERVICE_NAME)] == ["NOT_SERVING"] * 2)
+        error = status_of(lambda: served.stub.Translate(request([CONSOLE], beam_size=1), timeout=30))
+        assert error.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in error.details
+
+
+def start_server_process(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "server.main", "--host", "localhost", "--metrics-port", "-1", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture()
+def broken_model_dirs(tiny_model_dir: Path, tmp_path: Path) -> dict[str, Path]:
+    """Model directories a deployment can end up with: absent, empty, torn metadata, corrupt graph."""
+    export_tiny_onnx(tiny_model_dir)
+    torn = tmp_path / "torn"
+    shutil.copytree(tiny_model_dir, torn)
+    (torn / "onnx/fp32/metadata.json").write_text('{"variant": "fp3')
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_model_dir, corrupt)
+    (corrupt / "onnx/fp32/decoder_step.onnx").write_bytes(b"\x00not an onnx graph" * 64)
+    (tmp_path / "empty").mkdir()
+    return {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "torn": torn, "corrupt": corrupt}
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "torn", "corrupt"])
+def test_startup_without_a_usable_model_fails_loudly(broken_model_dirs: dict[str, Path], case: str) -> None:
+    model_dir = broken_model_dirs[case]
+    done = start_server_process("--port", "0", "--model-dir", str(model_dir), "--provider", "cpu")
+    assert done.returncode != 0
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("translate-server: ") and str(model_dir) in last_line
+    assert "Traceback" not in done.stderr, "one clear line, not a stack trace"
+
+
+def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -> None:
+    with running_server(fake_model(tiny_model_dir), config()) as first:
+        with server_loop() as loop:
+            taken = config(port=first.port)
+            second = asyncio.run_coroutine_threadsafe(create_server(taken, fake_model(tiny_model_dir)), loop)
+            with pytest.raises(StartupError, match="could not bind"):
+                second.result(60)
+        done = start_server_process("--port", str(first.port), "--model-dir", str(tiny_model_dir))
+        assert done.returncode != 0
+        last_line = done.stderr.strip().splitlines()[-1]
+        assert last_line.startswith(f"translate-server: could not bind localhost:{first.port}")
+        assert first.stub.Translate(request([HOUSE]), timeout=30).results[0].sentences == 1

@@ -1,0 +1,306 @@
+"""Security options over real gRPC: TLS, mutual TLS, the bearer token; and what the code never does
+(unpickle, load a model from outside its configured directory). Certificates are made per run."""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import io
+import ipaddress
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from server import interceptors
+from server.channels import auth_metadata, open_channel
+from server.client_cli import build_parser, run
+from server.config import ServerConfig, parse_config
+from server.errors import UNAUTHENTICATED_MESSAGE
+from server.healthcheck import check
+from server.main import LoadedModel, StartupError, TranslationServer, load_model
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from tests.serving import (
+    RunningServer,
+    export_tiny_onnx,
+    fake_model,
+    health_status,
+    request,
+    running_server,
+    sample_value,
+    server_config,
+    status_of,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "s3cret-token-for-tests"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """PEM files: a CA, a server certificate for localhost, a client certificate, and a stranger's."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    stranger_cert: Path  # a client certificate from another CA
+    stranger_key: Path
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _certificate(
+    name: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[str, ec.EllipticCurvePrivateKey] | None = None,
+    san: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    """Self-signed (a CA) without `issuer`, else signed by the issuer's key."""
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, signer = issuer if issuer is not None else (name, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+    )
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def _write(directory: Path, name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[Path, Path]:
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    directory = tmp_path_factory.mktemp("pki")
+    ca_key, other_ca_key = _key(), _key()
+    ca_path, _ = _write(directory, "ca", _certificate("test CA", ca_key), ca_key)
+    localhost = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    server_key, client_key, stranger_key = _key(), _key(), _key()
+    server_cert = _certificate("localhost", server_key, ("test CA", ca_key), localhost)
+    server = _write(directory, "server", server_cert, server_key)
+    client = _write(directory, "client", _certificate("client", client_key, ("test CA", ca_key)), client_key)
+    stranger_cert = _certificate("stranger", stranger_key, ("other CA", other_ca_key))
+    stranger = _write(directory, "stranger", stranger_cert, stranger_key)
+    return Pki(ca_path, *server, *client, *stranger)
+
+
+def translate(channel: grpc.Channel, token: str | None = None) -> int:
+    """Sentences translated by one small request over `channel`."""
+    stub = pb_grpc.TranslatorStub(channel)
+    reply = stub.Translate(request(["Das Haus ist groß."], beam_size=1), timeout=10, metadata=auth_metadata(token))
+    return reply.results[0].sentences
+
+
+def refused(channel: grpc.Channel, token: str | None = None) -> grpc.StatusCode:
+    return status_of(lambda: translate(channel, token)).code
+
+
+@pytest.fixture()
+def model(tiny_model_dir: Path) -> LoadedModel:
+    return fake_model(tiny_model_dir)
+
+
+def test_tls_serves_tls_clients_only(model: LoadedModel, pki: Pki) -> None:
+    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key)
+    with running_server(model, config) as served:
+        with open_channel(served.address, tls_ca=pki.ca) as channel:
+            assert translate(channel) == 1
+            assert health_status(channel) == "SERVING"
+        with grpc.insecure_channel(served.address) as plaintext:
+            assert refused(plaintext) == grpc.StatusCode.UNAVAILABLE
+        assert check(served.address, tls_ca=pki.ca)  # the Docker health check, given the CA
+        assert not check(served.address)
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_configured_ca(model: LoadedModel, pki: Pki) -> None:
+    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca)
+    with running_server(model, config) as served:
+        with open_channel(served.address, pki.ca, pki.client_cert, pki.client_key) as channel:
+            assert translate(channel) == 1
+        with open_channel(served.address, tls_ca=pki.ca) as anonymous:
+            assert refused(anonymous) == grpc.StatusCode.UNAVAILABLE
+        with open_channel(served.address, pki.ca, pki.stranger_cert, pki.stranger_key) as stranger:
+            assert refused(stranger) == grpc.StatusCode.UNAVAILABLE
+        assert check(served.address, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key)
+
+
+@pytest.fixture()
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(f"{TOKEN}\n")  # a trailing newline, as editors and `echo` write it
+    return path
+
+
+@pytest.fixture()
+def guarded(model: LoadedModel, token_file: Path) -> Iterator[RunningServer]:
+    with running_server(model, server_config(auth_token_file=token_file)) as served:
+        yield served
+
+
+def test_a_bearer_token_is_required_for_every_call_but_health(guarded: RunningServer) -> None:
+    channel = guarded.channel
+    for token in (None, "wrong", TOKEN[:-1], TOKEN + "x"):
+        error = status_of(lambda: translate(channel, token))  # noqa: B023
+        assert (error.code, error.details) == (grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+    stream = guarded.stub.TranslateStream(request(["Hallo."]), timeout=10)
+    assert status_of(lambda: list(stream)).code == grpc.StatusCode.UNAUTHENTICATED
+    assert status_of(lambda: guarded.stub.ListModels(pb.ListModelsRequest())).code == grpc.StatusCode.UNAUTHENTICATED
+    assert health_status(channel) == "SERVING"  # probes carry no token
+    assert translate(channel, TOKEN) == 1
+    lowercase = (("authorization", f"bearer {TOKEN}"),)
+    assert guarded.stub.ListModels(pb.ListModelsRequest(), metadata=lowercase).models[0].name == "fake"
+    unauthenticated = sample_value(
+        guarded.registry, "translation_requests_total", method="Translate", code="UNAUTHENTICATED", lang_pair=""
+    )
+    assert unauthenticated == 4, "refused calls are counted like any other"
+
+
+def test_reflection_needs_the_token_too(guarded: RunningServer) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with pytest.raises(grpc.RpcError) as info:
+        ProtoReflectionDescriptorDatabase(guarded.channel).get_services()
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+
+
+def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+
+    def compare_digest(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return a == b
+
+    monkeypatch.setattr(interceptors.hmac, "compare_digest", compare_digest)
+    guard = interceptors.AuthInterceptor(TOKEN)
+    assert guard.authorized((("authorization", f"Bearer {TOKEN}"),))
+    assert not guard.authorized((("authorization", "Bearer nope"),))
+    assert not guard.authorized((("authorization", f"Bearer {TOKEN}"), ("authorization", f"Bearer {TOKEN}")))
+    assert compared == [(TOKEN.encode(), TOKEN.encode()), (b"nope", TOKEN.encode())]
+
+
+def test_the_client_cli_speaks_tls_and_sends_the_token(model: LoadedModel, pki: Pki, token_file: Path) -> None:
+    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key, auth_token_file=token_file)
+    with running_server(model, config) as served:
+        base = ["--server", served.address, "--source", "de", "--target", "en", "--tls-ca", str(pki.ca)]
+        out, err = io.StringIO(), io.StringIO()
+        assert run(build_parser().parse_args([*base, "--token", TOKEN]), ["Das Haus ist groß."], out, err) == 0
+        assert len(out.getvalue().splitlines()) == 1
+        from_env = build_parser({"TRANSLATE_TOKEN": TOKEN}).parse_args(base)
+        assert run(from_env, ["Geheimpolizei"], io.StringIO(), io.StringIO()) == 0
+        err = io.StringIO()
+        assert run(build_parser().parse_args(base), ["Hallo"], io.StringIO(), err) == 16  # UNAUTHENTICATED
+        assert "UNAUTHENTICATED" in err.getvalue()
+
+
+def test_security_flags_parse_from_flags_and_environment() -> None:
+    env = {"TRANSLATE_TLS_CERT": "/tls/crt", "TRANSLATE_TLS_KEY": "/tls/key", "TRANSLATE_AUTH_TOKEN_FILE": "/run/tok"}
+    config = parse_config(["--tls-client-ca", "/tls/ca"], env)
+    assert (config.tls_cert, config.tls_key) == (Path("/tls/crt"), Path("/tls/key"))
+    assert config.tls_client_ca == Path("/tls/ca")
+    assert config.auth_token_file == Path("/run/tok")
+    assert parse_config([], {}).tls_cert is None and parse_config([], {}).auth_token_file is None
+    with pytest.raises(ValueError, match="go together"):
+        ServerConfig(tls_cert=Path("/tls/crt"))
+    with pytest.raises(ValueError, match="needs tls_cert"):
+        ServerConfig(tls_client_ca=Path("/tls/ca"))
+
+
+@pytest.mark.parametrize("problem", ["missing token file", "empty token file", "missing certificate"])
+def test_unusable_security_files_stop_startup_with_a_clear_message(tmp_path: Path, problem: str) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    configs = {
+        "missing token file": server_config(auth_token_file=tmp_path / "absent"),
+        "empty token file": server_config(auth_token_file=empty),
+        "missing certificate": server_config(tls_cert=tmp_path / "absent.crt", tls_key=tmp_path / "absent.key"),
+    }
+    with pytest.raises(StartupError, match=r"token file|TLS"):
+        TranslationServer(configs[problem])
+
+
+FORBIDDEN_MODULES = {"pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
+
+
+def unsafe_loads(path: Path) -> list[str]:
+    """Imports of unpickling modules, torch.load without weights_only=True, numpy loads with allow_pickle=True."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in FORBIDDEN_MODULES]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load":
+            keywords = {k.arg: k.value for k in node.keywords}
+            owner = ast.unparse(node.func.value)
+            weights_only = keywords.get("weights_only")
+            if owner == "torch" and not (isinstance(weights_only, ast.Constant) and weights_only.value is True):
+                found.append(f"{path}:{node.lineno} torch.load without weights_only=True")
+            allow = keywords.get("allow_pickle")
+            if owner in ("np", "numpy") and not (isinstance(allow, ast.Constant) and allow.value is False):
+                found.append(f"{path}:{node.lineno} numpy load that may unpickle")
+    return found
+
+
+def test_nothing_is_ever_unpickled() -> None:
+    files = [p for package in ("server", "export", "model") for p in (ROOT / package).rglob("*.py")]
+    assert len(files) > 20
+    assert [finding for path in files for finding in unsafe_loads(path)] == []
+
+
+def test_unsafe_load_detector_catches_what_it_should(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import pickle\nimport torch\nimport numpy as np\ntorch.load('x')\nnp.load('y')\n")
+    assert len(unsafe_loads(bad)) == 3
+
+
+def test_the_model_is_read_only_from_the_configured_directory(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import server.main
+    import server.metadata
+    import server.runtime
+
+    export_tiny_onnx(tiny_model_dir)
+    opened: list[Path] = []
+
+    def recording(module: object, name: str, argument: int = 0) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            opened.append(Path(str(args[argument])))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    recording(server.runtime, "make_session")
+    recording(server.runtime, "read_metadata")
+    recording(server.main, "Tokenizer")
+    load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1))
+    root = tiny_model_dir.resolve()
+    assert len(opened) == 4  # metadata, encoder, decoder, tokenizer
+    assert all(path.resolve().is_relative_to(root) for path in opened), opened
+    with pytest.raises(ValueError, match="variant must be one of"):
+        ServerConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path
