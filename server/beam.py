@@ -35,6 +35,23 @@ def normalize(score: float, length: int, length_penalty: float) -> float:
     return score / (max(length, 1) ** length_penalty)
 
 
+def top_k_stable(scores: npt.NDArray[np.float32], k: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+    """The k best flat indices of `scores` (R, V) and their values, best first, ties to the lower index.
+
+    Equal to `np.argsort(-scores.ravel(), kind="stable")[:k]`, without sorting R*V values: a row's
+    k-th largest value bounds what can make the cut, so only the few values at or above it are sorted.
+    """
+    vocab = scores.shape[1]
+    if k < vocab:
+        kth = np.partition(scores, vocab - k, axis=1)[:, vocab - k]  # (R,) k-th largest of each row
+        rows, cols = np.nonzero(scores >= kth[:, None])  # row-major: flat indices ascend
+        flat, values = rows * vocab + cols, scores[rows, cols]
+    else:
+        flat, values = np.arange(scores.size), scores.reshape(-1)
+    order = np.argsort(-values, kind="stable")[:k]  # stable: among equal scores the lower flat index first
+    return flat[order], values[order]
+
+
 @dataclass
 class BeamState:
     """The live and finished hypotheses of one sentence."""
@@ -58,14 +75,12 @@ class BeamState:
         vocab = logprobs.shape[1]
         # float32 sums, as torch adds scores to log-probs in float32 in the reference
         scores = np.asarray([s for _, s in self.live], dtype=np.float32)[:, None] + logprobs.astype(np.float32)
-        flat = scores.reshape(-1)
-        k = min(2 * self.beam_size, flat.size)
-        order = np.argsort(-flat, kind="stable")[:k]
+        order, top = top_k_stable(scores, min(2 * self.beam_size, scores.size))
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
-        for idx in order.tolist():
+        for idx, score in zip(order.tolist(), top.tolist(), strict=True):
             hyp, token = divmod(idx, vocab)
-            tokens, score = self.live[hyp][0], float(flat[idx])
+            tokens = self.live[hyp][0]
             if token == self.eos_id:
                 length = len(tokens) + 1
                 self.finished.append(Hypothesis(tokens, score, normalize(score, length, self.length_penalty)))

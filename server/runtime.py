@@ -56,6 +56,15 @@ class OnnxRunner:
         self.cross_kv = [np.zeros(cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
         self.src_mask = np.zeros((max_slots, meta.max_source_len), dtype=bool)
         self.src_len = np.zeros(max_slots, dtype=np.int64)
+        # What is valid in each slot, so copies move only that: target positions written so far, and
+        # which encoded source the cross cache holds (beam rows of one sentence share it, so a beam
+        # reorder copies no cross keys/values at all).
+        self.tgt_len = np.zeros(max_slots, dtype=np.int64)
+        self.source_key = np.full(max_slots, -1, dtype=np.int64)
+        self._next_source_key = 0
+        self._cross_version = 0  # bumped whenever a slot's cross cache or source mask changes
+        self._source_feeds_key: tuple[bytes, int, int] | None = None
+        self._source_feeds_cache: dict[str, npt.NDArray[np.generic]] = {}
 
     def encode(self, items: list[EncodeItem]) -> None:
         """Encode all sources in one padded batch; copy each source's cross K/V into its slots."""
@@ -76,6 +85,10 @@ class OnnxRunner:
             self.src_mask[slots] = False
             self.src_mask[slots, :longest] = mask[row]
             self.src_len[slots] = longest
+            self.tgt_len[slots] = 0
+            self.source_key[slots] = self._next_source_key
+            self._next_source_key += 1
+        self._cross_version += 1
 
     def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         """One decoder step for rows at any mix of positions; new K/V stored at each row's position."""
@@ -88,21 +101,52 @@ class OnnxRunner:
         feeds: dict[str, npt.NDArray[np.generic]] = {
             "tokens": np.asarray(tokens, dtype=np.int64),
             "positions": pos,
-            "src_mask": self.src_mask[rows, :src_len],
             "past_keep": np.arange(past_len)[None, :] < pos[:, None],
+            **self._source_feeds(rows, src_len),
         }
         for i in range(self.n_layers):
             for j, kind in enumerate(("k", "v")):
-                feeds[f"cross_{kind}_{i}"] = self.cross_kv[2 * i + j][rows, :, :src_len]
                 feeds[f"past_{kind}_{i}"] = self.self_kv[2 * i + j][rows, :, :past_len]
         log_probs, *new_kv = self.decoder.run(None, feeds)
         for cache, new in zip(self.self_kv, new_kv, strict=True):
             cache[rows, :, pos] = new[:, :, 0]
+        self.tgt_len[rows] = pos + 1
         return np.asarray(log_probs, dtype=np.float32)
+
+    def _source_feeds(self, rows: npt.NDArray[np.int64], src_len: int) -> dict[str, npt.NDArray[np.generic]]:
+        """Cross keys/values and source mask of `rows`, gathered again only when the rows or their sources change.
+
+        The same rows usually step many times in a row (a beam reorder keeps a sentence's slots and
+        source), and this gather is the largest copy of a step.
+        """
+        key = (rows.tobytes(), src_len, self._cross_version)
+        if key != self._source_feeds_key:
+            feeds: dict[str, npt.NDArray[np.generic]] = {"src_mask": self.src_mask[rows, :src_len]}
+            for i in range(self.n_layers):
+                feeds[f"cross_k_{i}"] = self.cross_kv[2 * i][rows, :, :src_len]
+                feeds[f"cross_v_{i}"] = self.cross_kv[2 * i + 1][rows, :, :src_len]
+            self._source_feeds_cache, self._source_feeds_key = feeds, key
+        return self._source_feeds_cache
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         """Gather on the slot axis: every destination becomes its source as it was before the call."""
         src = np.asarray(sources, dtype=np.int64)
         dst = np.asarray(destinations, dtype=np.int64)
-        for cache in (*self.self_kv, *self.cross_kv, self.src_mask, self.src_len):
-            cache[dst] = cache[src]
+        moved = src != dst
+        src, dst = src[moved], dst[moved]
+        if not src.size:
+            return
+        filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read
+        for cache in self.self_kv:
+            cache[dst, :, :filled] = cache[src, :, :filled]
+        other_source = self.source_key[src] != self.source_key[dst]
+        if other_source.any():
+            s, d = src[other_source], dst[other_source]
+            length = int(self.src_len[s].max())
+            for cache in self.cross_kv:
+                cache[d, :, :length] = cache[s, :, :length]
+            self.src_mask[d] = self.src_mask[s]
+            self.src_len[d] = self.src_len[s]
+            self._cross_version += 1
+        self.tgt_len[dst] = self.tgt_len[src]
+        self.source_key[dst] = self.source_key[src]
