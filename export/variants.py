@@ -1,14 +1,16 @@
 """python -m export.variants --model-dir DIR [--limit N]: BLEU per exported variant and the 0.5 gate.
 
 Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on CPU,
-scores with sacreBLEU and writes `<model-dir>/variants.json`; a variant passes if its BLEU in each
-direction is within 0.5 of fp32's. `server.metadata.choose_variant` reads the result.
+scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes `<model-dir>/variants.json`;
+a variant passes if its BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant`
+reads the result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,28 +22,51 @@ from model.data import read_tsv
 from model.tokenizer import Tokenizer
 from server.metadata import VARIANTS_FILE, available_variants
 from server.offline import translate_ids
+from server.runner import EncodeItem
 from server.runtime import OnnxRunner
 
 BLEU_GATE = 0.5
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
 DIRECTIONS = (("de", "en"), ("en", "de"))
+MAX_OUTPUT_LEN = 128  # generated tokens per sentence, as in model.evaluate
+STEP_ROWS = (1, 64)  # decoder-step latency is reported for one row and for a full batch of rows
 
 
 def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: int) -> dict[str, float]:
     """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
     tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
     runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64)
-    pairs = read_tsv(TEST_FILE)[:limit]
-    scores: dict[str, float] = {}
+    max_source = runner.spec.max_source_len
+    fits = [
+        p
+        for p in read_tsv(TEST_FILE)
+        if all(len(tokenizer.encode_source(getattr(p, s), t)) <= max_source for s, t in DIRECTIONS)
+    ]
+    pairs = fits[:limit]  # the shipped model fits every test sentence; a tiny test model may not
+    scores: dict[str, float] = {"sentences": len(pairs)}
     for src_lang, tgt_lang in DIRECTIONS:
         sources = [tokenizer.encode_source(getattr(p, src_lang), tgt_lang) for p in pairs]
         start = time.perf_counter()
-        best = translate_ids(runner, sources, beam_size, 1.0, 128)
+        best = translate_ids(runner, sources, beam_size, 1.0, min(MAX_OUTPUT_LEN, runner.spec.max_target_len))
         scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
         hypotheses = [tokenizer.decode(list(h[0].tokens)) for h in best]
         references = [getattr(p, tgt_lang) for p in pairs]
         scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+    source = tokenizer.encode_source(pairs[0].de, "en")
+    for rows in STEP_ROWS:
+        scores[f"step_ms_{rows}_rows"] = step_latency_ms(runner, source, rows)
     return scores
+
+
+def step_latency_ms(runner: OnnxRunner, source: list[int], rows: int, steps: int = 20) -> float:
+    """Median wall time of one decoder step for `rows` rows at positions 0..steps-1 (CPU, no beam logic)."""
+    runner.encode([EncodeItem(source, list(range(rows)))])
+    times = []
+    for position in range(steps):
+        start = time.perf_counter()
+        runner.step(list(range(rows)), [runner.spec.bos_id] * rows, [position] * rows)
+        times.append((time.perf_counter() - start) * 1000)
+    return round(statistics.median(times), 3)
 
 
 def main(argv: list[str] | None = None) -> int:

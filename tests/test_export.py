@@ -83,3 +83,19 @@ def test_mismatched_config_exit_nonzero(
 def test_unsupported_opset_exit_nonzero(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model-dir", str(tiny_model_dir), "--opset", "9"]) == 2
     assert "unsupported opset 9" in capsys.readouterr().err
+
+
+def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
+    from export.variants import main as variants_main
+
+    assert variants_main(["--model-dir", str(exported), "--limit", "3", "--beam-size", "2"]) == 0
+    try:
+        record = json.loads((exported / "variants.json").read_text())
+    finally:
+        (exported / "variants.json").unlink()
+    variants = record["variants"]
+    assert set(variants) == {"fp32", "int8", "fp16"} and variants["fp32"]["passed"] is True
+    for scores in variants.values():
+        assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
+        within = all(scores[d] >= variants["fp32"][d] - record["gate_bleu"] for d in ("de-en", "en-de"))
+        assert scores["passed"] == within
