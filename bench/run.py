@@ -49,7 +49,7 @@ class Budget:
     load_fractions: tuple[float, ...]  # open-loop rates as fractions of the saturation rate
 
 
-FULL = Budget(30.0, 30, 10.0, (1, 4, 16, 64), (0.25, 0.5, 0.75, 1.0, 1.25))
+FULL = Budget(30.0, 30, 10.0, (1, 4, 16, 64, 128), (0.25, 0.5, 0.75, 1.0, 1.25))
 QUICK = Budget(2.0, 4, 2.0, (1, 8), (0.5, 1.0))
 
 
@@ -147,6 +147,8 @@ def start_server(settings: engines.EngineSettings, port: int, variant: str) -> s
         sys.executable, "-m", "server.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
         "--threads", str(settings.threads), "--max-queue", "100000", "--log-level", "WARNING",
+        # as many decoding rows as one offline batch of beam-4 sentences: the same work per step as the offline engines
+        "--max-slots", str(settings.max_batch * 4),
     ]  # fmt: skip
     log.info("starting %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd)
