@@ -52,6 +52,7 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
         hypotheses = [tokenizer.decode(list(h[0].tokens)) for h in best]
         references = [getattr(p, tgt_lang) for p in pairs]
         scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+        scores[f"{src_lang}-{tgt_lang}_chrf"] = round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2)
     source = tokenizer.encode_source(pairs[0].de, "en")
     for rows in STEP_ROWS:
         scores[f"step_ms_{rows}_rows"] = step_latency_ms(runner, source, rows)
