@@ -283,6 +283,9 @@ def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path) -> N
         stream = served.stub.TranslateStream(request(["Das Haus ist groß."], beam_size=4))
         gated.wait_for_step()
         stream.cancel()
+        # the cancel travels to the engine asynchronously: let it arrive before the held step ends,
+        # or the sentence may finish first and rightly count as translated
+        wait_until(lambda: bool(engine._cancels))
         gated.gate.set()
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
         wait_until(
