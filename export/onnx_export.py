@@ -9,6 +9,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export.kv_ops import export_kv_ops
 from model.artifact import TOKENIZER_FILE, load_artifact, weights_sha256
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -121,6 +122,8 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
         export_decoder(model, out_dir / DECODER_FILE, opset)
     for name in (ENCODER_FILE, DECODER_FILE):
         check_graph(out_dir / name)
-    build_metadata(model_dir, load_artifact(model_dir), variant, opset).write(out_dir)
+    meta = build_metadata(model_dir, load_artifact(model_dir), variant, opset)
+    meta.write(out_dir)
+    export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)
     log.info("exported %s to %s", variant, out_dir)
     return out_dir

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from export.kv_ops import export_kv_ops
 from server.metadata import DECODER_FILE, ENCODER_FILE, read_metadata
 
 
@@ -19,9 +19,7 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False) -> Pat
             str(fp32_dir / name), str(out_dir / name), op_types_to_quantize=["MatMul"],
             per_channel=per_channel, weight_type=QuantType.QInt8,
         )  # fmt: skip
-    replace(read_metadata(fp32_dir), variant="int8").write(out_dir)
+    meta = replace(read_metadata(fp32_dir), variant="int8")
+    meta.write(out_dir)
+    export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)  # caches stay float32
     return out_dir
-
-
-def copy_variant(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, dirs_exist_ok=True)

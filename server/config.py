@@ -16,6 +16,7 @@ ENV_PREFIX = "TRANSLATE_"
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "model" / "shipped"
 VARIANTS = ("auto", "fp32", "int8", "fp16")
 PROVIDERS = ("auto", "cpu", "cuda")
+KV_CACHES = ("auto", "host", "device")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -29,6 +30,7 @@ class ServerConfig:
     model_dir: Path = DEFAULT_MODEL_DIR  # artifact dir: tokenizer.model + onnx/<variant>/
     variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
+    kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
     max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
     max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
@@ -48,6 +50,7 @@ class ServerConfig:
             raise ValueError(f"metrics_port must be in -1..65535, got {self.metrics_port}")
         _check_choice("variant", self.variant, VARIANTS)
         _check_choice("provider", self.provider, PROVIDERS)
+        _check_choice("kv_cache", self.kv_cache, KV_CACHES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
         for name in ("max_slots", "max_queue", "max_message_bytes"):
             if getattr(self, name) < 1:
@@ -103,6 +106,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("model-dir", Path, "model directory with tokenizer.model and onnx/<variant>/")
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
+    add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
     add("max-slots", int, "decoding slots (beam rows) per step")
     add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")

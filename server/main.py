@@ -82,14 +82,17 @@ def load_model(config: ServerConfig) -> LoadedModel:
 def _open_model(config: ServerConfig) -> LoadedModel:
     # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
     from server.metadata import available_variants, choose_variant
-    from server.runtime import OnnxRunner
+    from server.runtime import open_runner
 
     model_dir = config.model_dir
     provider = resolve_provider(config.provider)
     variant = choose_variant(model_dir, config.variant, provider)
-    runner = OnnxRunner(model_dir / "onnx" / variant, config.max_slots, provider, config.threads)
+    runner = open_runner(model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache)
     meta = runner.metadata
-    logger.info("loaded %s variant %s on %s (requested provider %s)", model_dir, variant, runner.provider, provider)
+    logger.info(
+        "loaded %s variant %s on %s with %s caches (requested provider %s)",
+        model_dir, variant, runner.provider, runner.kv_cache, provider,
+    )  # fmt: skip
     description = ModelDescription(
         name=model_dir.resolve().name,
         variant=variant,

@@ -12,6 +12,11 @@ from server.runner import ModelSpec
 METADATA_FILE = "metadata.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
+# Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
+KV_GATHER_FILE = "kv_gather.onnx"
+KV_APPEND_FILE = "kv_append.onnx"
+KV_MOVE_FILE = "kv_move.onnx"
+KV_WRITE_FILE = "kv_write.onnx"
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
 DEFAULT_BY_PROVIDER = {"cuda": "fp16", "cpu": "int8"}

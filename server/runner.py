@@ -7,7 +7,8 @@ computes. Rows at different steps share one `step` call: each row has its own po
 attends only to its own first `position` cache entries.
 
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
-Implementations: `server.runtime.OnnxRunner` (onnxruntime, CPU or CUDA) and the fakes in tests.
+Implementations: `server.runtime.OnnxRunner` (onnxruntime, caches in host memory),
+`server.runtime.DeviceCacheRunner` (caches on the session's device, for CUDA) and the fakes in tests.
 This module imports numpy only, so the scheduler and its tests stay free of onnxruntime.
 """
 

@@ -1,10 +1,16 @@
-"""onnxruntime implementation of `server.runner.Runner` over a pool of preallocated cache slots.
+"""onnxruntime implementations of `server.runner.Runner` over a pool of preallocated cache slots.
 
 Cache shape, chosen for continuous batching: per layer one self-attention cache
 (max_slots, H, max_target_len, Dh) and one cross cache (max_slots, H, max_source_len, Dh). A step
 gathers the rows' slots up to the longest position in the batch and a per-row `past_keep` mask, so
 rows at different steps share one graph call; the graph returns only the new key/value row, which
-is scattered back at each row's own position.
+is written back at each row's own position.
+
+Two places for the caches, same bookkeeping and same results:
+- `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device.
+- `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
+  export's weightless kv_* graphs through IO binding. On CUDA a step then transfers only token ids
+  and positions in and log-probabilities out, never the caches.
 """
 
 from __future__ import annotations
@@ -16,12 +22,25 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from server.metadata import DECODER_FILE, ENCODER_FILE, ExportMetadata, read_metadata
+from server.metadata import (
+    DECODER_FILE,
+    ENCODER_FILE,
+    KV_APPEND_FILE,
+    KV_GATHER_FILE,
+    KV_MOVE_FILE,
+    KV_WRITE_FILE,
+    ExportMetadata,
+    MetadataError,
+    read_metadata,
+)
 from server.runner import EncodeItem, ModelSpec
 
 log = logging.getLogger(__name__)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+KV_CACHES = ("host", "device")
+
+Feeds = dict[str, npt.NDArray[np.generic]]
 
 
 def make_session(path: Path, provider: str, intra_op_threads: int) -> ort.InferenceSession:
@@ -33,8 +52,15 @@ def make_session(path: Path, provider: str, intra_op_threads: int) -> ort.Infere
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 
+def kv_names(prefix_k: str, prefix_v: str, n_layers: int) -> list[str]:
+    """Graph argument names in cache order: index 2*i is layer i's key, 2*i+1 its value."""
+    return [name for i in range(n_layers) for name in (f"{prefix_k}_{i}", f"{prefix_v}_{i}")]
+
+
 class OnnxRunner:
     """Encoder + decoder-step sessions and numpy caches for `max_slots` decoding rows."""
+
+    kv_cache = "host"
 
     def __init__(self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0) -> None:
         if provider not in PROVIDERS:
@@ -45,15 +71,11 @@ class OnnxRunner:
         self.encoder = make_session(variant_dir / ENCODER_FILE, provider, intra_op_threads)
         self.decoder = make_session(variant_dir / DECODER_FILE, provider, intra_op_threads)
         self.provider = self.decoder.get_providers()[0]
-        log.info("onnx runner %s on %s with %d slots", self.metadata.variant, self.provider, max_slots)
         self.dtype = np.float16 if self.metadata.dtype == "float16" else np.float32
         self.n_layers = self.metadata.n_decoder_layers
         meta = self.metadata
-        self_shape = (max_slots, meta.n_heads, meta.max_target_len, meta.head_dim)
-        cross_shape = (max_slots, meta.n_heads, meta.max_source_len, meta.head_dim)
-        # index 2*i is the key and 2*i+1 the value of decoder layer i, as in the graphs' argument order
-        self.self_kv = [np.zeros(self_shape, self.dtype) for _ in range(2 * self.n_layers)]
-        self.cross_kv = [np.zeros(cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
+        self.self_shape = (max_slots, meta.n_heads, meta.max_target_len, meta.head_dim)
+        self.cross_shape = (max_slots, meta.n_heads, meta.max_source_len, meta.head_dim)
         self.src_mask = np.zeros((max_slots, meta.max_source_len), dtype=bool)
         self.src_len = np.zeros(max_slots, dtype=np.int64)
         # What is valid in each slot, so copies move only that: target positions written so far, and
@@ -63,8 +85,11 @@ class OnnxRunner:
         self.source_key = np.full(max_slots, -1, dtype=np.int64)
         self._next_source_key = 0
         self._cross_version = 0  # bumped whenever a slot's cross cache or source mask changes
-        self._source_feeds_key: tuple[bytes, int, int] | None = None
-        self._source_feeds_cache: dict[str, npt.NDArray[np.generic]] = {}
+        self._source_key: tuple[bytes, int, int] | None = None
+        self._allocate(variant_dir, provider, intra_op_threads)
+        log.info("onnx runner %s on %s, %s caches, %d slots", meta.variant, self.provider, self.kv_cache, max_slots)
+
+    # -- the Runner protocol: bookkeeping shared by both cache places ---------------------------
 
     def encode(self, items: list[EncodeItem]) -> None:
         """Encode all sources in one padded batch; copy each source's cross K/V into its slots."""
@@ -77,17 +102,15 @@ class OnnxRunner:
         for row, item in enumerate(items):
             ids[row, : len(item.source_ids)] = item.source_ids
         mask = ids != self.spec.pad_id
-        outputs = self.encoder.run(None, {"src_ids": ids, "src_mask": mask})  # 2L x (B, H, S, Dh)
-        for row, item in enumerate(items):
-            slots = np.asarray(item.slots, dtype=np.int64)
-            for cache, out in zip(self.cross_kv, outputs, strict=True):
-                cache[slots, :, :longest] = out[row]
-            self.src_mask[slots] = False
-            self.src_mask[slots, :longest] = mask[row]
-            self.src_len[slots] = longest
-            self.tgt_len[slots] = 0
-            self.source_key[slots] = self._next_source_key
-            self._next_source_key += 1
+        item_of_slot = np.asarray([row for row, item in enumerate(items) for _ in item.slots], dtype=np.int64)
+        slots = np.asarray([slot for item in items for slot in item.slots], dtype=np.int64)
+        self._encode_into(ids, mask, item_of_slot, slots)
+        self.src_mask[slots] = False
+        self.src_mask[slots, :longest] = mask[item_of_slot]
+        self.src_len[slots] = longest
+        self.tgt_len[slots] = 0
+        self.source_key[slots] = self._next_source_key + item_of_slot
+        self._next_source_key += len(items)
         self._cross_version += 1
 
     def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
@@ -98,35 +121,14 @@ class OnnxRunner:
             raise ValueError(f"position {int(pos.max())} exceeds max_target_len {self.spec.max_target_len}")
         past_len = int(pos.max())  # rows attend to cache entries 0 .. position - 1 plus the new one
         src_len = int(self.src_len[rows].max())
-        feeds: dict[str, npt.NDArray[np.generic]] = {
+        feeds: Feeds = {
             "tokens": np.asarray(tokens, dtype=np.int64),
             "positions": pos,
             "past_keep": np.arange(past_len)[None, :] < pos[:, None],
-            **self._source_feeds(rows, src_len),
         }
-        for i in range(self.n_layers):
-            for j, kind in enumerate(("k", "v")):
-                feeds[f"past_{kind}_{i}"] = self.self_kv[2 * i + j][rows, :, :past_len]
-        log_probs, *new_kv = self.decoder.run(None, feeds)
-        for cache, new in zip(self.self_kv, new_kv, strict=True):
-            cache[rows, :, pos] = new[:, :, 0]
+        log_probs = self._decode(feeds, rows, pos, past_len, src_len)
         self.tgt_len[rows] = pos + 1
         return np.asarray(log_probs, dtype=np.float32)
-
-    def _source_feeds(self, rows: npt.NDArray[np.int64], src_len: int) -> dict[str, npt.NDArray[np.generic]]:
-        """Cross keys/values and source mask of `rows`, gathered again only when the rows or their sources change.
-
-        The same rows usually step many times in a row (a beam reorder keeps a sentence's slots and
-        source), and this gather is the largest copy of a step.
-        """
-        key = (rows.tobytes(), src_len, self._cross_version)
-        if key != self._source_feeds_key:
-            feeds: dict[str, npt.NDArray[np.generic]] = {"src_mask": self.src_mask[rows, :src_len]}
-            for i in range(self.n_layers):
-                feeds[f"cross_k_{i}"] = self.cross_kv[2 * i][rows, :, :src_len]
-                feeds[f"cross_v_{i}"] = self.cross_kv[2 * i + 1][rows, :, :src_len]
-            self._source_feeds_cache, self._source_feeds_key = feeds, key
-        return self._source_feeds_cache
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         """Gather on the slot axis: every destination becomes its source as it was before the call."""
@@ -137,16 +139,160 @@ class OnnxRunner:
         if not src.size:
             return
         filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read
-        for cache in self.self_kv:
-            cache[dst, :, :filled] = cache[src, :, :filled]
+        if filled:
+            self._move("self", src, dst, filled)
         other_source = self.source_key[src] != self.source_key[dst]
         if other_source.any():
             s, d = src[other_source], dst[other_source]
-            length = int(self.src_len[s].max())
-            for cache in self.cross_kv:
-                cache[d, :, :length] = cache[s, :, :length]
+            self._move("cross", s, d, int(self.src_len[s].max()))
             self.src_mask[d] = self.src_mask[s]
             self.src_len[d] = self.src_len[s]
             self._cross_version += 1
         self.tgt_len[dst] = self.tgt_len[src]
         self.source_key[dst] = self.source_key[src]
+
+    def _source_changed(self, rows: npt.NDArray[np.int64], src_len: int) -> bool:
+        """True when the rows or their sources differ from the last step's.
+
+        The same rows usually step many times in a row (a beam reorder keeps a sentence's slots and
+        source), and gathering the cross keys/values is the largest copy of a step: it is redone
+        only when this says so.
+        """
+        key = (rows.tobytes(), src_len, self._cross_version)
+        changed = key != self._source_key
+        self._source_key = key
+        return changed
+
+    # -- where the caches live: numpy arrays in host memory ------------------------------------
+
+    def _allocate(self, variant_dir: Path, provider: str, intra_op_threads: int) -> None:
+        self.self_kv = [np.zeros(self.self_shape, self.dtype) for _ in range(2 * self.n_layers)]
+        self.cross_kv = [np.zeros(self.cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
+        self._cross_feeds: Feeds = {}
+
+    def _encode_into(self, ids: np.ndarray, mask: np.ndarray, items: np.ndarray, slots: np.ndarray) -> None:
+        """Run the encoder on (N, S) ids; slot `slots[j]` gets the cross keys/values of row `items[j]`."""
+        outputs = self.encoder.run(None, {"src_ids": ids, "src_mask": mask})  # 2L x (N, H, S, Dh)
+        for cache, out in zip(self.cross_kv, outputs, strict=True):
+            cache[slots, :, : ids.shape[1]] = out[items]
+
+    def _decode(self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int) -> np.ndarray:
+        if self._source_changed(rows, src_len):
+            cross = dict(zip(kv_names("cross_k", "cross_v", self.n_layers), self.cross_kv, strict=True))
+            self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross.items()}
+        past_names = kv_names("past_k", "past_v", self.n_layers)
+        past = {name: cache[rows, :, :past_len] for name, cache in zip(past_names, self.self_kv, strict=True)}
+        src_mask = self.src_mask[rows, :src_len]
+        log_probs, *new_kv = self.decoder.run(None, feeds | past | self._cross_feeds | {"src_mask": src_mask})
+        for cache, new in zip(self.self_kv, new_kv, strict=True):
+            cache[rows, :, pos] = new[:, :, 0]
+        return np.asarray(log_probs)
+
+    def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
+        for cache in self.self_kv if kind == "self" else self.cross_kv:
+            cache[dst, :, :length] = cache[src, :, :length]
+
+
+class DeviceCacheRunner(OnnxRunner):
+    """Caches as OrtValues on the session's device, moved by the kv_* graphs through IO binding.
+
+    The append and move graphs are bound with their output on their input's own buffer: the
+    ScatterND inside writes only the rows it updates (onnxruntime skips its copy when input and
+    output share memory), so no step ever copies a whole cache.
+    """
+
+    kv_cache = "device"
+
+    def _allocate(self, variant_dir: Path, provider: str, intra_op_threads: int) -> None:
+        kv_files = (KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
+        missing = [name for name in kv_files if not (variant_dir / name).is_file()]
+        if missing:
+            raise MetadataError(
+                f"{variant_dir} lacks {', '.join(missing)} (needed for device caches): "
+                "export again with python -m export"
+            )
+        self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
+        self.kv_gather = make_session(variant_dir / KV_GATHER_FILE, provider, intra_op_threads)
+        self.kv_append = make_session(variant_dir / KV_APPEND_FILE, provider, intra_op_threads)
+        self.kv_move = make_session(variant_dir / KV_MOVE_FILE, provider, intra_op_threads)
+        self.kv_write = make_session(variant_dir / KV_WRITE_FILE, provider, intra_op_threads)
+        # Zeroed once: a never-written entry is masked, and masking must not meet NaN garbage (0 * NaN).
+        self.self_kv = [self._zeros(self.self_shape) for _ in range(2 * self.n_layers)]
+        self.cross_kv = [self._zeros(self.cross_shape) for _ in range(2 * self.n_layers)]
+        self._cross_values: list[ort.OrtValue] = []
+
+    def _zeros(self, shape: tuple[int, ...]) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
+
+    def _run_in_place(
+        self, session: ort.InferenceSession, caches: list[ort.OrtValue], extra: dict[str, object]
+    ) -> None:
+        """Run a kv graph whose outputs out_i are written into the buffers of its inputs cache_i."""
+        binding = session.io_binding()
+        for i, cache in enumerate(caches):
+            binding.bind_ortvalue_input(f"cache_{i}", cache)
+            binding.bind_ortvalue_output(f"out_{i}", cache)
+        for name, value in extra.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.asarray(value))
+        session.run_with_iobinding(binding)
+
+    def _gather(self, caches: list[ort.OrtValue], rows: np.ndarray, length: int) -> list[ort.OrtValue]:
+        binding = self.kv_gather.io_binding()
+        for i, cache in enumerate(caches):
+            binding.bind_ortvalue_input(f"cache_{i}", cache)
+            binding.bind_output(f"out_{i}", self.device, 0)
+        binding.bind_cpu_input("rows", rows)
+        binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
+        self.kv_gather.run_with_iobinding(binding)
+        return list(binding.get_outputs())
+
+    def _encode_into(self, ids: np.ndarray, mask: np.ndarray, items: np.ndarray, slots: np.ndarray) -> None:
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_ids", ids)
+        binding.bind_cpu_input("src_mask", mask)
+        names = kv_names("cross_k", "cross_v", self.n_layers)
+        for name in names:
+            binding.bind_output(name, self.device, 0)
+        self.encoder.run_with_iobinding(binding)
+        encoded = {f"encoded_{i}": value for i, value in enumerate(binding.get_outputs())}
+        self._run_in_place(self.kv_write, self.cross_kv, encoded | {"items": items, "slots": slots})
+
+    def _decode(self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int) -> np.ndarray:
+        if self._source_changed(rows, src_len):
+            self._cross_values = self._gather(self.cross_kv, rows, src_len)
+        binding = self.decoder.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_cpu_input("src_mask", np.ascontiguousarray(self.src_mask[rows, :src_len]))
+        cross_names = kv_names("cross_k", "cross_v", self.n_layers)
+        past_names = kv_names("past_k", "past_v", self.n_layers)
+        past = self._gather(self.self_kv, rows, past_len)
+        for name, value in zip(cross_names + past_names, self._cross_values + past, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("log_probs", "cpu")
+        new_names = kv_names("new_k", "new_v", self.n_layers)
+        for name in new_names:
+            binding.bind_output(name, self.device, 0)
+        self.decoder.run_with_iobinding(binding)
+        log_probs, *new_kv = binding.get_outputs()
+        appended = {f"new_{i}": value for i, value in enumerate(new_kv)}
+        self._run_in_place(self.kv_append, self.self_kv, appended | {"rows": rows, "positions": pos})
+        return np.asarray(log_probs.numpy())
+
+    def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
+        caches = self.self_kv if kind == "self" else self.cross_kv
+        self._run_in_place(self.kv_move, caches, {"src": src, "dst": dst, "length": np.asarray(length, dtype=np.int64)})
+
+
+def open_runner(
+    variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, kv_cache: str = "auto"
+) -> OnnxRunner:
+    """The runner for a cache placement; "auto" keeps the caches on the device for CUDA, in numpy on CPU."""
+    if kv_cache not in (*KV_CACHES, "auto"):
+        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from auto, {', '.join(KV_CACHES)}")
+    place = kv_cache if kv_cache != "auto" else ("device" if provider == "cuda" else "host")
+    runner_class = DeviceCacheRunner if place == "device" else OnnxRunner
+    return runner_class(variant_dir, max_slots, provider, intra_op_threads)

@@ -108,9 +108,12 @@ def export_tiny_onnx(model_dir: Path) -> Path:
     return variant_dir
 
 
-def onnx_model(model_dir: Path, max_slots: int = 8) -> LoadedModel:
-    """The real runtime (OnnxRunner on CPU) over an exported model directory."""
-    return load_model(ServerConfig(model_dir=model_dir, variant="fp32", provider="cpu", max_slots=max_slots, threads=1))
+def onnx_model(model_dir: Path, max_slots: int = 8, kv_cache: str = "host") -> LoadedModel:
+    """The real runtime (onnxruntime on CPU, caches in numpy or in OrtValues) over an exported model directory."""
+    config = ServerConfig(
+        model_dir=model_dir, variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache
+    )
+    return load_model(config)
 
 
 @dataclass

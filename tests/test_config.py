@@ -18,7 +18,7 @@ def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
 
 def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
-    argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1"
+    argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -26,6 +26,7 @@ def test_every_flag_parses() -> None:
         model_dir=Path("/m"),
         variant="int8",
         provider="cpu",
+        kv_cache="device",
         max_slots=16,
         max_queue=9,
         drain_seconds=2.5,

@@ -1,4 +1,5 @@
-"""OnnxRunner against PyTorch on the tiny model: encoder, per-step logits, cache semantics, int8."""
+"""Both runners (host and device caches) against PyTorch on the tiny model: encoder, per-step logits,
+cache semantics, int8; and the device runner equal to the host one step for step."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 
 from export.__main__ import main
 from model.artifact import load_artifact
 from server.runner import EncodeItem
-from server.runtime import OnnxRunner
+from server.runtime import DeviceCacheRunner, OnnxRunner, open_runner
 
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
 
@@ -25,9 +27,14 @@ def model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
-@pytest.fixture()
-def runner(model_dir: Path) -> OnnxRunner:
-    return OnnxRunner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
+@pytest.fixture(params=["host", "device"])
+def runner(model_dir: Path, request: pytest.FixtureRequest) -> OnnxRunner:
+    return open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache=request.param)
+
+
+def host(cache: object) -> np.ndarray:
+    """A cache as numpy, wherever the runner keeps it."""
+    return cache.numpy() if isinstance(cache, ort.OrtValue) else np.asarray(cache)
 
 
 def torch_full_logprobs(model_dir: Path, src: list[int], tgt_in: list[int]) -> np.ndarray:
@@ -46,8 +53,8 @@ def test_encoder_matches_pytorch(model_dir: Path, runner: OnnxRunner) -> None:
     with torch.no_grad():
         cross = model.cross_kv(model.encode(s, s != 0))
     for i, (k, v) in enumerate(cross):
-        assert np.abs(runner.cross_kv[2 * i][3, :, :7] - k[0].numpy()).max() <= 1e-4
-        assert np.abs(runner.cross_kv[2 * i + 1][3, :, :7] - v[0].numpy()).max() <= 1e-4
+        assert np.abs(host(runner.cross_kv[2 * i])[3, :, :7] - k[0].numpy()).max() <= 1e-4
+        assert np.abs(host(runner.cross_kv[2 * i + 1])[3, :, :7] - v[0].numpy()).max() <= 1e-4
 
 
 def test_incremental_equals_full_recomputation(model_dir: Path, runner: OnnxRunner) -> None:
@@ -73,11 +80,11 @@ def test_rows_at_different_steps_equal_alone(model_dir: Path, runner: OnnxRunner
 def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
     runner.step([0, 1], [2, 2], [0, 0])
-    before = [c.copy() for c in runner.self_kv]
+    before = [host(c).copy() for c in runner.self_kv]
     runner.copy_slots([0, 1], [1, 0])  # swap: each destination reads the pre-call source
     for cache, old in zip(runner.self_kv, before, strict=True):
-        np.testing.assert_array_equal(cache[0], old[1])
-        np.testing.assert_array_equal(cache[1], old[0])
+        np.testing.assert_array_equal(host(cache)[0], old[1])
+        np.testing.assert_array_equal(host(cache)[1], old[0])
     assert runner.src_mask[0].sum() == len(SOURCES[2]) and runner.src_mask[1].sum() == len(SOURCES[0])
 
 
@@ -88,3 +95,43 @@ def test_int8_runs_and_stays_close(model_dir: Path) -> None:
     logp = runner.step([0], [2], [0])
     assert logp.shape == (1, runner.spec.vocab_size) and np.isfinite(logp).all()
     assert np.allclose(np.exp(logp).sum(), 1.0, atol=1e-3)
+
+
+def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
+    """A beam-like schedule: rows join at different steps, reorder across sources, and leave."""
+    variant = model_dir / "onnx" / "fp32"
+    runners = [OnnxRunner(variant, 6, intra_op_threads=1), DeviceCacheRunner(variant, 6, intra_op_threads=1)]
+    rng = np.random.default_rng(0)
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[0], [0, 1]), EncodeItem(SOURCES[2], [2])])
+    for step in range(6):
+        if step == 2:
+            for r in runners:
+                r.encode([EncodeItem(SOURCES[1], [4, 5])])
+        slots = [0, 1, 2] + ([4, 5] if step >= 2 else [])
+        positions = [step] * 3 + ([step - 2] * 2 if step >= 2 else [])
+        tokens = [int(t) for t in rng.integers(4, 60, len(slots))]
+        host_out, device_out = (r.step(slots, tokens, positions) for r in runners)
+        np.testing.assert_allclose(device_out, host_out, rtol=0, atol=1e-5)
+        parents = [int(p) for p in rng.choice([0, 1, 2, 4], size=3)]  # copies within and across sources
+        for r in runners:
+            r.copy_slots(parents, [0, 1, 2])
+    host_runner, device_runner = runners
+    for mine, theirs in zip(
+        device_runner.self_kv + device_runner.cross_kv, host_runner.self_kv + host_runner.cross_kv, strict=True
+    ):
+        np.testing.assert_allclose(host(mine), theirs, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(runners[1].src_mask, runners[0].src_mask)
+
+
+def test_device_runner_explains_an_export_without_kv_graphs(model_dir: Path, tmp_path: Path) -> None:
+    variant = tmp_path / "fp32"
+    shutil.copytree(model_dir / "onnx" / "fp32", variant)
+    (variant / "kv_move.onnx").unlink()
+    with pytest.raises(ValueError, match=r"kv_move\.onnx.*export again"):
+        DeviceCacheRunner(variant, 2)
+
+
+def test_open_runner_places_caches() -> None:
+    with pytest.raises(ValueError, match="unknown kv_cache"):
+        open_runner(Path("/nonexistent"), 2, kv_cache="gpu")

@@ -302,5 +302,9 @@ def test_the_model_is_read_only_from_the_configured_directory(
     root = tiny_model_dir.resolve()
     assert len(opened) == 4  # metadata, encoder, decoder, tokenizer
     assert all(path.resolve().is_relative_to(root) for path in opened), opened
+    opened.clear()
+    load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1, kv_cache="device"))
+    assert len(opened) == 8  # and the four kv_* graphs
+    assert all(path.resolve().is_relative_to(root) for path in opened), opened
     with pytest.raises(ValueError, match="variant must be one of"):
         ServerConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path

@@ -1,0 +1,150 @@
+"""Small weightless graphs that keep the key/value caches on the device (CUDA IO binding).
+
+The decoder step graph takes the rows' past keys/values and returns only the new row. With the
+caches in host memory (`server.runtime.OnnxRunner`) every step copies them to the GPU and back; these
+graphs instead gather, append and move cache rows where the caches live, so a step moves only
+token ids in and log-probabilities out. Every graph works on all 2L caches of one kind at once
+(one session run, not 2L), in the decoder's own layout: cache (slots, H, T, Dh).
+
+- kv_gather:  out_i = cache_i[rows, :, :length]                      (B, H, length, Dh)
+- kv_append:  cache_i[rows[b], :, positions[b]] = new_i[b, :, 0]      in place
+- kv_move:    cache_i[dst, :, :length] = cache_i[src, :, :length]     in place (beam reorder)
+- kv_write:   cache_i[slots, :, :S] = encoded_i[items]                in place (after encoding)
+
+"In place" means the server binds the output to the input's own buffer: onnxruntime's ScatterND
+skips its copy when input and output share memory, so an append writes B x H x Dh values, not the
+whole cache. Indices are built inside the graphs from row ids and lengths, so only a few int64s
+cross to the device per call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from server.metadata import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
+
+KV_OPS_OPSET = 18
+FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+class _Builder:
+    """Accumulates nodes and int64 constants, naming every intermediate uniquely."""
+
+    def __init__(self, n_heads: int) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.heads = self.const("heads", list(range(n_heads)))  # (H,)
+        self.n_heads = self.const("n_heads", [n_heads])
+
+    def const(self, name: str, values: list[int], scalar: bool = False) -> str:
+        unique = f"{name}_c{len(self.inits)}"
+        self.inits.append(helper.make_tensor(unique, TensorProto.INT64, [] if scalar else [len(values)], values))
+        return unique
+
+    def op(self, op_type: str, *inputs: str, **attrs: int) -> str:
+        out = f"{op_type.lower()}_{len(self.nodes)}"
+        node = helper.make_node(op_type, list(inputs), [out])
+        node.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
+        self.nodes.append(node)
+        return out
+
+    def op_to(self, op_type: str, output: str, *inputs: str) -> None:
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output]))
+
+    def index(self, rows: str, columns: str) -> str:
+        """(N, H, L, 3) indices (rows[n], h, columns[n or 0, l]) into a (slots, H, T, Dh) cache.
+
+        `rows` is (N,); `columns` is (N, L) or (1, L), broadcast over the rows.
+        """
+        shape = self.op("Concat", self.op("Shape", rows), self.n_heads, self.op("Shape", columns, start=1), axis=0)
+        r = self.op("Expand", self.op("Reshape", rows, self.const("r_shape", [-1, 1, 1])), shape)
+        h = self.op("Expand", self.op("Reshape", self.heads, self.const("h_shape", [1, -1, 1])), shape)
+        c = self.op("Expand", self.op("Unsqueeze", columns, self.const("c_axis", [1])), shape)
+        parts = [self.op("Unsqueeze", t, self.const("last_axis", [-1])) for t in (r, h, c)]
+        return self.op("Concat", *parts, axis=-1)
+
+    def prefix_columns(self, length: str) -> str:
+        """(1, length) = [[0, 1, ..., length - 1]] from a scalar int64 `length`."""
+        zero, one = self.const("zero", [0], scalar=True), self.const("one", [1], scalar=True)
+        return self.op("Unsqueeze", self.op("Range", zero, length, one), self.const("row_axis", [0]))
+
+
+def _cache_info(name: str, elem: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, ["slots", "H", "T", "Dh"])
+
+
+def _int_info(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+
+
+def _model(b: _Builder, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
+    graph = helper.make_graph(b.nodes, name, inputs, outputs, initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", KV_OPS_OPSET)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def gather_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
+    b = _Builder(n_heads)
+    idx = b.index("rows", b.prefix_columns("length"))
+    for i in range(n_caches):
+        b.op_to("GatherND", f"out_{i}", f"cache_{i}", idx)
+    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
+    inputs += [_int_info("rows", ["N"]), _int_info("length", [])]
+    outputs = [helper.make_tensor_value_info(f"out_{i}", elem, ["N", "H", "L", "Dh"]) for i in range(n_caches)]
+    return _model(b, "kv_gather", inputs, outputs)
+
+
+def append_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
+    b = _Builder(n_heads)
+    idx = b.index("rows", b.op("Unsqueeze", "positions", b.const("column_axis", [1])))  # (B, H, 1, 3)
+    for i in range(n_caches):
+        b.op_to("ScatterND", f"out_{i}", f"cache_{i}", idx, f"new_{i}")
+    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
+    inputs += [helper.make_tensor_value_info(f"new_{i}", elem, ["B", "H", 1, "Dh"]) for i in range(n_caches)]
+    inputs += [_int_info("rows", ["B"]), _int_info("positions", ["B"])]
+    outputs = [_cache_info(f"out_{i}", elem) for i in range(n_caches)]
+    return _model(b, "kv_append", inputs, outputs)
+
+
+def move_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
+    b = _Builder(n_heads)
+    columns = b.prefix_columns("length")
+    src, dst = b.index("src", columns), b.index("dst", columns)
+    for i in range(n_caches):
+        moved = b.op("GatherND", f"cache_{i}", src)  # read everything before anything is written
+        b.op_to("ScatterND", f"out_{i}", f"cache_{i}", dst, moved)
+    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
+    inputs += [_int_info("src", ["N"]), _int_info("dst", ["N"]), _int_info("length", [])]
+    outputs = [_cache_info(f"out_{i}", elem) for i in range(n_caches)]
+    return _model(b, "kv_move", inputs, outputs)
+
+
+def write_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
+    b = _Builder(n_heads)
+    length = b.op("Squeeze", b.op("Shape", "encoded_0", start=2, end=3), b.const("squeeze_axis", [0]))
+    idx = b.index("slots", b.prefix_columns(length))
+    for i in range(n_caches):
+        rows = b.op("Gather", f"encoded_{i}", "items", axis=0)  # (N, H, S, Dh): item i's rows, once per slot
+        b.op_to("ScatterND", f"out_{i}", f"cache_{i}", idx, rows)
+    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
+    inputs += [helper.make_tensor_value_info(f"encoded_{i}", elem, ["n", "H", "S", "Dh"]) for i in range(n_caches)]
+    inputs += [_int_info("items", ["N"]), _int_info("slots", ["N"])]
+    outputs = [_cache_info(f"out_{i}", elem) for i in range(n_caches)]
+    return _model(b, "kv_write", inputs, outputs)
+
+
+def export_kv_ops(out_dir: Path, n_layers: int, n_heads: int, dtype: str) -> None:
+    """Write the four cache graphs for 2 x `n_layers` caches of `dtype` into `out_dir`."""
+    elem, n = FLOAT_TYPES[dtype], 2 * n_layers
+    graphs = {
+        KV_GATHER_FILE: gather_graph(n, n_heads, elem),
+        KV_APPEND_FILE: append_graph(n, n_heads, elem),
+        KV_MOVE_FILE: move_graph(n, n_heads, elem),
+        KV_WRITE_FILE: write_graph(n, n_heads, elem),
+    }
+    for name, model in graphs.items():
+        onnx.save(model, str(out_dir / name))
