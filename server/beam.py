@@ -52,6 +52,12 @@ def top_k_stable(scores: npt.NDArray[np.float32], k: int) -> tuple[npt.NDArray[n
     return flat[order], values[order]
 
 
+def top_1(scores: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+    """`top_k_stable(scores, 1)` in one pass: argmax returns the first (lowest) index among ties."""
+    best = int(np.argmax(scores))
+    return np.asarray([best]), scores.reshape(-1)[best : best + 1]
+
+
 @dataclass
 class BeamState:
     """The live and finished hypotheses of one sentence."""
@@ -75,7 +81,9 @@ class BeamState:
         vocab = logprobs.shape[1]
         # float32 sums, as torch adds scores to log-probs in float32 in the reference
         scores = np.asarray([s for _, s in self.live], dtype=np.float32)[:, None] + logprobs.astype(np.float32)
-        order, top = top_k_stable(scores, min(2 * self.beam_size, scores.size))
+        # Greedy (K = 1): the first candidate always decides (EOS finishes, else it is the one live row).
+        candidates = min(2 * self.beam_size, scores.size)
+        order, top = top_1(scores) if self.beam_size == 1 else top_k_stable(scores, candidates)
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
         for idx, score in zip(order.tolist(), top.tolist(), strict=True):

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.beam import top_k_stable
+from server.beam import top_1, top_k_stable
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -29,6 +29,15 @@ def test_top_k_equals_the_stable_full_sort(rows: int, vocab: int, k: int, distin
     k = min(k, scores.size)
     order, values = top_k_stable(scores, k)
     assert (order.tolist(), values.tolist()) == reference_top_k(scores, k)
+
+
+@settings(max_examples=100, deadline=None)
+@given(vocab=st.integers(1, 40), distinct=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_greedy_top_1_equals_the_stable_full_sort(vocab: int, distinct: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    scores = rng.choice(np.linspace(-5, 0, distinct), size=(1, vocab)).astype(np.float32)
+    order, values = top_1(scores)
+    assert (order.tolist(), values.tolist()) == reference_top_k(scores, 1)
 
 
 def test_top_k_on_real_sized_rows() -> None:
