@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from server.beam import BeamState, Hypothesis
 from server.runner import EncodeItem, Runner
+from server.scheduler import reorder_slots
 
 
 def translate_ids(
@@ -26,30 +27,37 @@ def translate_ids(
 def decode_group(
     runner: Runner, sources: list[list[int]], beam_size: int, length_penalty: float, max_len: int, n_best: int
 ) -> list[list[Hypothesis]]:
-    """Sentence s owns slots s*K .. s*K+K-1; every live row of every sentence steps together."""
+    """Sentence s owns slots s*K .. s*K+K-1; every live row of every sentence steps together.
+
+    Beam reorders use the engine's `reorder_slots` (a row's first child keeps its slot, only the
+    others are copied), and all sentences' copies go to the runner in one call per step.
+    """
     spec = runner.spec
     runner.encode([EncodeItem(src, list(range(i * beam_size, (i + 1) * beam_size))) for i, src in enumerate(sources)])
     states = [BeamState(beam_size, max_len, length_penalty, spec.eos_id) for _ in sources]
-    rows: list[list[int]] = [[i * beam_size] for i in range(len(sources))]  # live slots per sentence
+    slots = [list(range(i * beam_size, (i + 1) * beam_size)) for i in range(len(sources))]  # live rows first
+    live = [1] * len(sources)  # live rows per sentence: slots[s][:live[s]]
     last: list[list[int]] = [[spec.bos_id] for _ in sources]
     step = 0
-    while any(rows):
-        slots = [slot for r in rows for slot in r]
-        logp = runner.step(slots, [t for tl in last for t in tl], [step] * len(slots))
+    while any(live):
+        rows = [slot for s, n in enumerate(live) for slot in slots[s][:n]]
+        logp = runner.step(rows, [t for s, n in enumerate(live) if n for t in last[s]], [step] * len(rows))
         offset = 0
+        copy_sources: list[int] = []
+        copy_destinations: list[int] = []
         for s, state in enumerate(states):
-            if not rows[s]:
+            if not live[s]:
                 continue
-            count = len(rows[s])
-            advance = state.advance(logp[offset : offset + count])
-            offset += count
+            advance = state.advance(logp[offset : offset + live[s]])
+            offset += live[s]
             if advance.done:
-                rows[s], last[s] = [], []
+                live[s] = 0
                 continue
-            base = s * beam_size
-            sources_ = [rows[s][p] for p in advance.parents]
-            destinations = [base + i for i in range(len(advance.parents))]
-            runner.copy_slots(sources_, destinations)
-            rows[s], last[s] = destinations, list(advance.tokens)
+            slots[s], copies = reorder_slots(slots[s], advance.parents)
+            copy_sources += [source for source, _ in copies]
+            copy_destinations += [destination for _, destination in copies]
+            live[s], last[s] = len(advance.parents), list(advance.tokens)
+        if copy_sources:
+            runner.copy_slots(copy_sources, copy_destinations)
         step += 1
     return [state.best(n_best) for state in states]
