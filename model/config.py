@@ -12,6 +12,16 @@ UNK_ID = 1  # unknown piece
 BOS_ID = 2  # starts every target sequence
 EOS_ID = 3  # ends every source and target sequence
 LANG_TAGS: dict[str, str] = {"en": "<2en>", "de": "<2de>"}  # target-language tag prepended to the source
+# Default output limit, a * source tokens + b as in fairseq's max_len_a/b and Marian's max-length-factor:
+# a translation is rarely longer than twice its source in subwords, so this only cuts runaway
+# repetition, which would otherwise run to the model's max_len and hold a slot for as long.
+OUTPUT_LEN_FACTOR = 3
+OUTPUT_LEN_SLACK = 10
+
+
+def default_output_limit(source_len: int, max_target_len: int) -> int:
+    """Most generated tokens (EOS included) for a source of `source_len` tokens (tag and EOS included)."""
+    return min(max_target_len, OUTPUT_LEN_FACTOR * source_len + OUTPUT_LEN_SLACK)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from model.artifact import TOKENIZER_FILE, load_artifact
+from model.config import default_output_limit
 from model.data import Pair, read_tsv
 from model.decode import beam_search
 from model.tokenizer import Tokenizer
@@ -47,9 +48,9 @@ def translate(
 ) -> list[str]:
     out = []
     for text in tqdm(texts, desc=f"->{target} beam {beam}", mininterval=10, leave=False):
-        hyp = beam_search(
-            model, tok.encode_source(text, target), beam_size=beam, max_len=128, length_penalty=length_penalty
-        )[0]
+        src = tok.encode_source(text, target)
+        max_len = default_output_limit(len(src), model.cfg.max_len)  # as the server decodes by default
+        hyp = beam_search(model, src, beam_size=beam, max_len=max_len, length_penalty=length_penalty)[0]
         out.append(tok.decode(list(hyp.tokens)))
     return out
 

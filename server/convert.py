@@ -91,8 +91,8 @@ def _parse_options(options: pb.TranslationOptions, spec: ModelSpec, limits: Requ
         raise InvalidRequest(f"options.length_penalty must be in 0..{MAX_LENGTH_PENALTY}, got {penalty}")
     if options.max_output_len > spec.max_target_len:
         raise InvalidRequest(
-            f"options.max_output_len must be at most the model's {spec.max_target_len} tokens (0 = that limit), "
-            f"got {options.max_output_len}"
+            f"options.max_output_len must be at most the model's {spec.max_target_len} tokens "
+            f"(0 = the default: 3 x source tokens + 10), got {options.max_output_len}"
         )
     n_best = options.num_hypotheses if options.HasField("num_hypotheses") else 1
     if not 1 <= n_best <= beam:

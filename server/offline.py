@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from server.beam import BeamState, Hypothesis
 from server.runner import EncodeItem, Runner
-from server.scheduler import reorder_slots
+from server.scheduler import output_limit, reorder_slots
 
 
 def translate_ids(
@@ -12,10 +12,13 @@ def translate_ids(
     sources: list[list[int]],
     beam_size: int,
     length_penalty: float,
-    max_len: int,
+    max_len: int | None,
     num_hypotheses: int = 1,
 ) -> list[list[Hypothesis]]:
-    """Decode sources in groups that fit the slot pool; same results as model/decode.py."""
+    """Decode sources in groups that fit the slot pool; same results as model/decode.py.
+
+    `max_len` caps generated tokens; None gives each source the server's default (`output_limit`).
+    """
     per_group = max(1, runner.max_slots // beam_size)
     results: list[list[Hypothesis]] = []
     for start in range(0, len(sources), per_group):
@@ -25,7 +28,7 @@ def translate_ids(
 
 
 def decode_group(
-    runner: Runner, sources: list[list[int]], beam_size: int, length_penalty: float, max_len: int, n_best: int
+    runner: Runner, sources: list[list[int]], beam_size: int, length_penalty: float, max_len: int | None, n_best: int
 ) -> list[list[Hypothesis]]:
     """Sentence s owns slots s*K .. s*K+K-1; every live row of every sentence steps together.
 
@@ -34,7 +37,8 @@ def decode_group(
     """
     spec = runner.spec
     runner.encode([EncodeItem(src, list(range(i * beam_size, (i + 1) * beam_size))) for i, src in enumerate(sources)])
-    states = [BeamState(beam_size, max_len, length_penalty, spec.eos_id) for _ in sources]
+    limits = [output_limit(max_len or 0, len(src), spec.max_target_len) for src in sources]
+    states = [BeamState(beam_size, limit, length_penalty, spec.eos_id) for limit in limits]
     slots = [list(range(i * beam_size, (i + 1) * beam_size)) for i in range(len(sources))]  # live rows first
     live = [1] * len(sources)  # live rows per sentence: slots[s][:live[s]]
     last: list[list[int]] = [[spec.bos_id] for _ in sources]

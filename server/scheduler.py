@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from model.config import default_output_limit
 from server.beam import BeamState, Hypothesis
 from server.runner import EncodeItem, ModelSpec
 
@@ -55,7 +56,7 @@ class DecodeOptions:
 
     beam_size: int = 4  # K: slots each sentence holds; 1 = greedy
     length_penalty: float = 1.0  # hypotheses rank by score / length ** length_penalty
-    max_output_len: int = 0  # most generated tokens, EOS included; 0 = the model's max_target_len
+    max_output_len: int = 0  # most generated tokens, EOS included; 0 = 3 x source tokens + 10 (output_limit)
     num_hypotheses: int = 1  # best hypotheses returned per sentence, <= beam_size
     stream_tokens: bool = False  # TokensEvent after every step (greedy rows only; beams report when done)
 
@@ -212,8 +213,8 @@ class Scheduler:
         if len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
             raise QueueFullError(f"the queue holds {len(self._queue)} of {self.limits.max_queue_sentences} sentences")
         request = _Request(request_id, options, deadline, pending=len(sentences))
-        max_len = min(options.max_output_len or self.spec.max_target_len, self.spec.max_target_len)
         for index, ids in enumerate(sentences):
+            max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
             beam = BeamState(options.beam_size, max_len, options.length_penalty, self.spec.eos_id)
             request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
@@ -360,6 +361,12 @@ class Scheduler:
             self._release(sentence)
         self._queue = deque(s for s in self._queue if s.request is not request)
         del self._requests[request.request_id]
+
+
+def output_limit(requested: int, source_len: int, max_target_len: int) -> int:
+    """Most tokens a sentence may generate: the request's `max_output_len`, or when that is 0 the
+    source-relative default (`model.config.default_output_limit`); never over the model's limit."""
+    return min(requested, max_target_len) if requested else default_output_limit(source_len, max_target_len)
 
 
 def reorder_slots(slots: list[int], parents: list[int]) -> tuple[list[int], list[tuple[int, int]]]:

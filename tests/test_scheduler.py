@@ -22,6 +22,7 @@ from server.scheduler import (
     Scheduler,
     SentenceDone,
     TokensEvent,
+    output_limit,
     reorder_slots,
 )
 from tests.fakes import FAKE_SPEC, FakeRunner, reference_decode
@@ -74,7 +75,7 @@ def done_hypotheses(events: list[Event]) -> dict[int, list[tuple[tuple[int, ...]
 
 
 def expected(src: list[int], options: DecodeOptions) -> list[tuple[tuple[int, ...], float]]:
-    max_len = options.max_output_len or FAKE_SPEC.max_target_len
+    max_len = output_limit(options.max_output_len, len(src), FAKE_SPEC.max_target_len)
     hyps = reference_decode(src, options.beam_size, options.length_penalty, max_len)
     return [(h.tokens, h.score) for h in hyps[: options.num_hypotheses]]
 
@@ -257,3 +258,18 @@ def test_invalid_work_is_refused(sentences: list[list[int]], options: DecodeOpti
     with pytest.raises(ValueError):
         scheduler.add(1, sentences, options, None, now=0.0)
     assert scheduler.idle
+
+
+def test_default_output_limit_is_relative_to_the_source_and_capped() -> None:
+    assert output_limit(0, 5, 256) == 3 * 5 + 10  # the default: 3 x source tokens + 10
+    assert output_limit(0, 100, 256) == 256  # never over the model's limit
+    assert output_limit(7, 100, 256) == 7  # a request's own limit wins
+    assert output_limit(300, 5, 256) == 256
+
+
+def test_scheduler_applies_the_default_limit_per_sentence() -> None:
+    scheduler = Scheduler(FAKE_SPEC, EngineLimits(max_slots=4))
+    short, long_ = source(1, length=3), source(2, length=9)
+    scheduler.add(1, [short, long_], DecodeOptions(beam_size=1), deadline=None, now=0.0)
+    limits = [s.beam.max_len for s in scheduler._requests[1].sentences]
+    assert limits == [output_limit(0, 3, FAKE_SPEC.max_target_len), output_limit(0, 9, FAKE_SPEC.max_target_len)]

@@ -64,7 +64,10 @@ class TranslationOptions(_message.Message):
     length_penalty: _builtins.float
     """Length penalty alpha: hypotheses are ranked by score / length ** alpha; 0..2. Default 1.0."""
     max_output_len: _builtins.int
-    """Most tokens generated per sentence, 1..the model's limit; 0 (default) means the model's limit."""
+    """Most tokens generated per sentence, 1..the model's limit. 0 (default): 3 x the sentence's source
+    tokens + 10, at most the model's limit (a translation is rarely longer than twice its source;
+    the default only cuts runaway repetition).
+    """
     num_hypotheses: _builtins.int
     """Hypotheses returned per text, 1..beam_size. Default 1."""
     return_scores: _builtins.bool
