@@ -143,13 +143,16 @@ async def closed_loop(send: Sender, queries: Sequence[Query], concurrency: int, 
     return records
 
 
-def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float) -> Sender:
-    """A Sender calling Translator.Translate with one text per request."""
+def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float, max_output_len: int = 0) -> Sender:
+    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default)."""
     stub = translation_pb2_grpc.TranslatorStub(channel)
 
     async def send(query: Query) -> int:
         options = translation_pb2.TranslationOptions(
-            source_language=query.source_language, target_language=query.target_language, beam_size=beam_size
+            source_language=query.source_language,
+            target_language=query.target_language,
+            beam_size=beam_size,
+            max_output_len=max_output_len,
         )
         request = translation_pb2.TranslateRequest(texts=[query.text], options=options)
         response = await stub.Translate(request, timeout=timeout_s)
@@ -159,14 +162,20 @@ def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float) -> 
 
 
 async def run_grpc(
-    address: str, queries: Sequence[Query], beam_size: int, duration_s: float, rate: float = 0.0, concurrency: int = 0
+    address: str,
+    queries: Sequence[Query],
+    beam_size: int,
+    duration_s: float,
+    rate: float = 0.0,
+    concurrency: int = 0,
+    max_output_len: int = 0,
 ) -> Summary:
     """One open-loop (rate > 0) or closed-loop (concurrency > 0) run against `address`."""
     if (rate > 0) == (concurrency > 0):
         raise ValueError("give exactly one of rate or concurrency")
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=30)
-        send = grpc_sender(channel, beam_size, timeout_s=max(30.0, 4 * duration_s))
+        send = grpc_sender(channel, beam_size, timeout_s=max(30.0, 4 * duration_s), max_output_len=max_output_len)
         if rate > 0:
             return summarize(await open_loop(send, queries, rate, duration_s), "open", offered_rate=rate)
         return summarize(await closed_loop(send, queries, concurrency, duration_s), "closed", concurrency=concurrency)
@@ -188,12 +197,14 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load")
+    parser.add_argument("--max-output-len", type=int, default=0, help="tokens per sentence; 0 = the server's default")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
     mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
     args = parser.parse_args()
+    queries = load_queries(args.data)
     summary = asyncio.run(
-        run_grpc(args.address, load_queries(args.data), args.beam_size, args.duration, args.rate, args.concurrency)
+        run_grpc(args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len)
     )
     print(json.dumps(asdict(summary), indent=2))
 

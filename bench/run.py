@@ -171,13 +171,18 @@ def served_unavailable(settings: engines.EngineSettings, variant: str) -> str | 
     return None
 
 
-async def load_sweep(address: str, work: Workload, budget: Budget) -> dict[str, Any]:
-    """Closed loop per beam at rising concurrency, then open loop (beam 4) around saturation."""
+async def load_sweep(address: str, work: Workload, budget: Budget, max_len: int) -> dict[str, Any]:
+    """Closed loop per beam at rising concurrency, then open loop (beam 4) around saturation.
+
+    Every request asks for `max_len` output tokens at most, the limit the offline engines decode with.
+    """
     results: dict[str, Any] = {}
     for beam in BEAMS:
         runs = []
         for conc in budget.concurrency:
-            summary = await loadgen.run_grpc(address, work.queries, beam, budget.load_s, concurrency=conc)
+            summary = await loadgen.run_grpc(
+                address, work.queries, beam, budget.load_s, concurrency=conc, max_output_len=max_len
+            )
             log.info("served beam %d concurrency %d: %.1f tokens/s", beam, conc, summary.tokens_per_s)
             runs.append(asdict(summary))
         results[f"beam{beam}"] = {"closed": runs, "saturation_tokens_per_s": max(r["tokens_per_s"] for r in runs)}
@@ -185,7 +190,7 @@ async def load_sweep(address: str, work: Workload, budget: Budget) -> dict[str, 
     open_runs = []
     for fraction in budget.load_fractions:
         rate = max(0.5, fraction * saturation_rps)
-        summary = await loadgen.run_grpc(address, work.queries, 4, budget.load_s, rate=rate)
+        summary = await loadgen.run_grpc(address, work.queries, 4, budget.load_s, rate=rate, max_output_len=max_len)
         log.info("served open loop %.1f req/s: p99 %.0f ms", rate, summary.p99_ms)
         open_runs.append(asdict(summary))
     results["beam4"]["open"] = open_runs
@@ -200,7 +205,7 @@ def bench_served(settings: engines.EngineSettings, work: Workload, budget: Budge
     port = free_port()
     proc = start_server(settings, port, variant)
     try:
-        return {"variant": variant, **asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget))}
+        return {"variant": variant, **asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len))}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
