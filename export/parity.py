@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact
+from model.config import default_output_limit
 from model.data import read_tsv
 from model.decode import beam_search
 from model.tokenizer import Tokenizer
@@ -35,13 +36,17 @@ class DecodingReport:
 
 
 def compare_decoding(
-    model: Transformer, runner: OnnxRunner, sources: list[list[int]], beam_size: int, max_len: int
+    model: Transformer, runner: OnnxRunner, sources: list[list[int]], beam_size: int, max_len: int | None
 ) -> DecodingReport:
-    """Best-hypothesis ids of the ONNX offline decoder vs model/decode.py."""
+    """Best-hypothesis ids of the ONNX offline decoder vs model/decode.py.
+
+    `max_len` None: each source gets the server's default output limit, in both decoders.
+    """
     onnx_best = translate_ids(runner, sources, beam_size, 1.0, max_len)
     identical = 0
     for src, hyps in zip(sources, onnx_best, strict=True):
-        reference = beam_search(model, src, beam_size=beam_size, max_len=max_len)[0]
+        limit = max_len or default_output_limit(len(src), model.cfg.max_len)
+        reference = beam_search(model, src, beam_size=beam_size, max_len=limit)[0]
         identical += int(tuple(reference.tokens) == hyps[0].tokens)
     return DecodingReport(identical, len(sources))
 
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export.parity", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
-    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--max-len", type=int, default=0, help="generated tokens; 0 = the server's default")
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = diff <= TOLERANCE
     print(f"max abs difference (cross K/V, step log-probs): {diff:.2e} (limit {TOLERANCE:.0e})")
     for beam in (1, 4):
-        report = compare_decoding(model, runner, sources, beam, args.max_len)
+        report = compare_decoding(model, runner, sources, beam, args.max_len or None)
         ok &= report.identical == report.total
         print(f"beam {beam}: identical token ids {report.identical}/{report.total}")
     print("parity: PASS" if ok else "parity: FAIL")
