@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from server.config import KV_CACHES
 from server.metadata import (
     DECODER_FILE,
     ENCODER_FILE,
@@ -38,7 +39,6 @@ from server.runner import EncodeItem, ModelSpec
 log = logging.getLogger(__name__)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-KV_CACHES = ("host", "device")
 
 Feeds = dict[str, npt.NDArray[np.generic]]
 
@@ -85,7 +85,7 @@ class OnnxRunner:
         self.source_key = np.full(max_slots, -1, dtype=np.int64)
         self._next_source_key = 0
         self._cross_version = 0  # bumped whenever a slot's cross cache or source mask changes
-        self._source_key: tuple[bytes, int, int] | None = None
+        self._cross_gather_key: tuple[bytes, int, int] | None = None
         self._allocate(variant_dir, provider, intra_op_threads)
         log.info("onnx runner %s on %s, %s caches, %d slots", meta.variant, self.provider, self.kv_cache, max_slots)
 
@@ -152,15 +152,14 @@ class OnnxRunner:
         self.source_key[dst] = self.source_key[src]
 
     def _source_changed(self, rows: npt.NDArray[np.int64], src_len: int) -> bool:
-        """True when the rows or their sources differ from the last step's.
+        """True when the rows' sources differ from the last step's.
 
-        The same rows usually step many times in a row (a beam reorder keeps a sentence's slots and
-        source), and gathering the cross keys/values is the largest copy of a step: it is redone
-        only when this says so.
+        Keyed on the sources, not the slots: a beam reorder permutes a sentence's slots every step
+        but not its source, and gathering the cross keys/values is the largest copy of a step.
         """
-        key = (rows.tobytes(), src_len, self._cross_version)
-        changed = key != self._source_key
-        self._source_key = key
+        key = (self.source_key[rows].tobytes(), src_len, self._cross_version)
+        changed = key != self._cross_gather_key
+        self._cross_gather_key = key
         return changed
 
     # -- where the caches live: numpy arrays in host memory ------------------------------------
@@ -291,8 +290,8 @@ def open_runner(
     variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, kv_cache: str = "auto"
 ) -> OnnxRunner:
     """The runner for a cache placement; "auto" keeps the caches on the device for CUDA, in numpy on CPU."""
-    if kv_cache not in (*KV_CACHES, "auto"):
-        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from auto, {', '.join(KV_CACHES)}")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else ("device" if provider == "cuda" else "host")
     runner_class = DeviceCacheRunner if place == "device" else OnnxRunner
     return runner_class(variant_dir, max_slots, provider, intra_op_threads)
