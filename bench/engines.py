@@ -93,7 +93,8 @@ class CTranslate2Engine:
 
 
 class OnnxEngine:
-    """Our ONNX decoder offline: server.offline.translate_ids over server.runtime.OnnxRunner."""
+    """Our ONNX decoder offline: server.offline.translate_ids over the runner the server would open
+    (server.runtime.open_runner, caches placed as `--kv-cache auto` places them)."""
 
     def __init__(self, settings: EngineSettings, variant: str) -> None:
         variant_dir = settings.model_dir / "onnx" / variant
@@ -102,12 +103,12 @@ class OnnxEngine:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
-        from server.runtime import OnnxRunner
+        from server.runtime import open_runner
 
         self.name = f"onnx-{variant}"
         # Beam rows take one slot each: a full batch of beams must fit.
         slots = settings.max_batch * 4
-        self.runner = OnnxRunner(variant_dir, slots, provider=settings.device, intra_op_threads=settings.threads)
+        self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache="auto")
         self.settings = settings
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:

@@ -52,6 +52,7 @@ class _Builder:
         return out
 
     def op_to(self, op_type: str, output: str, *inputs: str) -> None:
+        """A node writing a graph output by its fixed name (out_i), which `op` would name itself."""
         self.nodes.append(helper.make_node(op_type, list(inputs), [output]))
 
     def index(self, rows: str, columns: str) -> str:

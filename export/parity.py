@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact
-from model.config import default_output_limit
 from model.data import read_tsv
 from model.decode import beam_search
 from model.tokenizer import Tokenizer
@@ -24,6 +23,7 @@ from model.transformer import Transformer
 from server.offline import translate_ids
 from server.runner import EncodeItem
 from server.runtime import OnnxRunner
+from server.scheduler import output_limit
 
 TOLERANCE = 1e-4
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
@@ -40,12 +40,13 @@ def compare_decoding(
 ) -> DecodingReport:
     """Best-hypothesis ids of the ONNX offline decoder vs model/decode.py.
 
-    `max_len` None: each source gets the server's default output limit, in both decoders.
+    Both decoders get the server's output limit: `max_len` capped at the model's, or when None
+    the source-relative default.
     """
     onnx_best = translate_ids(runner, sources, beam_size, 1.0, max_len)
     identical = 0
     for src, hyps in zip(sources, onnx_best, strict=True):
-        limit = max_len or default_output_limit(len(src), model.cfg.max_len)
+        limit = output_limit(max_len or 0, len(src), runner.spec.max_target_len)
         reference = beam_search(model, src, beam_size=beam_size, max_len=limit)[0]
         identical += int(tuple(reference.tokens) == hyps[0].tokens)
     return DecodingReport(identical, len(sources))

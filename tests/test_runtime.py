@@ -14,7 +14,7 @@ import torch
 from export.__main__ import main
 from model.artifact import load_artifact
 from server.runner import EncodeItem
-from server.runtime import DeviceCacheRunner, OnnxRunner, open_runner
+from server.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, open_runner
 
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
 
@@ -132,6 +132,26 @@ def test_device_runner_explains_an_export_without_kv_graphs(model_dir: Path, tmp
         DeviceCacheRunner(variant, 2)
 
 
-def test_open_runner_places_caches() -> None:
+def test_open_runner_places_caches(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="unknown kv_cache"):
         open_runner(Path("/nonexistent"), 2, kv_cache="gpu")
+    variant = model_dir / "onnx" / "fp32"
+    assert type(open_runner(variant, 2, kv_cache="auto", intra_op_threads=1)) is OnnxRunner
+    assert type(open_runner(variant, 2, kv_cache="device", intra_op_threads=1)) is DeviceCacheRunner
+
+
+def test_auto_places_caches_on_cuda_only_where_they_can_live(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    variant = model_dir / "onnx" / "fp32"
+    assert auto_cache_place(variant, "cpu") == "host"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert auto_cache_place(variant, "cuda") == "device"
+    old_export = tmp_path / "fp32"
+    shutil.copytree(variant, old_export)
+    (old_export / "kv_gather.onnx").unlink()
+    assert auto_cache_place(old_export, "cuda") == "host"  # an export from before the kv_* graphs still serves
+    assert "lacks kv_gather.onnx" in caplog.text
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert auto_cache_place(variant, "cuda") == "host"
+    assert "no CUDA provider" in caplog.text
