@@ -9,11 +9,13 @@ Usage:
     python -m model.train --data data --tokenizer model/shipped/tokenizer.model --run runs/base
     python -m model.train ... --resume            # continue
     python -m model.train --run runs/base --ship model/shipped   # average and export only
+    python -m model.train ... --init-from model/shipped --start-step 13131   # warm start, fresh optimiser
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from model.artifact import save_artifact
+from model.artifact import load_artifact, load_config, save_artifact
 from model.batching import Batch, Mixture, collate, epoch_examples, make_examples, token_batches
 from model.config import PAD_ID, ModelConfig
 from model.data import read_tsv
@@ -149,6 +151,16 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         log.info("resumed from %s (step %d, epoch %d)", paths[-1].name, self.step, self.epoch)
 
+    def warm_start(self, model_dir: Path, start_step: int) -> None:
+        """Start from a shipped artifact's weights (no optimiser state): for a machine without the run's
+        checkpoints. `start_step` continues the learning-rate schedule where that run stopped."""
+        shipped = load_artifact(model_dir, self.device)
+        if shipped.cfg != self.model.cfg:
+            raise ValueError(f"{model_dir} holds a model of another shape: {shipped.cfg} vs {self.model.cfg}")
+        self.model.load_state_dict(shipped.state_dict())
+        self.step = start_step
+        log.info("warm start from %s at step %d (fresh optimiser)", model_dir, start_step)
+
     def epoch_batches(self) -> list[list]:
         rng = random.Random(self.tcfg.seed * 1000 + self.epoch)  # same epoch, same batches: exact resume
         return token_batches(epoch_examples(self.train_examples, Mixture(), rng), self.tcfg.max_tokens, rng)
@@ -222,6 +234,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run", type=Path, default=Path("runs/base"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init-from", type=Path, help="start from this artifact's weights; its config sets the shape")
+    p.add_argument("--start-step", type=int, default=0, help="with --init-from: where the LR schedule resumes")
     p.add_argument("--ship", type=Path, help="average the last checkpoints of --run into this dir and exit")
     p.add_argument("--average", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
@@ -248,6 +262,8 @@ def main() -> None:
     if args.ship:
         ship(args.run, args.ship, args.average)
         return
+    if args.init_from and args.resume:
+        raise SystemExit("--init-from starts a new run; --resume continues one: give one of them")
     vocab = Tokenizer(args.tokenizer).vocab_size
     mcfg = ModelConfig(
         vocab_size=vocab,
@@ -258,6 +274,8 @@ def main() -> None:
         n_decoder_layers=args.n_decoder_layers,
         dropout=args.dropout,
     )
+    if args.init_from:
+        mcfg = dataclasses.replace(load_config(args.init_from), dropout=args.dropout)
     tcfg = TrainConfig(
         max_tokens=args.max_tokens,
         peak_lr=args.peak_lr,
@@ -272,6 +290,8 @@ def main() -> None:
     trainer = Trainer(args, mcfg, tcfg)
     if args.resume:
         trainer.resume()
+    elif args.init_from:
+        trainer.warm_start(args.init_from, args.start_step)
     trainer.run()
 
 

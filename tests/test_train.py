@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from model.artifact import load_artifact, save_artifact
 from model.batching import Example, collate, token_batches
 from model.config import ModelConfig
+from model.data import Pair
 from model.decode import greedy
 from model.train import TrainConfig, average_checkpoints, loss_of, lr_at, save_checkpoint
 from model.transformer import make_model
@@ -60,3 +62,28 @@ def test_checkpoint_average_and_artifact_roundtrip(tmp_path: Path) -> None:
     loaded = load_artifact(tmp_path / "artifact")
     assert loaded.cfg == cfg
     torch.testing.assert_close(loaded.state_dict()[key], models[0].state_dict()[key])
+
+
+def test_warm_start_loads_a_shipped_artifact_and_continues_its_schedule(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A fresh machine has the shipped weights but not the run's checkpoints: training goes on from them."""
+    import argparse
+
+    from model.artifact import TOKENIZER_FILE, load_config
+    from model.data import write_tsv
+    from model.train import Trainer
+    from tests.tiny import TINY_PAIRS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data / f"{name}.tsv")
+    args = argparse.Namespace(run=tmp_path / "run", device="cpu", tokenizer=tiny_model_dir / TOKENIZER_FILE, data=data)
+    trainer = Trainer(args, load_config(tiny_model_dir), TrainConfig())
+    trainer.warm_start(tiny_model_dir, start_step=500)
+    shipped = load_artifact(tiny_model_dir).state_dict()
+    assert trainer.step == 500
+    for name, tensor in trainer.model.state_dict().items():
+        torch.testing.assert_close(tensor, shipped[name])
+    other = Trainer(args, ModelConfig(**{**load_config(tiny_model_dir).to_dict(), "d_ff": 48}), TrainConfig())
+    with pytest.raises(ValueError, match="another shape"):
+        other.warm_start(tiny_model_dir, start_step=0)
