@@ -155,7 +155,7 @@ class Trainer:
         """Start from a shipped artifact's weights (no optimiser state): for a machine without the run's
         checkpoints. `start_step` continues the learning-rate schedule where that run stopped."""
         shipped = load_artifact(model_dir, self.device)
-        if shipped.cfg != self.model.cfg:
+        if dataclasses.replace(shipped.cfg, dropout=self.model.cfg.dropout) != self.model.cfg:  # dropout may change
             raise ValueError(f"{model_dir} holds a model of another shape: {shipped.cfg} vs {self.model.cfg}")
         self.model.load_state_dict(shipped.state_dict())
         self.step = start_step

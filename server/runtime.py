@@ -44,6 +44,11 @@ KV_GRAPH_FILES = (KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 Feeds = dict[str, npt.NDArray[np.generic]]
 
 
+def missing_kv_graphs(variant_dir: Path) -> list[str]:
+    """The kv_* graph files (device caches need them) that an export lacks; exports before them have none."""
+    return [name for name in KV_GRAPH_FILES if not (variant_dir / name).is_file()]
+
+
 def make_session(path: Path, provider: str, intra_op_threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -204,7 +209,7 @@ class DeviceCacheRunner(OnnxRunner):
     kv_cache = "device"
 
     def _open_caches(self, variant_dir: Path, provider: str, intra_op_threads: int) -> None:
-        missing = [name for name in KV_GRAPH_FILES if not (variant_dir / name).is_file()]
+        missing = missing_kv_graphs(variant_dir)
         if missing:
             raise MetadataError(
                 f"{variant_dir} lacks {', '.join(missing)} (needed for device caches): "
@@ -306,7 +311,7 @@ def auto_cache_place(variant_dir: Path, provider: str) -> str:
     """
     if provider != "cuda":
         return "host"
-    missing = [name for name in KV_GRAPH_FILES if not (variant_dir / name).is_file()]
+    missing = missing_kv_graphs(variant_dir)
     if PROVIDERS["cuda"] not in ort.get_available_providers() or missing:
         why = f"{variant_dir} lacks {', '.join(missing)}" if missing else "this onnxruntime has no CUDA provider"
         log.warning("kv_cache auto: the caches stay in host memory because %s", why)

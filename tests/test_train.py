@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from model.artifact import load_artifact, save_artifact
+from model.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
 from model.batching import Example, collate, token_batches
 from model.config import ModelConfig
-from model.data import Pair
+from model.data import Pair, write_tsv
 from model.decode import greedy
-from model.train import TrainConfig, average_checkpoints, loss_of, lr_at, save_checkpoint
+from model.train import TrainConfig, Trainer, average_checkpoints, loss_of, lr_at, save_checkpoint
 from model.transformer import make_model
+from tests.tiny import TINY_PAIRS
 
 PAIRS = [((4, 10, 11, 3), (20, 21, 3)), ((4, 12, 13, 14, 3), (22, 23, 24, 3)), ((5, 15, 3), (25, 3))]
 
@@ -66,13 +68,6 @@ def test_checkpoint_average_and_artifact_roundtrip(tmp_path: Path) -> None:
 
 def test_warm_start_loads_a_shipped_artifact_and_continues_its_schedule(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A fresh machine has the shipped weights but not the run's checkpoints: training goes on from them."""
-    import argparse
-
-    from model.artifact import TOKENIZER_FILE, load_config
-    from model.data import write_tsv
-    from model.train import Trainer
-    from tests.tiny import TINY_PAIRS
-
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train", "valid"):
