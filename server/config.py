@@ -35,6 +35,7 @@ class ServerConfig:
     max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's default (all cores)
+    spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
@@ -117,6 +118,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-key", Path, "PEM private key of --tls-cert")
     add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")
     add("auth-token-file", Path, "file with a bearer token that every call except health checks must carry")
+    env_spin = environ.get(_env_name("spin-threads"))
+    parser.add_argument(
+        "--spin-threads",
+        action="store_true",
+        default=_bool_env(env_spin) if env_spin is not None else defaults["spin_threads"],
+        help="let idle onnxruntime threads busy-wait (off by default: on shared cores it starves the gRPC threads)",
+    )
     env_no_reflection = environ.get(_env_name("no-reflection"))
     parser.add_argument(
         "--no-reflection",

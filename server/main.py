@@ -87,7 +87,10 @@ def _open_model(config: ServerConfig) -> LoadedModel:
     model_dir = config.model_dir
     provider = resolve_provider(config.provider)
     variant = choose_variant(model_dir, config.variant, provider)
-    runner = open_runner(model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache)
+    runner = open_runner(
+        model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
+        spin_threads=config.spin_threads,
+    )  # fmt: skip
     meta = runner.metadata
     logger.info(
         "loaded %s variant %s on %s with %s caches (requested provider %s)",

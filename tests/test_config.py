@@ -19,6 +19,7 @@ def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
 def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
+    argv += " --spin-threads"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -31,6 +32,7 @@ def test_every_flag_parses() -> None:
         max_queue=9,
         drain_seconds=2.5,
         threads=3,
+        spin_threads=True,
         reflection=False,
         log_level="DEBUG",
         host="127.0.0.1",
@@ -50,6 +52,8 @@ def test_environment_sets_values_and_flags_win() -> None:
     assert (config.port, config.max_slots, config.reflection) == (6001, 12, False)
     assert (config.model_dir, config.log_level) == (Path("/models/x"), "WARNING")
     assert parse_config([], {"TRANSLATE_NO_REFLECTION": "0"}).reflection
+    assert parse_config([], {"TRANSLATE_SPIN_THREADS": "yes"}).spin_threads
+    assert not parse_config([], {}).spin_threads
 
 
 @pytest.mark.parametrize(

@@ -155,3 +155,13 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "host"
     assert "no CUDA provider" in caplog.text
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_spin_setting_reaches_every_session(model_dir: Path, spin: bool) -> None:
+    runner = open_runner(model_dir / "onnx" / "fp32", 2, intra_op_threads=1, kv_cache="device", spin_threads=spin)
+    assert isinstance(runner, DeviceCacheRunner)
+    sessions = [runner.encoder, runner.decoder, runner.kv_gather, runner.kv_append, runner.kv_move, runner.kv_write]
+    for session in sessions:
+        entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spin else "0")
