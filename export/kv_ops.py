@@ -3,7 +3,7 @@
 The decoder step graph takes the rows' past keys/values and returns only the new row. With the
 caches in host memory (`server.runtime.OnnxRunner`) every step copies them to the GPU and back; these
 graphs instead gather, append and move cache rows where the caches live, so a step moves only
-token ids in and log-probabilities out. Every graph works on all 2L caches of one kind at once
+token ids in and ranked candidates out. Every graph works on all 2L caches of one kind at once
 (one session run, not 2L), in the decoder's own layout: cache (slots, H, T, Dh).
 
 - kv_gather:  out_i = cache_i[rows, :, :length]                      (B, H, length, Dh)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 import torch
+from onnx import TensorProto, helper
 from torch import Tensor, nn
 
 from export.kv_ops import export_kv_ops
@@ -91,6 +92,37 @@ def export_decoder(model: Transformer, path: Path, opset: int) -> None:
     )  # fmt: skip
 
 
+def add_candidate_selection(path: Path) -> None:
+    """Append the beam's candidate ranking to a decoder graph: inputs row_scores (B,) and top_k (1,),
+    outputs top_scores, top_ids (B, k) = TopK(log_probs + row_scores[:, None], top_k).
+
+    A serving step then hands back k candidates per row instead of a (B, V) row of log-probabilities:
+    on CUDA the vocabulary-wide rows never leave the device, and on CPU onnxruntime's TopK replaces a
+    numpy partition. ONNX TopK breaks ties to the lower index, as the reference beam search does, and
+    the float32 add is the reference's own (torch adds scores to log-probs in float32).
+    `log_probs` stays an output, for parity checks.
+    """
+    model = onnx.load(str(path))
+    graph = model.graph
+    graph.input.extend([
+        helper.make_tensor_value_info("row_scores", TensorProto.FLOAT, ["B"]),
+        helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]),
+    ])  # fmt: skip
+    graph.initializer.append(helper.make_tensor("candidate_axis", TensorProto.INT64, [1], [1]))
+    graph.node.extend([
+        helper.make_node("Unsqueeze", ["row_scores", "candidate_axis"], ["row_scores_column"]),
+        helper.make_node("Add", ["log_probs", "row_scores_column"], ["candidate_scores"]),
+        helper.make_node(
+            "TopK", ["candidate_scores", "top_k"], ["top_scores", "top_ids"], axis=-1, largest=1, sorted=1
+        ),
+    ])  # fmt: skip
+    graph.output.extend([
+        helper.make_tensor_value_info("top_scores", TensorProto.FLOAT, ["B", "K"]),
+        helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["B", "K"]),
+    ])  # fmt: skip
+    onnx.save(model, str(path))
+
+
 def check_graph(path: Path) -> None:
     """onnx.checker plus the no-`If` rule (an If blocks CUDA graphs and forces host-device copies)."""
     onnx.checker.check_model(str(path))
@@ -120,6 +152,7 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
     with torch.no_grad():
         export_encoder(model, out_dir / ENCODER_FILE, opset)
         export_decoder(model, out_dir / DECODER_FILE, opset)
+    add_candidate_selection(out_dir / DECODER_FILE)
     for name in (ENCODER_FILE, DECODER_FILE):
         check_graph(out_dir / name)
     meta = build_metadata(model_dir, load_artifact(model_dir), variant, opset)

@@ -59,12 +59,13 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
 
 
 def step_latency_ms(runner: OnnxRunner, source: list[int], rows: int, steps: int = 20) -> float:
-    """Median wall time of one decoder step for `rows` rows at positions 0..steps-1 (CPU, no beam logic)."""
+    """Median wall time of one serving decoder step (beam-4 ranking: 8 candidates per row) for `rows` rows at
+    positions 0..steps-1 (CPU, no beam logic)."""
     runner.encode([EncodeItem(source, list(range(rows)))])
     times = []
     for position in range(steps):
         start = time.perf_counter()
-        runner.step(list(range(rows)), [runner.spec.bos_id] * rows, [position] * rows)
+        runner.step(list(range(rows)), [runner.spec.bos_id] * rows, [position] * rows, [0.0] * rows, 8)
         times.append((time.perf_counter() - start) * 1000)
     return round(statistics.median(times), 3)
 

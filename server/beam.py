@@ -1,4 +1,8 @@
-"""Beam search for one sentence as a pure state machine over log-probability rows (numpy only).
+"""Beam search for one sentence as a pure state machine over a step's ranked candidates (numpy only).
+
+The server advances from each row's k best tokens, which the runner ranks where it computes them
+(`advance_candidates` after `merge_candidates`); `advance` takes whole log-probability rows, for the
+references in tests. Both pick the same candidates.
 
 It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
 order (ties: lower flat index first), EOS candidates finish with score / length ** length_penalty,
@@ -58,6 +62,31 @@ def top_1(scores: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.intp], npt.ND
     return np.asarray([best]), scores.reshape(-1)[best : best + 1]
 
 
+def row_candidates(
+    logprobs: npt.NDArray[np.float32], row_scores: npt.NDArray[np.float32], k: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The runner's ranking contract in numpy (fakes and tests): each row's k best next tokens, scored
+    row_scores[i] + log p in float32, best first, ties to the lower id. Runners rank in the graph."""
+    scores = np.asarray(row_scores, dtype=np.float32)[:, None] + logprobs.astype(np.float32)
+    ids = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
+    return np.take_along_axis(scores, ids, axis=1), ids.astype(np.int64)
+
+
+def merge_candidates(
+    scores: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], vocab: int, needed: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+    """A sentence's `needed` best candidates from its R rows' own k best (k >= needed), as flat indices.
+
+    Equal to `top_k_stable` over the full (R, V) scores: a candidate among the sentence's best `needed`
+    has fewer than `needed` better ones, so it is within its own row's k best. Each row lists ties
+    lower id first, so a stable sort of the rows' lists in row order ranks ties by flat index.
+    """
+    flat = (np.arange(scores.shape[0])[:, None] * vocab + ids).reshape(-1)
+    values = scores.reshape(-1)
+    order = np.argsort(-values, kind="stable")[:needed]
+    return flat[order], values[order]
+
+
 @dataclass
 class BeamState:
     """The live and finished hypotheses of one sentence."""
@@ -74,16 +103,27 @@ class BeamState:
         if self.beam_size < 1 or self.max_len < 1:
             raise ValueError(f"beam_size and max_len must be >= 1, got {self.beam_size} and {self.max_len}")
 
+    @property
+    def candidates_needed(self) -> int:
+        """Candidates a step must rank: 2K (K may finish with EOS and K stay live); greedy's first decides."""
+        return 1 if self.beam_size == 1 else 2 * self.beam_size
+
+    def live_scores(self) -> npt.NDArray[np.float32]:
+        """(R,) the live rows' scores; float32, as torch adds scores to log-probs in float32 in the reference."""
+        return np.asarray([s for _, s in self.live], dtype=np.float32)
+
     def advance(self, logprobs: npt.NDArray[np.float32]) -> Advance:
         """Take log-probabilities (R, V) of the R live rows; return the rows' next moves."""
         if logprobs.shape[0] != len(self.live):
             raise ValueError(f"expected {len(self.live)} rows of log-probabilities, got {logprobs.shape[0]}")
-        vocab = logprobs.shape[1]
-        # float32 sums, as torch adds scores to log-probs in float32 in the reference
-        scores = np.asarray([s for _, s in self.live], dtype=np.float32)[:, None] + logprobs.astype(np.float32)
-        # Greedy (K = 1): the first candidate always decides (EOS finishes, else it is the one live row).
-        candidates = min(2 * self.beam_size, scores.size)
-        order, top = top_1(scores) if self.beam_size == 1 else top_k_stable(scores, candidates)
+        scores = self.live_scores()[:, None] + logprobs.astype(np.float32)
+        candidates = min(self.candidates_needed, scores.size)
+        order, top = top_1(scores) if candidates == 1 else top_k_stable(scores, candidates)
+        return self.advance_candidates(order, top, logprobs.shape[1])
+
+    def advance_candidates(self, order: npt.NDArray[np.intp], top: npt.NDArray[np.float32], vocab: int) -> Advance:
+        """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
+        their scores, best first (ties: lower index first), at least `candidates_needed` of them."""
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
         for idx, score in zip(order.tolist(), top.tolist(), strict=True):

@@ -21,11 +21,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
 from server.metrics import Metrics, StepStats
-from server.runner import Runner
+from server.runner import Candidates, Runner
 from server.scheduler import (
     INTERNAL_MESSAGE,
     Batch,
@@ -221,13 +218,13 @@ class Engine:
             return
         started = time.perf_counter()
         try:
-            logprobs = self._execute(batch)
+            candidates = self._execute(batch)
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
             events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
-            events = self._scheduler.update(batch, logprobs)
+            events = self._scheduler.update(batch, candidates)
         self._observe(batch, time.perf_counter() - started)
         self._deliver(events)
         self._publish()
@@ -326,17 +323,20 @@ class Engine:
             if self._metrics is not None:
                 self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
 
-    def _execute(self, batch: Batch) -> npt.NDArray[np.float32]:
+    def _execute(self, batch: Batch) -> Candidates:
         """The runner calls of one iteration, in the order the batch requires."""
         if batch.copy_sources:
             self._runner.copy_slots(batch.copy_sources, batch.copy_destinations)
         if batch.encode:
             self._runner.encode(batch.encode)
-        logprobs = self._runner.step(batch.slots, batch.tokens, batch.positions)
-        expected = (len(batch.slots), self._runner.spec.vocab_size)
-        if logprobs.shape != expected:
-            raise RuntimeError(f"runner returned log-probabilities of shape {logprobs.shape}, expected {expected}")
-        return logprobs
+        candidates = self._runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+        expected = (len(batch.slots), min(batch.top_k, self._runner.spec.vocab_size))
+        if candidates.scores.shape != expected or candidates.ids.shape != expected:
+            raise RuntimeError(
+                f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
+                f" expected {expected}"
+            )
+        return candidates
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
         """Hand events to their owners; a final event retires the owner."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from server.beam import BeamState, Hypothesis
+from itertools import accumulate
+
+from server.beam import BeamState, Hypothesis, merge_candidates
 from server.runner import EncodeItem, Runner
 from server.scheduler import output_limit, reorder_slots
 
@@ -36,6 +38,7 @@ def decode_group(
     others are copied), and all sentences' copies go to the runner in one call per step.
     """
     spec = runner.spec
+    vocab = spec.vocab_size
     runner.encode([EncodeItem(src, list(range(i * beam_size, (i + 1) * beam_size))) for i, src in enumerate(sources)])
     limits = [output_limit(max_len or 0, len(src), spec.max_target_len) for src in sources]
     states = [BeamState(beam_size, limit, length_penalty, spec.eos_id) for limit in limits]
@@ -44,16 +47,20 @@ def decode_group(
     last: list[list[int]] = [[spec.bos_id] for _ in sources]
     step = 0
     while any(live):
-        rows = [slot for s, n in enumerate(live) for slot in slots[s][:n]]
-        logp = runner.step(rows, [t for s, n in enumerate(live) if n for t in last[s]], [step] * len(rows))
-        offset = 0
+        stepped = [s for s, n in enumerate(live) if n]
+        rows = [slot for s in stepped for slot in slots[s][: live[s]]]
+        row_scores = [score for s in stepped for _, score in states[s].live]
+        k = max(states[s].candidates_needed for s in stepped)
+        tokens = [t for s in stepped for t in last[s]]
+        ranked = runner.step(rows, tokens, [step] * len(rows), row_scores, k)
+        counts = [live[s] for s in stepped]
+        starts = accumulate(counts, initial=0)
         copy_sources: list[int] = []
         copy_destinations: list[int] = []
-        for s, state in enumerate(states):
-            if not live[s]:
-                continue
-            advance = state.advance(logp[offset : offset + live[s]])
-            offset += live[s]
+        for s, start, count in zip(stepped, starts, counts, strict=False):  # starts has one more: the end
+            span = slice(start, start + count)
+            order, top = merge_candidates(ranked.scores[span], ranked.ids[span], vocab, states[s].candidates_needed)
+            advance = states[s].advance_candidates(order, top, vocab)
             if advance.done:
                 live[s] = 0
                 continue

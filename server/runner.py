@@ -4,7 +4,9 @@ A runner owns a fixed pool of `max_slots` decoding slots. Each slot holds one de
 cross-attention keys/values of its source and the self-attention keys/values of the tokens it has
 fed so far (up to `max_target_len`). The scheduler decides which slot holds what; the runner only
 computes. Rows at different steps share one `step` call: each row has its own position, and
-attends only to its own first `position` cache entries.
+attends only to its own first `position` cache entries. A step returns each row's best few next
+tokens, ranked where the log-probabilities are computed (on the device, for CUDA), not the whole
+vocabulary.
 
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
 Implementations: `server.runtime.OnnxRunner` (onnxruntime, caches in host memory),
@@ -35,6 +37,14 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """A step's ranked next tokens: row i's j-th best is token ids[i, j] with score scores[i, j]."""
+
+    scores: npt.NDArray[np.float32]  # (B, k) row score + log-probability, descending along each row
+    ids: npt.NDArray[np.int64]  # (B, k) token ids
+
+
+@dataclass(frozen=True)
 class EncodeItem:
     """One source to encode into one or more slots (beam search fills K slots from one source)."""
 
@@ -52,9 +62,13 @@ class Runner(Protocol):
         """Run the encoder once per item (batched) and store its cross keys/values in its slots."""
         ...
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
-        """Feed `tokens[i]` at `positions[i]` to `slots[i]`; return log-probabilities (B, V) float32.
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        """Feed `tokens[i]` at `positions[i]` to `slots[i]`; return each row's k best next tokens.
 
+        Row i's candidates are scored `row_scores[i] + log p(token)` in float32, best first, ties to
+        the lower token id (`server.beam.row_candidates` is the reference); k is capped at V.
         The new keys/values are stored at `positions[i]` of each slot, so the next call for that
         slot passes `positions[i] + 1`. Row i attends to cache entries 0 .. positions[i].
         """

@@ -10,7 +10,7 @@ Two places for the caches, same bookkeeping and same results:
 - `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device.
 - `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
   export's weightless kv_* graphs through IO binding. On CUDA a step then transfers only token ids
-  and positions in and log-probabilities out, never the caches.
+  and positions in and each row's few best candidates out, never the caches.
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ from server.metadata import (
     MetadataError,
     read_metadata,
 )
-from server.runner import EncodeItem, ModelSpec
+from server.runner import Candidates, EncodeItem, ModelSpec
 
 log = logging.getLogger(__name__)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
+LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
 KV_GRAPH_FILES = (KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 
 Feeds = dict[str, npt.NDArray[np.generic]]
@@ -82,12 +84,19 @@ class OnnxRunner:
     ) -> None:  # fmt: skip
         if provider not in PROVIDERS:
             raise ValueError(f"unknown provider {provider!r}; choose from {sorted(PROVIDERS)}")
-        self._session = partial(make_session, provider=provider, intra_op_threads=intra_op_threads, spin_threads=spin_threads)
+        self._session = partial(
+            make_session, provider=provider, intra_op_threads=intra_op_threads, spin_threads=spin_threads
+        )
         self.metadata: ExportMetadata = read_metadata(variant_dir)
         self.spec: ModelSpec = self.metadata.spec()
         self.max_slots = max_slots
         self.encoder = self._session(variant_dir / ENCODER_FILE)
         self.decoder = self._session(variant_dir / DECODER_FILE)
+        if "row_scores" not in {arg.name for arg in self.decoder.get_inputs()}:
+            raise MetadataError(
+                f"{variant_dir / DECODER_FILE} predates candidate ranking in the graph: "
+                "export again with python -m export"
+            )
         self.provider = self.decoder.get_providers()[0]
         self.dtype = np.float16 if self.metadata.dtype == "float16" else np.float32
         self.n_layers = self.metadata.n_decoder_layers
@@ -131,8 +140,25 @@ class OnnxRunner:
         self._next_source_key += len(items)
         self._cross_version += 1
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
-        """One decoder step for rows at any mix of positions; new K/V stored at each row's position."""
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        """One decoder step for rows at any mix of positions, ranked in the graph (its TopK)."""
+        k = max(1, min(k, self.spec.vocab_size))
+        ranking: Feeds = {"row_scores": np.asarray(row_scores, dtype=np.float32), "top_k": np.asarray([k], np.int64)}
+        scores, ids = self._step(slots, tokens, positions, ranking, CANDIDATE_OUTPUTS)
+        return Candidates(np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64))
+
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        """`step`, returning the whole (B, V) log-probabilities instead: for parity checks, not serving."""
+        ranking: Feeds = {"row_scores": np.zeros(len(slots), dtype=np.float32), "top_k": np.asarray([1], np.int64)}
+        (log_probs,) = self._step(slots, tokens, positions, ranking, (LOG_PROBS_OUTPUT,))
+        return np.asarray(log_probs, dtype=np.float32)
+
+    def _step(
+        self, slots: list[int], tokens: list[int], positions: list[int], ranking: Feeds, wanted: tuple[str, ...]
+    ) -> list[np.ndarray]:
+        """Feed one token per row; new K/V stored at each row's position; return the `wanted` outputs."""
         rows = np.asarray(slots, dtype=np.int64)
         pos = np.asarray(positions, dtype=np.int64)
         if pos.max(initial=0) >= self.spec.max_target_len:
@@ -144,9 +170,9 @@ class OnnxRunner:
             "positions": pos,
             "past_keep": np.arange(past_len)[None, :] < pos[:, None],
         }
-        log_probs = self._decode(feeds, rows, pos, past_len, src_len)
+        outputs = self._decode(feeds | ranking, rows, pos, past_len, src_len, wanted)
         self.tgt_len[rows] = pos + 1
-        return np.asarray(log_probs, dtype=np.float32)
+        return outputs
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         """Gather on the slot axis: every destination becomes its source as it was before the call."""
@@ -193,17 +219,20 @@ class OnnxRunner:
         for cache, out in zip(self.cross_kv, outputs, strict=True):
             cache[slots, :, : ids.shape[1]] = out[item_of_slot]
 
-    def _decode(self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int) -> np.ndarray:
+    def _decode(
+        self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
+    ) -> list[np.ndarray]:
         if self._source_changed(rows, src_len):
             cross = dict(zip(kv_names("cross_k", "cross_v", self.n_layers), self.cross_kv, strict=True))
             self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross.items()}
         past_names = kv_names("past_k", "past_v", self.n_layers)
         past = {name: cache[rows, :, :past_len] for name, cache in zip(past_names, self.self_kv, strict=True)}
         src_mask = self.src_mask[rows, :src_len]
-        log_probs, *new_kv = self.decoder.run(None, feeds | past | self._cross_feeds | {"src_mask": src_mask})
-        for cache, new in zip(self.self_kv, new_kv, strict=True):
+        new_names = kv_names("new_k", "new_v", self.n_layers)
+        outputs = self.decoder.run([*wanted, *new_names], feeds | past | self._cross_feeds | {"src_mask": src_mask})
+        for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
-        return np.asarray(log_probs)
+        return [np.asarray(out) for out in outputs[: len(wanted)]]
 
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         for cache in self.self_kv if kind == "self" else self.cross_kv:
@@ -277,7 +306,9 @@ class DeviceCacheRunner(OnnxRunner):
         encoded = {f"encoded_{i}": value for i, value in enumerate(binding.get_outputs())}
         self._run_in_place(self.kv_write, self.cross_kv, encoded | {"items": item_of_slot, "slots": slots})
 
-    def _decode(self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int) -> np.ndarray:
+    def _decode(
+        self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
+    ) -> list[np.ndarray]:
         if self._source_changed(rows, src_len):
             self._cross_values = self._gather(self.cross_kv, rows, src_len)
         binding = self.decoder.io_binding()
@@ -289,15 +320,16 @@ class DeviceCacheRunner(OnnxRunner):
         past = self._gather(self.self_kv, rows, past_len)
         for name, value in zip(cross_names + past_names, self._cross_values + past, strict=True):
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("log_probs", "cpu")
+        for name in wanted:
+            binding.bind_output(name, "cpu")  # only the (B, k) candidates cross to the host when serving
         new_names = kv_names("new_k", "new_v", self.n_layers)
         for name in new_names:
             binding.bind_output(name, self.device, 0)
         self.decoder.run_with_iobinding(binding)
-        log_probs, *new_kv = binding.get_outputs()
-        appended = {f"new_{i}": value for i, value in enumerate(new_kv)}
+        outputs = binding.get_outputs()
+        appended = {f"new_{i}": value for i, value in enumerate(outputs[len(wanted) :])}
         self._run_in_place(self.kv_append, self.self_kv, appended | {"rows": rows, "positions": pos})
-        return np.asarray(log_probs.numpy())
+        return [np.asarray(out.numpy()) for out in outputs[: len(wanted)]]
 
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         caches = self.self_kv if kind == "self" else self.cross_kv

@@ -2,7 +2,7 @@
 
 Each iteration the engine calls `schedule` (expire deadlines and cancellations, admit queued
 sentences into free slots, list the rows to step), runs the runner on the returned `Batch`, then
-calls `update` with the log-probabilities (advance every sentence's beam, free the slots of finished
+calls `update` with each row's ranked candidates (advance every sentence's beam, free the slots of finished
 sentences at once, plan next iteration's beam reordering). Nothing here knows of threads, gRPC or
 onnxruntime, so every rule is unit-tested with a fake runner.
 
@@ -24,11 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from model.config import default_output_limit
-from server.beam import BeamState, Hypothesis
-from server.runner import EncodeItem, ModelSpec
+from server.beam import Advance, BeamState, Hypothesis, merge_candidates
+from server.runner import Candidates, EncodeItem, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +145,8 @@ class Batch:
     slots: list[int] = field(default_factory=list)  # rows to step, grouped by sentence
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    row_scores: list[float] = field(default_factory=list)  # each row's hypothesis score, added to its log-probs
+    top_k: int = 1  # candidates per row the step must rank: the most any sentence in the batch needs
     groups: list[RowGroup] = field(default_factory=list)
     events: list[tuple[int, Event]] = field(default_factory=list)  # (request id, event) found while scheduling
     queue_waits: list[float] = field(default_factory=list)  # seconds each admitted sentence waited
@@ -235,22 +236,30 @@ class Scheduler:
             self._add_rows(sentence, batch)
         return batch
 
-    def update(self, batch: Batch, logprobs: npt.NDArray[np.float32]) -> list[tuple[int, Event]]:
-        """Advance every stepped sentence with its rows of `logprobs` (B, V); return the events."""
-        if logprobs.shape[0] != len(batch.slots):
-            raise ValueError(f"expected {len(batch.slots)} rows of log-probabilities, got {logprobs.shape[0]}")
+    def update(self, batch: Batch, candidates: Candidates) -> list[tuple[int, Event]]:
+        """Advance every stepped sentence with its rows' ranked candidates (B, k); return the events."""
+        rows, k = candidates.scores.shape
+        if rows != len(batch.slots) or k < min(batch.top_k, self.spec.vocab_size) or candidates.ids.shape != (rows, k):
+            raise ValueError(
+                f"expected {len(batch.slots)} rows of {batch.top_k} candidates, got scores {candidates.scores.shape}"
+                f" and ids {candidates.ids.shape}"
+            )
         events: list[tuple[int, Event]] = []
         # A numeric fault of one input (an fp16 overflow) spoils only that input's rows.
-        nan_rows = np.asarray(np.isnan(logprobs).any(axis=1))
+        nan_rows = np.asarray(np.isnan(candidates.scores).any(axis=1))
         for group in batch.groups:
             request = group.sentence.request
             if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
                 continue
-            if nan_rows[group.start : group.start + group.count].any():
+            span = slice(group.start, group.start + group.count)
+            if nan_rows[span].any():
                 logger.error("the runner returned NaN log-probabilities for request %d; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
-            self._advance(group.sentence, logprobs[group.start : group.start + group.count], events)
+            beam = group.sentence.beam
+            vocab = self.spec.vocab_size
+            order, top = merge_candidates(candidates.scores[span], candidates.ids[span], vocab, beam.candidates_needed)
+            self._advance(group.sentence, beam.advance_candidates(order, top, vocab), events)
         return events
 
     def fail(self, request_ids: set[int], reason: FailureReason, message: str) -> list[tuple[int, Event]]:
@@ -330,10 +339,11 @@ class Scheduler:
         batch.slots += sentence.slots[:rows]
         batch.tokens += sentence.feed
         batch.positions += [sentence.position] * rows
+        batch.row_scores += [score for _, score in sentence.beam.live]
+        batch.top_k = max(batch.top_k, sentence.beam.candidates_needed)
 
-    def _advance(self, sentence: _Sentence, rows: npt.NDArray[np.float32], events: list[tuple[int, Event]]) -> None:
+    def _advance(self, sentence: _Sentence, move: Advance, events: list[tuple[int, Event]]) -> None:
         request = sentence.request
-        move = sentence.beam.advance(rows)
         if move.done:
             self._release(sentence)
             sentence.done = True

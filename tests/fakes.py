@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from server.beam import BeamState, Hypothesis
-from server.runner import EncodeItem, ModelSpec
+from server.beam import BeamState, Hypothesis, row_candidates
+from server.runner import Candidates, EncodeItem, ModelSpec
 
 FAKE_SPEC = ModelSpec(
     vocab_size=24, max_source_len=16, max_target_len=12, bos_id=2, eos_id=3, pad_id=0, tag_ids={"en": 4, "de": 5}
@@ -88,7 +88,14 @@ class FakeRunner:
                 self.slots[s] = _Slot(tuple(item.source_ids))
         self.encode_calls.append(list(items))
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        """Ranked as the runner contract says (`server.beam.row_candidates`), from `step_log_probs`."""
+        scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
+        return Candidates(scores, ids)
+
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         call = self.step_calls
         self.step_calls += 1
         if self.fail_on_step == call:

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
@@ -32,7 +30,7 @@ from server.convert import ModelDescription
 from server.main import LoadedModel, TranslationServer, create_server, load_model
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.runner import EncodeItem, ModelSpec, Runner
+from server.runner import Candidates, EncodeItem, ModelSpec, Runner
 from tests.fakes import FAKE_SPEC, FakeRunner
 
 T = TypeVar("T")
@@ -72,13 +70,15 @@ class GatedRunner:
     def encode(self, items: list[EncodeItem]) -> None:
         self.inner.encode(items)
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
         self.steps_waiting.release()
         if not self.gate.wait(START_TIMEOUT_S):
             raise TimeoutError("the test never opened the gate")
         if self.delay:
             time.sleep(self.delay)
-        return self.inner.step(slots, tokens, positions)
+        return self.inner.step(slots, tokens, positions, row_scores, k)
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         self.inner.copy_slots(sources, destinations)

@@ -1,4 +1,5 @@
-"""The beam state machine's candidate selection: a fast top-k that must equal the stable full sort."""
+"""The beam state machine's candidate selection: fast top-k, and rows ranked apart then merged, must
+equal the stable full sort."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.beam import top_1, top_k_stable
+from server.beam import merge_candidates, row_candidates, top_1, top_k_stable
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -47,3 +48,31 @@ def test_top_k_on_real_sized_rows() -> None:
     order, values = top_k_stable(scores, 8)
     assert (order.tolist(), values.tolist()) == reference_top_k(scores, 8)
     assert order[0] == 5 and order[1] == 2 * 8000 + 17
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.integers(1, 30),
+    needed=st.integers(1, 8),
+    extra=st.integers(0, 3),  # runners may rank more than a sentence needs (the batch's widest beam)
+    distinct=st.integers(1, 6),  # few distinct values: ties within rows, across rows and at every cut
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_rows_ranked_apart_then_merged_equal_the_full_stable_sort(
+    rows: int, vocab: int, needed: int, extra: int, distinct: int, seed: int
+) -> None:
+    """What the server does (each row's k best, ranked by the runner, then merged) picks what `advance` picks."""
+    rng = np.random.default_rng(seed)
+    logprobs = rng.choice(np.linspace(-5, 0, distinct), size=(rows, vocab)).astype(np.float32)
+    row_scores = rng.choice([-1.0, -2.0, -1.5], size=rows).astype(np.float32)
+    scores, ids = row_candidates(logprobs, row_scores, needed + extra)
+    order, values = merge_candidates(scores, ids, vocab, needed)
+    assert (order.tolist(), values.tolist()) == reference_top_k(row_scores[:, None] + logprobs, needed)
+
+
+def test_row_candidates_rank_best_first_with_ties_to_the_lower_id() -> None:
+    logprobs = np.asarray([[-1.0, -0.5, -0.5, -3.0]], dtype=np.float32)
+    scores, ids = row_candidates(logprobs, np.asarray([-1.0], dtype=np.float32), 3)
+    assert ids.tolist() == [[1, 2, 0]] and scores.tolist() == [[-1.5, -1.5, -2.0]]
+    assert row_candidates(logprobs, np.zeros(1, np.float32), 10)[1].shape == (1, 4), "k is capped at V"

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from server.beam import row_candidates
 from server.engine import (
     DecodeOptions,
     DrainingError,
@@ -27,7 +28,7 @@ from server.engine import (
     SentenceDone,
 )
 from server.metrics import Metrics
-from server.runner import EncodeItem
+from server.runner import Candidates, EncodeItem
 from tests.fakes import FakeRunner, reference_decode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +66,9 @@ class GatedRunner(FakeRunner):
         super().__init__(max_slots)
         self.gate = threading.Semaphore(0)
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         assert self.gate.acquire(timeout=WAIT_S), "the test never opened the gate"
-        return super().step(slots, tokens, positions)
+        return super().step_log_probs(slots, tokens, positions)
 
     def open(self, steps: int = 10_000) -> None:
         for _ in range(steps):
@@ -152,10 +153,13 @@ def test_a_runner_failure_fails_only_the_requests_in_that_call(
 
 
 class ShortRowsRunner(FakeRunner):
-    """Returns one log-probability column too few: a runtime bug the engine must not pass to the beams."""
+    """Returns one candidate per row too few: a runtime bug the engine must not pass to the beams."""
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
-        return super().step(slots, tokens, positions)[:, :-1]
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        ranked = super().step(slots, tokens, positions, row_scores, k)
+        return Candidates(ranked.scores[:, :-1], ranked.ids[:, :-1])
 
 
 def test_malformed_runner_output_fails_the_batch(engine_factory: Callable[..., Engine]) -> None:
@@ -376,7 +380,13 @@ class TorchSlotRunner:
                     self.cross_k[layer][slot, :, :longest] = k[row]
                     self.cross_v[layer][slot, :, :longest] = v[row]
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
+        return Candidates(scores, ids)
+
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         torch = self.torch
         index, pos = torch.tensor(slots), torch.tensor(positions)
         past = max(positions)

@@ -155,13 +155,13 @@ class PoisonRunner(FakeRunner):
         self.poison, self.fault = poison, fault
         self.faulty_batches: list[int] = []  # distinct sources in each step call that met the poison
 
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         poisoned = [i for i, s in enumerate(slots) if self.poison in (self.slots[s].source or ())]
         if poisoned:
             self.faulty_batches.append(len({self.slots[s].source for s in slots}))
             if self.fault == "raise":
                 raise InjectedFailure("poisoned input")
-        rows = super().step(slots, tokens, positions)
+        rows = super().step_log_probs(slots, tokens, positions)
         rows[poisoned] = np.nan
         return rows
 
@@ -218,7 +218,9 @@ def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
             runner.copy_slots(batch.copy_sources, batch.copy_destinations)
         if batch.encode:
             runner.encode(batch.encode)
-        for request_id, event in scheduler.update(batch, runner.step(batch.slots, batch.tokens, batch.positions)):
+        for request_id, event in scheduler.update(
+            batch, runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+        ):
             if isinstance(event, SentenceDone):
                 done[request_id] = [h.tokens for h in event.hypotheses]
     assert all(len(ids) == 1 for ids in shared), "suspects run alone"
@@ -231,7 +233,7 @@ def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
 
 
 class BrokenRunner(FakeRunner):
-    def step(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         raise InjectedFailure("the device is gone")
 
 

@@ -7,12 +7,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
 from export.__main__ import main
 from model.artifact import load_artifact
+from server.beam import row_candidates
+from server.metadata import MetadataError
 from server.runner import EncodeItem
 from server.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, open_runner
 
@@ -60,7 +63,7 @@ def test_encoder_matches_pytorch(model_dir: Path, runner: OnnxRunner) -> None:
 def test_incremental_equals_full_recomputation(model_dir: Path, runner: OnnxRunner) -> None:
     tgt_in = [2, 40, 41, 42, 43]
     runner.encode([EncodeItem(SOURCES[0], [0])])
-    steps = np.stack([runner.step([0], [t], [i])[0] for i, t in enumerate(tgt_in)])
+    steps = np.stack([runner.step_log_probs([0], [t], [i])[0] for i, t in enumerate(tgt_in)])
     assert np.abs(steps - torch_full_logprobs(model_dir, SOURCES[0], tgt_in)).max() <= 1e-4
 
 
@@ -68,9 +71,9 @@ def test_rows_at_different_steps_equal_alone(model_dir: Path, runner: OnnxRunner
     tgt = [[2, 40, 41, 42, 43, 44], [2, 50, 51]]
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [5])])
     for i in range(3):  # row 0 runs alone for three steps, then row 1 joins at position 0
-        runner.step([0], [tgt[0][i]], [i])
+        runner.step_log_probs([0], [tgt[0][i]], [i])
     for j in range(3):
-        both = runner.step([5, 0], [tgt[1][j], tgt[0][3 + j]], [j, 3 + j])
+        both = runner.step_log_probs([5, 0], [tgt[1][j], tgt[0][3 + j]], [j, 3 + j])
         expected_1 = torch_full_logprobs(model_dir, SOURCES[1], tgt[1][: j + 1])[j]
         expected_0 = torch_full_logprobs(model_dir, SOURCES[0], tgt[0][: 4 + j])[3 + j]
         assert np.abs(both[0] - expected_1).max() <= 1e-4
@@ -79,7 +82,7 @@ def test_rows_at_different_steps_equal_alone(model_dir: Path, runner: OnnxRunner
 
 def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
-    runner.step([0, 1], [2, 2], [0, 0])
+    runner.step_log_probs([0, 1], [2, 2], [0, 0])
     before = [host(c).copy() for c in runner.self_kv]
     runner.copy_slots([0, 1], [1, 0])  # swap: each destination reads the pre-call source
     for cache, old in zip(runner.self_kv, before, strict=True):
@@ -92,7 +95,7 @@ def test_int8_runs_and_stays_close(model_dir: Path) -> None:
     runner = OnnxRunner(model_dir / "onnx" / "int8", max_slots=2, intra_op_threads=1)
     assert runner.provider == "CPUExecutionProvider" and runner.metadata.variant == "int8"
     runner.encode([EncodeItem(SOURCES[0], [0])])
-    logp = runner.step([0], [2], [0])
+    logp = runner.step_log_probs([0], [2], [0])
     assert logp.shape == (1, runner.spec.vocab_size) and np.isfinite(logp).all()
     assert np.allclose(np.exp(logp).sum(), 1.0, atol=1e-3)
 
@@ -111,7 +114,7 @@ def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
         slots = [0, 1, 2] + ([4, 5] if step >= 2 else [])
         positions = [step] * 3 + ([step - 2] * 2 if step >= 2 else [])
         tokens = [int(t) for t in rng.integers(4, 60, len(slots))]
-        host_out, device_out = (r.step(slots, tokens, positions) for r in runners)
+        host_out, device_out = (r.step_log_probs(slots, tokens, positions) for r in runners)
         np.testing.assert_allclose(device_out, host_out, rtol=0, atol=1e-5)
         parents = [int(p) for p in rng.choice([0, 1, 2, 4], size=3)]  # copies within and across sources
         for r in runners:
@@ -165,3 +168,36 @@ def test_spin_setting_reaches_every_session(model_dir: Path, spin: bool) -> None
     for session in sessions:
         entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if spin else "0")
+
+
+def test_the_graph_ranks_candidates_as_the_reference_does(runner: OnnxRunner) -> None:
+    """The decoder's TopK equals `row_candidates` on its own log-probabilities, for mixed k and row scores.
+
+    A step is idempotent (it rewrites the same cache entry), so both outputs come from one runner.
+    """
+    runner.encode([EncodeItem(SOURCES[0], [0, 1]), EncodeItem(SOURCES[1], [2])])
+    row_scores = [0.0, -1.25, -3.5]
+    for position, token in enumerate([2, 40, 41]):
+        args = ([0, 1, 2], [token, token + 1, token + 2], [position] * 3)
+        log_probs = runner.step_log_probs(*args)
+        for k in (1, 8, runner.spec.vocab_size + 5):
+            ranked = runner.step(*args, row_scores, k)
+            scores, ids = row_candidates(log_probs, np.asarray(row_scores, dtype=np.float32), k)
+            np.testing.assert_array_equal(ranked.ids, ids)
+            np.testing.assert_allclose(ranked.scores, scores, rtol=0, atol=1e-6)
+
+
+def test_an_export_without_candidate_ranking_is_refused_with_the_fix(model_dir: Path, tmp_path: Path) -> None:
+    variant = tmp_path / "fp32"
+    shutil.copytree(model_dir / "onnx" / "fp32", variant)
+    graph_path = variant / "decoder_step.onnx"
+    model = onnx.load(str(graph_path))
+    graph = model.graph
+    for field, keep in ((graph.input, "row_scores top_k"), (graph.output, "top_scores top_ids")):
+        for value in [v for v in field if v.name in keep.split()]:
+            field.remove(value)
+    for node in [n for n in graph.node if n.output[0] in ("row_scores_column", "candidate_scores", "top_scores")]:
+        graph.node.remove(node)
+    onnx.save(model, str(graph_path))
+    with pytest.raises(MetadataError, match="export again with python -m export"):
+        OnnxRunner(variant, 2, intra_op_threads=1)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.runner import Candidates
 from server.scheduler import (
     Batch,
     DecodeOptions,
@@ -35,12 +36,12 @@ def make(max_slots: int = 8, max_queue: int = 64, max_encode_tokens: int = 4096)
     return Scheduler(FAKE_SPEC, limits), FakeRunner(max_slots)
 
 
-def execute(runner: FakeRunner, batch: Batch) -> np.ndarray:
+def execute(runner: FakeRunner, batch: Batch) -> Candidates:
     if batch.copy_sources:
         runner.copy_slots(batch.copy_sources, batch.copy_destinations)
     if batch.encode:
         runner.encode(batch.encode)
-    return runner.step(batch.slots, batch.tokens, batch.positions)
+    return runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
 
 
 def iterate(scheduler: Scheduler, runner: FakeRunner, events: Events, now: float = 0.0) -> Batch:
