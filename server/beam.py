@@ -63,7 +63,7 @@ def top_1(scores: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.intp], npt.ND
 
 
 def row_candidates(
-    logprobs: npt.NDArray[np.float32], row_scores: npt.NDArray[np.float32], k: int
+    logprobs: npt.NDArray[np.float32], row_scores: npt.ArrayLike, k: int
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The runner's ranking contract in numpy (fakes and tests): each row's k best next tokens, scored
     row_scores[i] + log p in float32, best first, ties to the lower id. Runners rank in the graph."""
@@ -74,14 +74,14 @@ def row_candidates(
 
 def merge_candidates(
     scores: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], vocab: int, needed: int
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     """A sentence's `needed` best candidates from its R rows' own k best (k >= needed), as flat indices.
 
     Equal to `top_k_stable` over the full (R, V) scores: a candidate among the sentence's best `needed`
     has fewer than `needed` better ones, so it is within its own row's k best. Each row lists ties
     lower id first, so a stable sort of the rows' lists in row order ranks ties by flat index.
     """
-    flat = (np.arange(scores.shape[0])[:, None] * vocab + ids).reshape(-1)
+    flat = (np.arange(scores.shape[0], dtype=np.int64)[:, None] * vocab + ids).reshape(-1)
     values = scores.reshape(-1)
     order = np.argsort(-values, kind="stable")[:needed]
     return flat[order], values[order]
@@ -121,9 +121,9 @@ class BeamState:
         order, top = top_1(scores) if candidates == 1 else top_k_stable(scores, candidates)
         return self.advance_candidates(order, top, logprobs.shape[1])
 
-    def advance_candidates(self, order: npt.NDArray[np.intp], top: npt.NDArray[np.float32], vocab: int) -> Advance:
+    def advance_candidates(self, order: npt.NDArray[np.integer], top: npt.NDArray[np.float32], vocab: int) -> Advance:
         """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
-        their scores, best first (ties: lower index first), at least `candidates_needed` of them."""
+        their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
         for idx, score in zip(order.tolist(), top.tolist(), strict=True):

@@ -121,7 +121,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     env_spin = environ.get(_env_name("spin-threads"))
     parser.add_argument(
         "--spin-threads",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=_bool_env(env_spin) if env_spin is not None else defaults["spin_threads"],
         help="let idle onnxruntime threads busy-wait (off by default: on shared cores it starves the gRPC threads)",
     )

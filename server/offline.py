@@ -54,10 +54,10 @@ def decode_group(
         tokens = [t for s in stepped for t in last[s]]
         ranked = runner.step(rows, tokens, [step] * len(rows), row_scores, k)
         counts = [live[s] for s in stepped]
-        starts = accumulate(counts, initial=0)
+        starts = accumulate(counts[:-1], initial=0)
         copy_sources: list[int] = []
         copy_destinations: list[int] = []
-        for s, start, count in zip(stepped, starts, counts, strict=False):  # starts has one more: the end
+        for s, start, count in zip(stepped, starts, counts, strict=True):
             span = slice(start, start + count)
             order, top = merge_candidates(ranked.scores[span], ranked.ids[span], vocab, states[s].candidates_needed)
             advance = states[s].advance_candidates(order, top, vocab)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 class ModelSpec:
     """What the engine needs to know of a model; read from the exported metadata."""
 
-    vocab_size: int  # V: width of the log-probability rows `step` returns
+    vocab_size: int  # V: token ids are 0 .. V - 1; a step ranks at most V candidates per row
     max_source_len: int  # longest source in tokens, language tag and EOS included
     max_target_len: int  # most tokens a slot can feed (and so generate)
     bos_id: int  # first decoder input of every row

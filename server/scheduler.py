@@ -10,8 +10,8 @@ One slot holds one beam row; a sentence with beam size K reserves K slots from a
 so a step never waits for memory. Each sentence has its own `BeamState` and its rows only ever read
 their own slots, so a result does not depend on what else shares the batch.
 
-Faults stay with the request that causes them where the batch allows telling it apart: rows of
-NaN log-probabilities fail only their own request (`update`), and when a runner call raises for a
+Faults stay with the request that causes them where the batch allows telling it apart: rows whose
+scores are NaN fail only their own request (`update`), and when a runner call raises for a
 batch of several requests, `isolate` restarts them to run one request at a time, so a retried
 request that fails again fails alone and the others finish.
 """
@@ -238,14 +238,15 @@ class Scheduler:
 
     def update(self, batch: Batch, candidates: Candidates) -> list[tuple[int, Event]]:
         """Advance every stepped sentence with its rows' ranked candidates (B, k); return the events."""
-        rows, k = candidates.scores.shape
-        if rows != len(batch.slots) or k < min(batch.top_k, self.spec.vocab_size) or candidates.ids.shape != (rows, k):
+        expected = (len(batch.slots), min(batch.top_k, self.spec.vocab_size))
+        if candidates.scores.shape != expected or candidates.ids.shape != expected:
             raise ValueError(
-                f"expected {len(batch.slots)} rows of {batch.top_k} candidates, got scores {candidates.scores.shape}"
+                f"expected candidates of shape {expected}, got scores {candidates.scores.shape}"
                 f" and ids {candidates.ids.shape}"
             )
         events: list[tuple[int, Event]] = []
-        # A numeric fault of one input (an fp16 overflow) spoils only that input's rows.
+        # A numeric fault of one input (an fp16 overflow) spoils only that input's rows. LogSoftmax turns
+        # one NaN logit into a whole NaN row, so a faulty row's best candidate is NaN whatever TopK's NaN order.
         nan_rows = np.asarray(np.isnan(candidates.scores).any(axis=1))
         for group in batch.groups:
             request = group.sentence.request
@@ -253,7 +254,7 @@ class Scheduler:
                 continue
             span = slice(group.start, group.start + group.count)
             if nan_rows[span].any():
-                logger.error("the runner returned NaN log-probabilities for request %d; failing it", request.request_id)
+                logger.error("the runner returned NaN scores for request %d; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
             beam = group.sentence.beam

@@ -54,6 +54,7 @@ def test_environment_sets_values_and_flags_win() -> None:
     assert parse_config([], {"TRANSLATE_NO_REFLECTION": "0"}).reflection
     assert parse_config([], {"TRANSLATE_SPIN_THREADS": "yes"}).spin_threads
     assert not parse_config([], {}).spin_threads
+    assert not parse_config(["--no-spin-threads"], {"TRANSLATE_SPIN_THREADS": "1"}).spin_threads
 
 
 @pytest.mark.parametrize(

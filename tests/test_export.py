@@ -99,3 +99,35 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
         assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
         within = all(scores[d] >= variants["fp32"][d] - record["gate_bleu"] for d in ("de-en", "en-de"))
         assert scores["passed"] == within
+
+
+def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
+    """The TopK appended to every decoder graph, on inputs full of ties: exact ties within and across
+    rows, and ties that only the float32 add of a large row score creates (values an ulp apart)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from export.onnx_export import add_candidate_selection
+    from server.beam import row_candidates
+
+    path = tmp_path / "ranking.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["log_probs"])], "ranking",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "V"])],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["B", "V"])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    add_candidate_selection(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    tiny = np.float32(-2.0) + np.arange(4, dtype=np.float32) * np.spacing(np.float32(2.0))  # 4 values, 1 ulp apart
+    for trial in range(50):
+        logprobs = rng.choice(np.concatenate([np.linspace(-5, 0, 3, dtype=np.float32), tiny]), size=(4, 40))
+        row_scores = rng.choice(np.asarray([0.0, -1.5, -1000.0], dtype=np.float32), size=4)
+        k = int(rng.integers(1, 41))  # the runner caps k at V
+        feeds = {"x": logprobs.astype(np.float32), "row_scores": row_scores, "top_k": np.asarray([k], np.int64)}
+        scores, ids = session.run(["top_scores", "top_ids"], feeds)
+        want_scores, want_ids = row_candidates(feeds["x"], row_scores, k)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(scores, want_scores, err_msg=f"trial {trial}")
