@@ -121,6 +121,11 @@ class BeamState:
         order, top = top_1(scores) if candidates == 1 else top_k_stable(scores, candidates)
         return self.advance_candidates(order, top, logprobs.shape[1])
 
+    def advance_ranked(self, scores: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], vocab: int) -> Advance:
+        """Advance from the live rows' own ranked candidates (R, k), as a runner's step returns them."""
+        order, top = merge_candidates(scores, ids, vocab, self.candidates_needed)
+        return self.advance_candidates(order, top, vocab)
+
     def advance_candidates(self, order: npt.NDArray[np.integer], top: npt.NDArray[np.float32], vocab: int) -> Advance:
         """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
         their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""

@@ -330,7 +330,7 @@ class Engine:
         if batch.encode:
             self._runner.encode(batch.encode)
         candidates = self._runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
-        expected = (len(batch.slots), min(batch.top_k, self._runner.spec.vocab_size))
+        expected = batch.candidate_shape(self._runner.spec.vocab_size)
         if candidates.scores.shape != expected or candidates.ids.shape != expected:
             raise RuntimeError(
                 f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"

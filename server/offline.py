@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from server.beam import BeamState, Hypothesis, merge_candidates
+from server.beam import BeamState, Hypothesis
 from server.runner import EncodeItem, Runner
 from server.scheduler import output_limit, reorder_slots
 
@@ -59,8 +59,7 @@ def decode_group(
         copy_destinations: list[int] = []
         for s, start, count in zip(stepped, starts, counts, strict=True):
             span = slice(start, start + count)
-            order, top = merge_candidates(ranked.scores[span], ranked.ids[span], vocab, states[s].candidates_needed)
-            advance = states[s].advance_candidates(order, top, vocab)
+            advance = states[s].advance_ranked(ranked.scores[span], ranked.ids[span], vocab)
             if advance.done:
                 live[s] = 0
                 continue

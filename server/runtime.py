@@ -100,6 +100,10 @@ class OnnxRunner:
         self.provider = self.decoder.get_providers()[0]
         self.dtype = np.float16 if self.metadata.dtype == "float16" else np.float32
         self.n_layers = self.metadata.n_decoder_layers
+        # Graph argument names, built once: the decode loop binds them every step.
+        self.cross_names = kv_names("cross_k", "cross_v", self.n_layers)
+        self.past_names = kv_names("past_k", "past_v", self.n_layers)
+        self.new_names = kv_names("new_k", "new_v", self.n_layers)
         meta = self.metadata
         self.self_shape = (max_slots, meta.n_heads, meta.max_target_len, meta.head_dim)
         self.cross_shape = (max_slots, meta.n_heads, meta.max_source_len, meta.head_dim)
@@ -147,13 +151,13 @@ class OnnxRunner:
         k = max(1, min(k, self.spec.vocab_size))
         ranking: Feeds = {"row_scores": np.asarray(row_scores, dtype=np.float32), "top_k": np.asarray([k], np.int64)}
         scores, ids = self._step(slots, tokens, positions, ranking, CANDIDATE_OUTPUTS)
-        return Candidates(np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64))
+        return Candidates(scores, ids)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         """`step`, returning the whole (B, V) log-probabilities instead: for parity checks, not serving."""
         ranking: Feeds = {"row_scores": np.zeros(len(slots), dtype=np.float32), "top_k": np.asarray([1], np.int64)}
         (log_probs,) = self._step(slots, tokens, positions, ranking, (LOG_PROBS_OUTPUT,))
-        return np.asarray(log_probs, dtype=np.float32)
+        return log_probs
 
     def _step(
         self, slots: list[int], tokens: list[int], positions: list[int], ranking: Feeds, wanted: tuple[str, ...]
@@ -223,16 +227,16 @@ class OnnxRunner:
         self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
     ) -> list[np.ndarray]:
         if self._source_changed(rows, src_len):
-            cross = dict(zip(kv_names("cross_k", "cross_v", self.n_layers), self.cross_kv, strict=True))
-            self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross.items()}
-        past_names = kv_names("past_k", "past_v", self.n_layers)
-        past = {name: cache[rows, :, :past_len] for name, cache in zip(past_names, self.self_kv, strict=True)}
+            cross = zip(self.cross_names, self.cross_kv, strict=True)
+            self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross}
+        past = {name: cache[rows, :, :past_len] for name, cache in zip(self.past_names, self.self_kv, strict=True)}
         src_mask = self.src_mask[rows, :src_len]
-        new_names = kv_names("new_k", "new_v", self.n_layers)
-        outputs = self.decoder.run([*wanted, *new_names], feeds | past | self._cross_feeds | {"src_mask": src_mask})
+        outputs = self.decoder.run(
+            [*wanted, *self.new_names], feeds | past | self._cross_feeds | {"src_mask": src_mask}
+        )
         for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
-        return [np.asarray(out) for out in outputs[: len(wanted)]]
+        return list(outputs[: len(wanted)])
 
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         for cache in self.self_kv if kind == "self" else self.cross_kv:
@@ -299,8 +303,7 @@ class DeviceCacheRunner(OnnxRunner):
         binding = self.encoder.io_binding()
         binding.bind_cpu_input("src_ids", ids)
         binding.bind_cpu_input("src_mask", mask)
-        names = kv_names("cross_k", "cross_v", self.n_layers)
-        for name in names:
+        for name in self.cross_names:
             binding.bind_output(name, self.device, 0)
         self.encoder.run_with_iobinding(binding)
         encoded = {f"encoded_{i}": value for i, value in enumerate(binding.get_outputs())}
@@ -315,15 +318,12 @@ class DeviceCacheRunner(OnnxRunner):
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)
         binding.bind_cpu_input("src_mask", np.ascontiguousarray(self.src_mask[rows, :src_len]))
-        cross_names = kv_names("cross_k", "cross_v", self.n_layers)
-        past_names = kv_names("past_k", "past_v", self.n_layers)
         past = self._gather(self.self_kv, rows, past_len)
-        for name, value in zip(cross_names + past_names, self._cross_values + past, strict=True):
+        for name, value in zip(self.cross_names + self.past_names, self._cross_values + past, strict=True):
             binding.bind_ortvalue_input(name, value)
         for name in wanted:
             binding.bind_output(name, "cpu")  # only the (B, k) candidates cross to the host when serving
-        new_names = kv_names("new_k", "new_v", self.n_layers)
-        for name in new_names:
+        for name in self.new_names:
             binding.bind_output(name, self.device, 0)
         self.decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.config import default_output_limit
-from server.beam import Advance, BeamState, Hypothesis, merge_candidates
+from server.beam import Advance, BeamState, Hypothesis
 from server.runner import Candidates, EncodeItem, ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,10 @@ class Batch:
     def empty(self) -> bool:
         return not self.slots
 
+    def candidate_shape(self, vocab_size: int) -> tuple[int, int]:
+        """(B, k) of the candidates the step must return: k is capped at the vocabulary."""
+        return len(self.slots), min(self.top_k, vocab_size)
+
     def request_ids(self) -> set[int]:
         return {g.sentence.request.request_id for g in self.groups}
 
@@ -238,7 +242,7 @@ class Scheduler:
 
     def update(self, batch: Batch, candidates: Candidates) -> list[tuple[int, Event]]:
         """Advance every stepped sentence with its rows' ranked candidates (B, k); return the events."""
-        expected = (len(batch.slots), min(batch.top_k, self.spec.vocab_size))
+        expected = batch.candidate_shape(self.spec.vocab_size)
         if candidates.scores.shape != expected or candidates.ids.shape != expected:
             raise ValueError(
                 f"expected candidates of shape {expected}, got scores {candidates.scores.shape}"
@@ -257,10 +261,10 @@ class Scheduler:
                 logger.error("the runner returned NaN scores for request %d; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
-            beam = group.sentence.beam
-            vocab = self.spec.vocab_size
-            order, top = merge_candidates(candidates.scores[span], candidates.ids[span], vocab, beam.candidates_needed)
-            self._advance(group.sentence, beam.advance_candidates(order, top, vocab), events)
+            move = group.sentence.beam.advance_ranked(
+                candidates.scores[span], candidates.ids[span], self.spec.vocab_size
+            )
+            self._advance(group.sentence, move, events)
         return events
 
     def fail(self, request_ids: set[int], reason: FailureReason, message: str) -> list[tuple[int, Event]]:
