@@ -1,6 +1,10 @@
 """Plot the training and validation loss curves of a run as a PNG.
 
 Usage: python -m model.plot --run runs/base --out model/shipped/loss.png
+       python -m model.plot --run runs/base --run runs/finish ...   # a run resumed from another's checkpoint
+
+Each later run continues the one before it from a checkpoint: its curve replaces the earlier run's
+records from its first step on, and a dashed line marks where it took over.
 """
 
 from __future__ import annotations
@@ -20,9 +24,25 @@ def read_log(run: Path) -> list[dict[str, float]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot(records: list[dict[str, float]], out: Path) -> None:
+def chain(logs: list[list[dict[str, float]]]) -> tuple[list[dict[str, float]], list[float]]:
+    """One curve from runs that each resumed from a checkpoint of the one before; and the steps where
+    each later run took over (records of the earlier run past that point were never shipped)."""
+    records: list[dict[str, float]] = []
+    takeovers: list[float] = []
+    for log in logs:
+        if records and log:
+            first = log[0]["step"]
+            records = [r for r in records if r["step"] < first]
+            takeovers.append(records[-1]["step"] if records else first)
+        records.extend(log)
+    return records, takeovers
+
+
+def plot(records: list[dict[str, float]], out: Path, takeovers: list[float] | None = None) -> None:
     steps = [r["step"] for r in records]
     fig, ax = plt.subplots(figsize=(7, 4))
+    for step in takeovers or []:
+        ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
     ax.plot(steps, [r["train_loss"] for r in records], label="train (label-smoothed)")
     ax.plot(steps, [r["valid_loss"] for r in records], label="validation (cross-entropy)")
     ax.set_xlabel("step")
@@ -36,10 +56,11 @@ def plot(records: list[dict[str, float]], out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", type=Path, default=Path("runs/base"))
+    p.add_argument("--run", type=Path, action="append", help="a run directory; repeat for resumed runs, in order")
     p.add_argument("--out", type=Path, default=Path("model/shipped/loss.png"))
     args = p.parse_args()
-    plot(read_log(args.run), args.out)
+    records, takeovers = chain([read_log(run) for run in args.run or [Path("runs/base")]])
+    plot(records, args.out, takeovers)
     print(f"wrote {args.out}")
 
 

@@ -10,6 +10,8 @@ Usage:
     python -m model.train ... --resume            # continue
     python -m model.train --run runs/base --ship model/shipped   # average and export only
     python -m model.train ... --init-from model/shipped --start-step 15573   # warm start, fresh optimiser
+    python -m model.train ... --init-from DIR --start-step N --cooldown-start N --cooldown-steps 1500 \
+        --sentence-repeats 6          # finish: anneal to zero with more weight on full sentences
 """
 
 from __future__ import annotations
@@ -51,11 +53,24 @@ class TrainConfig:
     save_minutes: float = 10.0
     keep_checkpoints: int = 5
     seed: int = 1234
+    sentence_repeats: int = Mixture.sentence_repeats  # full sentences (the test set's kind) per epoch
+    word_fraction: float = Mixture.word_fraction  # of one- and two-word entries, resampled each epoch
+    cooldown_start: int = 0  # from this step the rate falls linearly to zero; 0: 1/sqrt decay to the end
+    cooldown_steps: int = 0  # length of that fall
+
+    @property
+    def mixture(self) -> Mixture:
+        return Mixture(self.sentence_repeats, self.word_fraction)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to `peak_lr`, then decay with 1/sqrt(step) as in the paper."""
+    """Linear warmup to `peak_lr`, then decay with 1/sqrt(step) as in the paper; with a cooldown, a
+    linear fall to zero from `cooldown_start` (a short anneal at the end of a budget buys a lower loss
+    than the same steps at the 1/sqrt rate)."""
     step = max(step, 1)
+    if cfg.cooldown_steps and step > cfg.cooldown_start:
+        done = (step - cfg.cooldown_start) / cfg.cooldown_steps
+        return lr_at(cfg.cooldown_start, dataclasses.replace(cfg, cooldown_steps=0)) * max(0.0, 1.0 - done)
     return cfg.peak_lr * min(step / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / step))
 
 
@@ -163,7 +178,7 @@ class Trainer:
 
     def epoch_batches(self) -> list[list]:
         rng = random.Random(self.tcfg.seed * 1000 + self.epoch)  # same epoch, same batches: exact resume
-        return token_batches(epoch_examples(self.train_examples, Mixture(), rng), self.tcfg.max_tokens, rng)
+        return token_batches(epoch_examples(self.train_examples, self.tcfg.mixture, rng), self.tcfg.max_tokens, rng)
 
     def log_metrics(self, record: dict[str, float]) -> None:
         with (self.run_dir / "log.jsonl").open("a") as f:
@@ -248,7 +263,18 @@ def parse_args() -> argparse.Namespace:
         ("dropout", float),
     ):
         p.add_argument(f"--{name.replace('_', '-')}", type=field_type, default=getattr(ModelConfig, name))
-    for name in ("max_tokens", "peak_lr", "warmup_steps", "max_minutes", "max_steps", "save_minutes"):
+    for name in (
+        "max_tokens",
+        "peak_lr",
+        "warmup_steps",
+        "max_minutes",
+        "max_steps",
+        "save_minutes",
+        "sentence_repeats",
+        "word_fraction",
+        "cooldown_start",
+        "cooldown_steps",
+    ):
         default = getattr(TrainConfig, name)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     return p.parse_args()
@@ -283,6 +309,10 @@ def main() -> None:
         max_minutes=args.max_minutes,
         max_steps=args.max_steps,
         save_minutes=args.save_minutes,
+        sentence_repeats=args.sentence_repeats,
+        word_fraction=args.word_fraction,
+        cooldown_start=args.cooldown_start,
+        cooldown_steps=args.cooldown_steps,
     )
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())

@@ -101,6 +101,25 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
         assert scores["passed"] == within
 
 
+def test_length_penalty_sweep_scores_each_value_and_names_the_best(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export.length_penalty import main as sweep_main
+    from model.data import Pair, write_tsv
+
+    data = tmp_path / "valid.tsv"
+    write_tsv([Pair("Ich habe keine Ahnung.", "I have no idea."), Pair("Das Haus ist alt.", "The house is old.")], data)
+    assert (
+        sweep_main(["--model-dir", str(exported), "--data", str(data), "--values", "0.5,1.5", "--beam-size", "2"]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines[:2]]
+    assert [r["length_penalty"] for r in rows] == [0.5, 1.5]
+    assert all(set(r) == {"length_penalty", "de-en", "en-de"} for r in rows)
+    best = max(rows, key=lambda r: r["de-en"] + r["en-de"])
+    assert lines[2].startswith(f"best on {data} (2 sentences): length penalty {best['length_penalty']}")
+
+
 def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
     """The TopK appended to every decoder graph, on inputs full of ties: exact ties within and across
     rows, and ties that only the float32 add of a large row score creates (values an ulp apart)."""

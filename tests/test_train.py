@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
-from model.batching import Example, collate, token_batches
+from model.batching import Example, collate, epoch_examples, token_batches
 from model.config import ModelConfig
 from model.data import Pair, write_tsv
 from model.decode import greedy
@@ -25,6 +25,22 @@ def test_lr_warms_up_then_decays() -> None:
     cfg = TrainConfig(peak_lr=1e-3, warmup_steps=100)
     assert lr_at(50, cfg) < lr_at(100, cfg) == 1e-3
     assert lr_at(400, cfg) == 1e-3 * 0.5
+
+
+def test_cooldown_falls_linearly_to_zero_from_the_decayed_rate() -> None:
+    plain = TrainConfig(peak_lr=1e-3, warmup_steps=100)
+    cool = TrainConfig(peak_lr=1e-3, warmup_steps=100, cooldown_start=400, cooldown_steps=200)
+    assert lr_at(400, cool) == lr_at(400, plain) == 5e-4  # unchanged up to the start
+    assert lr_at(500, cool) == 5e-4 * 0.5
+    assert lr_at(600, cool) == lr_at(900, cool) == 0.0
+
+
+def test_mixture_repeats_sentences_and_samples_words() -> None:
+    examples = [Example((1,), (2,), "sentence"), Example((1,), (3,), "phrase")] + [Example((1,), (4,), "word")] * 1000
+    chosen = epoch_examples(examples, TrainConfig(sentence_repeats=5, word_fraction=0.1).mixture, random.Random(0))
+    classes = [e.weight_class for e in chosen]
+    assert classes.count("sentence") == 5 and classes.count("phrase") == 1
+    assert 60 < classes.count("word") < 140
 
 
 def test_token_batches_respect_budget() -> None:
@@ -82,3 +98,14 @@ def test_warm_start_loads_a_shipped_artifact_and_continues_its_schedule(tiny_mod
     other = Trainer(args, ModelConfig(**{**load_config(tiny_model_dir).to_dict(), "d_ff": 48}), TrainConfig())
     with pytest.raises(ValueError, match="another shape"):
         other.warm_start(tiny_model_dir, start_step=0)
+
+
+def test_loss_plot_chains_a_resumed_run(tmp_path: Path) -> None:
+    from model.plot import chain, plot
+
+    base = [{"step": s, "train_loss": 5.0 - s / 100, "valid_loss": 4.0 - s / 100} for s in (100, 200, 300)]
+    finish = [{"step": s, "train_loss": 2.0, "valid_loss": 1.5} for s in (250, 350)]  # resumed from step 200
+    records, takeovers = chain([base, finish])
+    assert [r["step"] for r in records] == [100, 200, 250, 350] and takeovers == [200]
+    plot(records, tmp_path / "loss.png", takeovers)
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
