@@ -59,6 +59,12 @@ class TrainConfig:
     cooldown_steps: int = 0  # length of that fall
 
     @property
+    def last_step(self) -> int:
+        """`max_steps`, or the end of the cooldown: past it the rate is zero and a step changes nothing."""
+        cooldown_end = self.cooldown_start + self.cooldown_steps if self.cooldown_steps else self.max_steps
+        return min(self.max_steps, cooldown_end)
+
+    @property
     def mixture(self) -> Mixture:
         return Mixture(self.sentence_repeats, self.word_fraction)
 
@@ -222,7 +228,7 @@ class Trainer:
         self.model.train()
         start = last_save = time.time()
         tokens, loss_sum, loss_n = 0, 0.0, 0
-        while self.step < self.tcfg.max_steps:
+        while self.step < self.tcfg.last_step:
             batches = self.epoch_batches()
             bar = tqdm(batches[self.batch_in_epoch :], desc=f"epoch {self.epoch}", mininterval=30)
             for examples in bar:
@@ -233,7 +239,7 @@ class Trainer:
                 self.batch_in_epoch += 1
                 now = time.time()
                 bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", step=self.step, refresh=False)
-                out_of_time = now - start > self.tcfg.max_minutes * 60 or self.step >= self.tcfg.max_steps
+                out_of_time = now - start > self.tcfg.max_minutes * 60 or self.step >= self.tcfg.last_step
                 if now - last_save > self.tcfg.save_minutes * 60 or out_of_time:
                     self.checkpoint(tokens / (now - last_save), loss_sum / loss_n)
                     last_save, tokens, loss_sum, loss_n = time.time(), 0, 0.0, 0

@@ -33,6 +33,7 @@ def test_cooldown_falls_linearly_to_zero_from_the_decayed_rate() -> None:
     assert lr_at(400, cool) == lr_at(400, plain) == 5e-4  # unchanged up to the start
     assert lr_at(500, cool) == 5e-4 * 0.5
     assert lr_at(600, cool) == lr_at(900, cool) == 0.0
+    assert cool.last_step == 600 and plain.last_step == plain.max_steps  # training stops where the rate hits zero
 
 
 def test_mixture_repeats_sentences_and_samples_words() -> None:
