@@ -14,22 +14,18 @@ from pathlib import Path
 
 import sacrebleu
 
+from export.variants import DIRECTIONS, translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
-from server.offline import translate_ids
 from server.runtime import OnnxRunner
-
-DIRECTIONS = (("de", "en"), ("en", "de"))
 
 
 def bleu_at(runner: OnnxRunner, tokenizer: Tokenizer, pairs: list[Pair], penalty: float, beam: int) -> dict[str, float]:
     """Corpus BLEU per direction ("de-en", "en-de") at one length penalty."""
     scores = {}
     for src_lang, tgt_lang in DIRECTIONS:
-        sources = [tokenizer.encode_source(getattr(p, src_lang), tgt_lang) for p in pairs]
-        best = translate_ids(runner, sources, beam, penalty, None)
-        hypotheses = [tokenizer.decode(list(h[0].tokens)) for h in best]
+        hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam, penalty)
         references = [getattr(p, tgt_lang) for p in pairs]
         scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
     return scores

@@ -18,7 +18,7 @@ from pathlib import Path
 import sacrebleu
 
 from model.artifact import TOKENIZER_FILE
-from model.data import read_tsv
+from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
 from server.metadata import VARIANTS_FILE, available_variants
 from server.offline import translate_ids
@@ -44,11 +44,9 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
     pairs = fits[:limit]  # the shipped model fits every test sentence; a tiny test model may not
     scores: dict[str, float] = {"sentences": len(pairs)}
     for src_lang, tgt_lang in DIRECTIONS:
-        sources = [tokenizer.encode_source(getattr(p, src_lang), tgt_lang) for p in pairs]
         start = time.perf_counter()
-        best = translate_ids(runner, sources, beam_size, 1.0, None)  # the server's default output limit
+        hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam_size, 1.0)
         scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
-        hypotheses = [tokenizer.decode(list(h[0].tokens)) for h in best]
         references = [getattr(p, tgt_lang) for p in pairs]
         scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
         scores[f"{src_lang}-{tgt_lang}_chrf"] = round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2)
@@ -56,6 +54,21 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
     for rows in STEP_ROWS:
         scores[f"step_ms_{rows}_rows"] = step_latency_ms(runner, source, rows)
     return scores
+
+
+def translate_pairs(
+    runner: OnnxRunner,
+    tokenizer: Tokenizer,
+    pairs: list[Pair],
+    direction: tuple[str, str],
+    beam_size: int,
+    length_penalty: float,
+) -> list[str]:
+    """Best beam hypothesis for each pair's `direction[0]` side, as text, at the server's default output limit."""
+    src_lang, tgt_lang = direction
+    sources = [tokenizer.encode_source(getattr(p, src_lang), tgt_lang) for p in pairs]
+    best = translate_ids(runner, sources, beam_size, length_penalty, None)
+    return [tokenizer.decode(list(h[0].tokens)) for h in best]
 
 
 def step_latency_ms(runner: OnnxRunner, source: list[int], rows: int, steps: int = 20) -> float:

@@ -69,14 +69,34 @@ class TrainConfig:
         return Mixture(self.sentence_repeats, self.word_fraction)
 
 
+# TrainConfig fields settable from the command line (--max-tokens, ...); the rest keep their defaults
+TRAIN_FLAGS = (
+    "max_tokens",
+    "peak_lr",
+    "warmup_steps",
+    "max_minutes",
+    "max_steps",
+    "save_minutes",
+    "sentence_repeats",
+    "word_fraction",
+    "cooldown_start",
+    "cooldown_steps",
+)
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to `peak_lr`, then decay with 1/sqrt(step) as in the paper; with a cooldown, a
     linear fall to zero from `cooldown_start` (a short anneal at the end of a budget buys a lower loss
     than the same steps at the 1/sqrt rate)."""
     step = max(step, 1)
     if cfg.cooldown_steps and step > cfg.cooldown_start:
-        done = (step - cfg.cooldown_start) / cfg.cooldown_steps
-        return lr_at(cfg.cooldown_start, dataclasses.replace(cfg, cooldown_steps=0)) * max(0.0, 1.0 - done)
+        left = max(0.0, 1.0 - (step - cfg.cooldown_start) / cfg.cooldown_steps)
+        return paper_lr(cfg.cooldown_start, cfg) * left
+    return paper_lr(step, cfg)
+
+
+def paper_lr(step: int, cfg: TrainConfig) -> float:
+    step = max(step, 1)
     return cfg.peak_lr * min(step / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / step))
 
 
@@ -269,18 +289,7 @@ def parse_args() -> argparse.Namespace:
         ("dropout", float),
     ):
         p.add_argument(f"--{name.replace('_', '-')}", type=field_type, default=getattr(ModelConfig, name))
-    for name in (
-        "max_tokens",
-        "peak_lr",
-        "warmup_steps",
-        "max_minutes",
-        "max_steps",
-        "save_minutes",
-        "sentence_repeats",
-        "word_fraction",
-        "cooldown_start",
-        "cooldown_steps",
-    ):
+    for name in TRAIN_FLAGS:
         default = getattr(TrainConfig, name)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     return p.parse_args()
@@ -308,18 +317,7 @@ def main() -> None:
     )
     if args.init_from:
         mcfg = dataclasses.replace(load_config(args.init_from), dropout=args.dropout)
-    tcfg = TrainConfig(
-        max_tokens=args.max_tokens,
-        peak_lr=args.peak_lr,
-        warmup_steps=args.warmup_steps,
-        max_minutes=args.max_minutes,
-        max_steps=args.max_steps,
-        save_minutes=args.save_minutes,
-        sentence_repeats=args.sentence_repeats,
-        word_fraction=args.word_fraction,
-        cooldown_start=args.cooldown_start,
-        cooldown_steps=args.cooldown_steps,
-    )
+    tcfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_FLAGS})
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())
     (args.run / "train_config.json").write_text(json.dumps(tcfg.__dict__, indent=2))
