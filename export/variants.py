@@ -22,7 +22,7 @@ from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
 from server.metadata import VARIANTS_FILE, available_variants
 from server.offline import translate_ids
-from server.runner import EncodeItem
+from server.runner import EncodeItem, Runner
 from server.runtime import OnnxRunner
 
 BLEU_GATE = 0.5
@@ -57,7 +57,7 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
 
 
 def translate_pairs(
-    runner: OnnxRunner,
+    runner: Runner,
     tokenizer: Tokenizer,
     pairs: list[Pair],
     direction: tuple[str, str],

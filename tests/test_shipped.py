@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
+from export.variants import translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
 from model.tokenizer import Tokenizer
@@ -60,7 +61,6 @@ def test_shipped_model_translates_short_held_out_sentences(exported_shipped: Pat
     model = onnx_model(exported_shipped, max_slots=64)
     tok = Tokenizer(exported_shipped / TOKENIZER_FILE)
     pairs = sorted(read_tsv(TEST_FILE), key=lambda p: (len(getattr(p, source)), getattr(p, source)))[:50]
-    sources = [tok.encode_source(getattr(p, source), target) for p in pairs]
-    hypotheses = [tok.decode(list(h[0].tokens)) for h in translate_ids(model.runner, sources, 4, 1.0, None)]
+    hypotheses = translate_pairs(model.runner, tok, pairs, (source, target), beam_size=4, length_penalty=1.0)
     chrf = sacrebleu.corpus_chrf(hypotheses, [[getattr(p, target) for p in pairs]]).score
     assert chrf >= CHRF_FLOOR, f"chrF {chrf:.1f} on 50 short test sentences {source}->{target}: {hypotheses[:5]}"
