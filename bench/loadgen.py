@@ -144,7 +144,11 @@ async def closed_loop(send: Sender, queries: Sequence[Query], concurrency: int, 
 
 
 def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float, max_output_len: int = 0) -> Sender:
-    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default)."""
+    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default).
+
+    The length penalty is sent, 1.0, as the offline engines decode: the server's default may be tuned per
+    direction (decoding.json), and a comparison must decode the same search on both sides.
+    """
     stub = translation_pb2_grpc.TranslatorStub(channel)
 
     async def send(query: Query) -> int:
@@ -152,6 +156,7 @@ def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float, max
             source_language=query.source_language,
             target_language=query.target_language,
             beam_size=beam_size,
+            length_penalty=1.0,
             max_output_len=max_output_len,
         )
         request = translation_pb2.TranslateRequest(texts=[query.text], options=options)

@@ -1,6 +1,7 @@
 """python -m export.variants --model-dir DIR [--limit N]: BLEU per exported variant and the 0.5 gate.
 
-Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on CPU,
+Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on CPU, at the
+length penalty the server defaults to for each direction (`decoding.json`, tuned on validation; else 1.0),
 scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes `<model-dir>/variants.json`;
 a variant passes if its BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant`
 reads the result.
@@ -20,7 +21,7 @@ import sacrebleu
 from model.artifact import TOKENIZER_FILE
 from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
-from server.metadata import VARIANTS_FILE, available_variants
+from server.metadata import DEFAULT_LENGTH_PENALTY, VARIANTS_FILE, available_variants, read_length_penalties
 from server.offline import translate_ids
 from server.runner import EncodeItem, Runner
 from server.runtime import OnnxRunner
@@ -43,9 +44,12 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
     ]
     pairs = fits[:limit]  # the shipped model fits every test sentence; a tiny test model may not
     scores: dict[str, float] = {"sentences": len(pairs)}
+    penalties = read_length_penalties(model_dir)
     for src_lang, tgt_lang in DIRECTIONS:
+        penalty = penalties.get(f"{src_lang}-{tgt_lang}", DEFAULT_LENGTH_PENALTY)
+        scores[f"{src_lang}-{tgt_lang}_length_penalty"] = penalty
         start = time.perf_counter()
-        hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam_size, 1.0)
+        hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam_size, penalty)
         scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
         references = [getattr(p, tgt_lang) for p in pairs]
         scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)

@@ -6,17 +6,17 @@ Nothing past the servicer sees a protobuf object; nothing here knows of the engi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from server.documents import PartialSentence, RequestLimits, TextTranslation
 from server.engine import DecodeOptions
 from server.errors import InvalidRequest
+from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.runner import ModelSpec
 
 DEFAULT_BEAM_SIZE = 4
-DEFAULT_LENGTH_PENALTY = 1.0
-MAX_LENGTH_PENALTY = 2.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class ModelDescription:
     opset: int  # ONNX opset of the graphs
     model_sha256: str  # hash of the source weights the graphs were exported from
     dtype: str  # weight dtype of the variant
+    # Length penalty a request gets when it sets none, by direction ("de-en"); tuned on the validation
+    # set (server.metadata.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
+    length_penalty: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,16 @@ def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
     return [(s, t) for s in languages for t in languages if s != t]
 
 
-def parse_request(request: pb.TranslateRequest, spec: ModelSpec, limits: RequestLimits) -> TranslateJob:
-    """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks."""
+def parse_request(
+    request: pb.TranslateRequest,
+    spec: ModelSpec,
+    limits: RequestLimits,
+    default_length_penalty: Mapping[str, float] | None = None,
+) -> TranslateJob:
+    """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks.
+
+    `default_length_penalty` ("de-en" -> alpha) fills in a request that sets no length penalty.
+    """
     texts = list(request.texts)
     if not texts:
         raise InvalidRequest(f"the request has no texts; send 1 to {limits.max_texts} in `texts`")
@@ -67,7 +78,8 @@ def parse_request(request: pb.TranslateRequest, spec: ModelSpec, limits: Request
                 "split it across requests"
             )
     source, target = _parse_languages(request.options, spec)
-    options = _parse_options(request.options, spec, limits)
+    pair_default = (default_length_penalty or {}).get(f"{source}-{target}", DEFAULT_LENGTH_PENALTY)
+    options = _parse_options(request.options, spec, limits, pair_default)
     return TranslateJob(texts, source, target, options, request.options.return_scores)
 
 
@@ -82,11 +94,13 @@ def _parse_languages(options: pb.TranslationOptions, spec: ModelSpec) -> tuple[s
     return source, target
 
 
-def _parse_options(options: pb.TranslationOptions, spec: ModelSpec, limits: RequestLimits) -> DecodeOptions:
+def _parse_options(
+    options: pb.TranslationOptions, spec: ModelSpec, limits: RequestLimits, default_length_penalty: float
+) -> DecodeOptions:
     beam = options.beam_size if options.HasField("beam_size") else DEFAULT_BEAM_SIZE
     if not 1 <= beam <= limits.max_beam_size:
         raise InvalidRequest(f"options.beam_size must be in 1..{limits.max_beam_size}, got {beam}")
-    penalty = options.length_penalty if options.HasField("length_penalty") else DEFAULT_LENGTH_PENALTY
+    penalty = options.length_penalty if options.HasField("length_penalty") else default_length_penalty
     if not (math.isfinite(penalty) and 0.0 <= penalty <= MAX_LENGTH_PENALTY):
         raise InvalidRequest(f"options.length_penalty must be in 0..{MAX_LENGTH_PENALTY}, got {penalty}")
     if options.max_output_len > spec.max_target_len:
@@ -150,4 +164,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
         opset=model.opset,
         model_sha256=model.model_sha256,
         dtype=model.dtype,
+        default_length_penalty={
+            f"{s}-{t}": model.length_penalty.get(f"{s}-{t}", DEFAULT_LENGTH_PENALTY) for s, t in language_pairs(spec)
+        },
     )

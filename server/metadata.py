@@ -19,6 +19,9 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
+DECODING_FILE = "decoding.json"  # decoding defaults tuned on the validation set, tracked beside the model
+DEFAULT_LENGTH_PENALTY = 1.0  # for a direction the model directory has no tuned value for
+MAX_LENGTH_PENALTY = 2.0
 DEFAULT_BY_PROVIDER = {"cuda": "fp16", "cpu": "int8"}
 
 
@@ -110,3 +113,21 @@ def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
     if "fp32" not in available:
         raise MetadataError(f"no fp32 export under {model_dir / 'onnx'}; run python -m export --model-dir {model_dir}")
     return "fp32"
+
+
+def read_length_penalties(model_dir: Path) -> dict[str, float]:
+    """Default length penalty by direction ("de-en") from `decoding.json`; {} when the model has none.
+
+    Written by `python -m export.length_penalty --write` from a sweep on the validation set: the best
+    penalty differs by direction (German references run longer), and a request may still set its own.
+    """
+    path = model_dir / DECODING_FILE
+    if not path.is_file():
+        return {}
+    penalties = json.loads(path.read_text()).get("length_penalty", {})
+    if not isinstance(penalties, dict):
+        raise MetadataError(f"{path}: length_penalty must map a direction such as 'de-en' to a number")
+    for pair, value in penalties.items():
+        if not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_LENGTH_PENALTY:
+            raise MetadataError(f"{path}: length_penalty[{pair!r}] must be a number in 0..{MAX_LENGTH_PENALTY}")
+    return {str(pair): float(value) for pair, value in penalties.items()}

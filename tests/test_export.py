@@ -116,8 +116,48 @@ def test_length_penalty_sweep_scores_each_value_and_names_the_best(
     rows = [json.loads(line) for line in lines[:2]]
     assert [r["length_penalty"] for r in rows] == [0.5, 1.5]
     assert all(set(r) == {"length_penalty", "de-en", "en-de"} for r in rows)
-    best = max(rows, key=lambda r: r["de-en"] + r["en-de"])
-    assert lines[2].startswith(f"best on {data} (2 sentences): length penalty {best['length_penalty']}")
+    best = {d: max(rows, key=lambda r: (r[d], -abs(r["length_penalty"] - 1.0)))["length_penalty"] for d in rows[0]}
+    del best["length_penalty"]
+    assert lines[2] == f"best on {data} (2 sentences), per direction: {best}"
+    assert not (exported / "decoding.json").exists()  # only --write changes what the server defaults to
+
+
+def test_length_penalty_write_records_the_best_per_direction_and_the_server_reads_it(
+    exported: Path, tmp_path: Path
+) -> None:
+    from export.length_penalty import main as sweep_main
+    from model.data import Pair, write_tsv
+    from server.metadata import read_length_penalties
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(exported, model_dir)
+    data = tmp_path / "valid.tsv"
+    write_tsv([Pair("Ich habe keine Ahnung.", "I have no idea."), Pair("Das Haus ist alt.", "The house is old.")], data)
+    args = ["--model-dir", str(model_dir), "--data", str(data), "--values", "0.5,1.5", "--beam-size", "2", "--write"]
+    assert sweep_main(args) == 0
+    record = json.loads((model_dir / "decoding.json").read_text())
+    sweep = record["bleu_by_length_penalty"]
+    assert set(sweep) == {"0.5", "1.5"} and record["tuned_on"] == {"data": str(data), "sentences": 2, "beam_size": 2}
+    for direction, chosen in record["length_penalty"].items():
+        assert sweep[str(chosen)][direction] == max(scores[direction] for scores in sweep.values())
+    assert read_length_penalties(model_dir) == record["length_penalty"]
+
+
+def test_length_penalty_write_refuses_the_test_set(exported: Path) -> None:
+    from export.length_penalty import main as sweep_main
+
+    with pytest.raises(SystemExit):
+        sweep_main(["--model-dir", str(exported), "--data", "data/test.tsv", "--write"])
+    assert not (exported / "decoding.json").exists()
+
+
+def test_best_length_penalty_is_chosen_per_direction_and_ties_keep_one() -> None:
+    from export.length_penalty import best_per_direction
+
+    sweep = {0.8: {"de-en": 10.0, "en-de": 6.0}, 1.0: {"de-en": 10.0, "en-de": 6.5}, 1.4: {"de-en": 9.0, "en-de": 7.0}}
+    assert best_per_direction(sweep) == {"de-en": 1.0, "en-de": 1.4}
+    assert best_per_direction({0.5: {"de-en": 5.0}, 1.2: {"de-en": 5.0}}) == {"de-en": 1.2}  # a tie: nearest 1.0
+    assert best_per_direction({0.5: {"de-en": 5.0}, 1.5: {"de-en": 5.0}}) == {"de-en": 0.5}  # equally near: smaller
 
 
 def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
@@ -150,3 +190,16 @@ def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
         want_scores, want_ids = row_candidates(feeds["x"], row_scores, k)
         np.testing.assert_array_equal(ids, want_ids, err_msg=f"trial {trial}")
         np.testing.assert_array_equal(scores, want_scores, err_msg=f"trial {trial}")
+
+
+def test_length_penalties_are_optional_and_checked(tmp_path: Path) -> None:
+    from server.metadata import read_length_penalties
+
+    assert read_length_penalties(tmp_path) == {}  # no decoding.json: every direction gets the default
+    path = tmp_path / "decoding.json"
+    path.write_text(json.dumps({"length_penalty": {"de-en": 1.2, "en-de": 1}}))
+    assert read_length_penalties(tmp_path) == {"de-en": 1.2, "en-de": 1.0}
+    for bad in ({"de-en": 2.5}, {"de-en": -0.1}, {"de-en": "1.0"}, [1.0]):
+        path.write_text(json.dumps({"length_penalty": bad}))
+        with pytest.raises(MetadataError, match="length_penalty"):
+            read_length_penalties(tmp_path)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -19,7 +22,7 @@ import pytest
 from model.tokenizer import Tokenizer
 from server.config import ServerConfig
 from server.documents import RequestLimits
-from server.main import SERVICE_NAME, LoadedModel, TranslationServer
+from server.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.splitter import join, split
@@ -169,6 +172,19 @@ def test_list_models_reports_languages_pairs_limits_and_runtime(served: RunningS
     assert info.limits.max_output_len == model.runner.spec.max_target_len
     assert info.limits.max_beam_size == 8
     assert (info.variant, info.provider, info.opset) == ("fp32", "fake", 18)
+
+
+def test_a_request_without_length_penalty_gets_the_models_default_for_its_direction(model: LoadedModel) -> None:
+    tuned = replace(model, description=replace(model.description, length_penalty={"de-en": 0.5}))
+    text = "Ich verstehe ihre Gedankengänge nicht. Es hörte auf zu regnen."
+    with running_server(tuned, config()) as served:
+        (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+        default = served.stub.Translate(request([text], return_scores=True, num_hypotheses=2)).results[0]
+        explicit = served.stub.Translate(request([text], return_scores=True, num_hypotheses=2, length_penalty=1.0))
+    assert dict(info.default_length_penalty) == {"de-en": 0.5, "en-de": 1.0}  # untuned directions: 1.0
+    for got, penalty in ((default, 0.5), (explicit.results[0], 1.0)):
+        want = expected_hypotheses(model, text, penalty=penalty)[:2]
+        assert [(h.text, h.score) for h in got.hypotheses] == [(t, pytest.approx(s, abs=1e-4)) for t, s in want]
 
 
 LONG_SENTENCE = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."
@@ -525,3 +541,16 @@ def test_list_models_describes_the_onnx_runtime(
     assert (info.variant, info.provider, info.dtype) == ("fp32", "CPUExecutionProvider", "float32")
     assert info.model_sha256 == weights_sha256(tiny_model_dir)
     assert info.opset >= 17 and list(info.available_variants) == ["fp32"]
+
+
+def test_the_models_tuned_length_penalties_load_and_a_wrong_direction_stops_startup(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    export_tiny_onnx(tiny_model_dir)
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "decoding.json").write_text(json.dumps({"length_penalty": {"en-de": 1.4}}))
+    assert onnx_model(model_dir).description.length_penalty == {"en-de": 1.4}
+    (model_dir / "decoding.json").write_text(json.dumps({"length_penalty": {"de-fr": 1.4}}))
+    with pytest.raises(StartupError, match=r"length penalty for \['de-fr'\]"):
+        onnx_model(model_dir)

@@ -62,7 +62,9 @@ class TranslationOptions(_message.Message):
     beam_size: _builtins.int
     """Beam width, 1..8; 1 is greedy search. Default 4."""
     length_penalty: _builtins.float
-    """Length penalty alpha: hypotheses are ranked by score / length ** alpha; 0..2. Default 1.0."""
+    """Length penalty alpha: hypotheses are ranked by score / length ** alpha; 0..2. Default: the
+    model's value for the direction (ModelInfo.default_length_penalty), else 1.0.
+    """
     max_output_len: _builtins.int
     """Most tokens generated per sentence, 1..the model's limit. 0 (default): 3 x the sentence's source
     tokens + 10, at most the model's limit (a translation is rarely longer than twice its source;
@@ -395,6 +397,26 @@ class ModelInfo(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class DefaultLengthPenaltyEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     LANGUAGES_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
@@ -405,6 +427,7 @@ class ModelInfo(_message.Message):
     OPSET_FIELD_NUMBER: _builtins.int
     MODEL_SHA256_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
+    DEFAULT_LENGTH_PENALTY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Model name (the model directory's name, e.g. "shipped")."""
     variant: _builtins.str
@@ -433,6 +456,12 @@ class ModelInfo(_message.Message):
     def available_variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Variants exported next to the one in use."""
 
+    @_builtins.property
+    def default_length_penalty(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Length penalty a request that sets none gets, by direction ("de-en"): tuned per direction on the
+        validation set.
+        """
+
     def __init__(
         self,
         *,
@@ -446,10 +475,11 @@ class ModelInfo(_message.Message):
         opset: _builtins.int = ...,
         model_sha256: _builtins.str = ...,
         dtype: _builtins.str = ...,
+        default_length_penalty: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_length_penalty", b"default_length_penalty", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
