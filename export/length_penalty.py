@@ -1,55 +1,93 @@
 """python -m export.length_penalty --model-dir DIR [--data data/valid.tsv] [--values 0.6,0.8,1.0,1.2] [--write]
 
 BLEU of beam search at several length penalties (score / length ** penalty), both directions, through
-the fp32 export on CPU. Tune on the validation sentences, never on the test set. With `--write` the
-best penalty of each direction goes into `<model-dir>/decoding.json`, with the sweep that chose it:
-the server's default for a request that sets none (`server.metadata.read_length_penalties`), and
-what `export.variants` scores the test set with.
+the fp32 export on CPU. Tune on the validation sentences, never on the test set.
+
+With `--write`, each direction's default goes into `<model-dir>/decoding.json`, with the sweep behind
+it: the best penalty if it beats 1.0 by sacreBLEU's paired bootstrap test (Koehn 2004; 1,000
+resamples, p < 0.05), else 1.0. A few hundred validation sentences move BLEU by tenths from noise
+alone, and a default that only fits the noise would serve every request worse. The server uses the
+file for a request that sets no penalty (`server.metadata.read_length_penalties`), and
+`export.variants` scores the test set with it. Run it after each export of new weights: the file
+names the weights it was tuned on, and the server refuses a file tuned on others.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import sacrebleu
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest, Result
 
-from export.variants import DIRECTIONS, translate_pairs
+from export.variants import DIRECTIONS, TEST_FILE, translate_pairs
 from model.artifact import TOKENIZER_FILE
-from model.data import Pair, read_tsv
+from model.data import read_tsv
 from model.tokenizer import Tokenizer
-from server.metadata import DECODING_FILE
+from server.metadata import DECODING_FILE, DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
 from server.runtime import OnnxRunner
 
-Sweep = dict[float, dict[str, float]]  # penalty -> BLEU by direction ("de-en")
+SIGNIFICANCE = 0.05  # a default other than 1.0 must beat 1.0 at this p-value
+BOOTSTRAP_SAMPLES = 1000
+
+Hypotheses = dict[float, list[str]]  # penalty -> one output per validation sentence
 
 
-def bleu_at(runner: OnnxRunner, tokenizer: Tokenizer, pairs: list[Pair], penalty: float, beam: int) -> dict[str, float]:
-    """Corpus BLEU per direction ("de-en", "en-de") at one length penalty."""
-    scores = {}
-    for src_lang, tgt_lang in DIRECTIONS:
-        hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam, penalty)
-        references = [getattr(p, tgt_lang) for p in pairs]
-        scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
-    return scores
+def best_penalty(bleu: dict[float, float]) -> float:
+    """The penalty with the highest BLEU; a tie goes to the one nearest 1.0, then to the smaller."""
+    return max(bleu, key=lambda p: (bleu[p], -round(abs(p - DEFAULT_LENGTH_PENALTY), 9), -p))
 
 
-def best_per_direction(sweep: Sweep) -> dict[str, float]:
-    """The penalty with the highest BLEU in each direction; a tie goes to the one nearest 1.0 (no penalty
-    change without evidence), then to the smaller."""
-    directions = next(iter(sweep.values())).keys()
-    return {d: max(sweep, key=lambda p: (sweep[p][d], -abs(p - 1.0), -p)) for d in directions}
+def paired_bootstrap_p(baseline: list[str], candidate: list[str], references: list[str]) -> float:
+    """p-value that `candidate` is no better than `baseline` in BLEU (sacreBLEU's paired bootstrap, fixed seed)."""
+    test = PairedTest(
+        [("baseline", baseline), ("candidate", candidate)],
+        {"BLEU": BLEU()},
+        [references],
+        test_type="bs",
+        n_samples=BOOTSTRAP_SAMPLES,
+    )
+    _, results = test()
+    candidate_result = results["BLEU"][1]  # [0] is the baseline
+    assert isinstance(candidate_result, Result)
+    return 1.0 if candidate_result.p_value is None else float(candidate_result.p_value)
 
 
-def decoding_record(sweep: Sweep, data: Path, sentences: int, beam: int) -> dict[str, object]:
-    """What `decoding.json` holds: the chosen penalties and the evidence for them."""
-    return {
-        "length_penalty": best_per_direction(sweep),
-        "tuned_on": {"data": str(data), "sentences": sentences, "beam_size": beam},
-        "bleu_by_length_penalty": {str(p): scores for p, scores in sorted(sweep.items())},
-    }
+@dataclass(frozen=True)
+class Choice:
+    """One direction's default and the evidence for it."""
+
+    length_penalty: float  # the default: `best` if it beat 1.0 significantly, else 1.0
+    best: float  # highest BLEU on the validation set
+    p_value: float  # paired bootstrap, `best` against 1.0 (1.0 when best is 1.0 or no better)
+    bleu_by_length_penalty: dict[str, float]
+
+
+def choose(hypotheses: Hypotheses, references: list[str]) -> Choice:
+    """One direction's default from its outputs at each penalty (1.0 among them)."""
+    bleu = {p: round(sacrebleu.corpus_bleu(h, [references]).score, 2) for p, h in hypotheses.items()}
+    best = best_penalty(bleu)
+    p_value = 1.0
+    if best != DEFAULT_LENGTH_PENALTY and bleu[best] > bleu[DEFAULT_LENGTH_PENALTY]:
+        p_value = paired_bootstrap_p(hypotheses[DEFAULT_LENGTH_PENALTY], hypotheses[best], references)
+    return Choice(
+        length_penalty=best if p_value < SIGNIFICANCE else DEFAULT_LENGTH_PENALTY,
+        best=best,
+        p_value=round(p_value, 4),
+        bleu_by_length_penalty={str(p): b for p, b in sorted(bleu.items())},
+    )
+
+
+def parse_values(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",")]
+    if not all(math.isfinite(v) and 0.0 <= v <= MAX_LENGTH_PENALTY for v in values):
+        raise ValueError(f"length penalties must be in 0..{MAX_LENGTH_PENALTY}, got {text}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,25 +96,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("data/valid.tsv"))
     parser.add_argument("--values", default="0.6,0.8,1.0,1.2", help="comma-separated penalties")
     parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument(
-        "--write", action="store_true", help=f"write the best per direction to <model-dir>/{DECODING_FILE}"
-    )
+    parser.add_argument("--write", action="store_true", help=f"write each direction's default to {DECODING_FILE}")
     args = parser.parse_args(argv)
-    if args.write and args.data.name == "test.tsv":
-        parser.error("--write tunes the served defaults: use the validation set, never the test set")
+    try:
+        values = parse_values(args.values)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.write and args.data.resolve() == TEST_FILE.resolve():
+        parser.error("--write sets the served defaults: tune on the validation set, never on the test set")
+    if args.write and DEFAULT_LENGTH_PENALTY not in values:
+        parser.error(f"--write compares each penalty with {DEFAULT_LENGTH_PENALTY}: include it in --values")
     tokenizer = Tokenizer(args.model_dir / TOKENIZER_FILE)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
     pairs = read_tsv(args.data)
-    sweep: Sweep = {}
-    for penalty in (float(v) for v in args.values.split(",")):
-        sweep[penalty] = bleu_at(runner, tokenizer, pairs, penalty, args.beam_size)
-        print(json.dumps({"length_penalty": penalty, **sweep[penalty]}), flush=True)
-    record = decoding_record(sweep, args.data, len(pairs), args.beam_size)
-    print(f"best on {args.data} ({len(pairs)} sentences), per direction: {record['length_penalty']}")
-    if args.write:
-        path = args.model_dir / DECODING_FILE
-        path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {path}")
+    outputs: dict[str, Hypotheses] = {direction_name(s, t): {} for s, t in DIRECTIONS}
+    for penalty in values:
+        row: dict[str, float] = {}
+        for src, tgt in DIRECTIONS:
+            hyps = translate_pairs(runner, tokenizer, pairs, (src, tgt), args.beam_size, penalty)
+            outputs[direction_name(src, tgt)][penalty] = hyps
+            references = [getattr(p, tgt) for p in pairs]
+            row[direction_name(src, tgt)] = round(sacrebleu.corpus_bleu(hyps, [references]).score, 2)
+        print(json.dumps({"length_penalty": penalty, **row}), flush=True)
+    if not args.write:
+        return 0
+    chosen = {
+        direction_name(s, t): choose(outputs[direction_name(s, t)], [getattr(p, t) for p in pairs])
+        for s, t in DIRECTIONS
+    }
+    record = {
+        "length_penalty": {name: c.length_penalty for name, c in chosen.items()},
+        "weights_sha256": runner.metadata.source_sha256,
+        "tuned_on": {
+            "data": str(args.data), "sentences": len(pairs), "beam_size": args.beam_size,
+            "rule": f"best penalty if it beats {DEFAULT_LENGTH_PENALTY} by paired bootstrap "
+            f"({BOOTSTRAP_SAMPLES} resamples) at p < {SIGNIFICANCE}",
+        },
+        "directions": {name: asdict(c) for name, c in chosen.items()},
+    }  # fmt: skip
+    path = args.model_dir / DECODING_FILE
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}: {record['length_penalty']}")
     return 0
 
 

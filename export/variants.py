@@ -21,7 +21,7 @@ import sacrebleu
 from model.artifact import TOKENIZER_FILE
 from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
-from server.metadata import DEFAULT_LENGTH_PENALTY, VARIANTS_FILE, available_variants, read_length_penalties
+from server.metadata import VARIANTS_FILE, available_variants, direction_name, read_length_penalties, read_metadata
 from server.offline import translate_ids
 from server.runner import EncodeItem, Runner
 from server.runtime import OnnxRunner
@@ -32,7 +32,9 @@ DIRECTIONS = (("de", "en"), ("en", "de"))
 STEP_ROWS = (1, 64)  # decoder-step latency is reported for one row and for a full batch of rows
 
 
-def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: int) -> dict[str, float]:
+def variant_bleu(
+    model_dir: Path, variant: str, limit: int | None, beam_size: int, length_penalty: dict[str, float]
+) -> dict[str, float]:
     """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
     tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
     runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64)
@@ -44,10 +46,8 @@ def variant_bleu(model_dir: Path, variant: str, limit: int | None, beam_size: in
     ]
     pairs = fits[:limit]  # the shipped model fits every test sentence; a tiny test model may not
     scores: dict[str, float] = {"sentences": len(pairs)}
-    penalties = read_length_penalties(model_dir)
     for src_lang, tgt_lang in DIRECTIONS:
-        penalty = penalties.get(f"{src_lang}-{tgt_lang}", DEFAULT_LENGTH_PENALTY)
-        scores[f"{src_lang}-{tgt_lang}_length_penalty"] = penalty
+        penalty = length_penalty[direction_name(src_lang, tgt_lang)]
         start = time.perf_counter()
         hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam_size, penalty)
         scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
@@ -93,14 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--beam-size", type=int, default=4)
     args = parser.parse_args(argv)
+    weights = read_metadata(args.model_dir / "onnx" / "fp32").source_sha256
+    penalties = read_length_penalties(args.model_dir, [direction_name(s, t) for s, t in DIRECTIONS], weights)
     results = {
-        v: variant_bleu(args.model_dir, v, args.limit, args.beam_size) for v in available_variants(args.model_dir)
+        v: variant_bleu(args.model_dir, v, args.limit, args.beam_size, penalties)
+        for v in available_variants(args.model_dir)
     }
     reference = results["fp32"]
     for scores in results.values():
         scores_passed = all(scores[f"{s}-{t}"] >= reference[f"{s}-{t}"] - BLEU_GATE for s, t in DIRECTIONS)
         scores["passed"] = scores_passed
-    record = {"gate_bleu": BLEU_GATE, "beam_size": args.beam_size, "limit": args.limit, "variants": results}
+    record = {
+        "gate_bleu": BLEU_GATE,
+        "beam_size": args.beam_size,
+        "length_penalty": penalties,
+        "limit": args.limit,
+        "variants": results,
+    }
     (args.model_dir / VARIANTS_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     print(json.dumps(record, indent=2, sort_keys=True))
     return 0

@@ -65,7 +65,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.add_argument("--source", required=True, help="source language, e.g. de")
     parser.add_argument("--target", required=True, help="target language, e.g. en")
     parser.add_argument("--beam-size", type=int, default=None, help="beam width (server default 4)")
-    parser.add_argument("--length-penalty", type=float, default=None, help="length penalty (server default 1.0)")
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="length penalty (default: the model's for the direction, see ListModels)",
+    )
     parser.add_argument("--max-output-len", type=int, default=0, help="most tokens per sentence (0 = model limit)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")

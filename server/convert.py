@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from server.documents import PartialSentence, RequestLimits, TextTranslation
 from server.engine import DecodeOptions
 from server.errors import InvalidRequest
-from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
+from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.runner import ModelSpec
 
@@ -30,9 +30,9 @@ class ModelDescription:
     opset: int  # ONNX opset of the graphs
     model_sha256: str  # hash of the source weights the graphs were exported from
     dtype: str  # weight dtype of the variant
-    # Length penalty a request gets when it sets none, by direction ("de-en"); tuned on the validation
-    # set (server.metadata.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
-    length_penalty: Mapping[str, float] = field(default_factory=dict)
+    # Length penalty a request gets when it sets none, by direction ("de-en"): decoding.json's value
+    # (server.metadata.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
+    default_length_penalty: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class TranslateJob:
 
     @property
     def lang_pair(self) -> str:
-        return f"{self.source_lang}-{self.target_lang}"
+        return direction_name(self.source_lang, self.target_lang)
 
 
 def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
@@ -60,7 +60,7 @@ def parse_request(
     request: pb.TranslateRequest,
     spec: ModelSpec,
     limits: RequestLimits,
-    default_length_penalty: Mapping[str, float] | None = None,
+    default_length_penalty: Mapping[str, float],
 ) -> TranslateJob:
     """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks.
 
@@ -78,7 +78,7 @@ def parse_request(
                 "split it across requests"
             )
     source, target = _parse_languages(request.options, spec)
-    pair_default = (default_length_penalty or {}).get(f"{source}-{target}", DEFAULT_LENGTH_PENALTY)
+    pair_default = default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
     options = _parse_options(request.options, spec, limits, pair_default)
     return TranslateJob(texts, source, target, options, request.options.return_scores)
 
@@ -165,6 +165,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
         model_sha256=model.model_sha256,
         dtype=model.dtype,
         default_length_penalty={
-            f"{s}-{t}": model.length_penalty.get(f"{s}-{t}", DEFAULT_LENGTH_PENALTY) for s, t in language_pairs(spec)
+            name: model.default_length_penalty.get(name, DEFAULT_LENGTH_PENALTY)
+            for name in (direction_name(s, t) for s, t in language_pairs(spec))
         },
     )

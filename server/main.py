@@ -81,7 +81,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
 
 def _open_model(config: ServerConfig) -> LoadedModel:
     # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
-    from server.metadata import available_variants, choose_variant, read_length_penalties
+    from server.metadata import available_variants, choose_variant, direction_name, read_length_penalties
     from server.runtime import open_runner
 
     model_dir = config.model_dir
@@ -92,10 +92,8 @@ def _open_model(config: ServerConfig) -> LoadedModel:
         spin_threads=config.spin_threads,
     )  # fmt: skip
     meta = runner.metadata
-    length_penalty = read_length_penalties(model_dir)
-    known = {f"{s}-{t}" for s, t in language_pairs(runner.spec)}
-    if unknown := sorted(set(length_penalty) - known):
-        raise ValueError(f"decoding.json sets a length penalty for {unknown}; the model translates {sorted(known)}")
+    directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
+    length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
     logger.info(
         "loaded %s variant %s on %s with %s caches (requested provider %s)",
         model_dir, variant, runner.provider, runner.kv_cache, provider,
@@ -108,7 +106,7 @@ def _open_model(config: ServerConfig) -> LoadedModel:
         opset=int(meta.opset),
         model_sha256=str(meta.source_sha256),
         dtype=str(meta.dtype),
-        length_penalty=length_penalty,
+        default_length_penalty=length_penalty,
     )
     return LoadedModel(runner, load_tokenizer(model_dir, runner.spec.tag_ids), description)
 

@@ -1,11 +1,15 @@
-"""Metadata written beside each exported variant; the service reads only this, never training flags."""
+"""Metadata written beside each exported variant, and the files tracked beside the model that the service
+reads (variants.json: the BLEU gate; decoding.json: tuned decoding defaults); never training flags."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from server.runner import ModelSpec
 
@@ -115,19 +119,37 @@ def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
     return "fp32"
 
 
-def read_length_penalties(model_dir: Path) -> dict[str, float]:
-    """Default length penalty by direction ("de-en") from `decoding.json`; {} when the model has none.
+def direction_name(source: str, target: str) -> str:
+    """How a translation direction is named in files, metrics and ListModels: "de-en"."""
+    return f"{source}-{target}"
 
-    Written by `python -m export.length_penalty --write` from a sweep on the validation set: the best
-    penalty differs by direction (German references run longer), and a request may still set its own.
+
+def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sha256: str) -> dict[str, float]:
+    """The default length penalty of every direction: `decoding.json`'s tuned value, else 1.0.
+
+    `python -m export.length_penalty --write` tunes it per direction on the validation set. The file
+    must name the weights the graphs were exported from (`weights_sha256`): a value tuned on other
+    weights is refused, not served silently. Values are rounded to float32, the proto's type, so a
+    client that sends back what ListModels reported decodes exactly as with the default.
     """
+    defaults = dict.fromkeys(directions, DEFAULT_LENGTH_PENALTY)
     path = model_dir / DECODING_FILE
     if not path.is_file():
-        return {}
-    penalties = json.loads(path.read_text()).get("length_penalty", {})
-    if not isinstance(penalties, dict):
-        raise MetadataError(f"{path}: length_penalty must map a direction such as 'de-en' to a number")
-    for pair, value in penalties.items():
-        if not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_LENGTH_PENALTY:
-            raise MetadataError(f"{path}: length_penalty[{pair!r}] must be a number in 0..{MAX_LENGTH_PENALTY}")
-    return {str(pair): float(value) for pair, value in penalties.items()}
+        return defaults
+    record = json.loads(path.read_text())
+    tuned = record.get("length_penalty") if isinstance(record, dict) else None
+    if not isinstance(tuned, dict):
+        raise MetadataError(f'{path}: expected {{"length_penalty": {{"de-en": 1.0, ...}}, "weights_sha256": ...}}')
+    if record.get("weights_sha256") != weights_sha256:
+        raise MetadataError(
+            f"{path} was tuned on other weights than the exported graphs' ({weights_sha256[:12]}...): "
+            f"run python -m export.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4 --write, "
+            "or delete it to serve 1.0"
+        )
+    if unknown := sorted(set(tuned) - set(defaults)):
+        raise MetadataError(f"{path} sets a length penalty for {unknown}; the model translates {sorted(defaults)}")
+    for name, value in tuned.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_LENGTH_PENALTY:
+            raise MetadataError(f"{path}: length_penalty[{name!r}] must be a number in 0..{MAX_LENGTH_PENALTY}")
+        defaults[name] = float(np.float32(value))
+    return defaults

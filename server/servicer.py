@@ -95,7 +95,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         return self._backend
 
     def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
-        job = parse_request(request, backend.spec, self.limits, backend.model.length_penalty)
+        job = parse_request(request, backend.spec, self.limits, backend.model.default_length_penalty)
         call.lang_pair = job.lang_pair
         return job
 

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from server.convert import MAX_LENGTH_PENALTY
 from server.documents import RequestLimits
 from server.errors import MALFORMED_MESSAGE
+from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from tests.serving import (
     RunningServer,
     fake_model,
@@ -112,7 +112,7 @@ def test_bytes_that_do_not_parse_are_invalid_argument(served: RunningServer, cas
 def option_errors(options: dict[str, object]) -> bool:
     """Whether the options break a documented rule (independently of the texts)."""
     beam = options.get("beam_size", 4)
-    penalty = options.get("length_penalty", 1.0)
+    penalty = options.get("length_penalty", DEFAULT_LENGTH_PENALTY)
     n_best = options.get("num_hypotheses", 1)
     assert isinstance(beam, int) and isinstance(penalty, float) and isinstance(n_best, int)
     return not (

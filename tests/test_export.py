@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 from export.__main__ import main
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
-from server.metadata import MetadataError, available_variants, choose_variant, read_metadata
+from server.metadata import MetadataError, available_variants, choose_variant, read_length_penalties, read_metadata
 
 
 @pytest.fixture(scope="module")
@@ -101,63 +102,89 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
         assert scores["passed"] == within
 
 
-def test_length_penalty_sweep_scores_each_value_and_names_the_best(
+VALID_PAIRS = [("Ich habe keine Ahnung.", "I have no idea."), ("Das Haus ist alt.", "The house is old.")]
+
+
+def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
     exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from export.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
 
     data = tmp_path / "valid.tsv"
-    write_tsv([Pair("Ich habe keine Ahnung.", "I have no idea."), Pair("Das Haus ist alt.", "The house is old.")], data)
+    write_tsv([Pair(de, en) for de, en in VALID_PAIRS], data)
     assert (
         sweep_main(["--model-dir", str(exported), "--data", str(data), "--values", "0.5,1.5", "--beam-size", "2"]) == 0
     )
-    lines = capsys.readouterr().out.splitlines()
-    rows = [json.loads(line) for line in lines[:2]]
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["length_penalty"] for r in rows] == [0.5, 1.5]
     assert all(set(r) == {"length_penalty", "de-en", "en-de"} for r in rows)
-    best = {d: max(rows, key=lambda r: (r[d], -abs(r["length_penalty"] - 1.0)))["length_penalty"] for d in rows[0]}
-    del best["length_penalty"]
-    assert lines[2] == f"best on {data} (2 sentences), per direction: {best}"
     assert not (exported / "decoding.json").exists()  # only --write changes what the server defaults to
 
 
-def test_length_penalty_write_records_the_best_per_direction_and_the_server_reads_it(
+def test_length_penalty_write_records_each_direction_and_the_weights_and_the_server_reads_it(
     exported: Path, tmp_path: Path
 ) -> None:
     from export.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
-    from server.metadata import read_length_penalties
 
     model_dir = tmp_path / "model"
     shutil.copytree(exported, model_dir)
     data = tmp_path / "valid.tsv"
-    write_tsv([Pair("Ich habe keine Ahnung.", "I have no idea."), Pair("Das Haus ist alt.", "The house is old.")], data)
-    args = ["--model-dir", str(model_dir), "--data", str(data), "--values", "0.5,1.5", "--beam-size", "2", "--write"]
+    write_tsv([Pair(de, en) for de, en in VALID_PAIRS], data)
+    args = ["--model-dir", str(model_dir), "--data", str(data), "--values", "0.5,1.0", "--beam-size", "2", "--write"]
     assert sweep_main(args) == 0
     record = json.loads((model_dir / "decoding.json").read_text())
-    sweep = record["bleu_by_length_penalty"]
-    assert set(sweep) == {"0.5", "1.5"} and record["tuned_on"] == {"data": str(data), "sentences": 2, "beam_size": 2}
-    for direction, chosen in record["length_penalty"].items():
-        assert sweep[str(chosen)][direction] == max(scores[direction] for scores in sweep.values())
-    assert read_length_penalties(model_dir) == record["length_penalty"]
+    weights = weights_sha256(model_dir)
+    assert record["weights_sha256"] == weights
+    assert record["tuned_on"]["sentences"] == 2 and record["tuned_on"]["beam_size"] == 2
+    assert set(record["directions"]) == {"de-en", "en-de"}
+    for name, evidence in record["directions"].items():
+        assert set(evidence["bleu_by_length_penalty"]) == {"0.5", "1.0"}
+        assert record["length_penalty"][name] == evidence["length_penalty"]
+    assert read_length_penalties(model_dir, ["de-en", "en-de"], weights) == record["length_penalty"]
 
 
-def test_length_penalty_write_refuses_the_test_set(exported: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "data/test.tsv", "--write"], "never on the test set"),
+        (["--values", "0.6,1.4", "--write"], "include it in --values"),
+        (["--values", "0.6,2.5"], "must be in 0..2.0"),
+    ],
+)
+def test_length_penalty_refuses_what_would_tune_badly(
+    exported: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export.length_penalty import TEST_FILE
     from export.length_penalty import main as sweep_main
 
-    with pytest.raises(SystemExit):
-        sweep_main(["--model-dir", str(exported), "--data", "data/test.tsv", "--write"])
+    args = [str(TEST_FILE) if a == "data/test.tsv" else a for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_main(["--model-dir", str(exported), *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not (exported / "decoding.json").exists()
 
 
-def test_best_length_penalty_is_chosen_per_direction_and_ties_keep_one() -> None:
-    from export.length_penalty import best_per_direction
+def test_best_length_penalty_and_ties() -> None:
+    from export.length_penalty import best_penalty
 
-    sweep = {0.8: {"de-en": 10.0, "en-de": 6.0}, 1.0: {"de-en": 10.0, "en-de": 6.5}, 1.4: {"de-en": 9.0, "en-de": 7.0}}
-    assert best_per_direction(sweep) == {"de-en": 1.0, "en-de": 1.4}
-    assert best_per_direction({0.5: {"de-en": 5.0}, 1.2: {"de-en": 5.0}}) == {"de-en": 1.2}  # a tie: nearest 1.0
-    assert best_per_direction({0.5: {"de-en": 5.0}, 1.5: {"de-en": 5.0}}) == {"de-en": 0.5}  # equally near: smaller
+    assert best_penalty({0.8: 10.0, 1.0: 10.5, 1.4: 11.0}) == 1.4
+    assert best_penalty({0.5: 5.0, 1.2: 5.0}) == 1.2  # a tie goes to the one nearest 1.0
+    assert best_penalty({0.6: 5.0, 1.4: 5.0}) == 0.6  # equally near (0.4 vs 0.3999...): the smaller
+
+
+def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
+    from export.length_penalty import choose
+
+    references = [f"the {w} house is very old and it stands on the hill ." for w in ("red", "big", "new", "tall")] * 40
+    truncated = [r.rsplit(" ", 4)[0] for r in references]  # short outputs: brevity penalty and lost n-grams
+    clear_win = choose({1.0: truncated, 1.4: references}, references)
+    assert (clear_win.length_penalty, clear_win.best) == (1.4, 1.4) and clear_win.p_value < 0.05
+    one_sentence = truncated[:]
+    one_sentence[0] = references[0]  # better by a single sentence of 160: noise, not evidence
+    noise = choose({1.0: truncated, 1.4: one_sentence}, references)
+    assert (noise.length_penalty, noise.best) == (1.0, 1.4) and noise.p_value >= 0.05
 
 
 def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
@@ -192,14 +219,26 @@ def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
         np.testing.assert_array_equal(scores, want_scores, err_msg=f"trial {trial}")
 
 
-def test_length_penalties_are_optional_and_checked(tmp_path: Path) -> None:
-    from server.metadata import read_length_penalties
-
-    assert read_length_penalties(tmp_path) == {}  # no decoding.json: every direction gets the default
+def test_length_penalties_are_optional_checked_and_tied_to_the_weights(tmp_path: Path) -> None:
+    directions = ["de-en", "en-de"]
+    weights = "ab" * 32
+    assert read_length_penalties(tmp_path, directions, weights) == {"de-en": 1.0, "en-de": 1.0}  # no file: 1.0
     path = tmp_path / "decoding.json"
-    path.write_text(json.dumps({"length_penalty": {"de-en": 1.2, "en-de": 1}}))
-    assert read_length_penalties(tmp_path) == {"de-en": 1.2, "en-de": 1.0}
-    for bad in ({"de-en": 2.5}, {"de-en": -0.1}, {"de-en": "1.0"}, [1.0]):
-        path.write_text(json.dumps({"length_penalty": bad}))
-        with pytest.raises(MetadataError, match="length_penalty"):
-            read_length_penalties(tmp_path)
+    path.write_text(json.dumps({"length_penalty": {"en-de": 1.2}, "weights_sha256": weights}))
+    assert read_length_penalties(tmp_path, directions, weights) == {"de-en": 1.0, "en-de": float(np.float32(1.2))}
+    with pytest.raises(MetadataError, match="tuned on other weights"):
+        read_length_penalties(tmp_path, directions, "cd" * 32)
+    bad_records = [
+        ({"length_penalty": {"de-fr": 1.0}, "weights_sha256": weights}, r"for \['de-fr'\]"),
+        ({"length_penalty": {"de-en": 2.5}, "weights_sha256": weights}, "0..2.0"),
+        ({"length_penalty": {"de-en": -0.1}, "weights_sha256": weights}, "0..2.0"),
+        ({"length_penalty": {"de-en": True}, "weights_sha256": weights}, "0..2.0"),
+        ({"length_penalty": {"de-en": "1.0"}, "weights_sha256": weights}, "0..2.0"),
+        ({"length_penalty": [1.0], "weights_sha256": weights}, "expected"),
+        ({"lenght_penalty": {"de-en": 1.2}, "weights_sha256": weights}, "expected"),
+        ([1.0], "expected"),
+    ]
+    for record, message in bad_records:
+        path.write_text(json.dumps(record))
+        with pytest.raises(MetadataError, match=message):
+            read_length_penalties(tmp_path, directions, weights)

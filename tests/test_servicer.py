@@ -175,7 +175,7 @@ def test_list_models_reports_languages_pairs_limits_and_runtime(served: RunningS
 
 
 def test_a_request_without_length_penalty_gets_the_models_default_for_its_direction(model: LoadedModel) -> None:
-    tuned = replace(model, description=replace(model.description, length_penalty={"de-en": 0.5}))
+    tuned = replace(model, description=replace(model.description, default_length_penalty={"de-en": 0.5}))
     text = "Ich verstehe ihre Gedankengänge nicht. Es hörte auf zu regnen."
     with running_server(tuned, config()) as served:
         (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
@@ -543,14 +543,17 @@ def test_list_models_describes_the_onnx_runtime(
     assert info.opset >= 17 and list(info.available_variants) == ["fp32"]
 
 
-def test_the_models_tuned_length_penalties_load_and_a_wrong_direction_stops_startup(
+def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from model.artifact import weights_sha256
+
     export_tiny_onnx(tiny_model_dir)
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
-    (model_dir / "decoding.json").write_text(json.dumps({"length_penalty": {"en-de": 1.4}}))
-    assert onnx_model(model_dir).description.length_penalty == {"en-de": 1.4}
-    (model_dir / "decoding.json").write_text(json.dumps({"length_penalty": {"de-fr": 1.4}}))
-    with pytest.raises(StartupError, match=r"length penalty for \['de-fr'\]"):
+    tuned = {"length_penalty": {"en-de": 1.5}, "weights_sha256": weights_sha256(model_dir)}
+    (model_dir / "decoding.json").write_text(json.dumps(tuned))
+    assert onnx_model(model_dir).description.default_length_penalty == {"de-en": 1.0, "en-de": 1.5}
+    (model_dir / "decoding.json").write_text(json.dumps(tuned | {"weights_sha256": "0" * 64}))
+    with pytest.raises(StartupError, match="tuned on other weights"):
         onnx_model(model_dir)

@@ -51,7 +51,8 @@ def test_served_translation_equals_offline_decoding(
     with running_server(model) as served:
         reply = served.stub.Translate(request(texts, source=source, target=target, beam_size=4))
     sources = [tok.encode_source(t, target) for t in texts]
-    offline = translate_ids(model.runner, sources, 4, 1.0, None)  # the server's default output limit
+    penalty = model.description.default_length_penalty[f"{source}-{target}"]  # decoding.json's, as served
+    offline = translate_ids(model.runner, sources, 4, penalty, None)  # the server's default output limit
     assert [r.translation for r in reply.results] == [tok.decode(list(h[0].tokens)) for h in offline]
     assert all(r.translation.strip() for r in reply.results)
 
