@@ -37,6 +37,10 @@ QUEUE_FULL_MESSAGE = "the server's queue is full; retry with backoff or on anoth
 DRAINING_MESSAGE = "the server is shutting down; retry on another replica"
 MALFORMED_MESSAGE = "the request is not a valid serialized message of its type (bad wire format or UTF-8)"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token in the `authorization` metadata"
+# A client's deadline fires before the server's copy of it: the client's clock started before the
+# request arrived. The client then cancels the call with a little of the server's deadline left (7 ms
+# measured on loopback for 1 s and 2 s deadlines), so a cancellation this near the deadline is the deadline.
+DEADLINE_SLACK_S = 0.25
 
 
 class ServiceError(Exception):
@@ -177,7 +181,7 @@ async def _fail(
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
         # grpc cancels the handler when the client cancels or its deadline passes
         remaining = context.time_remaining()
-        expired = remaining is not None and remaining <= 0
+        expired = remaining is not None and remaining <= DEADLINE_SLACK_S
         code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
         _observe(metrics, method, call, started, code)
         return

@@ -268,7 +268,9 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
         if where == "queued":
             blocker = served.stub.Translate.future(request(["Das Haus ist groß."], beam_size=1))
             gated.wait_for_step()
-        error = status_of(lambda: served.stub.Translate(request(["Geheimpolizei"], beam_size=1), timeout=0.3))
+        # The gate is shut, so the deadline expires whatever its length; 2 s (not less) so that on a loaded
+        # machine the request surely reaches the server first, and the server's count can be checked.
+        error = status_of(lambda: served.stub.Translate(request(["Geheimpolizei"], beam_size=1), timeout=2.0))
         assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
         gated.gate.set()
         if blocker is not None:
