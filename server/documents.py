@@ -23,6 +23,7 @@ class RequestLimits:
     max_chars_per_text: int = 10_000  # characters (code points) in one text
     max_sentences: int = 512  # sentences in one request after splitting
     max_beam_size: int = 8  # widest beam a request may ask for
+    max_response_bytes: int = 16 * 1024 * 1024  # the server's gRPC send limit, for one Translate response
 
 
 @dataclass(frozen=True)

@@ -302,13 +302,14 @@ class Engine:
         with self._cond:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, set()
-        for sub in inbox:
-            # cannot overflow: submit counted these sentences against the same bound
-            self._scheduler.add(sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at)
+        self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
+        for sub in inbox:  # admitted at submit: queued even if isolate() has since refilled the queue
+            self._scheduler.add(
+                sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at, admitted=True
+            )  # fmt: skip
             self._owners[sub.request_id] = sub.owner
         for request_id in cancels:
             self._scheduler.cancel(request_id)
-        self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
 
     def _publish(self) -> None:
         """Make the scheduler's load visible to other threads; wake drain() once all work is done."""

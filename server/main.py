@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -119,6 +119,18 @@ def load_tokenizer(model_dir: Path, tag_ids: dict[str, int]) -> Tokenizer:
     return tokenizer
 
 
+def request_limits(config: ServerConfig) -> RequestLimits:
+    """The documented limits, tightened to what this server's slots and queue can ever take: a request
+    over them is refused INVALID_ARGUMENT (and ListModels says so), never "queue full, retry" forever."""
+    documented = RequestLimits()
+    return replace(
+        documented,
+        max_beam_size=min(documented.max_beam_size, config.max_slots),
+        max_sentences=min(documented.max_sentences, config.max_queue),
+        max_response_bytes=config.max_message_bytes,
+    )
+
+
 class TranslationServer:
     """One grpc.aio server with the Translator, health and reflection services, and its engine."""
 
@@ -126,7 +138,7 @@ class TranslationServer:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.limits = RequestLimits(max_beam_size=min(RequestLimits().max_beam_size, config.max_slots))
+        self.limits = request_limits(config)
         self.servicer = TranslatorServicer(self.limits, self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engine: Engine | None = None
@@ -192,9 +204,11 @@ class TranslationServer:
         drained = True
         if self.engine is not None:
             drained = await asyncio.to_thread(self.engine.drain, grace)
+            if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
+                await asyncio.to_thread(self.engine.stop)  # not cancelled by grpc's stop below
         await self.server.stop(max(deadline - time.monotonic(), MIN_STOP_GRACE_S))
         if self.engine is not None:
-            self.engine.stop()
+            await asyncio.to_thread(self.engine.stop)  # joins the loop thread: off the event loop
         if not drained:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
         return drained

@@ -209,13 +209,25 @@ class Scheduler:
                 raise ValueError(f"token ids must be in [0, {spec.vocab_size})")
 
     def add(
-        self, request_id: int, sentences: list[list[int]], options: DecodeOptions, deadline: float | None, now: float
+        self,
+        request_id: int,
+        sentences: list[list[int]],
+        options: DecodeOptions,
+        deadline: float | None,
+        now: float,
+        *,
+        admitted: bool = False,
     ) -> None:
-        """Queue every sentence of a request, or none (QueueFullError)."""
+        """Queue every sentence of a request, or none (QueueFullError).
+
+        `admitted`: the caller already counted these sentences against the bound (the engine does, at
+        submit). They are then queued even over it: `isolate` may have refilled the queue with running
+        sentences meanwhile, and refusing work already promised would leave its caller unanswered.
+        """
         self.validate(sentences, options)
         if request_id in self._requests:
             raise ValueError(f"request {request_id} is already scheduled")
-        if len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
+        if not admitted and len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
             raise QueueFullError(f"the queue holds {len(self._queue)} of {self.limits.max_queue_sentences} sentences")
         request = _Request(request_id, options, deadline, pending=len(sentences))
         for index, ids in enumerate(sentences):

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import grpc.aio
 
@@ -26,13 +27,22 @@ from server.convert import (
 )
 from server.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.engine import Engine, Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
-from server.errors import CallRecord, InvalidRequest, Unavailable, request_failed, stream_call, unary_call
+from server.errors import (
+    CallRecord,
+    InvalidRequest,
+    ResponseTooLarge,
+    Unavailable,
+    request_failed,
+    stream_call,
+    unary_call,
+)
 from server.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.runner import ModelSpec
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
+M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 if isinstance(item, TextTranslation):
                     results.append(item)
         results.sort(key=lambda r: r.index)
-        return pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results])
+        return self._fits(pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results]))
 
     @stream_call("TranslateStream")
     async def TranslateStream(
@@ -77,7 +87,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         async with aclosing(self._translate(job, backend, context)) as items:
             async for item in items:
                 if isinstance(item, TextTranslation):
-                    yield pb.TranslateStreamResponse(result=text_result_to_pb(item, job))
+                    yield self._fits(pb.TranslateStreamResponse(result=text_result_to_pb(item, job)))
                 else:
                     yield pb.TranslateStreamResponse(partial=partial_to_pb(item))
 
@@ -88,6 +98,16 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         backend = self._require_backend()
         spec = backend.spec
         return pb.ListModelsResponse(models=[model_info_to_pb(backend.model, spec, self.limits)])
+
+    def _fits(self, message: M) -> M:
+        """The message, if grpc may send it; else a status we send and count (grpc would fail it after us)."""
+        if (size := message.ByteSize()) > self.limits.max_response_bytes:
+            raise ResponseTooLarge(
+                f"the response would be {size:,} bytes, over the server's limit of {self.limits.max_response_bytes:,}"
+                " (each hypothesis repeats its text's whitespace): send fewer texts or hypotheses per request, "
+                "or use TranslateStream (one message per text)"
+            )
+        return message
 
     def _require_backend(self) -> Backend:
         if self._backend is None:

@@ -328,3 +328,56 @@ def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -
         last_line = done.stderr.strip().splitlines()[-1]
         assert last_line.startswith(f"translate-server: could not bind localhost:{first.port}")
         assert first.stub.Translate(request([HOUSE]), timeout=30).results[0].sentences == 1
+
+
+class FailsOnceShared(FakeRunner):
+    """Raises once, on the second step call whose rows come from more than one source."""
+
+    def __init__(self, max_slots: int) -> None:
+        super().__init__(max_slots)
+        self.shared_steps = 0
+
+    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
+        if len({self.slots[s].source for s in slots}) > 1:
+            self.shared_steps += 1
+            if self.shared_steps == 2:
+                raise InjectedFailure("out of memory")
+        return super().step_log_probs(slots, tokens, positions)
+
+
+def test_a_runner_error_with_a_full_queue_reruns_the_batch_and_answers_everyone() -> None:
+    """isolate() puts the running sentences back in a queue that admitted work has already filled: the
+    work admitted while the step ran must still be queued, not refused on the engine thread."""
+    gate = GatedRunner(FailsOnceShared(max_slots=2))
+    engine = Engine(gate, EngineLimits(max_slots=2, max_queue_sentences=2))
+    engine.start()
+    answers: dict[str, Future[Event]] = {}
+
+    def submit(name: str, source: list[int]) -> None:
+        answer: Future[Event] = Future()
+        answers[name] = answer
+
+        def deliver(event: Event) -> None:
+            if isinstance(event, RequestDone | RequestFailed):
+                answer.set_result(event)
+
+        engine.submit([source], DecodeOptions(beam_size=1), deliver)
+
+    try:
+        gate.close_gate()
+        submit("A", [5, 6, 7, 3])
+        submit("B", [5, 8, 3])
+        gate.wait_for_step()  # A and B share the first step
+        gate.gate.set()
+        gate.close_gate()
+        gate.wait_for_step()  # the second shared step, which will raise, is held
+        submit("C", [5, 9, 3])
+        submit("D", [5, 10, 3])  # the queue is at its bound of 2
+        gate.gate.set()
+        outcomes = {name: answer.result(30) for name, answer in answers.items()}
+        assert all(isinstance(o, RequestDone) for o in outcomes.values()), outcomes
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        submit("E", [5, 11, 3])
+        assert isinstance(answers["E"].result(30), RequestDone)
+    finally:
+        engine.stop()

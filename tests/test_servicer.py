@@ -22,6 +22,7 @@ import pytest
 from model.tokenizer import Tokenizer
 from server.config import ServerConfig
 from server.documents import RequestLimits
+from server.errors import deadline_passed
 from server.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -291,16 +292,34 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
         assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
 
 
-def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("remaining", "elapsed", "passed"),
+    [
+        (0.0, 0.3, True),
+        (0.0101, 0.99, True),  # measured at a 1 s deadline: the header rounds up, the client fires first
+        (0.9997, 149.0, True),  # at 150 s
+        (10.0, 2990.0, True),  # at 3000 s
+        (100.0, 86300.0, True),  # at a day
+        (0.15, 0.05, False),  # an early cancel of a 0.2 s call
+        (1.0, 4.0, False),  # a cancel a second before a 5 s deadline
+        (None, 3.0, False),  # no deadline
+    ],
+)
+def test_a_cancellation_at_the_deadline_is_the_deadline(remaining: float | None, elapsed: float, passed: bool) -> None:
+    assert deadline_passed(remaining, elapsed) is passed
+
+
+@pytest.mark.parametrize("timeout", [None, 1.0])
+def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path, timeout: float | None) -> None:
     base = fake_model(tiny_model_dir, max_slots=4)
     gated = GatedRunner(base.runner)
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=4)) as served:
         engine = served.server.engine
         assert engine is not None
         gated.close_gate()
-        stream = served.stub.TranslateStream(request(["Das Haus ist groß."], beam_size=4))
+        stream = served.stub.TranslateStream(request(["Das Haus ist groß."], beam_size=4), timeout=timeout)
         gated.wait_for_step()
-        stream.cancel()
+        stream.cancel()  # well before any deadline: a cancel, not a deadline
         # the cancel travels to the engine asynchronously: let it arrive before the held step ends,
         # or the sentence may finish first and rightly count as translated
         wait_until(lambda: bool(engine._cancels))
@@ -407,6 +426,42 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         assert drained.result(30) is True
 
 
+def test_when_the_drain_grace_runs_out_the_rest_fails_unavailable_and_is_counted_so(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    slow = GatedRunner(base.runner, delay=1.0)  # every step 1 s: the request outlasts the grace
+    with running_server(LoadedModel(slow, base.tokenizer, base.description), config()) as served:
+        slow.close_gate()  # forget the warmup's steps
+        in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei", "Steuerpult"]))
+        slow.wait_for_step()
+        slow.gate.set()
+        drained = served.start(served.server.shutdown(0.3))
+        error = status_of(lambda: in_flight.result(30))
+        assert drained.result(30) is False
+        counted = sample_value(
+            served.registry, "translation_requests_total", method="Translate", code="UNAVAILABLE", lang_pair="de-en"
+        )
+    assert (error.code, error.details) == (grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+    assert counted == 1
+
+
+def test_a_response_over_the_send_limit_is_refused_with_advice_and_counted_so(model: LoadedModel) -> None:
+    text = "Ja." + "\n" * 1500 + "Nein."  # every hypothesis repeats the whitespace between the sentences
+    with running_server(model, config(max_message_bytes=4096)) as served:
+        error = status_of(lambda: served.stub.Translate(request([text], num_hypotheses=4)))
+        streamed = list(served.stub.TranslateStream(request([text, text], num_hypotheses=1)))
+        counted = sample_value(
+            served.registry,
+            "translation_requests_total",
+            method="Translate",
+            code="RESOURCE_EXHAUSTED",
+            lang_pair="de-en",
+        )
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "over the server's limit of 4,096" in error.details and "TranslateStream" in error.details
+    assert counted == 1
+    assert [m.result.translation.count("\n") for m in streamed] == [1500, 1500]  # one text per message fits
+
+
 def test_reflection_lists_the_service_and_can_be_turned_off(model: LoadedModel) -> None:
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -424,6 +479,16 @@ def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
         error = status_of(lambda: served.stub.Translate(request(["Hallo. " * 1000])))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
+
+
+def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model: LoadedModel) -> None:
+    with running_server(model, config(max_queue=4)) as served:
+        (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+        error = status_of(lambda: served.stub.Translate(request(["Ja. Nein. Gut. Schön. Aus."], beam_size=1)))
+        four = served.stub.Translate(request(["Ja. Nein. Gut. Schön."], beam_size=1))
+    assert info.limits.max_sentences_per_request == 4
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "more than 4 sentences" in error.details
+    assert four.results[0].sentences == 4
 
 
 def test_request_limits_match_the_proto_documentation() -> None:

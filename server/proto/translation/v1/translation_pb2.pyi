@@ -10,6 +10,8 @@ INVALID_ARGUMENT naming the limit, never truncated):
   - at most 512 sentences per request, after sentence splitting;
   - each sentence at most `max_source_tokens` tokens (language tag and EOS included);
   - beam_size 1..8; num_hypotheses 1..beam_size; max_output_len 0..`max_output_len`.
+A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
+per request to what it can ever take; ListModels reports the limits in force.
 Languages: "de" and "en"; pairs de-en and en-de.
 
 Status codes:
@@ -17,6 +19,9 @@ Status codes:
                      or sentence over its limit, options out of range.
   RESOURCE_EXHAUSTED the server's queue of waiting sentences is full; nothing of the request was
                      started. Retry with backoff (the load is transient) or on another replica.
+                     Also: a Translate response would exceed the server's message size limit (each
+                     hypothesis repeats its text's whitespace); send fewer texts or hypotheses, or use
+                     TranslateStream, which sends one message per text.
   DEADLINE_EXCEEDED  the gRPC deadline passed while the request was queued or decoding.
   CANCELLED          the client cancelled; its decoding slots are freed at the next step.
   UNAVAILABLE        the server is draining (shutting down), not yet loaded, or its decode loop
