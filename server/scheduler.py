@@ -115,6 +115,7 @@ class _Sentence:
     source_ids: list[int]
     beam: BeamState
     enqueued_at: float
+    waited: bool = False  # its queue wait was reported; a rerun after isolate() does not report another
     slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
@@ -338,7 +339,9 @@ class Scheduler:
             head.running = True
             self._running.append(head)
             batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
-            batch.queue_waits.append(now - head.enqueued_at)
+            if not head.waited:
+                batch.queue_waits.append(now - head.enqueued_at)
+                head.waited = True
             budget -= len(head.source_ids)
 
     def _may_join(self, request: _Request) -> bool:

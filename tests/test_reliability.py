@@ -206,13 +206,15 @@ def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
     sources = {1: [5, 6, 7, 3], 2: [5, 8, 3], 3: [5, 9, 9, 10, 3]}
     for request_id, source in sources.items():
         scheduler.add(request_id, [source], options, None, 0.0)
-    assert scheduler.schedule(0.0).request_ids() == {1, 2, 3}
+    first = scheduler.schedule(0.0)
+    assert first.request_ids() == {1, 2, 3} and len(first.queue_waits) == 3
     assert scheduler.isolate({1, 2, 3}, FailureReason.INTERNAL, "failed") == []  # nobody fails yet
     assert (scheduler.active_slots, scheduler.queue_depth) == (0, 3)
     shared: list[set[int]] = []
     done: dict[int, list[tuple[int, ...]]] = {}
     while not scheduler.idle:
         batch = scheduler.schedule(0.0)
+        assert not batch.queue_waits, "a rerun sentence reported its queue wait once, when first admitted"
         shared.append(batch.request_ids())
         if batch.copy_sources:
             runner.copy_slots(batch.copy_sources, batch.copy_destinations)
