@@ -18,7 +18,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from server.metrics import Metrics, StepStats
@@ -125,6 +126,7 @@ class Engine:
         self._idle = True  # nothing in the inbox or the scheduler
         self._draining = False
         self._stopping = False
+        self._admitted_calls = 0  # calls inside admission(): drain waits for them
         self._failed = False  # the loop died: nothing is admitted any more
         self._thread: threading.Thread | None = None
         if metrics is not None:
@@ -162,14 +164,37 @@ class Engine:
         on_event: Callable[[Event], None],
         deadline: float | None = None,
         lang_pair: str = "",
+        *,
+        admitted: bool = False,
     ) -> RequestHandle:
         """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
 
         Raises ValueError for invalid work, QueueFullError when the queue bound would be exceeded,
-        DrainingError once draining or stopped, EngineFailedError once the loop has died.
-        `deadline` is `time.monotonic()` based.
+        DrainingError once draining (unless `admitted`: called inside `admission()`) or stopped,
+        EngineFailedError once the loop has died. `deadline` is `time.monotonic()` based.
         """
-        return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline)
+        return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline, admitted)
+
+    @contextmanager
+    def admission(self) -> Iterator[None]:
+        """Admit a call before its request is ready to submit (splitting and tokenizing take time).
+
+        A call admitted before a drain began may still submit during it, and the drain waits for it:
+        a request that arrived before SIGTERM is translated, not refused. Raises DrainingError once
+        draining, EngineFailedError once the loop has died.
+        """
+        with self._cond:
+            if self._failed:
+                raise EngineFailedError(ENGINE_FAILED_MESSAGE)
+            if self._draining:
+                raise DrainingError("the engine is draining and admits no new requests")
+            self._admitted_calls += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._admitted_calls -= 1
+                self._cond.notify_all()
 
     def warmup(self) -> None:
         """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving."""
@@ -194,7 +219,7 @@ class Engine:
         """Admit nothing new; wait up to `timeout` s for in-flight work; True if all of it finished."""
         with self._cond:
             self._draining = True
-            return self._cond.wait_for(lambda: self._idle, timeout)
+            return self._cond.wait_for(lambda: self._idle and not self._admitted_calls, timeout)
 
     def stop(self) -> None:
         """End the loop after its current iteration and fail what is left with UNAVAILABLE."""
@@ -230,14 +255,19 @@ class Engine:
         self._publish()
 
     def _submit(
-        self, sentences: list[list[int]], options: DecodeOptions, owner: _Owner, deadline: float | None
+        self,
+        sentences: list[list[int]],
+        options: DecodeOptions,
+        owner: _Owner,
+        deadline: float | None,
+        admitted: bool = False,
     ) -> RequestHandle:
         self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
         limit = self._scheduler.limits.max_queue_sentences
         with self._cond:
             if self._failed:
                 raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-            if self._draining:
+            if self._stopping or (self._draining and not admitted):
                 raise DrainingError("the engine is draining and admits no new requests")
             queued = self._scheduled_queue + self._inbox_sentences
             if queued + len(sentences) > limit:

@@ -122,7 +122,19 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def _translate(
         self, job: TranslateJob, backend: Backend, context: Context
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
-        """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens."""
+        """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
+
+        Admitted by the engine first: a drain that begins while the texts are still being split waits
+        for this call instead of refusing it at submit.
+        """
+        with backend.engine.admission():
+            async with aclosing(self._prepare_and_translate(job, backend, context)) as items:
+                async for item in items:
+                    yield item
+
+    async def _prepare_and_translate(
+        self, job: TranslateJob, backend: Backend, context: Context
+    ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the event loop
             prepare_texts,
             job.texts,
@@ -162,7 +174,7 @@ async def _engine_events(
         loop.call_soon_threadsafe(queue.put_nowait, event)
 
     try:
-        handle = engine.submit(sources, job.options, deliver, deadline=deadline, lang_pair=job.lang_pair)
+        handle = engine.submit(sources, job.options, deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True)
     except ValueError as err:  # the engine's own validation; its messages name the limit, never internals
         raise InvalidRequest(str(err)) from err
     finished = False

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.config import ServerConfig
 from server.documents import RequestLimits
 from server.errors import deadline_passed
@@ -29,6 +30,7 @@ from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.splitter import join, split
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
+    START_TIMEOUT_S,
     GatedRunner,
     RunningServer,
     export_tiny_onnx,
@@ -424,6 +426,35 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         gated.gate.set()
         assert [r.sentences for r in in_flight.result(30).results] == [1, 1]
         assert drained.result(30) is True
+
+
+class HeldTokenizer(Tokenizer):
+    """Holds every encode until `release` is set: a request provably still being prepared."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def encode_source(self, text: str, target_lang: str) -> list[int]:
+        self.entered.set()
+        if not self.release.wait(START_TIMEOUT_S):
+            raise TimeoutError("the test never released the tokenizer")
+        return super().encode_source(text, target_lang)
+
+
+def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
+    with running_server(LoadedModel(base.runner, held, base.description), config()) as served:
+        in_flight = served.stub.Translate.future(request(["Das Haus ist groß. Er wartete."]))
+        assert held.entered.wait(30)
+        drained = served.start(served.server.shutdown(30.0))
+        wait_until(lambda: health_status(served.channel, "") == "NOT_SERVING")
+        refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
+        held.release.set()
+        assert in_flight.result(30).results[0].sentences == 2
+        assert drained.result(30) is True
+    assert refused.code == grpc.StatusCode.UNAVAILABLE  # a call that arrives after the drain began
 
 
 def test_when_the_drain_grace_runs_out_the_rest_fails_unavailable_and_is_counted_so(tiny_model_dir: Path) -> None:
