@@ -47,3 +47,24 @@ def test_shipped_parity(shipped_model_dir: Path, tmp_path: Path) -> None:
     shutil.copytree(shipped_model_dir, model_dir, ignore=shutil.ignore_patterns("onnx"))
     assert export_main(["--model-dir", str(model_dir), "--variants", "fp32"]) == 0
     assert parity_main(["--model-dir", str(model_dir), "--limit", "20"]) == 0
+
+
+def test_a_divergence_is_located_and_its_reference_margin_measured(model_dir: Path) -> None:
+    """The parity report's tie rule: the first differing position and PyTorch's log-prob gap there."""
+    import torch
+
+    from export.parity import TOLERANCE, first_divergence
+
+    model = load_artifact(model_dir)
+    src = [5, 6, 7, 3]
+    prefix = [model.cfg.bos_id, 11, 12]
+    with torch.no_grad():
+        s = torch.tensor([src])
+        log_probs = model(s, s != model.cfg.pad_id, torch.tensor([prefix]))[0, -1].log_softmax(-1)
+    best, second = (int(t) for t in log_probs.topk(2).indices)
+    found = first_divergence(model, src, [11, 12, best, 9], [11, 12, second])
+    assert (found.position, found.reference_token, found.onnx_token) == (2, best, second)
+    assert found.margin == pytest.approx(float(log_probs[best] - log_probs[second]), abs=1e-6)
+    assert found.tie == (abs(found.margin) <= TOLERANCE)
+    ended = first_divergence(model, src, [11, 12], [11, 12, best])  # one stops where the other goes on
+    assert (ended.position, ended.reference_token, ended.onnx_token) == (2, model.cfg.eos_id, best)
