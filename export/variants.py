@@ -47,13 +47,14 @@ def variant_bleu(
     pairs = fits[:limit]  # the shipped model fits every test sentence; a tiny test model may not
     scores: dict[str, float] = {"sentences": len(pairs)}
     for src_lang, tgt_lang in DIRECTIONS:
-        penalty = length_penalty[direction_name(src_lang, tgt_lang)]
+        name = direction_name(src_lang, tgt_lang)
+        penalty = length_penalty[name]
         start = time.perf_counter()
         hypotheses = translate_pairs(runner, tokenizer, pairs, (src_lang, tgt_lang), beam_size, penalty)
-        scores[f"{src_lang}-{tgt_lang}_seconds"] = round(time.perf_counter() - start, 2)
+        scores[f"{name}_seconds"] = round(time.perf_counter() - start, 2)
         references = [getattr(p, tgt_lang) for p in pairs]
-        scores[f"{src_lang}-{tgt_lang}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
-        scores[f"{src_lang}-{tgt_lang}_chrf"] = round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2)
+        scores[name] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+        scores[f"{name}_chrf"] = round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2)
     source = tokenizer.encode_source(pairs[0].de, "en")
     for rows in STEP_ROWS:
         scores[f"step_ms_{rows}_rows"] = step_latency_ms(runner, source, rows)

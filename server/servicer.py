@@ -128,37 +128,30 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         for this call instead of refusing it at submit.
         """
         with backend.engine.admission():
-            async with aclosing(self._prepare_and_translate(job, backend, context)) as items:
-                async for item in items:
-                    yield item
-
-    async def _prepare_and_translate(
-        self, job: TranslateJob, backend: Backend, context: Context
-    ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
-        texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the event loop
-            prepare_texts,
-            job.texts,
-            job.source_lang,
-            job.target_lang,
-            backend.tokenizer,
-            self.limits,
-            backend.spec.max_source_len,
-        )
-        assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
-        for blank in assembler.blank_texts():
-            yield blank
-        if not assembler.sources:
-            return
-        async with aclosing(_engine_events(backend.engine, assembler.sources, job, context)) as events:
-            async for event in events:
-                if isinstance(event, TokensEvent):
-                    yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
-                    continue
-                if job.options.stream_tokens:
-                    yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
-                done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
-                if done is not None:
-                    yield done
+            texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the loop
+                prepare_texts,
+                job.texts,
+                job.source_lang,
+                job.target_lang,
+                backend.tokenizer,
+                self.limits,
+                backend.spec.max_source_len,
+            )
+            assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
+            for blank in assembler.blank_texts():
+                yield blank
+            if not assembler.sources:
+                return
+            async with aclosing(_engine_events(backend.engine, assembler.sources, job, context)) as events:
+                async for event in events:
+                    if isinstance(event, TokensEvent):
+                        yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
+                        continue
+                    if job.options.stream_tokens:
+                        yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
+                    done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
+                    if done is not None:
+                        yield done
 
 
 async def _engine_events(
