@@ -371,6 +371,7 @@ class Engine:
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
         """Hand events to their owners; a final event retires the owner."""
+        self._observe_abandoned()  # before the owners (and their language pairs) retire
         for request_id, event in events:
             final = isinstance(event, RequestDone | RequestFailed)
             owner = self._owners.pop(request_id) if final else self._owners[request_id]
@@ -378,6 +379,13 @@ class Engine:
                 output = len(event.hypotheses[0].tokens) if event.hypotheses else 0
                 self._metrics.observe_sentence(owner.lang_pair, event.input_tokens, output)
             self._notify([owner], event)
+
+    def _observe_abandoned(self) -> None:
+        for abandoned in self._scheduler.take_abandoned():  # taken even without metrics: the list must not grow
+            owner = self._owners.get(abandoned.request_id)
+            if self._metrics is not None and owner is not None and owner.lang_pair is not None:
+                reason = abandoned.reason.value
+                self._metrics.observe_abandoned(owner.lang_pair, reason, abandoned.queued, abandoned.decoding)
 
     @staticmethod
     def _notify(owners: Iterable[_Owner], event: Event) -> None:

@@ -91,6 +91,13 @@ class Metrics:
             registry=registry,
         )
         self.sentences = Counter("translation_sentences_total", "Finished sentences.", ["lang_pair"], registry=registry)
+        self.sentences_failed = Counter(
+            "translation_sentences_failed_total",
+            "Unfinished sentences of failed requests by reason (the gRPC status name) and stage: `queued`"
+            " never got slots, `decoding` did. Queue waits only count sentences that got slots.",
+            ["lang_pair", "reason", "stage"],
+            registry=registry,
+        )
         self.padding_efficiency = Histogram(
             "translation_padding_efficiency_ratio",
             "Real over padded tokens per runner call (encoder: source padding; decoder: attended cache span).",
@@ -138,6 +145,11 @@ class Metrics:
         self.sentences.labels(lang_pair=lang_pair).inc()
         self.input_tokens.labels(lang_pair=lang_pair).inc(input_tokens)
         self.output_tokens.labels(lang_pair=lang_pair).inc(output_tokens)
+
+    def observe_abandoned(self, lang_pair: str, reason: str, queued: int, decoding: int) -> None:
+        for stage, count in (("queued", queued), ("decoding", decoding)):
+            if count:
+                self.sentences_failed.labels(lang_pair=lang_pair, reason=reason, stage=stage).inc(count)
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:

@@ -94,6 +94,18 @@ class RequestDone:
     pass
 
 
+@dataclass(frozen=True)
+class Abandoned:
+    """The unfinished sentences of a failed request, by how far they got: what the metrics count, so a
+    queue that times requests out is told apart from decoding that does (queue waits only report
+    sentences that got slots)."""
+
+    request_id: int
+    reason: FailureReason
+    queued: int  # never got slots
+    decoding: int  # got slots (a sentence restarted by `isolate` counts here too)
+
+
 Event = TokensEvent | SentenceDone | RequestFailed | RequestDone
 
 
@@ -176,6 +188,7 @@ class Scheduler:
         self._queue: deque[_Sentence] = deque()
         self._running: list[_Sentence] = []
         self._requests: dict[int, _Request] = {}
+        self._abandoned: list[Abandoned] = []
 
     @property
     def queue_depth(self) -> int:
@@ -191,6 +204,11 @@ class Scheduler:
 
     def request_ids(self) -> list[int]:
         return list(self._requests)
+
+    def take_abandoned(self) -> list[Abandoned]:
+        """What every failure since the last call left unfinished; the list starts empty again."""
+        taken, self._abandoned = self._abandoned, []
+        return taken
 
     def validate(self, sentences: list[list[int]], options: DecodeOptions) -> None:
         """Raise ValueError for work this scheduler can never run."""
@@ -286,6 +304,7 @@ class Scheduler:
         for request_id in request_ids:
             request = self._requests.get(request_id)
             if request is not None:
+                self._abandoned.append(_abandoned(request, reason))
                 self._abort(request)
                 events.append((request_id, RequestFailed(reason, message)))
         return events
@@ -391,6 +410,12 @@ class Scheduler:
             self._release(sentence)
         self._queue = deque(s for s in self._queue if s.request is not request)
         del self._requests[request.request_id]
+
+
+def _abandoned(request: _Request, reason: FailureReason) -> Abandoned:
+    unfinished = [s for s in request.sentences if not s.done]
+    queued = sum(not s.waited for s in unfinished)
+    return Abandoned(request.request_id, reason, queued=queued, decoding=len(unfinished) - queued)
 
 
 def output_limit(requested: int, source_len: int, max_target_len: int) -> int:

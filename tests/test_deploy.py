@@ -34,6 +34,7 @@ COUNTERS = [
     "translation_input_tokens_total",
     "translation_output_tokens_total",
     "translation_sentences_total",
+    "translation_sentences_failed_total",
 ]
 HISTOGRAMS = [
     "translation_request_duration_seconds",
@@ -51,6 +52,7 @@ DASHBOARD_MUST_SHOW = {
     "request rate and errors by status": "translation_requests_total",
     "latency p50/p95/p99": "translation_request_duration_seconds_bucket",
     "queue wait": "translation_queue_wait_seconds_bucket",
+    "sentences that failed in the queue": "translation_sentences_failed_total",
     "time to first result": "translation_time_to_first_result_seconds_bucket",
     "queue depth": "translation_queue_depth",
     "active slots": "translation_active_slots",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -76,7 +77,7 @@ def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
     Metrics(registry)
     # prometheus_client drops a counter's `_total` from the family name; put it back
     names = {f"{f.name}_total" if f.type == "counter" else f.name for f in registry.collect()}
-    assert len(names) == 14 and all(name.startswith("translation_") for name in names), names
+    assert len(names) == 15 and all(name.startswith("translation_") for name in names), names
     units = ("_seconds", "_total", "_ratio", "_slots", "_depth", "_info")
     assert all(name.endswith(units) for name in names), names
 
@@ -140,3 +141,19 @@ def test_metrics_server_serves_the_registry(registry: CollectorRegistry) -> None
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         body = reply.read().decode()
     assert 'translation_requests_total{code="OK",lang_pair="de-en",method="Translate"} 1.0' in body
+
+
+def test_failed_requests_count_their_unfinished_sentences_by_stage(registry: CollectorRegistry) -> None:
+    engine = Engine(FakeRunner(max_slots=2), EngineLimits(max_slots=2), Metrics(registry))
+    events: list[Event] = []
+    expired = time.monotonic() - 1.0
+    engine.submit([[5, 9, 3], [5, 8, 3], [5, 7, 3]], DecodeOptions(beam_size=1), events.append, expired, "de-en")
+    engine.submit([[4, 9, 10, 3]], DecodeOptions(beam_size=2), events.append, None, "en-de")
+    engine.step()  # the first request expires before any of its sentences got slots; the second starts
+    engine.stop()  # never started as a thread: stop() fails what is left, the second request mid-decode
+    failed = "translation_sentences_failed_total"
+    assert value(registry, failed, lang_pair="de-en", reason="DEADLINE_EXCEEDED", stage="queued") == 3
+    assert value(registry, failed, lang_pair="de-en", reason="DEADLINE_EXCEEDED", stage="decoding") == 0
+    assert value(registry, failed, lang_pair="en-de", reason="UNAVAILABLE", stage="decoding") == 1
+    assert value(registry, "translation_queue_wait_seconds_count") == 1, "only the sentence that got slots waited"
+    assert [type(e) for e in events] == [RequestFailed, RequestFailed]

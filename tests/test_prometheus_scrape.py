@@ -307,14 +307,16 @@ def test_dashboard_queries_run_on_live_data(traffic: Traffic) -> None:
     for title, expr in dashboard_queries(json.loads((ROOT / "docker/grafana/dashboards/translation.json").read_text())):
         if not p.query(expr):
             empty.append(title)
-    # Error panels may be empty only if nothing failed; one request did, so every panel has data.
-    assert not empty, f"panels with no data after traffic: {empty}"
+    # Error panels may be empty only if nothing failed. One request did, at the edge (INVALID_ARGUMENT), so
+    # every panel has data but the one of sentences the engine failed: no request failed inside the engine
+    # (tests/test_metrics.py drives that series through a real Engine).
+    assert empty == ["Failed sentences by reason and stage"], f"panels with no data after traffic: {empty}"
 
 
 def test_alert_rules_evaluate_and_stay_quiet_under_healthy_traffic(traffic: Traffic) -> None:
     groups = traffic.prometheus.api("rules")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 5, [r["name"] for r in rules]
+    assert len(rules) == 6, [r["name"] for r in rules]
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
     firing = [r["name"] for r in rules if r["state"] == "firing"]
     assert not firing, firing

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from server.runner import Candidates
 from server.scheduler import (
+    Abandoned,
     Batch,
     DecodeOptions,
     EngineLimits,
@@ -193,6 +194,33 @@ def test_deadline_fails_queued_and_decoding_work_and_frees_slots() -> None:
     assert [item.source_ids for item in batch.encode] == [source(3)]  # the freed slots serve the next request
     run_all(scheduler, runner, events)
     assert done_hypotheses(events[3]) == {0: expected(source(3), DecodeOptions(beam_size=1))}
+
+
+def test_failures_report_how_far_each_unfinished_sentence_got() -> None:
+    scheduler, runner = make(max_slots=2)
+    scheduler.add(1, [source(1), source(2), source(3)], DecodeOptions(beam_size=1), deadline=5.0, now=0.0)
+    scheduler.add(2, [source(4)], DecodeOptions(beam_size=1), deadline=None, now=0.0)
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events, now=1.0)  # sentences 0 and 1 decode, 2 and request 2 wait
+    assert scheduler.take_abandoned() == []
+    iterate(scheduler, runner, events, now=5.0)
+    assert scheduler.take_abandoned() == [Abandoned(1, FailureReason.DEADLINE_EXCEEDED, queued=1, decoding=2)]
+    assert scheduler.take_abandoned() == [], "taking empties the list"
+    scheduler.fail({2}, FailureReason.UNAVAILABLE, "shutting down")
+    assert scheduler.take_abandoned() == [Abandoned(2, FailureReason.UNAVAILABLE, queued=0, decoding=1)]
+
+
+def test_finished_sentences_of_a_failed_request_are_not_counted_as_abandoned() -> None:
+    scheduler, runner = make(max_slots=1)
+    short, long = source(1)[:2], source(2)
+    scheduler.add(1, [short, long], DecodeOptions(beam_size=1), deadline=None, now=0.0)
+    events: Events = defaultdict(list)
+    while not any(isinstance(e, SentenceDone) for e in events[1]):
+        iterate(scheduler, runner, events)
+    scheduler.cancel(1)
+    iterate(scheduler, runner, events)
+    # the done sentence is not counted; the other never got the slot (expiry runs before admission)
+    assert scheduler.take_abandoned() == [Abandoned(1, FailureReason.CANCELLED, queued=1, decoding=0)]
 
 
 def test_cancel_while_queued_and_while_decoding() -> None:
