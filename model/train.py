@@ -9,7 +9,7 @@ Usage:
     python -m model.train --data data --tokenizer model/shipped/tokenizer.model --run runs/base
     python -m model.train ... --resume            # continue
     python -m model.train --run runs/base --ship model/shipped   # average and export only
-    python -m model.train ... --init-from model/shipped --start-step 15573   # warm start, fresh optimiser
+    python -m model.train ... --init-from model/shipped --start-step 24700   # warm start, fresh optimiser
     python -m model.train ... --init-from DIR --start-step N --cooldown-start N --cooldown-steps 1500 \
         --sentence-repeats 6          # finish: anneal to zero with more weight on full sentences
 """

@@ -143,7 +143,7 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     if record.get("weights_sha256") != weights_sha256:
         raise MetadataError(
             f"{path} was tuned on other weights than the exported graphs' ({weights_sha256[:12]}...): "
-            f"run python -m export.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4 --write, "
+            f"run python -m export.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
             "or delete it to serve 1.0"
         )
     if unknown := sorted(set(tuned) - set(defaults)):

@@ -444,7 +444,9 @@ class ModelInfo(_message.Message):
     model_sha256: _builtins.str
     """SHA-256 of the source weights (model.safetensors) the graphs were exported from."""
     dtype: _builtins.str
-    """Weight dtype of the variant, e.g. "float32"."""
+    """Floating-point dtype of the variant's graph inputs and activations, e.g. "float32" (also for int8, whose
+    weights are quantized but whose activations stay float32) or "float16".
+    """
     @_builtins.property
     def languages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Language codes the model reads and writes."""
