@@ -127,7 +127,7 @@ class _Sentence:
     source_ids: list[int]
     beam: BeamState
     enqueued_at: float
-    waited: bool = False  # its queue wait was reported; a rerun after isolate() does not report another
+    waited: bool = False  # it got slots once: its queue wait was reported (a rerun after isolate() reports none)
     slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
@@ -304,7 +304,7 @@ class Scheduler:
         for request_id in request_ids:
             request = self._requests.get(request_id)
             if request is not None:
-                self._abandoned.append(_abandoned(request, reason))
+                self._abandoned.append(_unfinished_of(request, reason))
                 self._abort(request)
                 events.append((request_id, RequestFailed(reason, message)))
         return events
@@ -412,7 +412,7 @@ class Scheduler:
         del self._requests[request.request_id]
 
 
-def _abandoned(request: _Request, reason: FailureReason) -> Abandoned:
+def _unfinished_of(request: _Request, reason: FailureReason) -> Abandoned:
     unfinished = [s for s in request.sentences if not s.done]
     queued = sum(not s.waited for s in unfinished)
     return Abandoned(request.request_id, reason, queued=queued, decoding=len(unfinished) - queued)
