@@ -1,9 +1,12 @@
 """Open-loop and closed-loop gRPC load generator (asyncio).
 
-Open loop: request i leaves at t0 + i / rate whatever happened to earlier requests, so a slow server
+Open loop: request i is due at t0 + i / rate whatever happened to earlier requests, so a slow server
 builds a queue instead of slowing the client down (no coordinated omission); every request is awaited
-after the offering window, and its status and latency are recorded. Closed loop: N workers each send
-their next request when the previous one returns, which finds the saturation throughput.
+after the offering window, and its status and latency are recorded. Latency counts from when the
+request was due, not from when it left: a client that falls behind (its event loop busy with
+responses, on cores it shares with the server) must not hide the delay a real client would see.
+Closed loop: N workers each send their next request when the previous one returns, which finds the
+saturation throughput.
 
 Usage:
   python -m bench.loadgen --address localhost:50051 --rate 20 --duration 10
@@ -41,7 +44,7 @@ class Query:
 class Record:
     """What happened to one request."""
 
-    start: float  # seconds since the run began, when the request was sent
+    start: float  # seconds since the run began, when the request was due (open loop) or sent (closed)
     latency: float  # seconds until its response or error
     code: str  # gRPC status name, "OK" on success
     output_tokens: int  # target tokens the server reported (0 on error)
@@ -103,8 +106,8 @@ def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, c
     )
 
 
-async def _timed(send: Sender, query: Query, t0: float) -> Record:
-    start = time.perf_counter()
+async def _timed(send: Sender, query: Query, t0: float, due: float | None = None) -> Record:
+    start = time.perf_counter() if due is None else due
     try:
         tokens, code = await send(query), "OK"
     except grpc.aio.AioRpcError as err:
@@ -125,7 +128,7 @@ async def open_loop(send: Sender, queries: Sequence[Query], rate: float, duratio
     tasks: list[asyncio.Task[Record]] = []
     for i, offset in enumerate(send_times(rate, duration_s)):
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        tasks.append(asyncio.create_task(_timed(send, queries[i % len(queries)], t0)))
+        tasks.append(asyncio.create_task(_timed(send, queries[i % len(queries)], t0, due=t0 + offset)))
     return list(await asyncio.gather(*tasks))
 
 

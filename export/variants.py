@@ -4,7 +4,7 @@ Decodes data/test.tsv in both directions with beam 4 through each variant's Onnx
 length penalty the server defaults to for each direction (`decoding.json`, tuned on validation; else 1.0),
 scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes `<model-dir>/variants.json`;
 a variant passes if its BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant`
-reads the result.
+reads the result, and trusts it only for the weights it names and a run over the whole test set.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         scores_passed = all(scores[f"{s}-{t}"] >= reference[f"{s}-{t}"] - BLEU_GATE for s, t in DIRECTIONS)
         scores["passed"] = scores_passed
     record = {
+        "weights_sha256": weights,  # the server trusts the gate only for graphs exported from these
         "gate_bleu": BLEU_GATE,
         "beam_size": args.beam_size,
         "length_penalty": penalties,

@@ -29,6 +29,11 @@ class Tokenizer:
         for lang, tag_id in self.tag_ids.items():
             if tag_id == UNK_ID:
                 raise ValueError(f"tokenizer {path} lacks the language tag {LANG_TAGS[lang]}")
+        # The tags are user-defined symbols, which SentencePiece matches inside any text: a "<2de>" typed
+        # by a user would become the control id and steer the model. In text it is spelt out instead.
+        self._spelt_tags = {
+            tag_id: [self.sp.piece_to_id(char) for char in LANG_TAGS[lang]] for lang, tag_id in self.tag_ids.items()
+        }
 
     @property
     def vocab_size(self) -> int:
@@ -36,14 +41,23 @@ class Tokenizer:
 
     def encode_source(self, text: str, target_lang: str) -> list[int]:
         """`<2xx>` + pieces + EOS."""
-        return [self.tag_ids[target_lang], *self.sp.encode(text), EOS_ID]
+        return [self.tag_ids[target_lang], *self.encode_text(text), EOS_ID]
 
     def encode_target(self, text: str) -> list[int]:
         """Pieces + EOS (the decoder input is BOS + these without the EOS)."""
-        return [*self.sp.encode(text), EOS_ID]
+        return [*self.encode_text(text), EOS_ID]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Pieces only; a tag inside the text comes out as its characters, never as the control id."""
+        return self._spell_tags(self.sp.encode(text))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [list(ids) for ids in self.sp.encode(texts)]
+        return [self._spell_tags(ids) for ids in self.sp.encode(texts)]
+
+    def _spell_tags(self, ids: list[int]) -> list[int]:
+        if not self._spelt_tags.keys() & set(ids):
+            return list(ids)
+        return [spelt for i in ids for spelt in self._spelt_tags.get(i, [i])]
 
     def decode(self, ids: list[int]) -> str:
         """Ids back to text; special ids and tags are dropped."""

@@ -1,4 +1,4 @@
-"""Train the Transformer as in the paper, resumable, on CPU or CUDA.
+r"""Train the Transformer as in the paper, resumable, on CPU or CUDA.
 
 Label smoothing, Adam(0.9, 0.98) with linear warmup then inverse-square-root decay, token-count
 batches, dropout. A checkpoint is written every `--save-minutes` and at the end; `--resume` continues

@@ -91,9 +91,14 @@ class RequestHandle:
         self._engine = engine
         self.request_id = request_id
 
-    def cancel(self) -> None:
-        """Fail the request with CANCELLED at the next iteration, queued or decoding; its slots are freed."""
-        self._engine._cancel(self.request_id)
+    def cancel(self, deadline_passed: bool = False) -> None:
+        """Fail the request at the next iteration, queued or decoding; its slots are freed.
+
+        It fails CANCELLED, or DEADLINE_EXCEEDED when the caller cancels because its deadline passed
+        (grpc cancels a call at its deadline, usually before the engine's own check sees it).
+        """
+        reason = FailureReason.DEADLINE_EXCEEDED if deadline_passed else FailureReason.CANCELLED
+        self._engine._cancel(self.request_id, reason)
 
 
 class Engine:
@@ -119,7 +124,7 @@ class Engine:
         # Guarded by _cond: the hand-over from submitters and the load they may read.
         self._cond = threading.Condition()
         self._inbox: list[_Submission] = []
-        self._cancels: set[int] = set()
+        self._cancels: dict[int, FailureReason] = {}
         self._inbox_sentences = 0
         self._scheduled_queue = 0  # scheduler's queue depth as of the last iteration
         self._active_slots = 0
@@ -281,9 +286,9 @@ class Engine:
             self._cond.notify_all()
         return RequestHandle(self, request_id)
 
-    def _cancel(self, request_id: int) -> None:
+    def _cancel(self, request_id: int, reason: FailureReason) -> None:
         with self._cond:
-            self._cancels.add(request_id)
+            self._cancels[request_id] = reason
             self._cond.notify_all()
 
     def _loop(self) -> None:
@@ -324,22 +329,28 @@ class Engine:
                 logger.exception("the engine failure callback raised")
 
     def _fail_all(self, reason: FailureReason, message: str) -> None:
-        self._deliver(self._scheduler.fail(set(self._scheduler.request_ids()), reason, message))
+        """Fail every request still owed an answer: those the scheduler holds, and any it already
+        retired in an iteration that raised before delivering its events (a request that finished
+        in the same step as another's bug)."""
+        events = self._scheduler.fail(set(self._scheduler.request_ids()), reason, message)
+        answered = {request_id for request_id, _ in events}
+        events += [(rid, RequestFailed(reason, message)) for rid in list(self._owners) if rid not in answered]
+        self._deliver(events)
         self._publish()
 
     def _take_inbox(self) -> None:
         """Hand submitted requests and cancellations to the scheduler (engine thread)."""
         with self._cond:
             inbox, self._inbox = self._inbox, []
-            cancels, self._cancels = self._cancels, set()
+            cancels, self._cancels = self._cancels, {}
         self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
         for sub in inbox:  # admitted at submit: queued even if isolate() has since refilled the queue
             self._scheduler.add(
                 sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at, admitted=True
             )  # fmt: skip
             self._owners[sub.request_id] = sub.owner
-        for request_id in cancels:
-            self._scheduler.cancel(request_id)
+        for request_id, reason in cancels.items():
+            self._scheduler.cancel(request_id, reason)
 
     def _publish(self) -> None:
         """Make the scheduler's load visible to other threads; wake drain() once all work is done."""

@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import grpc
@@ -102,6 +102,12 @@ class CallRecord:
 
     lang_pair: str = ""  # set once the request's languages are validated
     first_result_s: float | None = None  # seconds from the call's start to its first result
+    started: float = field(default_factory=time.monotonic)  # when the servicer got the call
+
+
+def cancelled_by_deadline(context: grpc.aio.ServicerContext[Req, Resp], call: CallRecord) -> bool:
+    """Whether grpc cancelled this call because its deadline passed, not because the client left."""
+    return deadline_passed(context.time_remaining(), time.monotonic() - call.started)
 
 
 class Observed(Protocol):
@@ -125,7 +131,8 @@ def unary_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-            call, started = CallRecord(), time.monotonic()
+            call = CallRecord()
+            started = call.started
             try:
                 response = await fn(self, request, context, call)
             except BaseException as exc:
@@ -152,7 +159,8 @@ def stream_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
-            call, started = CallRecord(), time.monotonic()
+            call = CallRecord()
+            started = call.started
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
                 async with contextlib.aclosing(fn(self, request, context, call)) as responses:
@@ -181,8 +189,7 @@ async def _fail(
     """Record the failed call; abort it with its status unless the client is already gone."""
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
         # grpc cancels the handler when the client cancels or its deadline passes
-        expired = deadline_passed(context.time_remaining(), time.monotonic() - started)
-        code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        code = grpc.StatusCode.DEADLINE_EXCEEDED if cancelled_by_deadline(context, call) else grpc.StatusCode.CANCELLED
         _observe(metrics, method, call, started, code)
         return
     if not isinstance(exc, Exception):

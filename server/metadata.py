@@ -4,6 +4,7 @@ reads (variants.json: the BLEU gate; decoding.json: tuned decoding defaults); ne
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from server.runner import ModelSpec
+
+log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
 ENCODER_FILE = "encoder.onnx"
@@ -96,12 +99,28 @@ def available_variants(model_dir: Path) -> list[str]:
 
 
 def passed_gate(model_dir: Path, variant: str) -> bool:
-    """True if `variants.json` records this variant's BLEU within the gate of fp32."""
+    """True if `variants.json` records this variant's BLEU within the gate of fp32, measured on the
+    whole test set and on the weights the variant's graphs were exported from.
+
+    A gate measured on other weights (retrained, exported again, not re-scored) or on a subset says
+    nothing about these graphs: "auto" then serves fp32 and says why, rather than a variant never checked.
+    """
     path = model_dir / VARIANTS_FILE
     if not path.is_file():
         return False
-    entry = json.loads(path.read_text()).get("variants", {}).get(variant, {})
-    return bool(entry.get("passed", False))
+    record = json.loads(path.read_text())
+    if not record.get("variants", {}).get(variant, {}).get("passed", False):
+        return False
+    fix = f"run python -m export.variants --model-dir {model_dir}"
+    weights = read_metadata(model_dir / "onnx" / variant).source_sha256
+    if record.get("weights_sha256") != weights:
+        log.warning("%s was measured on other weights than the %s graphs' (%s...): not trusted; %s",
+                    path, variant, weights[:12], fix)  # fmt: skip
+        return False
+    if record.get("limit") is not None:
+        log.warning("%s was measured on the first %s test pairs only: not trusted; %s", path, record["limit"], fix)
+        return False
+    return True
 
 
 def choose_variant(model_dir: Path, requested: str, provider: str) -> str:

@@ -100,7 +100,9 @@ class Metrics:
         )
         self.padding_efficiency = Histogram(
             "translation_padding_efficiency_ratio",
-            "Real over padded tokens per runner call (encoder: source padding; decoder: attended cache span).",
+            "Real over padded tokens per runner call, by stage: `encode` (source padding of a batch of new"
+            " sentences) and `decode` (attended cache span of a step's rows, each padded to the longest).",
+            ["stage"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
@@ -134,12 +136,12 @@ class Metrics:
             self.step_active_slots.observe(stats.active_slots)
         for wait in stats.queue_waits_s:
             self.queue_wait.observe(wait)
-        for real, padded in (
-            (stats.encode_real_tokens, stats.encode_padded_tokens),
-            (stats.step_real_tokens, stats.step_padded_tokens),
+        for stage, real, padded in (
+            ("encode", stats.encode_real_tokens, stats.encode_padded_tokens),
+            ("decode", stats.step_real_tokens, stats.step_padded_tokens),
         ):
-            if padded:
-                self.padding_efficiency.observe(real / padded)
+            if padded:  # apart: decoder steps outnumber encoder calls, and one mean would hide the encoder
+                self.padding_efficiency.labels(stage=stage).observe(real / padded)
 
     def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
         self.sentences.labels(lang_pair=lang_pair).inc()

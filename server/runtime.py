@@ -6,6 +6,11 @@ gathers the rows' slots up to the longest position in the batch and a per-row `p
 rows at different steps share one graph call; the graph returns only the new key/value row, which
 is written back at each row's own position.
 
+A slot is zeroed past what its new sentence writes when the sentence takes it (`encode`): a step reads
+every row up to the batch's longest span and masks what lies past the row's own, but masking zeroes
+attention weights, and a weight of 0 times a stale NaN or inf is NaN. Without the cleaning, one request
+whose activations overflowed would poison every later occupant of its slots.
+
 Two places for the caches, same bookkeeping and same results:
 - `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device.
 - `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
@@ -114,6 +119,10 @@ class OnnxRunner:
         # reorder copies no cross keys/values at all).
         self.tgt_len = np.zeros(max_slots, dtype=np.int64)
         self.source_key = np.full(max_slots, -1, dtype=np.int64)
+        # How far into each slot anything may have been written since it was last cleaned: what the
+        # next sentence to take the slot must zero (see the module docstring).
+        self.self_written = np.zeros(max_slots, dtype=np.int64)
+        self.cross_written = np.zeros(max_slots, dtype=np.int64)
         self._next_source_key = 0
         self._cross_version = 0  # bumped whenever a slot's cross cache or source mask changes
         self._cross_gather_key: tuple[bytes, int, int] | None = None
@@ -135,6 +144,7 @@ class OnnxRunner:
         mask = ids != self.spec.pad_id
         item_of_slot = np.asarray([row for row, item in enumerate(items) for _ in item.slots], dtype=np.int64)
         slots = np.asarray([slot for item in items for slot in item.slots], dtype=np.int64)
+        self._clean(slots, longest)
         self._encode_into(ids, mask, item_of_slot, slots)
         self.src_mask[slots] = False
         self.src_mask[slots, :longest] = mask[item_of_slot]
@@ -176,6 +186,7 @@ class OnnxRunner:
         }
         outputs = self._decode(feeds | ranking, rows, pos, past_len, src_len, wanted)
         self.tgt_len[rows] = pos + 1
+        self.self_written[rows] = np.maximum(self.self_written[rows], pos + 1)
         return outputs
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
@@ -186,18 +197,32 @@ class OnnxRunner:
         src, dst = src[moved], dst[moved]
         if not src.size:
             return
-        filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read
+        filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read unmasked
         if filled:
             self._move("self", src, dst, filled)
+            self.self_written[dst] = np.maximum(self.self_written[dst], filled)
         other_source = self.source_key[src] != self.source_key[dst]
         if other_source.any():
             s, d = src[other_source], dst[other_source]
-            self._move("cross", s, d, int(self.src_len[s].max()))
+            length = int(self.src_len[s].max())
+            self._move("cross", s, d, length)
+            self.cross_written[d] = np.maximum(self.cross_written[d], length)
             self.src_mask[d] = self.src_mask[s]
             self.src_len[d] = self.src_len[s]
             self._cross_version += 1
         self.tgt_len[dst] = self.tgt_len[src]
         self.source_key[dst] = self.source_key[src]
+
+    def _clean(self, slots: npt.NDArray[np.int64], source_len: int) -> None:
+        """Zero what earlier sentences left in `slots`, before a new one (encoded to `source_len`) takes them."""
+        stale = int(self.self_written[slots].max())
+        if stale:
+            self._zero("self", slots, stale)
+        stale = int(self.cross_written[slots].max())
+        if stale > source_len:  # the first source_len entries are about to be overwritten anyway
+            self._zero("cross", slots, stale)
+        self.self_written[slots] = 0
+        self.cross_written[slots] = source_len
 
     def _source_changed(self, rows: npt.NDArray[np.int64], src_len: int) -> bool:
         """True when the rows' sources differ from the last step's.
@@ -241,6 +266,10 @@ class OnnxRunner:
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         for cache in self.self_kv if kind == "self" else self.cross_kv:
             cache[dst, :, :length] = cache[src, :, :length]
+
+    def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
+        for cache in self.self_kv if kind == "self" else self.cross_kv:
+            cache[slots, :, :length] = 0
 
 
 class DeviceCacheRunner(OnnxRunner):
@@ -334,6 +363,13 @@ class DeviceCacheRunner(OnnxRunner):
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         caches = self.self_kv if kind == "self" else self.cross_kv
         self._run_in_place(self.kv_move, caches, {"src": src, "dst": dst, "length": np.asarray(length, dtype=np.int64)})
+
+    def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
+        """kv_write of one zero block into every slot: the graph that writes encoder output, reused."""
+        caches = self.self_kv if kind == "self" else self.cross_kv
+        zeros = self._zeros((1, self.metadata.n_heads, length, self.metadata.head_dim))
+        blocks: dict[str, object] = {f"encoded_{i}": zeros for i in range(len(caches))}
+        self._run_in_place(self.kv_write, caches, blocks | {"items": np.zeros(len(slots), np.int64), "slots": slots})
 
 
 def open_runner(

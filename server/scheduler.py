@@ -116,7 +116,7 @@ class _Request:
     deadline: float | None  # time.monotonic() based
     pending: int  # sentences not yet done
     sentences: list[_Sentence] = field(default_factory=list)
-    cancelled: bool = False
+    cancelled: FailureReason | None = None  # CANCELLED, or DEADLINE_EXCEEDED when the caller's deadline cancelled it
     suspect: bool = False  # shared a runner call that raised: runs alone from now on (see `isolate`)
 
 
@@ -256,11 +256,11 @@ class Scheduler:
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
 
-    def cancel(self, request_id: int) -> None:
-        """Mark a request cancelled; it fails at the next `schedule` (a no-op for finished requests)."""
+    def cancel(self, request_id: int, reason: FailureReason = FailureReason.CANCELLED) -> None:
+        """Mark a request cancelled; it fails with `reason` at the next `schedule` (a no-op for finished requests)."""
         request = self._requests.get(request_id)
         if request is not None:
-            request.cancelled = True
+            request.cancelled = reason
 
     def schedule(self, now: float) -> Batch:
         """Expire, admit, and list this iteration's rows."""
@@ -337,11 +337,12 @@ class Scheduler:
 
     def _expire(self, now: float, batch: Batch) -> None:
         for request in list(self._requests.values()):
-            if request.cancelled:
-                batch.events += self.fail({request.request_id}, FailureReason.CANCELLED, "the request was cancelled")
-            elif request.deadline is not None and now >= request.deadline:
+            passed = request.deadline is not None and now >= request.deadline
+            if passed or request.cancelled is FailureReason.DEADLINE_EXCEEDED:
                 message = "the deadline passed before the translation finished"
                 batch.events += self.fail({request.request_id}, FailureReason.DEADLINE_EXCEEDED, message)
+            elif request.cancelled is not None:
+                batch.events += self.fail({request.request_id}, request.cancelled, "the request was cancelled")
 
     def _admit(self, now: float, batch: Batch) -> None:
         """Strict FIFO: the head waits for K free slots, so wide beams are never starved by narrow ones."""

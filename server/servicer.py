@@ -32,6 +32,7 @@ from server.errors import (
     InvalidRequest,
     ResponseTooLarge,
     Unavailable,
+    cancelled_by_deadline,
     request_failed,
     stream_call,
     unary_call,
@@ -71,7 +72,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         job = self._parse(request, backend, call)
         job = replace(job, options=replace(job.options, stream_tokens=False))
         results: list[TextTranslation] = []
-        async with aclosing(self._translate(job, backend, context)) as items:
+        async with aclosing(self._translate(job, backend, context, call)) as items:
             async for item in items:
                 if isinstance(item, TextTranslation):
                     results.append(item)
@@ -84,7 +85,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
         backend = self._require_backend()
         job = self._parse(request, backend, call)
-        async with aclosing(self._translate(job, backend, context)) as items:
+        async with aclosing(self._translate(job, backend, context, call)) as items:
             async for item in items:
                 if isinstance(item, TextTranslation):
                     yield self._fits(pb.TranslateStreamResponse(result=text_result_to_pb(item, job)))
@@ -120,7 +121,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         return job
 
     async def _translate(
-        self, job: TranslateJob, backend: Backend, context: Context
+        self, job: TranslateJob, backend: Backend, context: Context, call: CallRecord
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
@@ -142,7 +143,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 yield blank
             if not assembler.sources:
                 return
-            async with aclosing(_engine_events(backend.engine, assembler.sources, job, context)) as events:
+            async with aclosing(_engine_events(backend.engine, assembler.sources, job, context, call)) as events:
                 async for event in events:
                     if isinstance(event, TokensEvent):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
@@ -155,7 +156,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
 
 async def _engine_events(
-    engine: Engine, sources: list[list[int]], job: TranslateJob, context: Context
+    engine: Engine, sources: list[list[int]], job: TranslateJob, context: Context, call: CallRecord
 ) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
     """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
     loop = asyncio.get_running_loop()
@@ -183,4 +184,4 @@ async def _engine_events(
             yield event
     finally:
         if not finished:  # client gone, deadline hit by grpc, or a conversion error: free the slots now
-            handle.cancel()
+            handle.cancel(deadline_passed=cancelled_by_deadline(context, call))  # for the failed-sentences metric

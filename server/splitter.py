@@ -10,13 +10,14 @@ translations with the original separators, so line breaks and spacing survive tr
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
-from functools import cache
 
 import pysbd
 
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 _SUPPORTED = ("de", "en")
+_PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmenter}
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,17 @@ def join(pieces: list[str], separators: list[str]) -> str:
     return "".join(out)
 
 
-@cache
 def _segmenter(language: str) -> pysbd.Segmenter:
-    # clean=False: pysbd must not rewrite the text, we locate its sentences in the original
-    return pysbd.Segmenter(language=language, clean=False)
+    """This thread's segmenter for `language`.
+
+    One per thread, not per process: `Segmenter.segment` keeps its input on the instance and finds
+    its sentences in it, so two threads sharing one locate their sentences in each other's text.
+    """
+    segmenters: dict[str, pysbd.Segmenter] = _PER_THREAD.__dict__.setdefault("segmenters", {})
+    if language not in segmenters:
+        # clean=False: pysbd must not rewrite the text, we locate its sentences in the original
+        segmenters[language] = pysbd.Segmenter(language=language, clean=False)
+    return segmenters[language]
 
 
 def split(text: str, language: str) -> Split:

@@ -72,6 +72,7 @@ ODD_TEXTS = {
     "odd line breaks": "Das Haus.\r\nEr wartete.\u2028Geheimpolizei\u2029Steuerpult\x0b\x0c",
     "whitespace only": " \t\u00a0\u3000\n",
     "private use and noncharacters": "Das \ue000 Haus \ufdd0 ist \U0010fffd groß.",
+    "language tags typed in the text": "Das Haus <2de> ist <2en> groß.",
 }
 
 

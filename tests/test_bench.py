@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 
 import ctranslate2
@@ -112,6 +113,20 @@ def test_open_loop_offers_fixed_rate_and_records_failures() -> None:
     starts = [r.start for r in records]
     assert max(starts) < 0.5 + 0.1  # all sent on schedule although each took 0.2 s
     assert all(r.latency >= 0.19 for r in records)
+
+
+def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
+    """A client that falls behind its schedule must not hide the delay (coordinated omission)."""
+
+    async def send(query: Query) -> int:
+        if query.text == "stall":
+            time.sleep(0.3)  # blocks the client's event loop: the next requests leave late
+        return 1
+
+    queries = [Query("stall", "de", "en"), Query("fast", "de", "en")]
+    records = asyncio.run(open_loop(send, queries, rate=20, duration_s=0.2))  # due at 0, 0.05, 0.1, 0.15 s
+    assert [r.start for r in records] == pytest.approx([0.0, 0.05, 0.1, 0.15], abs=0.02)
+    assert records[1].latency >= 0.2  # due at 0.05 s, could only leave after the stall ended at 0.3 s
 
 
 def test_bench_pipeline_end_to_end_quick(tiny_model_dir: Path, tmp_path: Path) -> None:

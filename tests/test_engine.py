@@ -188,6 +188,34 @@ def test_a_bug_in_an_iteration_fails_in_flight_requests_and_the_loop_survives(
     _wait_until(lambda: engine.active_slots == 0)
 
 
+class OutOfVocabularySecondRow(FakeRunner):
+    """A runner bug: the second row of a step gets a candidate id outside the vocabulary."""
+
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        candidates = super().step(slots, tokens, positions, row_scores, k)
+        ids = candidates.ids.copy()
+        if len(slots) > 1:
+            ids[1, 0] = self.spec.vocab_size + 5
+        return Candidates(candidates.scores, ids)
+
+
+def test_a_bug_after_a_request_finished_in_the_same_step_still_answers_it() -> None:
+    """The scheduler retires a finished request inside `update`; a bug later in that update must not lose it."""
+    engine = Engine(OutOfVocabularySecondRow(max_slots=4), EngineLimits(max_slots=4))
+    done_first, failing = Collector(), Collector()
+    engine.submit([src(30)], DecodeOptions(beam_size=1, max_output_len=1), done_first)  # finishes at step 1
+    engine.submit([src(31)], DecodeOptions(beam_size=1), failing)  # both in the loop's first step
+    engine.start()
+    try:
+        assert failing.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+        assert done_first.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+        assert engine.drain(timeout=WAIT_S) and not engine._owners
+    finally:
+        engine.stop()
+
+
 def test_cancel_while_decoding_frees_the_slots(engine_factory: Callable[..., Engine]) -> None:
     runner = GatedRunner(max_slots=4)
     engine = engine_factory(runner)
@@ -201,6 +229,19 @@ def test_cancel_while_decoding_frees_the_slots(engine_factory: Callable[..., Eng
     assert collector.wait() == RequestFailed(FailureReason.CANCELLED, "the request was cancelled")
     assert not any(isinstance(e, SentenceDone) for e in collector.events)
     _wait_until(lambda: engine.active_slots == 0)
+
+
+def test_a_cancel_at_the_deadline_fails_as_deadline_exceeded(engine_factory: Callable[..., Engine]) -> None:
+    """The servicer cancels with `deadline_passed=True` when grpc ended the call at its deadline."""
+    runner = GatedRunner(max_slots=1)
+    engine = engine_factory(runner)
+    collector = Collector()
+    handle = engine.submit([src(3)], DecodeOptions(beam_size=1), collector, deadline=time.monotonic() + 3600)
+    handle.cancel(deadline_passed=True)
+    runner.open()
+    assert collector.wait() == RequestFailed(
+        FailureReason.DEADLINE_EXCEEDED, "the deadline passed before the translation finished"
+    )
 
 
 def test_deadline_while_queued(engine_factory: Callable[..., Engine]) -> None:
@@ -222,7 +263,7 @@ def test_queue_full_enqueues_nothing(engine_factory: Callable[..., Engine]) -> N
     engine.submit([src(6), src(7)], DecodeOptions(beam_size=1), Collector())
     with pytest.raises(QueueFullError):
         engine.submit([src(8), src(9)], DecodeOptions(beam_size=1), Collector())
-    assert engine.queue_depth <= 2
+    assert engine.queue_depth in (1, 2)  # both waiting, or one already given the slot; the refused ones add none
 
 
 def test_drain_finishes_in_flight_work_and_refuses_new(engine_factory: Callable[..., Engine]) -> None:
@@ -446,8 +487,6 @@ def test_engine_equals_the_pytorch_reference_beam_search(tiny_model_dir: Path) -
 @pytest.fixture(scope="module")
 def exported_tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model exported to fp32 ONNX; returns the variant dir."""
-    pytest.importorskip("server.runtime", reason="server/runtime.py is not there yet")
-    pytest.importorskip("server.offline", reason="server/offline.py is not there yet")
     import shutil
 
     model_dir = tmp_path_factory.mktemp("engine_model")

@@ -41,13 +41,18 @@ def test_metadata_records_source(exported: Path) -> None:
 
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
-    (exported / "variants.json").write_text(json.dumps({"variants": {"int8": {"passed": True}}}))
+    gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": {"int8": {"passed": True}}}
+    path = exported / "variants.json"
     try:
+        path.write_text(json.dumps(gate))
         assert choose_variant(exported, "auto", "cpu") == "int8"
         assert choose_variant(exported, "auto", "cuda") == "fp32"
         assert choose_variant(exported, "fp16", "cpu") == "fp16"
+        for stale in ({"weights_sha256": "0" * 64}, {"weights_sha256": None}, {"limit": 3}):
+            path.write_text(json.dumps(gate | stale))  # other weights, a file from before the hash, a subset
+            assert choose_variant(exported, "auto", "cpu") == "fp32"
     finally:
-        (exported / "variants.json").unlink()
+        path.unlink()
 
 
 def test_mismatched_metadata_is_rejected(exported: Path, tmp_path: Path) -> None:
@@ -96,6 +101,7 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
         (exported / "variants.json").unlink()
     variants = record["variants"]
     assert set(variants) == {"fp32", "int8", "fp16"} and variants["fp32"]["passed"] is True
+    assert record["weights_sha256"] == weights_sha256(exported) and record["limit"] == 3
     for scores in variants.values():
         assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
         within = all(scores[d] >= variants["fp32"][d] - record["gate_bleu"] for d in ("de-en", "en-de"))

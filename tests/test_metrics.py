@@ -67,7 +67,8 @@ def test_step_stats(registry: CollectorRegistry) -> None:
     assert value(registry, "translation_step_active_slots_sum") == 6
     assert value(registry, "translation_queue_wait_seconds_count") == 2
     assert value(registry, "translation_queue_wait_seconds_sum") == pytest.approx(0.4)
-    assert value(registry, "translation_padding_efficiency_ratio_sum") == pytest.approx(0.75 + 0.5)
+    assert value(registry, "translation_padding_efficiency_ratio_sum", stage="encode") == pytest.approx(0.75)
+    assert value(registry, "translation_padding_efficiency_ratio_sum", stage="decode") == pytest.approx(0.5)
     metrics.set_load(queue_depth=7, active_slots=6)
     assert value(registry, "translation_queue_depth") == 7
     assert value(registry, "translation_active_slots") == 6
@@ -106,7 +107,8 @@ def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
     assert value(registry, "translation_decode_step_duration_seconds_count") == runner.step_calls
     assert value(registry, "translation_step_active_slots_sum") == sum(runner.step_batch_sizes)
     assert value(registry, "translation_queue_wait_seconds_count") == 3
-    assert value(registry, "translation_padding_efficiency_ratio_count") == runner.step_calls + len(runner.encode_calls)
+    assert value(registry, "translation_padding_efficiency_ratio_count", stage="decode") == runner.step_calls
+    assert value(registry, "translation_padding_efficiency_ratio_count", stage="encode") == len(runner.encode_calls)
     assert value(registry, "translation_queue_depth") == 0
     assert value(registry, "translation_active_slots") == 0
     assert value(registry, "translation_max_slots") == 4

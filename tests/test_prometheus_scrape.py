@@ -95,7 +95,6 @@ class Service:
 @pytest.fixture(scope="module")
 def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """`translate-server` on the tiny model exported to fp32, on free loopback ports, until SERVING."""
-    pytest.importorskip("server.runtime", reason="server/runtime.py (the onnxruntime runner) is not there yet")
     from tests.serving import export_tiny_onnx
 
     model_dir = export_tiny_onnx(tiny_model_dir).parents[1]  # `python -m export` once per session, shared

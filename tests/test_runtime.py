@@ -80,6 +80,34 @@ def test_rows_at_different_steps_equal_alone(model_dir: Path, runner: OnnxRunner
         assert np.abs(both[1] - expected_0).max() <= 1e-4
 
 
+def poison(runner: OnnxRunner, slot: int, self_len: int, cross_len: int) -> None:
+    """NaN over what a sentence wrote into `slot`: what one whose activations overflowed leaves behind."""
+    for caches, length in ((runner.self_kv, self_len), (runner.cross_kv, cross_len)):
+        for cache in caches:
+            if isinstance(cache, ort.OrtValue):
+                values = cache.numpy()
+                values[slot, :, :length] = np.nan
+                cache.update_inplace(values)
+            else:
+                cache[slot, :, :length] = np.nan
+
+
+def test_a_slot_left_with_nan_is_clean_for_its_next_sentence(model_dir: Path, runner: OnnxRunner) -> None:
+    """Masked entries are multiplied by a weight of 0, and 0 x NaN = NaN: a freed slot must be zeroed."""
+    long_source, short_source, neighbour = SOURCES[2], SOURCES[1], SOURCES[0]  # 7, 4 and 5 tokens
+    runner.encode([EncodeItem(long_source, [0]), EncodeItem(neighbour, [1])])
+    for i in range(6):
+        runner.step_log_probs([0, 1], [40 + i, 50 + i], [i, i])
+    poison(runner, slot=0, self_len=6, cross_len=len(long_source))
+    runner.encode([EncodeItem(short_source, [0])])  # a new sentence takes the failed one's slot
+    target = [2, 60, 61]
+    for j, token in enumerate(target):  # beside a row further on: reads slot 0 past its own span, masked
+        both = runner.step_log_probs([0, 1], [token, 56 + j], [j, 6 + j])
+        expected = torch_full_logprobs(model_dir, short_source, target[: j + 1])[j]
+        assert np.isfinite(both).all()
+        assert np.abs(both[0] - expected).max() <= 1e-4
+
+
 def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
     runner.step_log_probs([0, 1], [2, 2], [0, 0])

@@ -235,6 +235,28 @@ def test_cancel_while_queued_and_while_decoding() -> None:
     assert scheduler.idle and scheduler.active_slots == 0 and scheduler.queue_depth == 0
 
 
+def test_a_cancel_for_a_passed_deadline_fails_as_deadline_exceeded() -> None:
+    """grpc cancels a call at its deadline before the engine's own check: the failure keeps the reason."""
+    scheduler, runner = make(max_slots=1)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=1), None, now=0.0)
+    scheduler.add(2, [source(2)], DecodeOptions(beam_size=1), None, now=0.0)
+    scheduler.add(3, [source(3)], DecodeOptions(beam_size=1), deadline=5.0, now=0.0)
+    events: Events = defaultdict(list)
+    iterate(scheduler, runner, events)  # 1 decoding, 2 and 3 queued
+    scheduler.cancel(1, FailureReason.DEADLINE_EXCEEDED)
+    scheduler.cancel(2)
+    scheduler.cancel(3)  # the client left after its deadline: the deadline is what failed it
+    failures = dict(scheduler.schedule(now=6.0).events)
+    deadline = RequestFailed(FailureReason.DEADLINE_EXCEEDED, "the deadline passed before the translation finished")
+    cancel = RequestFailed(FailureReason.CANCELLED, "the request was cancelled")
+    assert failures == {1: deadline, 2: cancel, 3: deadline}
+    assert sorted(scheduler.take_abandoned(), key=lambda a: a.request_id) == [
+        Abandoned(1, FailureReason.DEADLINE_EXCEEDED, queued=0, decoding=1),
+        Abandoned(2, FailureReason.CANCELLED, queued=1, decoding=0),
+        Abandoned(3, FailureReason.DEADLINE_EXCEEDED, queued=1, decoding=0),
+    ]
+
+
 def test_fail_drops_only_the_given_requests() -> None:
     scheduler, runner = make(max_slots=4)
     scheduler.add(1, [source(1)], DecodeOptions(beam_size=2), None, now=0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,3 +51,13 @@ def test_join_checks_its_arguments() -> None:
         join(["a", "b"], ["", ""])
     with pytest.raises(ValueError, match="language"):
         split("Hallo.", "fr")
+
+
+def test_concurrent_splits_do_not_see_each_others_text() -> None:
+    """The server splits requests on a thread pool; pysbd keeps its input on the segmenter instance."""
+    texts = [" ".join(f"Satz {w} Nummer {i} ist hier." for i in range(40)) for w in ("eins", "zwei", "drei", "vier")]
+    alone = [split(text, "de").pieces for text in texts]
+    assert all(len(pieces) == 40 for pieces in alone)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda text: split(text, "de").pieces, texts * 10))
+    assert together == alone * 10
