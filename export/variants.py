@@ -1,10 +1,11 @@
-"""python -m export.variants --model-dir DIR [--limit N]: BLEU per exported variant and the 0.5 gate.
+"""python -m export.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
 
-Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on CPU, at the
-length penalty the server defaults to for each direction (`decoding.json`, tuned on validation; else 1.0),
-scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes `<model-dir>/variants.json`;
-a variant passes if its BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant`
-reads the result, and trusts it only for the weights it names and a run over the whole test set.
+Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on the provider,
+at the length penalty the server defaults to for each direction (`decoding.json`, tuned on validation;
+else 1.0), scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes the provider's
+record into `<model-dir>/variants.json` (other providers' records are kept); a variant passes if its
+BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant` reads the record of
+the provider it serves with, and trusts it only for the weights it names and a run over the whole test set.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from model.tokenizer import Tokenizer
 from server.metadata import VARIANTS_FILE, available_variants, direction_name, read_length_penalties, read_metadata
 from server.offline import translate_ids
 from server.runner import EncodeItem, Runner
-from server.runtime import OnnxRunner
+from server.runtime import PROVIDERS, OnnxRunner
 
 BLEU_GATE = 0.5
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
@@ -33,11 +34,12 @@ STEP_ROWS = (1, 64)  # decoder-step latency is reported for one row and for a fu
 
 
 def variant_bleu(
-    model_dir: Path, variant: str, limit: int | None, beam_size: int, length_penalty: dict[str, float]
-) -> dict[str, float]:
+    model_dir: Path, variant: str, limit: int | None, beam_size: int, length_penalty: dict[str, float],
+    provider: str = "cpu",
+) -> dict[str, float]:  # fmt: skip
     """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
     tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
-    runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64)
+    runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64, provider=provider)
     max_source = runner.spec.max_source_len
     fits = [
         p
@@ -93,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="the one that will serve")
     args = parser.parse_args(argv)
     weights = read_metadata(args.model_dir / "onnx" / "fp32").source_sha256
     penalties = read_length_penalties(args.model_dir, [direction_name(s, t) for s, t in DIRECTIONS], weights)
     results = {
-        v: variant_bleu(args.model_dir, v, args.limit, args.beam_size, penalties)
+        v: variant_bleu(args.model_dir, v, args.limit, args.beam_size, penalties, args.provider)
         for v in available_variants(args.model_dir)
     }
     reference = results["fp32"]
@@ -112,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         "limit": args.limit,
         "variants": results,
     }
-    (args.model_dir / VARIANTS_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    path = args.model_dir / VARIANTS_FILE
+    by_provider = json.loads(path.read_text()) if path.is_file() else {}
+    if "variants" in by_provider:  # one record from before gates were kept per provider: replaced
+        by_provider = {}
+    path.write_text(json.dumps(by_provider | {args.provider: record}, indent=2, sort_keys=True) + "\n")
     print(json.dumps(record, indent=2, sort_keys=True))
     return 0
 

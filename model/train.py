@@ -173,13 +173,17 @@ class Trainer:
         )
 
     def state(self) -> dict[str, object]:
-        return {
+        state: dict[str, object] = {
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
+            "torch_rng": torch.get_rng_state(),  # dropout's masks: without it a resume replays the first ones
         }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     def resume(self) -> None:
         paths = checkpoint_paths(self.run_dir)
@@ -190,6 +194,10 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        if "torch_rng" in state:  # checkpoints before it was saved resume with freshly seeded dropout
+            torch.set_rng_state(state["torch_rng"].cpu())
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
         log.info("resumed from %s (step %d, epoch %d)", paths[-1].name, self.step, self.epoch)
 
     def warm_start(self, model_dir: Path, start_step: int) -> None:

@@ -98,20 +98,26 @@ def available_variants(model_dir: Path) -> list[str]:
     return [v for v in VARIANTS if all((root / v / f).is_file() for f in (METADATA_FILE, ENCODER_FILE, DECODER_FILE))]
 
 
-def passed_gate(model_dir: Path, variant: str) -> bool:
-    """True if `variants.json` records this variant's BLEU within the gate of fp32, measured on the
-    whole test set and on the weights the variant's graphs were exported from.
+def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
+    """True if `variants.json` records this variant's BLEU within the gate of fp32, measured with the
+    provider that will serve it, on the whole test set, and on the weights its graphs were exported from.
 
-    A gate measured on other weights (retrained, exported again, not re-scored) or on a subset says
+    The file keeps one measurement per provider. The provider matters for fp16: on CPU onnxruntime runs
+    most fp16 ops in float32 (it inserts casts), so a CPU gate says little about fp16 on CUDA. A gate
+    measured elsewhere, on other weights (retrained, exported again, not re-scored) or on a subset says
     nothing about these graphs: "auto" then serves fp32 and says why, rather than a variant never checked.
     """
     path = model_dir / VARIANTS_FILE
     if not path.is_file():
         return False
-    record = json.loads(path.read_text())
+    fix = f"run python -m export.variants --model-dir {model_dir} --provider {provider}"
+    record = json.loads(path.read_text()).get(provider)
+    if record is None:
+        log.warning("%s holds no BLEU gate measured with the %s provider: not serving %s; %s",
+                    path, provider, variant, fix)  # fmt: skip
+        return False
     if not record.get("variants", {}).get(variant, {}).get("passed", False):
         return False
-    fix = f"run python -m export.variants --model-dir {model_dir}"
     weights = read_metadata(model_dir / "onnx" / variant).source_sha256
     if record.get("weights_sha256") != weights:
         log.warning("%s was measured on other weights than the %s graphs' (%s...): not trusted; %s",
@@ -131,7 +137,7 @@ def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
             raise MetadataError(f"variant {requested!r} is not exported under {model_dir / 'onnx'} ({available})")
         return requested
     preferred = DEFAULT_BY_PROVIDER.get(provider)
-    if preferred in available and passed_gate(model_dir, preferred):
+    if preferred in available and passed_gate(model_dir, preferred, provider):
         return preferred
     if "fp32" not in available:
         raise MetadataError(f"no fp32 export under {model_dir / 'onnx'}; run python -m export --model-dir {model_dir}")

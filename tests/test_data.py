@@ -77,10 +77,15 @@ def test_split_is_deterministic_and_leak_free() -> None:
     sentences = [Pair(f"Das ist Satz Nummer {i}.", f"This is sentence number {i}.") for i in range(2000)]
     words = [Pair(f"Wort{i}", f"word{i}") for i in range(200)]
     leak = [Pair(p.de, "another translation") for p in sentences]  # same German, other English
-    first = split_pairs(sentences + words + leak)
-    second = split_pairs(sentences + words + leak)
+    # Other German, same English: hashed on the German, these land in training, so only the English
+    # filter keeps a held-out English reference (a source in the en->de direction) out of training.
+    leak_en = [Pair(f"Ein ganz anderer Satz {i}.", p.en) for i, p in enumerate(sentences)]
+    first = split_pairs(sentences + words + leak + leak_en)
+    second = split_pairs(sentences + words + leak + leak_en)
     assert first == second
     assert first["test"] and first["valid"]
-    held_de = {p.de for p in first["test"] + first["valid"]}
-    assert not held_de & {p.de for p in first["train"]}
-    assert all(is_sentence(p) for p in first["test"] + first["valid"])
+    held = first["test"] + first["valid"]
+    assert not {p.de for p in held} & {p.de for p in first["train"]}
+    assert not {p.en for p in held} & {p.en for p in first["train"]}
+    assert any(p.de.startswith("Ein ganz anderer") for p in first["train"]), "the English filter drops only leaks"
+    assert all(is_sentence(p) for p in held)

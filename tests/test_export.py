@@ -13,6 +13,8 @@ import pytest
 from export.__main__ import main
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from server.metadata import MetadataError, available_variants, choose_variant, read_length_penalties, read_metadata
+from server.runner import EncodeItem
+from server.runtime import OnnxRunner
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +41,42 @@ def test_metadata_records_source(exported: Path) -> None:
     assert meta.spec().vocab_size == meta.model_config["vocab_size"]
 
 
+@pytest.mark.parametrize(("variant", "tolerance"), [("int8", 0.1), ("fp16", 2e-3)])
+def test_quantized_variants_stay_close_to_fp32(exported: Path, variant: str, tolerance: float) -> None:
+    """Teacher-forced steps of two rows: each variant's probabilities within `tolerance` of fp32's.
+
+    On this tiny random model int8 measured 0.04 and fp16 1.4e-4; a broken quantization (wrong scales,
+    garbage weights) moves them by far more. The BLEU gate cannot catch that here: every variant of a
+    random model scores about 0.
+    """
+    sources, targets = [[4, 10, 11, 12, 3], [5, 20, 21, 3]], [2, 40, 41, 42, 43]
+
+    def probabilities(name: str) -> np.ndarray:
+        runner = OnnxRunner(exported / "onnx" / name, max_slots=2, intra_op_threads=1)
+        runner.encode([EncodeItem(source, [row]) for row, source in enumerate(sources)])
+        return np.exp(np.stack([runner.step_log_probs([0, 1], [t, t], [i, i]) for i, t in enumerate(targets)]))
+
+    reference = probabilities("fp32")
+    assert np.abs(probabilities(variant) - reference).max() <= tolerance
+
+
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
-    gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": {"int8": {"passed": True}}}
+    both = {"int8": {"passed": True}, "fp16": {"passed": True}}
+    gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": both}
     path = exported / "variants.json"
     try:
-        path.write_text(json.dumps(gate))
+        path.write_text(json.dumps({"cpu": gate}))
         assert choose_variant(exported, "auto", "cpu") == "int8"
-        assert choose_variant(exported, "auto", "cuda") == "fp32"
-        assert choose_variant(exported, "fp16", "cpu") == "fp16"
+        assert choose_variant(exported, "auto", "cuda") == "fp32"  # fp16 passed on CPU, which computes it in fp32
+        assert choose_variant(exported, "fp16", "cpu") == "fp16"  # named explicitly: served as asked
+        path.write_text(json.dumps({"cpu": gate, "cuda": gate}))
+        assert choose_variant(exported, "auto", "cuda") == "fp16"
         for stale in ({"weights_sha256": "0" * 64}, {"weights_sha256": None}, {"limit": 3}):
-            path.write_text(json.dumps(gate | stale))  # other weights, a file from before the hash, a subset
+            path.write_text(json.dumps({"cpu": gate | stale}))  # other weights, a file from before the hash, a subset
             assert choose_variant(exported, "auto", "cpu") == "fp32"
+        path.write_text(json.dumps(gate))  # one record from before gates were kept per provider
+        assert choose_variant(exported, "auto", "cpu") == "fp32"
     finally:
         path.unlink()
 
@@ -94,11 +120,14 @@ def test_unsupported_opset_exit_nonzero(tiny_model_dir: Path, capsys: pytest.Cap
 def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
     from export.variants import main as variants_main
 
+    (exported / "variants.json").write_text(json.dumps({"cuda": {"kept": True}}))  # another provider's record
     assert variants_main(["--model-dir", str(exported), "--limit", "3", "--beam-size", "2"]) == 0
     try:
-        record = json.loads((exported / "variants.json").read_text())
+        by_provider = json.loads((exported / "variants.json").read_text())
     finally:
         (exported / "variants.json").unlink()
+    assert by_provider["cuda"] == {"kept": True}
+    record = by_provider["cpu"]
     variants = record["variants"]
     assert set(variants) == {"fp32", "int8", "fp16"} and variants["fp32"]["passed"] is True
     assert record["weights_sha256"] == weights_sha256(exported) and record["limit"] == 3

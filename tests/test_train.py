@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 from pathlib import Path
 
@@ -99,6 +100,35 @@ def test_warm_start_loads_a_shipped_artifact_and_continues_its_schedule(tiny_mod
     other = Trainer(args, ModelConfig(**{**load_config(tiny_model_dir).to_dict(), "d_ff": 48}), TrainConfig())
     with pytest.raises(ValueError, match="another shape"):
         other.warm_start(tiny_model_dir, start_step=0)
+
+
+def test_resume_continues_exactly_as_an_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Weights, Adam moments, the data position and dropout's random state all come back from the checkpoint."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data / f"{name}.tsv")
+    config = dataclasses.replace(load_config(tiny_model_dir), dropout=0.1)  # so that the random state matters
+
+    def train(run: str, steps: int, resume: bool = False) -> Trainer:
+        args = argparse.Namespace(
+            run=tmp_path / run, device="cpu", tokenizer=tiny_model_dir / TOKENIZER_FILE, data=data
+        )
+        args.run.mkdir(exist_ok=True)
+        settings = TrainConfig(max_tokens=60, warmup_steps=2, max_steps=steps, save_minutes=1e9)
+        trainer = Trainer(args, config, settings)
+        if resume:
+            trainer.resume()
+        trainer.run()
+        return trainer
+
+    straight = train("straight", 5)
+    train("split", 2)  # stops, and checkpoints, at step 2, part-way through an epoch
+    resumed = train("split", 5, resume=True)
+    assert resumed.step == straight.step == 5 and resumed.epoch == straight.epoch
+    assert straight.batch_in_epoch == resumed.batch_in_epoch
+    for name, tensor in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
 
 def test_loss_plot_chains_a_resumed_run(tmp_path: Path) -> None:
