@@ -78,6 +78,9 @@ def test_checkpoint_average_and_artifact_roundtrip(tmp_path: Path) -> None:
     avg = average_checkpoints(sorted(tmp_path.glob("ckpt_*.pt")))
     key = "embed.weight"
     torch.testing.assert_close(avg[key], (models[0].state_dict()[key] + models[1].state_dict()[key]) / 2)
+    for step in (7, 10, 9):  # pruning keeps the newest by step, not by the order they were written
+        save_checkpoint(tmp_path, {"model": models[0].state_dict(), "step": step}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_0000009.pt", "ckpt_0000010.pt"]
     save_artifact(models[0], tmp_path / "artifact", dtype=torch.float32)
     loaded = load_artifact(tmp_path / "artifact")
     assert loaded.cfg == cfg
