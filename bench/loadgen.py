@@ -48,6 +48,7 @@ class Record:
     latency: float  # seconds until its response or error
     code: str  # gRPC status name, "OK" on success
     output_tokens: int  # target tokens the server reported (0 on error)
+    sent: float = 0.0  # seconds since the run began, when the request actually left (open loop: >= start)
 
 
 # Sends one query; returns output tokens or raises grpc.aio.AioRpcError.
@@ -107,12 +108,13 @@ def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, c
 
 
 async def _timed(send: Sender, query: Query, t0: float, due: float | None = None) -> Record:
-    start = time.perf_counter() if due is None else due
+    sent = time.perf_counter()
+    start = sent if due is None else due
     try:
         tokens, code = await send(query), "OK"
     except grpc.aio.AioRpcError as err:
         tokens, code = 0, err.code().name
-    return Record(start - t0, time.perf_counter() - start, code, tokens)
+    return Record(start - t0, time.perf_counter() - start, code, tokens, sent - t0)
 
 
 def send_times(rate: float, duration_s: float) -> list[float]:

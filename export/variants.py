@@ -40,6 +40,9 @@ def variant_bleu(
     """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
     tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
     runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64, provider=provider)
+    if runner.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
+        raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {runner.provider}: a gate measured "
+                         f"there would be recorded as {provider}'s")  # fmt: skip
     max_source = runner.spec.max_source_len
     fits = [
         p

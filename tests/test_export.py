@@ -60,6 +60,19 @@ def test_quantized_variants_stay_close_to_fp32(exported: Path, variant: str, tol
     assert np.abs(probabilities(variant) - reference).max() <= tolerance
 
 
+def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(exported: Path) -> None:
+    """Asked for CUDA where there is none, onnxruntime falls back to CPU with only a warning."""
+    import onnxruntime as ort
+
+    from export.variants import main as variants_main
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: the fallback cannot happen")
+    with pytest.raises(SystemExit, match="onnxruntime gave CPUExecutionProvider"):
+        variants_main(["--model-dir", str(exported), "--provider", "cuda", "--limit", "1", "--beam-size", "1"])
+    assert not (exported / "variants.json").exists()
+
+
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
     both = {"int8": {"passed": True}, "fp16": {"passed": True}}
