@@ -291,9 +291,6 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
                 == 1
             )
         )
-        # grpc cancels the handler at the deadline before the engine sees it pass: still counted as a deadline
-        failed = {"lang_pair": "de-en", "reason": "DEADLINE_EXCEEDED", "stage": where}
-        wait_until(lambda: sample_value(served.registry, "translation_sentences_failed_total", **failed) == 1)
         assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
 
 
