@@ -132,14 +132,13 @@ def unary_call(
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
             call = CallRecord()
-            started = call.started
             try:
                 response = await fn(self, request, context, call)
             except BaseException as exc:
-                await _fail(self.metrics, method, call, started, context, exc)
+                await _fail(self.metrics, method, call, context, exc)
                 raise  # unreachable for Exception: _fail aborts the call
-            call.first_result_s = time.monotonic() - started
-            _observe(self.metrics, method, call, started, grpc.StatusCode.OK)
+            call.first_result_s = time.monotonic() - call.started
+            _observe(self.metrics, method, call, grpc.StatusCode.OK)
             return response
 
         return wrapper
@@ -160,18 +159,17 @@ def stream_call(
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
             call = CallRecord()
-            started = call.started
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
                 async with contextlib.aclosing(fn(self, request, context, call)) as responses:
                     async for response in responses:
                         if call.first_result_s is None:
-                            call.first_result_s = time.monotonic() - started
+                            call.first_result_s = time.monotonic() - call.started
                         yield response
             except BaseException as exc:
-                await _fail(self.metrics, method, call, started, context, exc)
+                await _fail(self.metrics, method, call, context, exc)
                 raise
-            _observe(self.metrics, method, call, started, grpc.StatusCode.OK)
+            _observe(self.metrics, method, call, grpc.StatusCode.OK)
 
         return wrapper
 
@@ -182,7 +180,6 @@ async def _fail(
     metrics: Metrics | None,
     method: str,
     call: CallRecord,
-    started: float,
     context: grpc.aio.ServicerContext[Req, Resp],
     exc: BaseException,
 ) -> None:
@@ -190,14 +187,14 @@ async def _fail(
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
         # grpc cancels the handler when the client cancels or its deadline passes
         code = grpc.StatusCode.DEADLINE_EXCEEDED if cancelled_by_deadline(context, call) else grpc.StatusCode.CANCELLED
-        _observe(metrics, method, call, started, code)
+        _observe(metrics, method, call, code)
         return
     if not isinstance(exc, Exception):
         return  # KeyboardInterrupt, SystemExit: not a request outcome
     code, message = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
         logger.error("%s failed", method, exc_info=exc)
-    _observe(metrics, method, call, started, code)
+    _observe(metrics, method, call, code)
     await context.abort(code, message)
 
 
@@ -216,9 +213,9 @@ def deadline_passed(remaining: float | None, elapsed: float) -> bool:
     return remaining <= min(DEADLINE_SLACK_S, timeout / 10) + timeout / 90
 
 
-def _observe(metrics: Metrics | None, method: str, call: CallRecord, started: float, code: grpc.StatusCode) -> None:
+def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:
     if metrics is None:
         return
-    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - started)
+    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - call.started)
     if call.first_result_s is not None:
         metrics.observe_first_result(method, call.first_result_s)
