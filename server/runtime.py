@@ -298,6 +298,7 @@ class DeviceCacheRunner(OnnxRunner):
         self.self_kv = [self._zeros(self.self_shape) for _ in range(2 * self.n_layers)]
         self.cross_kv = [self._zeros(self.cross_shape) for _ in range(2 * self.n_layers)]
         self._cross_values: list[ort.OrtValue] = []
+        self._zero_blocks: dict[int, ort.OrtValue] = {}  # by power-of-two length: no upload per encode
 
     def _zeros(self, shape: tuple[int, ...]) -> ort.OrtValue:
         # Device id 0 everywhere: the server drives one GPU per process (one container per GPU).
@@ -366,10 +367,17 @@ class DeviceCacheRunner(OnnxRunner):
 
     def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
         """kv_write of one zero block into every slot: the graph that writes encoder output, reused."""
-        caches = self.self_kv if kind == "self" else self.cross_kv
-        zeros = self._zeros((1, self.metadata.n_heads, length, self.metadata.head_dim))
+        caches, shape = (self.self_kv, self.self_shape) if kind == "self" else (self.cross_kv, self.cross_shape)
+        zeros = self._zero_block(length, shape[2])
         blocks: dict[str, object] = {f"encoded_{i}": zeros for i in range(len(caches))}
         self._run_in_place(self.kv_write, caches, blocks | {"items": np.zeros(len(slots), np.int64), "slots": slots})
+
+    def _zero_block(self, length: int, cache_len: int) -> ort.OrtValue:
+        """A device-resident zero block at least `length` long: zeroing past the stale part is harmless."""
+        bucket = min(1 << (length - 1).bit_length(), cache_len)
+        if bucket not in self._zero_blocks:
+            self._zero_blocks[bucket] = self._zeros((1, self.metadata.n_heads, bucket, self.metadata.head_dim))
+        return self._zero_blocks[bucket]
 
 
 def open_runner(

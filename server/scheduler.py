@@ -11,7 +11,8 @@ so a step never waits for memory. Each sentence has its own `BeamState` and its 
 their own slots, so a result does not depend on what else shares the batch.
 
 Faults stay with the request that causes them where the batch allows telling it apart: rows whose
-scores are NaN fail only their own request (`update`), and when a runner call raises for a
+scores are NaN, or whose candidates their beam refuses, fail only their own request (`update`),
+and when a runner call raises for a
 batch of several requests, `isolate` restarts them to run one request at a time, so a retried
 request that fails again fails alone and the others finish.
 """
@@ -292,9 +293,14 @@ class Scheduler:
                 logger.error("the runner returned NaN scores for request %d; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
-            move = group.sentence.beam.advance_ranked(
-                candidates.scores[span], candidates.ids[span], self.spec.vocab_size
-            )
+            try:
+                move = group.sentence.beam.advance_ranked(
+                    candidates.scores[span], candidates.ids[span], self.spec.vocab_size
+                )
+            except Exception:  # a bug seen through one request's rows (a bad id): it fails that request alone
+                logger.exception("advancing request %d's beam failed; failing it", request.request_id)
+                events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
+                continue
             self._advance(group.sentence, move, events)
         return events
 

@@ -201,8 +201,9 @@ class OutOfVocabularySecondRow(FakeRunner):
         return Candidates(candidates.scores, ids)
 
 
-def test_a_bug_after_a_request_finished_in_the_same_step_still_answers_it() -> None:
-    """The scheduler retires a finished request inside `update`; a bug later in that update must not lose it."""
+def test_bad_candidates_for_one_request_fail_it_alone_and_its_batch_mate_finishes() -> None:
+    """The scheduler retires a finished request inside `update`; a bad row later in that update fails only
+    the request whose row it is, and the finished one keeps its answer."""
     engine = Engine(OutOfVocabularySecondRow(max_slots=4), EngineLimits(max_slots=4))
     done_first, failing = Collector(), Collector()
     engine.submit([src(30)], DecodeOptions(beam_size=1, max_output_len=1), done_first)  # finishes at step 1
@@ -210,7 +211,8 @@ def test_a_bug_after_a_request_finished_in_the_same_step_still_answers_it() -> N
     engine.start()
     try:
         assert failing.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
-        assert done_first.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+        assert done_first.wait() == RequestDone()
+        assert done_first.hypotheses() == {0: expected(src(30), DecodeOptions(beam_size=1, max_output_len=1))}
         assert engine.drain(timeout=WAIT_S) and not engine._owners
     finally:
         engine.stop()
