@@ -71,7 +71,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         default=None,
         help="length penalty (default: the model's for the direction, see ListModels)",
     )
-    parser.add_argument("--max-output-len", type=int, default=0, help="most tokens per sentence (0 = model limit)")
+    parser.add_argument(
+        "--max-output-len", type=int, default=0,
+        help="most tokens per sentence (0 = 3 x source tokens + 10, at most the model limit)",
+    )  # fmt: skip
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
     parser.add_argument("--tls-ca", type=Path, default=None, help="PEM CA bundle: connect with TLS")

@@ -39,6 +39,8 @@ class ServerConfig:
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
+    max_connection_age_s: float = 300.0  # GOAWAY each connection after this long (0 = never): new replicas get traffic
+    max_concurrent_rpcs: int = 0  # calls in progress (health checks too) before RESOURCE_EXHAUSTED; 0 = no cap
     tls_cert: Path | None = None  # PEM certificate chain: serve TLS instead of plaintext (with tls_key)
     tls_key: Path | None = None  # PEM private key of tls_cert
     tls_client_ca: Path | None = None  # PEM CA bundle: require client certificates it signed (mutual TLS)
@@ -56,8 +58,9 @@ class ServerConfig:
         for name in ("max_slots", "max_queue", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.drain_seconds < 0 or self.threads < 0:
-            raise ValueError(f"drain_seconds and threads must be >= 0, got {self.drain_seconds}, {self.threads}")
+        for name in ("drain_seconds", "threads", "max_connection_age_s", "max_concurrent_rpcs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -114,6 +117,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("threads", int, "onnxruntime intra-op threads (0 = default)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")
+    add("max-connection-age-s", float, "close each client connection after this many seconds, gracefully (0 = never)")
+    add("max-concurrent-rpcs", int, "calls in progress (health checks too) before gRPC refuses them (0 = no cap)")
     add("tls-cert", Path, "PEM certificate chain; serve TLS (with --tls-key) instead of plaintext")
     add("tls-key", Path, "PEM private key of --tls-cert")
     add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")

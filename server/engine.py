@@ -150,6 +150,12 @@ class Engine:
             return self._active_slots
 
     @property
+    def draining(self) -> bool:
+        """True once `drain` (or `stop`) began: only calls admitted before it may still submit."""
+        with self._cond:
+            return self._draining or self._stopping
+
+    @property
     def failed(self) -> bool:
         """True once the decode loop has died (see the module docstring)."""
         with self._cond:
@@ -247,15 +253,16 @@ class Engine:
             self._publish()
             return
         started = time.perf_counter()
+        encode_s = 0.0
         try:
-            candidates = self._execute(batch)
+            candidates, encode_s = self._execute(batch)
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
             events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
             events = self._scheduler.update(batch, candidates)
-        self._observe(batch, time.perf_counter() - started)
+        self._observe(batch, time.perf_counter() - started - encode_s, encode_s)
         self._deliver(events)
         self._publish()
 
@@ -365,12 +372,15 @@ class Engine:
             if self._metrics is not None:
                 self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
 
-    def _execute(self, batch: Batch) -> Candidates:
-        """The runner calls of one iteration, in the order the batch requires."""
+    def _execute(self, batch: Batch) -> tuple[Candidates, float]:
+        """The runner calls of one iteration, in the order the batch requires; also the encoder's wall time."""
         if batch.copy_sources:
             self._runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+        encode_s = 0.0
         if batch.encode:
+            started = time.perf_counter()
             self._runner.encode(batch.encode)
+            encode_s = time.perf_counter() - started
         candidates = self._runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
         expected = batch.candidate_shape(self._runner.spec.vocab_size)
         if candidates.scores.shape != expected or candidates.ids.shape != expected:
@@ -378,7 +388,7 @@ class Engine:
                 f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
                 f" expected {expected}"
             )
-        return candidates
+        return candidates, encode_s
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
         """Hand events to their owners; a final event retires the owner."""
@@ -406,13 +416,14 @@ class Engine:
             except Exception:
                 logger.exception("an event callback raised; the engine carries on")
 
-    def _observe(self, batch: Batch, duration: float) -> None:
+    def _observe(self, batch: Batch, duration: float, encode_duration: float) -> None:
         if self._metrics is None:
             return
         sources = [len(item.source_ids) for item in batch.encode]
         spans = [p + 1 for p in batch.positions]
         stats = StepStats(
             duration_s=duration,
+            encode_duration_s=encode_duration,
             active_slots=len(batch.slots),
             encode_real_tokens=sum(sources),
             encode_padded_tokens=len(sources) * max(sources, default=0),

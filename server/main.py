@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -82,15 +81,27 @@ def load_model(config: ServerConfig) -> LoadedModel:
 def _open_model(config: ServerConfig) -> LoadedModel:
     # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
     from server.metadata import available_variants, choose_variant, direction_name, read_length_penalties
-    from server.runtime import open_runner
+    from server.runtime import OnnxRunner, open_runner
 
     model_dir = config.model_dir
     provider = resolve_provider(config.provider)
-    variant = choose_variant(model_dir, config.variant, provider)
-    runner = open_runner(
-        model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
-        spin_threads=config.spin_threads,
-    )  # fmt: skip
+
+    def open_on(provider: str) -> tuple[str, OnnxRunner]:
+        variant = choose_variant(model_dir, config.variant, provider)
+        runner = open_runner(
+            model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
+            spin_threads=config.spin_threads,
+        )  # fmt: skip
+        return variant, runner
+
+    variant, runner = open_on(provider)
+    if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
+        why = f"onnxruntime could not run {variant} on CUDA and fell back to {runner.provider} (its log says why)"
+        if config.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
+            raise StartupError(f"{why}; fix the CUDA libraries or serve with --provider cpu")
+        logger.warning("%s; --provider auto: serving on the CPU", why)
+        provider = "cpu"
+        variant, runner = open_on(provider)
     meta = runner.metadata
     directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
     length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
@@ -149,7 +160,9 @@ class TranslationServer:
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # else a second instance on the same port starts and shares the traffic
+                *connection_age_options(config.max_connection_age_s),
             ],
+            maximum_concurrent_rpcs=max_concurrent_rpcs(config),
         )
         pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -198,15 +211,19 @@ class TranslationServer:
         logger.info("serving %s (%s, %s)", info.name, info.variant, info.provider)
 
     async def shutdown(self, grace: float) -> bool:
-        """NOT_SERVING, finish in-flight work within `grace` seconds, stop; True if nothing was cut off."""
+        """NOT_SERVING, stop taking calls, finish in-flight work within `grace` seconds; True if nothing was cut off.
+
+        grpc's stop sends GOAWAY at once: a client balancing over replicas sends its next calls to another
+        one (retried transparently where never sent) instead of to this one only to be refused.
+        """
         await self.health.enter_graceful_shutdown()
-        deadline = time.monotonic() + grace
+        stopping = asyncio.create_task(self.server.stop(grace + MIN_STOP_GRACE_S))
         drained = True
         if self.engine is not None:
             drained = await asyncio.to_thread(self.engine.drain, grace)
             if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
-                await asyncio.to_thread(self.engine.stop)  # not cancelled by grpc's stop below
-        await self.server.stop(max(deadline - time.monotonic(), MIN_STOP_GRACE_S))
+                await asyncio.to_thread(self.engine.stop)  # before grpc's grace runs out and cancels them
+        await stopping
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)  # joins the loop thread: off the event loop
         if not drained:
@@ -216,6 +233,19 @@ class TranslationServer:
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, status)
+
+
+def connection_age_options(seconds: float) -> list[tuple[str, int]]:
+    """GOAWAY to each connection after `seconds` (calls in flight finish first): clients dial again and
+    re-resolve, so replicas the autoscaler adds get traffic from clients that were already connected."""
+    return [] if seconds == 0 else [("grpc.max_connection_age_ms", int(seconds * 1000))]
+
+
+def max_concurrent_rpcs(config: ServerConfig) -> int | None:
+    """gRPC's own cap on calls in progress (None: no cap). Off by default: it counts health checks too,
+    so a cap near what the queue holds would fail readiness probes under load, and its refusals come
+    from gRPC, not the service, so they are neither counted in the metrics nor say "queue is full"."""
+    return config.max_concurrent_rpcs or None
 
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
@@ -246,6 +276,11 @@ def _read_file(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
+
+
+def metrics_address(host: str) -> str:
+    """The gRPC bind address as the metrics HTTP server takes it: "[::]" -> "::", "" -> every interface."""
+    return host.strip("[]") or "0.0.0.0"
 
 
 async def create_server(
@@ -280,7 +315,7 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
     )
     if config.metrics_port >= 0:
         try:
-            metrics_port = start_metrics_server(config.metrics_port, server.registry)
+            metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
         except OSError as err:
             raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)

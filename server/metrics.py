@@ -23,7 +23,8 @@ RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 class StepStats:
     """One engine iteration, as the engine measured it."""
 
-    duration_s: float  # wall time of the runner calls (copy, encode, step)
+    duration_s: float  # wall time of the decoder step call, with the beam-row copies before it
+    encode_duration_s: float  # wall time of the encoder call; 0 when nothing was admitted
     active_slots: int  # rows stepped
     encode_real_tokens: int  # source tokens encoded
     encode_padded_tokens: int  # items * longest source: what a padded encoder batch computes
@@ -65,7 +66,13 @@ class Metrics:
         )
         self.step_duration = Histogram(
             "translation_decode_step_duration_seconds",
-            "Wall time of one engine iteration's runner calls.",
+            "Wall time of one decoder step call (with its beam-row copies; the encoder is apart).",
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+        self.encode_duration = Histogram(
+            "translation_encode_duration_seconds",
+            "Wall time of one encoder call over the sentences admitted in an iteration.",
             buckets=STEP_BUCKETS,
             registry=registry,
         )
@@ -132,6 +139,8 @@ class Metrics:
 
     def observe_step(self, stats: StepStats) -> None:
         self.step_duration.observe(stats.duration_s)
+        if stats.encode_real_tokens:
+            self.encode_duration.observe(stats.encode_duration_s)
         if stats.active_slots:
             self.step_active_slots.observe(stats.active_slots)
         for wait in stats.queue_waits_s:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 from server.codegen import PACKAGE, REPO_ROOT, generate
@@ -32,3 +34,25 @@ def test_generated_package_imports_with_typed_stubs() -> None:
     assert hasattr(translation_pb2_grpc, "TranslatorStub")
     assert (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2.pyi").is_file()
     assert (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2_grpc.pyi").is_file()
+
+
+def _floor(requirements: list[str], name: str) -> tuple[int, ...]:
+    spec = next(r for r in requirements if re.split(r"[<>=!~ ]", r, maxsplit=1)[0] == name)
+    match = re.search(r">=([\d.]+)", spec)
+    assert match, f"{spec} needs a >= floor"
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def test_dependency_floors_satisfy_what_the_generated_code_checks_at_import() -> None:
+    """An install that keeps an older grpcio or protobuf would succeed and then fail to import the server."""
+    generated = REPO_ROOT / PACKAGE / "translation/v1"
+    grpc_needed = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (generated / "translation_pb2_grpc.py").read_text())
+    protobuf_needed = re.search(r"Protobuf Python Version: ([\d.]+)", (generated / "translation_pb2.py").read_text())
+    assert grpc_needed and protobuf_needed
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    serving, dev = project["dependencies"], project["optional-dependencies"]["dev"]
+    grpc_floor = tuple(int(p) for p in grpc_needed.group(1).split("."))
+    for name in ("grpcio", "grpcio-health-checking", "grpcio-reflection"):
+        assert _floor(serving, name) >= grpc_floor, name
+    assert _floor(dev, "grpcio-tools") >= grpc_floor
+    assert _floor(serving, "protobuf") >= tuple(int(p) for p in protobuf_needed.group(1).split("."))

@@ -19,7 +19,7 @@ def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
 def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
-    argv += " --spin-threads"
+    argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -36,6 +36,8 @@ def test_every_flag_parses() -> None:
         reflection=False,
         log_level="DEBUG",
         host="127.0.0.1",
+        max_connection_age_s=60.0,
+        max_concurrent_rpcs=5,
     )
 
 
@@ -66,6 +68,7 @@ def test_environment_sets_values_and_flags_win() -> None:
         (["--max-slots", "0"], {}, "max_slots must be >= 1"),
         (["--port", "70000"], {}, "port must be in"),
         (["--drain-seconds", "-1"], {}, "drain_seconds"),
+        ([], {"TRANSLATE_MAX_CONCURRENT_RPCS": "-2"}, "max_concurrent_rpcs must be >= 0"),
     ],
 )
 def test_bad_values_are_rejected_with_the_name(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -41,6 +41,7 @@ HISTOGRAMS = [
     "translation_queue_wait_seconds",
     "translation_time_to_first_result_seconds",
     "translation_decode_step_duration_seconds",
+    "translation_encode_duration_seconds",
     "translation_step_active_slots",
     "translation_padding_efficiency_ratio",
 ]
@@ -58,6 +59,8 @@ DASHBOARD_MUST_SHOW = {
     "active slots": "translation_active_slots",
     "tokens per second": "translation_output_tokens_total",
     "padding efficiency": "translation_padding_efficiency_ratio_sum",
+    "decode step time": "translation_decode_step_duration_seconds_bucket",
+    "encoder call time": "translation_encode_duration_seconds_bucket",
 }
 
 

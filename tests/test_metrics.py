@@ -55,6 +55,7 @@ def test_step_stats(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry)
     stats = StepStats(
         duration_s=0.002,
+        encode_duration_s=0.004,
         active_slots=6,
         encode_real_tokens=9,
         encode_padded_tokens=12,
@@ -64,6 +65,7 @@ def test_step_stats(registry: CollectorRegistry) -> None:
     )
     metrics.observe_step(stats)
     assert value(registry, "translation_decode_step_duration_seconds_sum") == pytest.approx(0.002)
+    assert value(registry, "translation_encode_duration_seconds_sum") == pytest.approx(0.004)
     assert value(registry, "translation_step_active_slots_sum") == 6
     assert value(registry, "translation_queue_wait_seconds_count") == 2
     assert value(registry, "translation_queue_wait_seconds_sum") == pytest.approx(0.4)
@@ -78,7 +80,7 @@ def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
     Metrics(registry)
     # prometheus_client drops a counter's `_total` from the family name; put it back
     names = {f"{f.name}_total" if f.type == "counter" else f.name for f in registry.collect()}
-    assert len(names) == 15 and all(name.startswith("translation_") for name in names), names
+    assert len(names) == 16 and all(name.startswith("translation_") for name in names), names
     units = ("_seconds", "_total", "_ratio", "_slots", "_depth", "_info")
     assert all(name.endswith(units) for name in names), names
 
@@ -105,6 +107,7 @@ def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
     assert value(registry, "translation_input_tokens_total", lang_pair="de-en") == 4 + 6 + 3
     assert value(registry, "translation_output_tokens_total", lang_pair="de-en") == sum(len(h.tokens) for h in best)
     assert value(registry, "translation_decode_step_duration_seconds_count") == runner.step_calls
+    assert value(registry, "translation_encode_duration_seconds_count") == len(runner.encode_calls)
     assert value(registry, "translation_step_active_slots_sum") == sum(runner.step_batch_sizes)
     assert value(registry, "translation_queue_wait_seconds_count") == 3
     assert value(registry, "translation_padding_efficiency_ratio_count", stage="decode") == runner.step_calls

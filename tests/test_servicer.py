@@ -419,13 +419,46 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei"]))
         gated.wait_for_step()
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: health_status(served.channel, "") == "NOT_SERVING")
+        wait_until(lambda: engine_draining(served))
         error = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
-        assert error.code == grpc.StatusCode.UNAVAILABLE
-        assert "shutting down" in error.details
+        assert error.code == grpc.StatusCode.UNAVAILABLE  # GOAWAY: a balancing client goes to another replica
         gated.gate.set()
         assert [r.sentences for r in in_flight.result(30).results] == [1, 1]
         assert drained.result(30) is True
+
+
+def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    gated = GatedRunner(base.runner)
+    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_concurrent_rpcs=1)) as served:
+        gated.close_gate()
+        in_flight = served.stub.Translate.future(request(["Das Haus ist groß."]))
+        gated.wait_for_step()
+        refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"]), timeout=10))
+        gated.gate.set()
+        assert in_flight.result(30).results[0].sentences == 1
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED  # retryable: the same call succeeds later
+
+
+def test_connections_are_closed_gracefully_after_their_maximum_age(tiny_model_dir: Path) -> None:
+    """GOAWAY after the age: the channel goes IDLE and dials again, re-resolving the service's replicas."""
+    with running_server(fake_model(tiny_model_dir), config(max_connection_age_s=0.5)) as served:
+        states: list[grpc.ChannelConnectivity] = []
+        served.channel.subscribe(states.append, try_to_connect=False)
+        assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
+        wait_until(lambda: went_idle_after_ready(states), timeout=10)
+        assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1  # on a new connection
+
+
+def went_idle_after_ready(states: list[grpc.ChannelConnectivity]) -> bool:
+    ready = grpc.ChannelConnectivity.READY
+    return ready in states and grpc.ChannelConnectivity.IDLE in states[states.index(ready) :]
+
+
+def engine_draining(served: RunningServer) -> bool:
+    """The drain has begun: health turned NOT_SERVING and grpc's stop was called before it."""
+    engine = served.server.engine
+    return engine is not None and engine.draining
 
 
 class HeldTokenizer(Tokenizer):
@@ -449,7 +482,7 @@ def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(tiny
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß. Er wartete."]))
         assert held.entered.wait(30)
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: health_status(served.channel, "") == "NOT_SERVING")
+        wait_until(lambda: engine_draining(served))
         refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
         held.release.set()
         assert in_flight.result(30).results[0].sentences == 2
@@ -655,3 +688,31 @@ def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
     (model_dir / "decoding.json").write_text(json.dumps(tuned | {"weights_sha256": "0" * 64}))
     with pytest.raises(StartupError, match="tuned on other weights"):
         onnx_model(model_dir)
+
+
+def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_cpu(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU pod whose CUDA libraries do not load must not report SERVING while computing on the CPU."""
+    import onnxruntime
+
+    from server.main import load_model
+    from server.runtime import OnnxRunner
+
+    export_tiny_onnx(tiny_model_dir)
+    base = {"model_dir": tiny_model_dir, "variant": "fp32", "threads": 1}
+    with pytest.raises(StartupError, match=r"fell back to CPUExecutionProvider.*--provider cpu"):
+        load_model(ServerConfig(provider="cuda", **base))  # type: ignore[arg-type]
+    # This onnxruntime has no CUDA provider; one that lists it but cannot load it falls back the same way.
+    available = onnxruntime.get_available_providers()
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
+    runner = load_model(ServerConfig(provider="auto", **base)).runner  # type: ignore[arg-type]
+    assert isinstance(runner, OnnxRunner) and type(runner) is OnnxRunner  # host caches, not the device's
+    assert runner.provider == "CPUExecutionProvider"
+    assert "serving on the CPU" in caplog.text
+
+
+def test_the_metrics_server_binds_the_configured_host() -> None:
+    from server.main import metrics_address
+
+    assert [metrics_address(h) for h in ("[::]", "[::1]", "127.0.0.1", "")] == ["::", "::1", "127.0.0.1", "0.0.0.0"]
