@@ -157,6 +157,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
             max_source_tokens=spec.max_source_len,
             max_output_len=spec.max_target_len,
             max_beam_size=limits.max_beam_size,
+            max_message_bytes=limits.max_response_bytes,
         ),
         variant=model.variant,
         available_variants=model.available_variants,

@@ -174,6 +174,7 @@ def test_list_models_reports_languages_pairs_limits_and_runtime(served: RunningS
     assert info.limits.max_source_tokens == model.runner.spec.max_source_len
     assert info.limits.max_output_len == model.runner.spec.max_target_len
     assert info.limits.max_beam_size == 8
+    assert info.limits.max_message_bytes == ServerConfig().max_message_bytes
     assert (info.variant, info.provider, info.opset) == ("fp32", "fake", 18)
 
 
@@ -543,6 +544,8 @@ def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
         error = status_of(lambda: served.stub.Translate(request(["Hallo. " * 1000])))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
+        (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+    assert info.limits.max_message_bytes == 4096  # what a client checks before sending, not after a refusal
 
 
 def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model: LoadedModel) -> None:

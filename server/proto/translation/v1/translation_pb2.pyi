@@ -22,6 +22,8 @@ Status codes:
                      Also: a Translate response would exceed the server's message size limit (each
                      hypothesis repeats its text's whitespace); send fewer texts or hypotheses, or use
                      TranslateStream, which sends one message per text.
+                     Also: a request message over `Limits.max_message_bytes`, refused by gRPC before
+                     the service reads it (not counted in its metrics). Retrying will not help: split it.
   DEADLINE_EXCEEDED  the gRPC deadline passed while the request was queued or decoding.
   CANCELLED          the client cancelled; its decoding slots are freed at the next step.
   UNAVAILABLE        the server is draining (shutting down), not yet loaded, or its decode loop
@@ -366,6 +368,7 @@ class Limits(_message.Message):
     MAX_SOURCE_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_LEN_FIELD_NUMBER: _builtins.int
     MAX_BEAM_SIZE_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     max_texts_per_request: _builtins.int
     """Most texts in one request."""
     max_chars_per_text: _builtins.int
@@ -378,6 +381,8 @@ class Limits(_message.Message):
     """Largest `max_output_len`: most tokens generated per sentence."""
     max_beam_size: _builtins.int
     """Largest `beam_size`."""
+    max_message_bytes: _builtins.int
+    """The server's gRPC message size limit in bytes, for a request and for a Translate response."""
     def __init__(
         self,
         *,
@@ -387,10 +392,11 @@ class Limits(_message.Message):
         max_source_tokens: _builtins.int = ...,
         max_output_len: _builtins.int = ...,
         max_beam_size: _builtins.int = ...,
+        max_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_message_bytes", b"max_message_bytes", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,6 +22,8 @@ Status codes:
                      Also: a Translate response would exceed the server's message size limit (each
                      hypothesis repeats its text's whitespace); send fewer texts or hypotheses, or use
                      TranslateStream, which sends one message per text.
+                     Also: a request message over `Limits.max_message_bytes`, refused by gRPC before
+                     the service reads it (not counted in its metrics). Retrying will not help: split it.
   DEADLINE_EXCEEDED  the gRPC deadline passed while the request was queued or decoding.
   CANCELLED          the client cancelled; its decoding slots are freed at the next step.
   UNAVAILABLE        the server is draining (shutting down), not yet loaded, or its decode loop
