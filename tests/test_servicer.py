@@ -719,3 +719,49 @@ def test_the_metrics_server_binds_the_configured_host() -> None:
     from server.main import metrics_address
 
     assert [metrics_address(h) for h in ("[::]", "[::1]", "127.0.0.1", "")] == ["::", "::1", "127.0.0.1", "0.0.0.0"]
+
+
+class _RecordingEngine:
+    """Takes one submit and records how its handle is cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled_with: list[bool] = []
+
+    def submit(self, *args: object, **kwargs: object) -> _RecordingEngine:
+        return self
+
+    def cancel(self, deadline_passed: bool = False) -> None:
+        self.cancelled_with.append(deadline_passed)
+
+
+class _Remaining:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def time_remaining(self) -> float:
+        return self.seconds
+
+
+@pytest.mark.parametrize(("remaining", "deadline"), [(0.0, True), (0.005, True), (5.0, False)])
+def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining: float, deadline: bool) -> None:
+    """grpc cancels the handler's task at the deadline (or when the client leaves); the request's
+    sentences must then fail as DEADLINE_EXCEEDED, or CANCELLED, in the failed-sentences series."""
+    from server.convert import TranslateJob
+    from server.errors import CallRecord
+    from server.scheduler import DecodeOptions
+    from server.servicer import _engine_events
+
+    engine = _RecordingEngine()
+    job = TranslateJob(["Hallo."], "de", "en", DecodeOptions(), return_scores=False)
+    call = CallRecord(started=time.monotonic() - 1.0)  # a 1 s deadline, `remaining` of it left
+
+    async def handler_cancelled_by_grpc() -> None:
+        events = _engine_events(engine, [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
+        waiting = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.01)  # submitted; waiting for the engine's first event
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(handler_cancelled_by_grpc())
+    assert engine.cancelled_with == [deadline]
