@@ -11,10 +11,9 @@ so a step never waits for memory. Each sentence has its own `BeamState` and its 
 their own slots, so a result does not depend on what else shares the batch.
 
 Faults stay with the request that causes them where the batch allows telling it apart: rows whose
-scores are NaN, or whose candidates their beam refuses, fail only their own request (`update`),
-and when a runner call raises for a
-batch of several requests, `isolate` restarts them to run one request at a time, so a retried
-request that fails again fails alone and the others finish.
+scores are NaN, or whose candidates their beam refuses, fail only their own request (`update`), and
+when a runner call raises for a batch of several requests, `isolate` restarts them to run one request
+at a time, so a retried request that fails again fails alone and the others finish.
 """
 
 from __future__ import annotations
