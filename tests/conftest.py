@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny import build_tiny_artifact
 
     return build_tiny_artifact(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_exported_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its fp32 and int8 ONNX exports under onnx/; tests copy it before changing it."""
+    from export.__main__ import main as export
+
+    out = tmp_path_factory.mktemp("tiny_exported") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    assert export(["--model-dir", str(out), "--variants", "fp32,int8"]) == 0
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import ctranslate2
 import grpc
+import numpy as np
 import pytest
 import torch
 
@@ -156,3 +157,36 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
     assert closed.ok == closed.requests > 4 and not closed.errors and closed.tokens_per_s > 0
     assert (opened.requests, opened.ok, opened.errors) == (10, 10, {})
     assert opened.p50_ms <= opened.p95_ms <= opened.p99_ms
+
+
+def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Path) -> None:
+    from bench.cache_shape import main
+
+    args = ["--model-dir", str(tiny_exported_dir), "--variants", "fp32", "--sentences", "3", "--beams", "1,3"]
+    timings = main([*args, "--steps", "5", "--repeats", "1"])
+    assert [(t.case.beam, t.case.steps) for t in timings] == [(1, 5), (3, 5)]
+    assert all(t.slot_ms > 0 and t.growing_ms > 0 for t in timings)
+    assert list(sorted(p.name for p in (tiny_exported_dir / "onnx" / "fp32").iterdir())) == sorted(
+        ["decoder_step.onnx", "encoder.onnx", "kv_append.onnx", "kv_gather.onnx", "kv_move.onnx",
+         "kv_write.onnx", "metadata.json"]
+    )  # fmt: skip
+
+
+def test_cache_shape_ab_refuses_timings_of_different_work(tiny_exported_dir: Path) -> None:
+    """The A/B compares only runs that chose the same tokens: one differing token fails it."""
+    from bench import cache_shape
+    from bench.cache_shape import Case, Decoders, measure
+
+    decoders = Decoders(tiny_exported_dir / "onnx" / "fp32", max_rows=8, threads=1)
+    honest = decoders.grow
+
+    def one_token_off(case: Case, sources: list[list[int]], reorders: list[np.ndarray]) -> tuple:
+        seconds, picked = honest(case, sources, reorders)
+        picked[-1] = picked[-1].copy()
+        picked[-1][0] += 1
+        return seconds, picked
+
+    decoders.grow = one_token_off  # type: ignore[method-assign]
+    sources = cache_shape.load_workload(tiny_exported_dir, Path("data/test.tsv"), 2).sources
+    with pytest.raises(RuntimeError, match="different tokens at step 5"):
+        measure(decoders, Case("fp32", 2, 4, 6), sources, repeats=1)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from export.__main__ import main
 from export.parity import compare_decoding
 from model.artifact import load_artifact
 from server.runtime import OnnxRunner
@@ -15,11 +13,8 @@ from tests.tiny import TINY_PAIRS
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("parity") / "model"
-    shutil.copytree(tiny_model_dir, out)
-    assert main(["--model-dir", str(out), "--variants", "fp32"]) == 0
-    return out
+def model_dir(tiny_exported_dir: Path) -> Path:
+    return tiny_exported_dir
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

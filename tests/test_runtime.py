@@ -12,7 +12,6 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.__main__ import main
 from model.artifact import load_artifact
 from server.beam import row_candidates
 from server.metadata import MetadataError
@@ -23,11 +22,8 @@ SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("runtime") / "model"
-    shutil.copytree(tiny_model_dir, out)
-    assert main(["--model-dir", str(out), "--variants", "fp32,int8"]) == 0
-    return out
+def model_dir(tiny_exported_dir: Path) -> Path:
+    return tiny_exported_dir
 
 
 @pytest.fixture(params=["host", "device"])

@@ -1,0 +1,200 @@
+"""Choose the self-attention cache shape by measurement: slot cache against growing cache.
+
+DESIGN names two shapes. The server runs the slot cache (`server.runtime.OnnxRunner`): per layer a
+preallocated (slots, H, max_target_len, Dh) array; each step gathers its rows up to the longest
+position, the graph returns only the new key/value row, which is written back; a beam reorder copies
+the moved slots. The growing cache feeds the decoder's own past + new `Concat` (its "present",
+exposed here as extra graph outputs) back as the next step's past, so a step whose rows stay the
+same copies nothing; a beam reorder is one `np.take` of the whole batch along the row axis.
+
+Both decode the same encoded test sentences for the same number of steps, with the same seeded
+reorders inside each sentence's beam, and must pick the same tokens at every step: the run fails
+otherwise, so the two timings are of the same work. Rows start together and none leaves: the
+growing cache's best case (served traffic would add padding for joining rows and compaction).
+
+Usage: python -m bench.cache_shape --model-dir model/shipped [--variants fp32,int8] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from bench.run import load_workload
+from server.metadata import DECODER_FILE
+from server.runner import EncodeItem
+from server.runtime import CANDIDATE_OUTPUTS, OnnxRunner, make_session
+
+log = logging.getLogger("bench.cache_shape")
+PRESENT_FILE = "decoder_step_present.onnx"
+Ids = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Case:
+    variant: str
+    sentences: int
+    beam: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    case: Case
+    slot_ms: float  # median milliseconds per decoder step, slot cache
+    growing_ms: float  # the same, growing cache
+
+    @property
+    def growing_speedup(self) -> float:
+        return self.slot_ms / self.growing_ms
+
+
+def add_present_outputs(decoder: Path, out: Path, n_layers: int) -> list[str]:
+    """Copy the decoder graph with each layer's past + new Concat as an output; return them in cache order."""
+    model = onnx.load(str(decoder))
+    by_past = {node.input[0]: node.output[0] for node in model.graph.node if node.op_type == "Concat"}
+    present = [by_past[f"past_{kind}_{i}"] for i in range(n_layers) for kind in ("k", "v")]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in present)
+    onnx.save(model, str(out))
+    return present
+
+
+def beam_reorders(case: Case, seed: int = 0) -> list[Ids]:
+    """Per step, the row each row copies from: a random pick inside its own sentence's beam."""
+    rng = np.random.default_rng(seed)
+    rows, beam = case.sentences * case.beam, case.beam
+    base = np.repeat(np.arange(case.sentences) * beam, beam)
+    return [base + rng.integers(0, beam, size=rows) for _ in range(case.steps)]
+
+
+class Decoders:
+    """One runner (slot cache) and one present-returning session (growing cache) on the same graph."""
+
+    def __init__(self, variant_dir: Path, max_rows: int, threads: int) -> None:
+        self.runner = OnnxRunner(variant_dir, max_rows, "cpu", threads, spin_threads=False)
+        meta = self.runner.metadata
+        with tempfile.TemporaryDirectory() as tmp:  # the export directory stays as the exporter left it
+            graph = Path(tmp) / PRESENT_FILE
+            self.present = add_present_outputs(variant_dir / DECODER_FILE, graph, meta.n_decoder_layers)
+            self.growing = make_session(graph, "cpu", threads, spin_threads=False)
+        self.head_shape = (meta.n_heads, 0, meta.head_dim)  # a past of length 0 at the first step
+
+    def encode(self, sources: list[list[int]], beam: int) -> int:
+        items = [EncodeItem(src, list(range(i * beam, (i + 1) * beam))) for i, src in enumerate(sources)]
+        self.runner.encode(items)
+        return max(len(src) for src in sources)
+
+    def slot(self, case: Case, sources: list[list[int]], reorders: list[Ids]) -> tuple[float, list[Ids]]:
+        """Seconds per step and each step's tokens, through the server's runner."""
+        self.encode(sources, case.beam)
+        rows = list(range(case.sentences * case.beam))
+        tokens, picked = [self.runner.spec.bos_id] * len(rows), []
+        start = time.perf_counter()
+        for position, reorder in enumerate(reorders):
+            candidates = self.runner.step(rows, tokens, [position] * len(rows), [0.0] * len(rows), 2 * case.beam)
+            picked.append(candidates.ids[:, 0])
+            tokens = candidates.ids[reorder, 0].tolist()  # each row continues the row it copies
+            if case.beam > 1:
+                self.runner.copy_slots(reorder.tolist(), rows)
+        return (time.perf_counter() - start) / case.steps, picked
+
+    def grow(self, case: Case, sources: list[list[int]], reorders: list[Ids]) -> tuple[float, list[Ids]]:
+        """Seconds per step and each step's tokens, feeding the graph's present back as the next past."""
+        n_rows = case.sentences * case.beam
+        src_len = self.encode(sources, case.beam)
+        runner = self.runner
+        cross = zip(runner.cross_names, runner.cross_kv, strict=True)
+        fixed = {name: cache[:n_rows, :, :src_len] for name, cache in cross}
+        fixed |= {"src_mask": runner.src_mask[:n_rows, :src_len], "row_scores": np.zeros(n_rows, np.float32)}
+        fixed |= {"top_k": np.asarray([2 * case.beam], np.int64)}
+        past = [np.zeros((n_rows, *self.head_shape), runner.dtype)] * len(self.present)
+        tokens, picked = np.full(n_rows, runner.spec.bos_id, np.int64), []
+        start = time.perf_counter()
+        for position, reorder in enumerate(reorders):
+            feeds = fixed | dict(zip(runner.past_names, past, strict=True)) | {
+                "tokens": tokens, "positions": np.full(n_rows, position, np.int64),
+                "past_keep": np.ones((n_rows, position), bool),
+            }  # fmt: skip
+            _, ids, *past = self.growing.run([*CANDIDATE_OUTPUTS, *self.present], feeds)
+            picked.append(ids[:, 0])
+            tokens = ids[reorder, 0]
+            if case.beam > 1:
+                past = [np.take(present, reorder, axis=0) for present in past]
+        return (time.perf_counter() - start) / case.steps, picked
+
+
+def measure(decoders: Decoders, case: Case, sources: list[list[int]], repeats: int) -> Timing:
+    """Alternate the two, discard the first round (warm-up), take the median; tokens must agree."""
+    reorders = beam_reorders(case)
+    runs: dict[str, list[float]] = {"slot": [], "growing": []}
+    methods: dict[str, Callable[..., tuple[float, list[Ids]]]] = {"slot": decoders.slot, "growing": decoders.grow}
+    for round_ in range(repeats + 1):
+        order = ("slot", "growing") if round_ % 2 == 0 else ("growing", "slot")
+        picked = {}
+        for name in order:
+            seconds, picked[name] = methods[name](case, sources, reorders)
+            if round_:
+                runs[name].append(seconds)
+        for step, (a, b) in enumerate(zip(picked["slot"], picked["growing"], strict=True)):
+            if not np.array_equal(a, b):
+                raise RuntimeError(f"{case}: the two caches chose different tokens at step {step}")
+    ms = {name: 1e3 * statistics.median(values) for name, values in runs.items()}
+    return Timing(case, ms["slot"], ms["growing"])
+
+
+def render(timings: list[Timing]) -> str:
+    lines = [
+        "| variant | rows (sentences x beam) | steps | slot cache ms/step | growing cache ms/step | growing speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in timings:
+        c = t.case
+        rows = f"{c.sentences * c.beam} ({c.sentences} x {c.beam})"
+        lines.append(
+            f"| {c.variant} | {rows} | {c.steps} | {t.slot_ms:.2f} | {t.growing_ms:.2f} | {t.growing_speedup:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[Timing]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--test", type=Path, default=Path("data/test.tsv"))
+    parser.add_argument("--variants", default="fp32,int8")
+    parser.add_argument("--sentences", type=int, default=32)
+    parser.add_argument("--beams", default="1,4")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the timings here as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sources = load_workload(args.model_dir, args.test, args.sentences).sources
+    beams = [int(b) for b in args.beams.split(",")]
+    timings = []
+    for variant in args.variants.split(","):
+        decoders = Decoders(args.model_dir / "onnx" / variant, len(sources) * max(beams), args.threads)
+        for beam in beams:
+            case = Case(variant, len(sources), beam, min(args.steps, decoders.runner.spec.max_target_len))
+            timings.append(measure(decoders, case, sources, args.repeats))
+            log.info("%s", timings[-1])
+    print(render(timings))
+    if args.out:
+        rows = [asdict(t) | {"growing_speedup": t.growing_speedup} for t in timings]
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    return timings
+
+
+if __name__ == "__main__":
+    main()
