@@ -5,12 +5,15 @@ preallocated (slots, H, max_target_len, Dh) array; each step gathers its rows up
 position, the graph returns only the new key/value row, which is written back; a beam reorder copies
 the moved slots. The growing cache feeds the decoder's own past + new `Concat` (its "present",
 exposed here as extra graph outputs) back as the next step's past, so a step whose rows stay the
-same copies nothing; a beam reorder is one `np.take` of the whole batch along the row axis.
+same copies nothing; a beam reorder gathers the whole batch along the row axis. It runs two ways:
+plain `session.run` (present comes back as numpy, a reorder is `np.take`) and IO binding (present
+stays an OrtValue, a reorder is the export's kv_gather graph).
 
-Both decode the same encoded test sentences for the same number of steps, with the same seeded
-reorders inside each sentence's beam, and must pick the same tokens at every step: the run fails
-otherwise, so the two timings are of the same work. Rows start together and none leaves: the
-growing cache's best case (served traffic would add padding for joining rows and compaction).
+All arms decode the same encoded test sentences for the same number of steps, with the same seeded
+reorders inside each sentence's beam, and must pick the slot cache's tokens at every step: the run
+fails otherwise, so the timings are of the same work. Rows start together and none leaves: the
+growing cache's best case (served traffic adds rows that join with a shorter past, which needs
+padding, and a compaction once the rows that set the length have left).
 
 Usage: python -m bench.cache_shape --model-dir model/shipped [--variants fp32,int8] [--steps 60]
 """
@@ -30,15 +33,17 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import onnx
+import onnxruntime as ort
 
 from bench.run import load_workload
-from server.metadata import DECODER_FILE
+from server.metadata import DECODER_FILE, KV_GATHER_FILE
 from server.runner import EncodeItem
 from server.runtime import CANDIDATE_OUTPUTS, OnnxRunner, make_session
 
 log = logging.getLogger("bench.cache_shape")
 PRESENT_FILE = "decoder_step_present.onnx"
 Ids = npt.NDArray[np.int64]
+Arm = Callable[["Case", list[list[int]], list[Ids]], tuple[float, list[Ids]]]
 
 
 @dataclass(frozen=True)
@@ -53,11 +58,8 @@ class Case:
 class Timing:
     case: Case
     slot_ms: float  # median milliseconds per decoder step, slot cache
-    growing_ms: float  # the same, growing cache
-
-    @property
-    def growing_speedup(self) -> float:
-        return self.slot_ms / self.growing_ms
+    growing_ms: float  # the same, growing cache through plain session.run (present copied out to numpy)
+    growing_bound_ms: float  # the same, growing cache through IO binding (present stays an OrtValue)
 
 
 def add_present_outputs(decoder: Path, out: Path, n_layers: int) -> list[str]:
@@ -88,6 +90,7 @@ class Decoders:
             graph = Path(tmp) / PRESENT_FILE
             self.present = add_present_outputs(variant_dir / DECODER_FILE, graph, meta.n_decoder_layers)
             self.growing = make_session(graph, "cpu", threads, spin_threads=False)
+        self.kv_gather = make_session(variant_dir / KV_GATHER_FILE, "cpu", threads, spin_threads=False)
         self.head_shape = (meta.n_heads, 0, meta.head_dim)  # a past of length 0 at the first step
 
     def encode(self, sources: list[list[int]], beam: int) -> int:
@@ -109,23 +112,28 @@ class Decoders:
                 self.runner.copy_slots(reorder.tolist(), rows)
         return (time.perf_counter() - start) / case.steps, picked
 
+    def _fixed_feeds(self, case: Case, sources: list[list[int]]) -> dict[str, np.ndarray]:
+        """Encode, and the feeds no step changes: cross keys/values, source mask, ranking inputs."""
+        n_rows, runner = case.sentences * case.beam, self.runner
+        src_len = self.encode(sources, case.beam)
+        cross = zip(runner.cross_names, runner.cross_kv, strict=True)
+        fixed = {name: np.ascontiguousarray(cache[:n_rows, :, :src_len]) for name, cache in cross}
+        fixed["src_mask"] = np.ascontiguousarray(runner.src_mask[:n_rows, :src_len])
+        return fixed | {"row_scores": np.zeros(n_rows, np.float32), "top_k": np.asarray([2 * case.beam], np.int64)}
+
+    def _step_feeds(self, n_rows: int, tokens: Ids, position: int) -> dict[str, np.ndarray]:
+        positions = np.full(n_rows, position, np.int64)
+        return {"tokens": tokens, "positions": positions, "past_keep": np.ones((n_rows, position), bool)}
+
     def grow(self, case: Case, sources: list[list[int]], reorders: list[Ids]) -> tuple[float, list[Ids]]:
         """Seconds per step and each step's tokens, feeding the graph's present back as the next past."""
-        n_rows = case.sentences * case.beam
-        src_len = self.encode(sources, case.beam)
-        runner = self.runner
-        cross = zip(runner.cross_names, runner.cross_kv, strict=True)
-        fixed = {name: cache[:n_rows, :, :src_len] for name, cache in cross}
-        fixed |= {"src_mask": runner.src_mask[:n_rows, :src_len], "row_scores": np.zeros(n_rows, np.float32)}
-        fixed |= {"top_k": np.asarray([2 * case.beam], np.int64)}
+        n_rows, runner = case.sentences * case.beam, self.runner
+        fixed = self._fixed_feeds(case, sources)
         past = [np.zeros((n_rows, *self.head_shape), runner.dtype)] * len(self.present)
         tokens, picked = np.full(n_rows, runner.spec.bos_id, np.int64), []
         start = time.perf_counter()
         for position, reorder in enumerate(reorders):
-            feeds = fixed | dict(zip(runner.past_names, past, strict=True)) | {
-                "tokens": tokens, "positions": np.full(n_rows, position, np.int64),
-                "past_keep": np.ones((n_rows, position), bool),
-            }  # fmt: skip
+            feeds = fixed | dict(zip(runner.past_names, past, strict=True)) | self._step_feeds(n_rows, tokens, position)
             _, ids, *past = self.growing.run([*CANDIDATE_OUTPUTS, *self.present], feeds)
             picked.append(ids[:, 0])
             tokens = ids[reorder, 0]
@@ -133,37 +141,78 @@ class Decoders:
                 past = [np.take(present, reorder, axis=0) for present in past]
         return (time.perf_counter() - start) / case.steps, picked
 
+    def grow_bound(self, case: Case, sources: list[list[int]], reorders: list[Ids]) -> tuple[float, list[Ids]]:
+        """The growing cache through IO binding: `present` stays an OrtValue and goes back in as the
+        next past without a copy to numpy; a beam reorder is the export's kv_gather graph."""
+        n_rows, runner = case.sentences * case.beam, self.runner
+        fixed = self._fixed_feeds(case, sources)
+        empty = ort.OrtValue.ortvalue_from_numpy(np.zeros((n_rows, *self.head_shape), runner.dtype))
+        past = [empty] * len(self.present)
+        tokens, picked = np.full(n_rows, runner.spec.bos_id, np.int64), []
+        start = time.perf_counter()
+        for position, reorder in enumerate(reorders):
+            binding = self.growing.io_binding()
+            for name, array in (fixed | self._step_feeds(n_rows, tokens, position)).items():
+                binding.bind_cpu_input(name, array)
+            for name, value in zip(runner.past_names, past, strict=True):
+                binding.bind_ortvalue_input(name, value)
+            for name in [*CANDIDATE_OUTPUTS, *self.present]:
+                binding.bind_output(name, "cpu")
+            self.growing.run_with_iobinding(binding)
+            _, ids_value, *past = binding.get_outputs()
+            ids = ids_value.numpy()
+            picked.append(ids[:, 0])
+            tokens = ids[reorder, 0]
+            if case.beam > 1:
+                past = self._gather(past, reorder, position + 1)
+        return (time.perf_counter() - start) / case.steps, picked
+
+    def _gather(self, caches: list[ort.OrtValue], rows: Ids, length: int) -> list[ort.OrtValue]:
+        binding = self.kv_gather.io_binding()
+        for i, cache in enumerate(caches):
+            binding.bind_ortvalue_input(f"cache_{i}", cache)
+            binding.bind_output(f"out_{i}", "cpu")
+        binding.bind_cpu_input("rows", rows)
+        binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
+        self.kv_gather.run_with_iobinding(binding)
+        return list(binding.get_outputs())
+
+    def arms(self) -> dict[str, Arm]:
+        return {"slot": self.slot, "growing": self.grow, "growing_bound": self.grow_bound}
+
 
 def measure(decoders: Decoders, case: Case, sources: list[list[int]], repeats: int) -> Timing:
-    """Alternate the two, discard the first round (warm-up), take the median; tokens must agree."""
+    """Rotate the arms' order each round, discard the first round (warm-up), take the medians; every arm
+    must choose the slot cache's tokens at every step."""
     reorders = beam_reorders(case)
-    runs: dict[str, list[float]] = {"slot": [], "growing": []}
-    methods: dict[str, Callable[..., tuple[float, list[Ids]]]] = {"slot": decoders.slot, "growing": decoders.grow}
+    arms = decoders.arms()
+    runs: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
     for round_ in range(repeats + 1):
-        order = ("slot", "growing") if round_ % 2 == 0 else ("growing", "slot")
         picked = {}
-        for name in order:
-            seconds, picked[name] = methods[name](case, sources, reorders)
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            seconds, picked[name] = arms[name](case, sources, reorders)
             if round_:
                 runs[name].append(seconds)
-        for step, (a, b) in enumerate(zip(picked["slot"], picked["growing"], strict=True)):
-            if not np.array_equal(a, b):
-                raise RuntimeError(f"{case}: the two caches chose different tokens at step {step}")
+        for name in names[1:]:
+            for step, (a, b) in enumerate(zip(picked["slot"], picked[name], strict=True)):
+                if not np.array_equal(a, b):
+                    raise RuntimeError(f"{case}: {name} chose other tokens than the slot cache at step {step}")
     ms = {name: 1e3 * statistics.median(values) for name, values in runs.items()}
-    return Timing(case, ms["slot"], ms["growing"])
+    return Timing(case, ms["slot"], ms["growing"], ms["growing_bound"])
 
 
 def render(timings: list[Timing]) -> str:
+    """Milliseconds per decoder step, and the slot cache's time over each growing cache's (> 1: growing faster)."""
     lines = [
-        "| variant | rows (sentences x beam) | steps | slot cache ms/step | growing cache ms/step | growing speed-up |",
+        "| variant | rows (sentences x beam) | steps | slot cache | growing, session.run | growing, IO binding |",
         "|---|---|---|---|---|---|",
     ]
     for t in timings:
         c = t.case
         rows = f"{c.sentences * c.beam} ({c.sentences} x {c.beam})"
-        lines.append(
-            f"| {c.variant} | {rows} | {c.steps} | {t.slot_ms:.2f} | {t.growing_ms:.2f} | {t.growing_speedup:.2f}x |"
-        )
+        grow, bound = (f"{ms:.2f} ({t.slot_ms / ms:.2f}x)" for ms in (t.growing_ms, t.growing_bound_ms))
+        lines.append(f"| {c.variant} | {rows} | {c.steps} | {t.slot_ms:.2f} | {grow} | {bound} |")
     return "\n".join(lines)
 
 
@@ -191,8 +240,7 @@ def main(argv: list[str] | None = None) -> list[Timing]:
             log.info("%s", timings[-1])
     print(render(timings))
     if args.out:
-        rows = [asdict(t) | {"growing_speedup": t.growing_speedup} for t in timings]
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+        args.out.write_text(json.dumps([asdict(t) for t in timings], indent=2) + "\n")
     return timings
 
 
