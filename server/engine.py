@@ -252,17 +252,16 @@ class Engine:
         if batch.empty:
             self._publish()
             return
-        started = time.perf_counter()
-        encode_s = 0.0
         try:
-            candidates, encode_s = self._execute(batch)
+            candidates, step_s, encode_s = self._execute(batch)
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
+            # Not observed: a failed iteration is no step, and its requests' INTERNAL codes count it.
             events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
             events = self._scheduler.update(batch, candidates)
-        self._observe(batch, time.perf_counter() - started - encode_s, encode_s)
+            self._observe(batch, step_s, encode_s)
         self._deliver(events)
         self._publish()
 
@@ -372,23 +371,27 @@ class Engine:
             if self._metrics is not None:
                 self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
 
-    def _execute(self, batch: Batch) -> tuple[Candidates, float]:
-        """The runner calls of one iteration, in the order the batch requires; also the encoder's wall time."""
+    def _execute(self, batch: Batch) -> tuple[Candidates, float, float]:
+        """The runner calls of one iteration, in the order the batch requires, and their wall times:
+        the beam-row copies and the decoder step together, and the encoder apart. The beam update
+        that follows is the engine's own work, not the runner's, so it is not in either."""
+        started = time.perf_counter()
         if batch.copy_sources:
             self._runner.copy_slots(batch.copy_sources, batch.copy_destinations)
         encode_s = 0.0
         if batch.encode:
-            started = time.perf_counter()
+            encode_started = time.perf_counter()
             self._runner.encode(batch.encode)
-            encode_s = time.perf_counter() - started
+            encode_s = time.perf_counter() - encode_started
         candidates = self._runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+        step_s = time.perf_counter() - started - encode_s
         expected = batch.candidate_shape(self._runner.spec.vocab_size)
         if candidates.scores.shape != expected or candidates.ids.shape != expected:
             raise RuntimeError(
                 f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
                 f" expected {expected}"
             )
-        return candidates, encode_s
+        return candidates, step_s, encode_s
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
         """Hand events to their owners; a final event retires the owner."""

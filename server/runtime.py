@@ -224,16 +224,15 @@ class OnnxRunner:
         self.self_written[slots] = 0
         self.cross_written[slots] = source_len
 
-    def _source_changed(self, rows: npt.NDArray[np.int64], src_len: int) -> bool:
-        """True when the rows' sources differ from the last step's.
+    def _cross_key(self, rows: npt.NDArray[np.int64], src_len: int) -> tuple[bytes, int, int]:
+        """What the gathered cross keys/values depend on; the last gather is reused while it is the same.
 
         Keyed on the sources, not the slots: a beam reorder permutes a sentence's slots every step
         but not its source, and gathering the cross keys/values is the largest copy of a step.
+        The runners record a key only once its gather has succeeded: a gather that raised must not
+        leave a key that vouches for the feeds of other rows.
         """
-        key = (self.source_key[rows].tobytes(), src_len, self._cross_version)
-        changed = key != self._cross_gather_key
-        self._cross_gather_key = key
-        return changed
+        return (self.source_key[rows].tobytes(), src_len, self._cross_version)
 
     # -- where the caches live: numpy arrays in host memory ------------------------------------
 
@@ -251,9 +250,10 @@ class OnnxRunner:
     def _decode(
         self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
     ) -> list[np.ndarray]:
-        if self._source_changed(rows, src_len):
+        if (key := self._cross_key(rows, src_len)) != self._cross_gather_key:
             cross = zip(self.cross_names, self.cross_kv, strict=True)
             self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross}
+            self._cross_gather_key = key
         past = {name: cache[rows, :, :past_len] for name, cache in zip(self.past_names, self.self_kv, strict=True)}
         src_mask = self.src_mask[rows, :src_len]
         outputs = self.decoder.run(
@@ -342,8 +342,9 @@ class DeviceCacheRunner(OnnxRunner):
     def _decode(
         self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
     ) -> list[np.ndarray]:
-        if self._source_changed(rows, src_len):
+        if (key := self._cross_key(rows, src_len)) != self._cross_gather_key:
             self._cross_values = self._gather(self.cross_kv, rows, src_len)
+            self._cross_gather_key = key
         binding = self.decoder.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)

@@ -1,7 +1,7 @@
 """The Translator gRPC servicer: validate, convert, delegate to the engine, convert back.
 
 Each request is submitted to the engine as one flat list of sentences; the engine's events arrive
-on its thread and are handed to this request's asyncio queue with `call_soon_threadsafe`. Errors
+on its thread and are handed to this request's `CallInbox` on the event loop. Errors
 become statuses in `server.errors`; nothing here catches an exception to choose a status.
 """
 
@@ -155,26 +155,55 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         yield done
 
 
+class CallInbox:
+    """One call's engine events, handed from the engine thread to the call's event loop.
+
+    Each TokensEvent carries a sentence's whole output so far, so a newer one replaces one the call
+    has not read yet: a client that reads slowly makes the server hold one partial output per
+    sentence, not every prefix of it (which grows with the square of its length). Every other event
+    is kept, in order, and a sentence's partial output is always read before its SentenceDone.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._events: asyncio.Queue[Event | int] = asyncio.Queue()  # an int: that sentence's latest tokens
+        self._latest_tokens: dict[int, TokensEvent] = {}
+
+    def deliver(self, event: Event) -> None:
+        """The engine's callback: runs on the engine thread, so it only schedules the put."""
+        self._loop.call_soon_threadsafe(self._put, event)
+
+    def _put(self, event: Event) -> None:
+        if not isinstance(event, TokensEvent):
+            self._events.put_nowait(event)
+            return
+        unread = event.sentence_index in self._latest_tokens
+        self._latest_tokens[event.sentence_index] = event
+        if not unread:
+            self._events.put_nowait(event.sentence_index)
+
+    async def get(self) -> Event:
+        item = await self._events.get()
+        return self._latest_tokens.pop(item) if isinstance(item, int) else item
+
+
 async def _engine_events(
     engine: Engine, sources: list[list[int]], job: TranslateJob, context: Context, call: CallRecord
 ) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
     """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Event] = asyncio.Queue()
+    inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-
-    def deliver(event: Event) -> None:  # on the engine thread
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
     try:
-        handle = engine.submit(sources, job.options, deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True)
+        handle = engine.submit(
+            sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True
+        )
     except ValueError as err:  # the engine's own validation; its messages name the limit, never internals
         raise InvalidRequest(str(err)) from err
     finished = False
     try:
         while True:
-            event = await queue.get()
+            event = await inbox.get()
             if isinstance(event, RequestDone):
                 finished = True
                 return

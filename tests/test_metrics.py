@@ -85,6 +85,49 @@ def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
     assert all(name.endswith(units) for name in names), names
 
 
+def run_to_the_end(engine: Engine, sources: list[list[int]], options: DecodeOptions) -> Event:
+    """Submit one request to a started engine; its final event."""
+    done: list[Event] = []
+    finished = threading.Event()
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, RequestDone | RequestFailed):
+            done.append(event)
+            finished.set()
+
+    engine.submit(sources, options, on_event, lang_pair="de-en")
+    assert finished.wait(30)
+    return done[0]
+
+
+def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
+    registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step histogram times the runner's copies and step call, not the beam update after them,
+    and records nothing for an iteration whose runner raised."""
+    runner = FakeRunner(max_slots=4)
+    runner.fail_on_step = 0  # the first request's first step fails it (a lone request is not retried)
+    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry))
+    update = engine._scheduler.update
+
+    def slow_update(*args: object, **kwargs: object) -> object:
+        time.sleep(0.2)  # the engine's own work: must not show up as step time
+        return update(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine._scheduler, "update", slow_update)
+    engine.start()
+    try:
+        options = DecodeOptions(beam_size=1, max_output_len=3)
+        assert isinstance(run_to_the_end(engine, [[5, 9, 10, 3]], options), RequestFailed)
+        assert run_to_the_end(engine, [[5, 9, 10, 3]], options) == RequestDone()
+    finally:
+        engine.stop()
+    steps = value(registry, "translation_decode_step_duration_seconds_count")
+    assert steps == runner.step_calls - 1 >= 2  # the failed call is not a step
+    assert value(registry, "translation_decode_step_duration_seconds_sum") < 0.2 * steps
+    assert value(registry, "translation_step_active_slots_count") == steps
+
+
 def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
     runner = FakeRunner(max_slots=4)
     engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry))

@@ -225,3 +225,28 @@ def test_an_export_without_candidate_ranking_is_refused_with_the_fix(model_dir: 
     onnx.save(model, str(graph_path))
     with pytest.raises(MetadataError, match="export again with python -m export"):
         OnnxRunner(variant, 2, intra_op_threads=1)
+
+
+def test_a_cross_gather_that_raised_is_not_taken_for_a_good_one(model_dir: Path) -> None:
+    """The device runner reuses its last cross gather while the rows' sources stay the same; a gather
+    that raised (a CUDA out-of-memory, say) must not leave the previous rows' feeds standing in."""
+    variant = model_dir / "onnx" / "fp32"
+    fresh = open_runner(variant, max_slots=2, intra_op_threads=1, kv_cache="device")
+    fresh.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
+    want = fresh.step_log_probs([1], [2], [0])
+
+    runner = open_runner(variant, max_slots=2, intra_op_threads=1, kv_cache="device")
+    runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
+    runner.step_log_probs([0], [2], [0])  # gathers slot 0's cross keys/values
+    gather = runner._gather
+    failures = iter([RuntimeError("out of memory")])
+
+    def failing_once(caches: list[ort.OrtValue], rows: np.ndarray, length: int) -> list[ort.OrtValue]:
+        if caches is runner.cross_kv and (failure := next(failures, None)):
+            raise failure
+        return gather(caches, rows, length)
+
+    runner._gather = failing_once  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runner.step_log_probs([1], [2], [0])
+    assert np.abs(runner.step_log_probs([1], [2], [0]) - want).max() <= 1e-5

@@ -285,11 +285,14 @@ def test_streaming_greedy_reports_every_token() -> None:
 def test_output_length_is_capped_by_request_and_model() -> None:
     scheduler, runner = make()
     scheduler.add(1, [source(5)], DecodeOptions(beam_size=2, max_output_len=3, num_hypotheses=2), None, now=0.0)
-    scheduler.add(2, [source(6)], DecodeOptions(beam_size=1, max_output_len=10_000), None, now=0.0)
+    runs_long = source(1, 16)  # a source whose greedy decode would go on past the model's 12 tokens
+    scheduler.add(2, [runs_long], DecodeOptions(beam_size=1, max_output_len=10_000), None, now=0.0)
     events = run_all(scheduler, runner)
     hyps = done_hypotheses(events[1])[0]
     assert len(hyps) == 2 and all(len(tokens) <= 3 for tokens, _ in hyps)
-    assert done_hypotheses(events[2])[0] == expected(source(6), DecodeOptions(beam_size=1))
+    ((tokens, _),) = done_hypotheses(events[2])[0]
+    assert len(tokens) == FAKE_SPEC.max_target_len  # cut at the model's limit, not the request's
+    assert done_hypotheses(events[2])[0] == expected(runs_long, DecodeOptions(beam_size=1))
 
 
 @pytest.mark.parametrize(

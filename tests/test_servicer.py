@@ -23,10 +23,12 @@ import pytest
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.config import ServerConfig
 from server.documents import RequestLimits
+from server.engine import RequestDone, SentenceDone, TokensEvent
 from server.errors import deadline_passed
 from server.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.servicer import CallInbox
 from server.splitter import join, split
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
@@ -765,3 +767,29 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
 
     asyncio.run(handler_cancelled_by_grpc())
     assert engine.cancelled_with == [deadline]
+
+
+def test_a_slow_reader_holds_one_partial_output_per_sentence_not_every_prefix() -> None:
+    """The engine keeps producing while the client does not read: newer partial outputs replace the
+    unread ones, every other event stays, in order, and a sentence's partial comes before its end."""
+
+    async def scenario() -> list[object]:
+        inbox = CallInbox(asyncio.get_running_loop())
+        done = SentenceDone(0, [], 4)
+
+        def engine_thread() -> None:
+            for n in range(1, 200):
+                inbox.deliver(TokensEvent(0, tuple(range(n))))
+                inbox.deliver(TokensEvent(1, tuple(range(n // 2))))
+            inbox.deliver(TokensEvent(0, tuple(range(300))))
+            inbox.deliver(done)
+            inbox.deliver(RequestDone())
+
+        await asyncio.to_thread(engine_thread)
+        await asyncio.sleep(0)  # the scheduled puts run
+        assert inbox._events.qsize() == 4  # two partials, the sentence's end and the request's
+        return [await inbox.get() for _ in range(4)]
+
+    events = asyncio.run(scenario())
+    assert events == [TokensEvent(0, tuple(range(300))), TokensEvent(1, tuple(range(99))), SentenceDone(0, [], 4),
+                      RequestDone()]  # fmt: skip

@@ -262,7 +262,11 @@ class PartialTranslation(_message.Message):
     sentence_index: _builtins.int
     """Position of the sentence within its text."""
     text: _builtins.str
-    """The sentence's translation so far (greedy) or its best hypothesis (beam search, when finished)."""
+    """The sentence's translation so far (greedy) or its best hypothesis (beam search, when finished).
+    Each partial message replaces the sentence's previous one: a client that reads slowly gets the
+    latest output, not every step's, and after a server-side retry of a failed batch (rare) the
+    output may start over, shorter.
+    """
     finished: _builtins.bool
     """True when `text` is the sentence's final translation."""
     def __init__(
