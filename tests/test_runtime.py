@@ -231,11 +231,11 @@ def test_a_cross_gather_that_raised_is_not_taken_for_a_good_one(model_dir: Path)
     """The device runner reuses its last cross gather while the rows' sources stay the same; a gather
     that raised (a CUDA out-of-memory, say) must not leave the previous rows' feeds standing in."""
     variant = model_dir / "onnx" / "fp32"
-    fresh = open_runner(variant, max_slots=2, intra_op_threads=1, kv_cache="device")
+    fresh = DeviceCacheRunner(variant, max_slots=2, intra_op_threads=1)
     fresh.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
     want = fresh.step_log_probs([1], [2], [0])
 
-    runner = open_runner(variant, max_slots=2, intra_op_threads=1, kv_cache="device")
+    runner = DeviceCacheRunner(variant, max_slots=2, intra_op_threads=1)
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
     runner.step_log_probs([0], [2], [0])  # gathers slot 0's cross keys/values
     gather = runner._gather
