@@ -38,7 +38,7 @@ import onnxruntime as ort
 from bench.run import load_workload
 from server.metadata import DECODER_FILE, KV_GATHER_FILE
 from server.runner import EncodeItem
-from server.runtime import CANDIDATE_OUTPUTS, OnnxRunner, make_session
+from server.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, make_session
 
 log = logging.getLogger("bench.cache_shape")
 PRESENT_FILE = "decoder_step_present.onnx"
@@ -164,18 +164,8 @@ class Decoders:
             picked.append(ids[:, 0])
             tokens = ids[reorder, 0]
             if case.beam > 1:
-                past = self._gather(past, reorder, position + 1)
+                past = gather_rows(self.kv_gather, past, reorder, position + 1, "cpu")
         return (time.perf_counter() - start) / case.steps, picked
-
-    def _gather(self, caches: list[ort.OrtValue], rows: Ids, length: int) -> list[ort.OrtValue]:
-        binding = self.kv_gather.io_binding()
-        for i, cache in enumerate(caches):
-            binding.bind_ortvalue_input(f"cache_{i}", cache)
-            binding.bind_output(f"out_{i}", "cpu")
-        binding.bind_cpu_input("rows", rows)
-        binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
-        self.kv_gather.run_with_iobinding(binding)
-        return list(binding.get_outputs())
 
     def arms(self) -> dict[str, Arm]:
         return {"slot": self.slot, "growing": self.grow, "growing_bound": self.grow_bound}

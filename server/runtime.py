@@ -78,6 +78,20 @@ def kv_names(prefix_k: str, prefix_v: str, n_layers: int) -> list[str]:
     return [name for i in range(n_layers) for name in (f"{prefix_k}_{i}", f"{prefix_v}_{i}")]
 
 
+def gather_rows(
+    kv_gather: ort.InferenceSession, caches: list[ort.OrtValue], rows: np.ndarray, length: int, device: str
+) -> list[ort.OrtValue]:
+    """The export's kv_gather graph: out_i = caches[i][rows, :, :length], left on `device`."""
+    binding = kv_gather.io_binding()
+    for i, cache in enumerate(caches):
+        binding.bind_ortvalue_input(f"cache_{i}", cache)
+        binding.bind_output(f"out_{i}", device, 0)
+    binding.bind_cpu_input("rows", rows)
+    binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
+    kv_gather.run_with_iobinding(binding)
+    return list(binding.get_outputs())
+
+
 class OnnxRunner:
     """Encoder + decoder-step sessions and numpy caches for `max_slots` decoding rows."""
 
@@ -320,14 +334,7 @@ class DeviceCacheRunner(OnnxRunner):
         session.run_with_iobinding(binding)
 
     def _gather(self, caches: list[ort.OrtValue], rows: np.ndarray, length: int) -> list[ort.OrtValue]:
-        binding = self.kv_gather.io_binding()
-        for i, cache in enumerate(caches):
-            binding.bind_ortvalue_input(f"cache_{i}", cache)
-            binding.bind_output(f"out_{i}", self.device, 0)
-        binding.bind_cpu_input("rows", rows)
-        binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
-        self.kv_gather.run_with_iobinding(binding)
-        return list(binding.get_outputs())
+        return gather_rows(self.kv_gather, caches, rows, length, self.device)
 
     def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
         binding = self.encoder.io_binding()

@@ -1,4 +1,4 @@
-"""A deterministic numpy runner for scheduler and engine tests.
+"""A deterministic numpy runner for scheduler and engine tests, and a collector of engine events.
 
 The log-probabilities of a row depend only on its slot's source ids and the tokens that slot has
 fed, never on the other rows of the call: so any result that changes with batch composition, or
@@ -9,6 +9,7 @@ history without slots. Every slot invariant is checked and violated ones raise `
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.beam import BeamState, Hypothesis, row_candidates
+from server.engine import Event, RequestDone, RequestFailed, SentenceDone
 from server.runner import Candidates, EncodeItem, ModelSpec
 
 FAKE_SPEC = ModelSpec(
@@ -142,3 +144,30 @@ class FakeRunner:
                 raise SlotError(f"slot {s} feeds token {token} at position {position}: BOS must come first, once")
             if not 0 <= token < self.spec.vocab_size or token == self.spec.eos_id:
                 raise SlotError(f"slot {s} feeds invalid token {token}")
+
+
+WAIT_S = 30.0  # how long a test waits for the engine before it calls the engine stuck
+
+
+class Collector:
+    """Gathers one request's events; `wait` blocks until the final one."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, RequestDone | RequestFailed):
+            self.finished.set()
+
+    def wait(self) -> Event:
+        assert self.finished.wait(WAIT_S), f"no final event after {WAIT_S} s: {self.events}"
+        return self.events[-1]
+
+    def hypotheses(self) -> dict[int, list[tuple[tuple[int, ...], float]]]:
+        return {
+            e.sentence_index: [(h.tokens, h.score) for h in e.hypotheses]
+            for e in self.events
+            if isinstance(e, SentenceDone)
+        }

@@ -29,34 +29,9 @@ from server.engine import (
 )
 from server.metrics import Metrics
 from server.runner import Candidates, EncodeItem
-from tests.fakes import FakeRunner, reference_decode
+from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
 
 ROOT = Path(__file__).resolve().parents[1]
-WAIT_S = 30.0
-
-
-class Collector:
-    """Gathers one request's events; `wait` blocks until the final one."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.finished = threading.Event()
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-        if isinstance(event, RequestDone | RequestFailed):
-            self.finished.set()
-
-    def wait(self) -> Event:
-        assert self.finished.wait(WAIT_S), f"no final event after {WAIT_S} s: {self.events}"
-        return self.events[-1]
-
-    def hypotheses(self) -> dict[int, list[tuple[tuple[int, ...], float]]]:
-        return {
-            e.sentence_index: [(h.tokens, h.score) for h in e.hypotheses]
-            for e in self.events
-            if isinstance(e, SentenceDone)
-        }
 
 
 class GatedRunner(FakeRunner):

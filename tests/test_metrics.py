@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from server.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
 from server.metrics import Metrics, StepStats, start_metrics_server
-from tests.fakes import FakeRunner, reference_decode
+from tests.fakes import Collector, FakeRunner, reference_decode
 
 
 @pytest.fixture
@@ -85,21 +85,6 @@ def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
     assert all(name.endswith(units) for name in names), names
 
 
-def run_to_the_end(engine: Engine, sources: list[list[int]], options: DecodeOptions) -> Event:
-    """Submit one request to a started engine; its final event."""
-    done: list[Event] = []
-    finished = threading.Event()
-
-    def on_event(event: Event) -> None:
-        if isinstance(event, RequestDone | RequestFailed):
-            done.append(event)
-            finished.set()
-
-    engine.submit(sources, options, on_event, lang_pair="de-en")
-    assert finished.wait(30)
-    return done[0]
-
-
 def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
     registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,9 +102,10 @@ def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
     monkeypatch.setattr(engine._scheduler, "update", slow_update)
     engine.start()
     try:
-        options = DecodeOptions(beam_size=1, max_output_len=3)
-        assert isinstance(run_to_the_end(engine, [[5, 9, 10, 3]], options), RequestFailed)
-        assert run_to_the_end(engine, [[5, 9, 10, 3]], options) == RequestDone()
+        for want in (RequestFailed, RequestDone):
+            collector = Collector()
+            engine.submit([[5, 9, 10, 3]], DecodeOptions(beam_size=1, max_output_len=3), collector, lang_pair="de-en")
+            assert isinstance(collector.wait(), want)
     finally:
         engine.stop()
     steps = value(registry, "translation_decode_step_duration_seconds_count")
