@@ -5,14 +5,21 @@ A line holds `German :: English`. ` | ` separates aligned sub-entries (the same 
 usage labels, `<...>` search variants, `/ABBR/` abbreviations. Parenthesised glosses are kept, since
 they carry meaning on both sides.
 
-Slash alternatives inside an entry (`ganz/völlig`, `sheer/pure mockery`, `arrant / pure`) are resolved
-one way everywhere, in training pairs and test references alike: the first alternative is kept.
+Slash alternatives inside an entry (`ganz/völlig`, `sheer/pure mockery`, `gut / schlecht`) are
+resolved one way, the same in every split: a chain of slash-joined words `A/B/C` or `A / B / C`
+becomes its first word `A`, keeping the chain's closing punctuation (`(von / nach)` -> `(von)`).
+Fractions (`1/2`, `24/7`) are not alternatives. The rule works on words, and Ding's alternatives
+are sometimes phrases (`wie warme Semmeln / wie die warmen Semmeln`), which no word rule resolves;
+so the held-out sets take no sentence with a slash alternative on either side. Their references are
+the dictionary's text with annotations stripped and nothing else rewritten, and the rule's
+approximations stay in training, where they are a little noise.
 
 Pairing of alternatives: each German alternative pairs with the first English one and each English
 alternative with the first German one, so every word is seen without a quadratic cross product.
 
 Split: by a hash of the cleaned German side, so a source is in exactly one split. Validation and
-test hold only full sentences; any training pair whose German or English side equals a held-out
+test hold only full sentences; a German text that the slash rule touched in any pair goes to
+training with all its pairs. Any training pair whose German or English side equals a held-out
 sentence is dropped, so no test source (in either direction) is seen in training.
 
 Usage: python -m model.data --out data/  (downloads the package with apt if needed)
@@ -35,10 +42,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
-_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|/[A-Z][A-Za-z0-9.\-&]*/")
-_SPACED_SLASH = re.compile(r"(\S+) / \S+")  # "arrant / pure" -> "arrant"
-_WORD_SLASH = re.compile(r"\b(\w+)(?:/\w+)+\b")  # "sheer/pure" -> "sheer"; "km/h" is also cut
-_DIGIT_SLASH = re.compile(r"\d/\d")
+# `/ABBR/` counts as an annotation only as a word of its own: `Äpfel/Birnen/Kirschen` is a chain.
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|(?<!\S)/[A-Z][A-Za-z0-9.\-&]*/(?=[\s,;)]|$)")
+_SLASH_CHAIN = re.compile(r"[^\s/]+(?: ?/ ?[^\s/]+)+")  # "gut / schlecht", "A/B/C"; "km/h" is cut too
+_FRACTIONS = re.compile(r"\d+(?:/\d+)+")
+_CLOSING = re.compile(r"[.,:;!?)\]\"'\u201c\u201d\u2019\u00bb\u00ab]+$")  # closing marks, curly quotes included
 _SPACES = re.compile(r"\s+")
 _SENTENCE_END = (".", "!", "?")
 
@@ -49,6 +57,9 @@ class Pair:
 
     de: str
     en: str
+    # A slash alternative was resolved on either side; such pairs are training-only. Not part of
+    # equality, so deduplication and leak checks still compare the text alone.
+    resolved: bool = field(default=False, compare=False)
 
 
 @dataclass
@@ -61,25 +72,42 @@ class ParseStats:
     pairs: int = 0
 
 
+def _first_of_chain(match: re.Match[str]) -> str:
+    chain = match.group(0)
+    if _FRACTIONS.search(chain):  # "1/2", "(24/7).", "3/4-Takt"
+        return chain
+    alternatives = chain.split("/")
+    closing = _CLOSING.search(alternatives[-1].strip())  # "schlecht." ends the sentence, not the word
+    first = alternatives[0].strip()
+    return first if closing is None or first.endswith(closing.group(0)) else first + closing.group(0)
+
+
+def has_slash_alternative(text: str) -> bool:
+    """True if `text` (annotations already stripped) holds a slash that is not part of a fraction."""
+    return "/" in _FRACTIONS.sub("", text)
+
+
 def resolve_slashes(text: str) -> str:
-    """Keep the first of slash alternatives; fractions such as 1/2 are left alone."""
+    """Replace each chain of slash alternatives by its first word (see the module docstring)."""
     if "/" not in text:
         return text
-    text = _SPACED_SLASH.sub(r"\1", text)
-    return _WORD_SLASH.sub(lambda m: m.group(0) if _DIGIT_SLASH.search(m.group(0)) else m.group(1), text)
+    return _SLASH_CHAIN.sub(_first_of_chain, _SPACES.sub(" ", text))
+
+
+def strip_annotations(text: str) -> str:
+    return _SPACES.sub(" ", _ANNOTATION.sub(" ", text)).strip()
 
 
 def clean(text: str) -> str:
     """Strip annotations, resolve slash alternatives, normalise spaces."""
-    text = _ANNOTATION.sub(" ", text)
-    text = resolve_slashes(text)
-    text = _SPACES.sub(" ", text).strip()
-    return text.strip(" ,;")
+    return resolve_slashes(strip_annotations(text)).strip(" ,;")
 
 
-def split_alternatives(side: str) -> list[str]:
-    alternatives = (clean(a) for a in side.split("; "))
-    return [a for a in alternatives if a]
+def split_alternatives(side: str) -> list[tuple[str, bool]]:
+    """The `; `-separated alternatives of one side, cleaned, each with whether a slash was resolved."""
+    stripped = (strip_annotations(a) for a in side.split("; "))
+    alternatives = ((resolve_slashes(a).strip(" ,;"), has_slash_alternative(a)) for a in stripped)
+    return [(text, resolved) for text, resolved in alternatives if text]
 
 
 def pairs_of_subentry(de_side: str, en_side: str) -> list[Pair]:
@@ -87,7 +115,9 @@ def pairs_of_subentry(de_side: str, en_side: str) -> list[Pair]:
     de_alts, en_alts = split_alternatives(de_side), split_alternatives(en_side)
     if not de_alts or not en_alts:
         return []
-    pairs = [Pair(de, en_alts[0]) for de in de_alts] + [Pair(de_alts[0], en) for en in en_alts[1:]]
+    (de0, de0_resolved), (en0, en0_resolved) = de_alts[0], en_alts[0]
+    pairs = [Pair(de, en0, resolved or en0_resolved) for de, resolved in de_alts]
+    pairs += [Pair(de0, en, de0_resolved or resolved) for en, resolved in en_alts[1:]]
     return pairs
 
 
@@ -142,11 +172,15 @@ def split_of(german: str, valid_per_mille: int = 20, test_per_mille: int = 40) -
 
 def split_pairs(pairs: Iterable[Pair]) -> dict[str, list[Pair]]:
     """Deduplicate, split by hash, keep held-out sentences only, drop training pairs that leak them."""
+    pairs = list(pairs)
+    # A German text that came out of the slash rule in any pair is training-only, with all its pairs:
+    # a held-out source keeps every reference the dictionary gives it verbatim.
+    training_only = {pair.de for pair in pairs if pair.resolved}
     unique = list(dict.fromkeys(pairs))
     held: dict[str, dict[str, Pair]] = {"valid": {}, "test": {}}
     train: list[Pair] = []
     for pair in unique:
-        split = split_of(pair.de)
+        split = "train" if pair.de in training_only else split_of(pair.de)
         if split == "train":
             train.append(pair)
         elif is_sentence(pair):
@@ -173,7 +207,8 @@ def write_tsv(pairs: list[Pair], path: Path) -> None:
 
 def read_tsv(path: Path) -> list[Pair]:
     with path.open(encoding="utf-8") as f:
-        return [Pair(*line.rstrip("\n").split("\t")) for line in f]
+        rows = (line.rstrip("\n").split("\t") for line in f)
+        return [Pair(de, en) for de, en in rows]
 
 
 def prepare(source: Path, out: Path) -> dict[str, object]:

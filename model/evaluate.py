@@ -2,8 +2,8 @@
 
 Usage: python -m model.evaluate --model-dir model/shipped --test data/test.tsv --beam 1,4 --json scores.json
 
-References get the same slash rule as training (first alternative kept; see model/data.py), since
-the test TSV is written by the same cleaner.
+References are the dictionary's text with annotations stripped: no held-out sentence holds a slash
+alternative (see model/data.py), so the slash rule never rewrites one.
 """
 
 from __future__ import annotations

@@ -38,6 +38,31 @@ def test_slash_alternatives_keep_the_first() -> None:
     assert resolve_slashes("It was sheer/pure coincidence.") == "It was sheer coincidence."
     assert resolve_slashes("pure / arrant rhetoric") == "pure rhetoric"
     assert resolve_slashes("1/2 cup") == "1/2 cup"
+    assert resolve_slashes("open 24/7.") == "open 24/7."
+
+
+def test_slash_chains_resolve_whole_and_keep_closing_punctuation() -> None:
+    # The defects of the first word rule, each from a real Ding entry.
+    assert resolve_slashes("A / B / C") == "A"  # was "A / C"
+    assert resolve_slashes("Wir haben es gut / schlecht.") == "Wir haben es gut."  # the full stop was lost
+    assert clean("Abfluss {m} (von / nach) [econ.]") == "Abfluss (von)"
+    assert clean("signalled [Br.] / motioned") == "signalled"  # the annotation left two spaces: slash kept
+    assert clean("Äpfel/Birnen/Kirschen") == "Äpfel"  # "/Birnen/" was taken for an abbreviation
+    assert clean("Abfahrt {f} /Abf./") == "Abfahrt"  # a real abbreviation is still stripped
+
+
+def test_sentences_touched_by_the_slash_rule_are_training_only() -> None:
+    sentences = [Pair(f"Das ist Satz Nummer {i}.", f"This is sentence number {i}.") for i in range(2000)]
+    line = "Wir haben es gut / schlecht getroffen.; Wir hatten Glück. :: We were lucky."
+    touched = parse_line(line, ParseStats())
+    assert [p.resolved for p in touched] == [True, False]
+    # The German of an untouched pair is training-only too once any pair with it was touched.
+    again = [Pair(f"Das ist Satz Nummer {i}.", "Another reference.", resolved=True) for i in range(2000)]
+    splits = split_pairs(sentences + touched + again)
+    assert not splits["test"] and not splits["valid"]
+    assert Pair("Wir haben es gut getroffen.", "We were lucky.") in splits["train"]
+    assert Pair("Das ist Satz Nummer 7.", "This is sentence number 7.") in splits["train"]
+    assert split_pairs(sentences)["test"], "without the touched pairs the same sentences are held out"
 
 
 def test_aligned_subentries_and_alternatives() -> None:
