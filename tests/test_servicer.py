@@ -282,18 +282,15 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
         if blocker is not None:
             assert blocker.result(30).results[0].sentences == 1
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
-        wait_until(
-            lambda: (
-                sample_value(
-                    served.registry,
-                    "translation_requests_total",
-                    method="Translate",
-                    code="DEADLINE_EXCEEDED",
-                    lang_pair="de-en",
-                )
-                == 1
-            )
-        )
+
+        def counted(code: str) -> float:
+            labels = {"method": "Translate", "code": code, "lang_pair": "de-en"}
+            return sample_value(served.registry, "translation_requests_total", **labels)
+
+        # Counted once. The label is DEADLINE_EXCEEDED unless the request reached the server more than
+        # DEADLINE_SLACK_S late (a loaded CI machine), when the server, which cannot see transit time,
+        # reads the client's cancel as CANCELLED; that rule is tested on its own below.
+        wait_until(lambda: counted("DEADLINE_EXCEEDED") + counted("CANCELLED") == 1)
         assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
 
 
