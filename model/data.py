@@ -105,8 +105,7 @@ def clean(text: str) -> str:
 
 def split_alternatives(side: str) -> list[tuple[str, bool]]:
     """The `; `-separated alternatives of one side, cleaned, each with whether a slash was resolved."""
-    stripped = (strip_annotations(a) for a in side.split("; "))
-    alternatives = ((resolve_slashes(a).strip(" ,;"), has_slash_alternative(a)) for a in stripped)
+    alternatives = ((clean(a), has_slash_alternative(strip_annotations(a))) for a in side.split("; "))
     return [(text, resolved) for text, resolved in alternatives if text]
 
 
