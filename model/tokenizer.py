@@ -60,8 +60,13 @@ class Tokenizer:
         return [spelt for i in ids for spelt in self._spelt_tags.get(i, [i])]
 
     def decode(self, ids: list[int]) -> str:
-        """Ids back to text; special ids and tags are dropped."""
-        return str(self.sp.decode([i for i in ids if i > EOS_ID and i not in self.tag_ids.values()]))
+        """Ids back to text; special ids and tags are dropped, runs of spaces become one.
+
+        An undertrained model sometimes emits the bare word-boundary piece before a word that starts
+        with its own, which SentencePiece decodes as two spaces; training text never has them.
+        """
+        text = str(self.sp.decode([i for i in ids if i > EOS_ID and i not in self.tag_ids.values()]))
+        return " ".join(text.split())
 
 
 def train_tokenizer(texts: list[str], out_dir: Path, vocab_size: int, seed: int = 0) -> Path:

@@ -26,3 +26,11 @@ def test_a_spelt_tag_decodes_to_its_characters(shipped_model_dir: Path) -> None:
     assert tok.decode(ids) == INJECTED
     assert tok.encode_batch(["Das Haus"]) == [tok.encode_text("Das Haus")] == [list(tok.sp.encode("Das Haus"))]
     assert all(tag in INJECTED for tag in LANG_TAGS.values())
+
+
+def test_a_bare_word_boundary_piece_does_not_double_the_space(shipped_model_dir: Path) -> None:
+    tok = Tokenizer(shipped_model_dir / TOKENIZER_FILE)
+    bare = tok.sp.piece_to_id("\u2581")  # what an undertrained model emits before "▁personal"
+    ids = [*tok.encode_text("ihm zu"), bare, *tok.encode_text("persönlich.")]
+    assert "  " in tok.sp.decode(ids), "SentencePiece alone doubles it: the case this guards"
+    assert tok.decode(ids) == "ihm zu persönlich."
