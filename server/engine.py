@@ -257,7 +257,10 @@ class Engine:
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
-            # Not observed: a failed iteration is no step, and its requests' INTERNAL codes count it.
+            # Not observed as a step (a failed iteration is none; its requests' INTERNAL codes count it),
+            # but the queue waits it admitted are: a rerun after isolate() reports none of its own.
+            if self._metrics is not None:
+                self._metrics.observe_queue_waits(batch.queue_waits)
             events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
             events = self._scheduler.update(batch, candidates)
@@ -350,11 +353,13 @@ class Engine:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, {}
         self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
+        # Owners first: if an add below raises, the iteration's failure path answers every owner,
+        # including the submissions the scheduler never got; none is left waiting on no one.
+        self._owners.update((sub.request_id, sub.owner) for sub in inbox)
         for sub in inbox:  # admitted at submit: queued even if isolate() has since refilled the queue
             self._scheduler.add(
                 sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at, admitted=True
             )  # fmt: skip
-            self._owners[sub.request_id] = sub.owner
         for request_id, reason in cancels.items():
             self._scheduler.cancel(request_id, reason)
 

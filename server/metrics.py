@@ -7,6 +7,7 @@ histograms (not summaries) so they aggregate across replicas.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -137,14 +138,18 @@ class Metrics:
         self.queue_depth.set(queue_depth)
         self.active_slots.set(active_slots)
 
+    def observe_queue_waits(self, waits: Iterable[float]) -> None:
+        """Seconds each sentence waited for slots, reported once, when it first got them."""
+        for wait in waits:
+            self.queue_wait.observe(wait)
+
     def observe_step(self, stats: StepStats) -> None:
         self.step_duration.observe(stats.duration_s)
         if stats.encode_real_tokens:
             self.encode_duration.observe(stats.encode_duration_s)
         if stats.active_slots:
             self.step_active_slots.observe(stats.active_slots)
-        for wait in stats.queue_waits_s:
-            self.queue_wait.observe(wait)
+        self.observe_queue_waits(stats.queue_waits_s)
         for stage, real, padded in (
             ("encode", stats.encode_real_tokens, stats.encode_padded_tokens),
             ("decode", stats.step_real_tokens, stats.step_padded_tokens),

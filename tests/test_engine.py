@@ -127,6 +127,32 @@ def test_a_runner_failure_fails_only_the_requests_in_that_call(
     assert queued.hypotheses() == {0: expected(src(2), DecodeOptions(beam_size=2))}
 
 
+def test_a_submission_the_scheduler_refuses_fails_with_its_inbox_mates_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in `Scheduler.add` (validate passed, add did not) must answer every submission taken
+    from the inbox with it, not only those the scheduler already held."""
+    engine = Engine(FakeRunner(max_slots=2), EngineLimits(max_slots=2))
+    real_add = engine._scheduler.add
+
+    def add_refusing_once(*args: object, **kwargs: object) -> None:
+        monkeypatch.setattr(engine._scheduler, "add", real_add)
+        raise ValueError("bug")
+
+    monkeypatch.setattr(engine._scheduler, "add", add_refusing_once)
+    first, second, later = Collector(), Collector(), Collector()
+    engine.submit([src(1)], DecodeOptions(beam_size=1), first)
+    engine.submit([src(2)], DecodeOptions(beam_size=1), second)  # same inbox: taken in one iteration
+    engine.start()
+    try:
+        internal = RequestFailed(FailureReason.INTERNAL, "internal error while translating")
+        assert first.wait() == internal and second.wait() == internal
+        engine.submit([src(3)], DecodeOptions(beam_size=1), later)
+        assert later.wait() == RequestDone(), "the loop survives"
+    finally:
+        engine.stop()
+
+
 class ShortRowsRunner(FakeRunner):
     """Returns one candidate per row too few: a runtime bug the engine must not pass to the beams."""
 

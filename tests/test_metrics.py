@@ -112,6 +112,7 @@ def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
     assert steps == runner.step_calls - 1 >= 2  # the failed call is not a step
     assert value(registry, "translation_decode_step_duration_seconds_sum") < 0.2 * steps
     assert value(registry, "translation_step_active_slots_count") == steps
+    assert value(registry, "translation_queue_wait_seconds_count") == 2, "the failed iteration's sentence waited too"
 
 
 def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
