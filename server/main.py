@@ -17,9 +17,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -40,6 +42,7 @@ from server.runner import Runner
 from server.servicer import Backend, TranslatorServicer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
@@ -147,6 +150,9 @@ class TranslationServer:
 
     def __init__(self, config: ServerConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
+        # Loading, draining and stopping run on a thread of their own: asyncio's default pool also
+        # splits and tokenizes requests, and a drain queued behind that work would start late.
+        self._lifecycle = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.limits = request_limits(config)
@@ -189,7 +195,7 @@ class TranslationServer:
     async def load(self, model: LoadedModel | None = None) -> None:
         """Load (unless given) and warm up the model, then turn SERVING."""
         if model is None:
-            model = await asyncio.to_thread(load_model, self.config)
+            model = await self._off_loop(load_model, self.config)
         slots = min(self.config.max_slots, model.runner.max_slots)
         limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
         loop = asyncio.get_running_loop()
@@ -201,7 +207,7 @@ class TranslationServer:
         engine.start()
         self.engine = engine
         try:
-            await asyncio.to_thread(engine.warmup)
+            await self._off_loop(engine.warmup)
         except RuntimeError as err:
             raise StartupError(f"the model does not run: {err}") from err
         info = model.description
@@ -214,21 +220,27 @@ class TranslationServer:
         """NOT_SERVING, stop taking calls, finish in-flight work within `grace` seconds; True if nothing was cut off.
 
         grpc's stop sends GOAWAY at once: a client balancing over replicas sends its next calls to another
-        one (retried transparently where never sent) instead of to this one only to be refused.
+        one (retried transparently where never sent) instead of to this one only to be refused. It begins
+        before the engine drains, so a new call meets GOAWAY rather than the engine's refusal; one that
+        lands in the very instant stop begins is CANCELLED by grpc core (grpc/grpc#41785, open).
         """
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.create_task(self.server.stop(grace + MIN_STOP_GRACE_S))
+        await asyncio.sleep(0)  # let stop() begin refusing new calls before the engine refuses them
         drained = True
         if self.engine is not None:
-            drained = await asyncio.to_thread(self.engine.drain, grace)
+            drained = await self._off_loop(self.engine.drain, grace)
             if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
-                await asyncio.to_thread(self.engine.stop)  # before grpc's grace runs out and cancels them
+                await self._off_loop(self.engine.stop)  # before grpc's grace runs out and cancels them
         await stopping
         if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)  # joins the loop thread: off the event loop
+            await self._off_loop(self.engine.stop)  # joins the loop thread: off the event loop
         if not drained:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
         return drained
+
+    async def _off_loop(self, function: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._lifecycle, function, *args)
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in HEALTH_SERVICES:

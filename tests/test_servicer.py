@@ -419,7 +419,7 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei"]))
         gated.wait_for_step()
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: engine_draining(served))
+        wait_until(lambda: engine_draining(served) and refusing_new_calls(served))
         error = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
         assert error.code == grpc.StatusCode.UNAVAILABLE  # GOAWAY: a balancing client goes to another replica
         gated.gate.set()
@@ -456,9 +456,19 @@ def went_idle_after_ready(states: list[grpc.ChannelConnectivity]) -> bool:
 
 
 def engine_draining(served: RunningServer) -> bool:
-    """The drain has begun: health turned NOT_SERVING and grpc's stop was called before it."""
+    """The drain has begun: health turned NOT_SERVING and grpc's stop began before it."""
     engine = served.server.engine
     return engine is not None and engine.draining
+
+
+def refusing_new_calls(served: RunningServer) -> bool:
+    """grpc's stop has taken hold: a new call is UNAVAILABLE. A call that lands in the instant it
+    begins is CANCELLED by grpc core instead (grpc/grpc#41785), which this waits out."""
+    try:
+        served.stub.ListModels(pb.ListModelsRequest(), timeout=5)
+    except grpc.RpcError as error:
+        return isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE
+    return False
 
 
 class HeldTokenizer(Tokenizer):
@@ -482,7 +492,7 @@ def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(tiny
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß. Er wartete."]))
         assert held.entered.wait(30)
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: engine_draining(served))
+        wait_until(lambda: engine_draining(served) and refusing_new_calls(served))
         refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
         held.release.set()
         assert in_flight.result(30).results[0].sentences == 2
@@ -790,3 +800,27 @@ def test_a_slow_reader_holds_one_partial_output_per_sentence_not_every_prefix() 
     events = asyncio.run(scenario())
     assert events == [TokensEvent(0, tuple(range(300))), TokensEvent(1, tuple(range(99))), SentenceDone(0, [], 4),
                       RequestDone()]  # fmt: skip
+
+
+def test_the_drain_is_not_queued_behind_request_preparation(tiny_model_dir: Path) -> None:
+    """asyncio's default pool splits and tokenizes requests; a drain waiting behind a full pool would
+    start late, and grpc's grace could cancel the calls it should have let finish."""
+    with running_server(fake_model(tiny_model_dir), config()) as served:
+        blocked = threading.Event()
+        release = threading.Event()
+
+        def preparing() -> None:
+            blocked.set()
+            release.wait(START_TIMEOUT_S)
+
+        async def fill_default_pool() -> None:
+            loop = asyncio.get_running_loop()
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+            loop.run_in_executor(None, preparing)
+
+        served.run(fill_default_pool())
+        assert blocked.wait(30)
+        try:
+            assert served.run(served.server.shutdown(5.0), timeout=30) is True
+        finally:
+            release.set()
