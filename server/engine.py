@@ -32,6 +32,7 @@ from server.scheduler import (
     EngineLimits,
     Event,
     FailureReason,
+    InvalidWorkError,
     QueueFullError,
     RequestDone,
     RequestFailed,
@@ -48,6 +49,7 @@ __all__ = [
     "EngineLimits",
     "Event",
     "FailureReason",
+    "InvalidWorkError",
     "QueueFullError",
     "RequestDone",
     "RequestFailed",
@@ -180,7 +182,7 @@ class Engine:
     ) -> RequestHandle:
         """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
 
-        Raises ValueError for invalid work, QueueFullError when the queue bound would be exceeded,
+        Raises InvalidWorkError for invalid work, QueueFullError when the queue bound would be exceeded,
         DrainingError once draining (unless `admitted`: called inside `admission()`) or stopped,
         EngineFailedError once the loop has died. `deadline` is `time.monotonic()` based.
         """

@@ -25,6 +25,7 @@ from server.engine import (
     DrainingError,
     EngineFailedError,
     FailureReason,
+    InvalidWorkError,
     QueueFullError,
     RequestFailed,
 )
@@ -87,6 +88,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """Status code and client-safe message for an exception a servicer method raised."""
     if isinstance(exc, ServiceError):
         return exc.code, exc.message
+    if isinstance(exc, InvalidWorkError):  # the engine's own validation: its messages name the limit, never internals
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, QueueFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
     if isinstance(exc, DrainingError):

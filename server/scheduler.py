@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
 
 
+class InvalidWorkError(ValueError):
+    """Work this scheduler can never run as asked (the caller's input, not a bug); nothing was enqueued."""
+
+
 class QueueFullError(Exception):
     """The queue bound would be exceeded; nothing was enqueued."""
 
@@ -211,21 +215,21 @@ class Scheduler:
         return taken
 
     def validate(self, sentences: list[list[int]], options: DecodeOptions) -> None:
-        """Raise ValueError for work this scheduler can never run."""
+        """Raise InvalidWorkError for work this scheduler can never run."""
         spec = self.spec
         if not sentences:
-            raise ValueError("a request needs at least one sentence")
+            raise InvalidWorkError("a request needs at least one sentence")
         if not 1 <= options.beam_size <= self.limits.max_slots:
-            raise ValueError(f"beam_size must be in [1, {self.limits.max_slots}], got {options.beam_size}")
+            raise InvalidWorkError(f"beam_size must be in [1, {self.limits.max_slots}], got {options.beam_size}")
         if not 1 <= options.num_hypotheses <= options.beam_size:
-            raise ValueError(f"num_hypotheses must be in [1, beam_size], got {options.num_hypotheses}")
+            raise InvalidWorkError(f"num_hypotheses must be in [1, beam_size], got {options.num_hypotheses}")
         if options.max_output_len < 0:
-            raise ValueError(f"max_output_len must be >= 0, got {options.max_output_len}")
+            raise InvalidWorkError(f"max_output_len must be >= 0, got {options.max_output_len}")
         for ids in sentences:
             if not 1 <= len(ids) <= spec.max_source_len:
-                raise ValueError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
+                raise InvalidWorkError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
             if min(ids) < 0 or max(ids) >= spec.vocab_size:
-                raise ValueError(f"token ids must be in [0, {spec.vocab_size})")
+                raise InvalidWorkError(f"token ids must be in [0, {spec.vocab_size})")
 
     def add(
         self,

@@ -29,7 +29,6 @@ from server.documents import Assembler, PartialSentence, RequestLimits, TextTran
 from server.engine import Engine, Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
 from server.errors import (
     CallRecord,
-    InvalidRequest,
     ResponseTooLarge,
     Unavailable,
     cancelled_by_deadline,
@@ -194,12 +193,9 @@ async def _engine_events(
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    try:
-        handle = engine.submit(
-            sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True
-        )
-    except ValueError as err:  # the engine's own validation; its messages name the limit, never internals
-        raise InvalidRequest(str(err)) from err
+    handle = engine.submit(
+        sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True
+    )
     finished = False
     try:
         while True:

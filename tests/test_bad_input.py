@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from server.documents import RequestLimits
-from server.errors import MALFORMED_MESSAGE
+from server.engine import InvalidWorkError
+from server.errors import MALFORMED_MESSAGE, status_for
 from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from tests.serving import (
     RunningServer,
@@ -222,3 +223,9 @@ def test_fuzzed_request_bytes_each_get_a_status_and_the_server_stays_up(served: 
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, codes
     assert codes.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 100, "the fuzz reached the parser"
     assert_still_serving(served)
+
+
+def test_the_engines_validation_is_invalid_argument_and_a_bare_value_error_is_a_bug() -> None:
+    message = "beam_size must be in [1, 8], got 9"
+    assert status_for(InvalidWorkError(message)) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault

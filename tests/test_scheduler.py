@@ -18,6 +18,7 @@ from server.scheduler import (
     EngineLimits,
     Event,
     FailureReason,
+    InvalidWorkError,
     QueueFullError,
     RequestDone,
     RequestFailed,
@@ -309,7 +310,7 @@ def test_output_length_is_capped_by_request_and_model() -> None:
 )
 def test_invalid_work_is_refused(sentences: list[list[int]], options: DecodeOptions) -> None:
     scheduler, _ = make(max_slots=8)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidWorkError):  # the caller's input: the transport edge maps it to INVALID_ARGUMENT
         scheduler.add(1, sentences, options, None, now=0.0)
     assert scheduler.idle
 
