@@ -278,10 +278,6 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
         # machine the request surely reaches the server first, and the server's count can be checked.
         error = status_of(lambda: served.stub.Translate(request(["Geheimpolizei"], beam_size=1), timeout=2.0))
         assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        gated.gate.set()
-        if blocker is not None:
-            assert blocker.result(30).results[0].sentences == 1
-        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
 
         def counted(code: str) -> float:
             labels = {"method": "Translate", "code": code, "lang_pair": "de-en"}
@@ -289,8 +285,15 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
 
         # Counted once. The label is DEADLINE_EXCEEDED unless the request reached the server more than
         # DEADLINE_SLACK_S late (a loaded CI machine), when the server, which cannot see transit time,
-        # reads the client's cancel as CANCELLED; that rule is tested on its own below.
+        # reads the client's cancel as CANCELLED; that rule is tested on its own below. Waited for with
+        # the gate still shut: the server's deadline runs from when the call reached it, so on a loaded
+        # machine it passes after the client's, and an open gate would let the work finish OK first.
         wait_until(lambda: counted("DEADLINE_EXCEEDED") + counted("CANCELLED") == 1)
+        gated.gate.set()
+        if blocker is not None:
+            assert blocker.result(30).results[0].sentences == 1
+        wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        assert counted("DEADLINE_EXCEEDED") + counted("CANCELLED") == 1
         assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
 
 
