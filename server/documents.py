@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 
 from model.tokenizer import Tokenizer
 from server.beam import Hypothesis
-from server.errors import InvalidRequest
 from server.splitter import Split, join, split
+
+
+class TextLimitError(ValueError):
+    """A request text breaks a documented limit; the message names the text, the limit and what to do."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,14 @@ def prepare_texts(
         parts = split(text, source_lang)
         sentences += len(parts.pieces)
         if sentences > limits.max_sentences:
-            raise InvalidRequest(
+            raise TextLimitError(
                 f"the request splits into more than {limits.max_sentences} sentences (limit reached at text {index}); "
                 "send fewer or shorter texts per request"
             )
         sources = [tokenizer.encode_source(piece, target_lang) for piece in parts.pieces]
         for position, ids in enumerate(sources):
             if len(ids) > max_tokens:
-                raise InvalidRequest(
+                raise TextLimitError(
                     f"texts[{index}] sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
                     "tokens per sentence (tag and end token included); split it into shorter sentences"
                 )

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 import grpc
 import grpc.aio
 
+from server.documents import TextLimitError
 from server.engine import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
@@ -88,7 +89,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """Status code and client-safe message for an exception a servicer method raised."""
     if isinstance(exc, ServiceError):
         return exc.code, exc.message
-    if isinstance(exc, InvalidWorkError):  # the engine's own validation: its messages name the limit, never internals
+    if isinstance(exc, InvalidWorkError | TextLimitError):  # validation whose messages name the limit, never internals
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, QueueFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE

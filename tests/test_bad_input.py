@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from server.documents import RequestLimits
+from server.documents import RequestLimits, TextLimitError
 from server.engine import InvalidWorkError
 from server.errors import MALFORMED_MESSAGE, status_for
 from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
@@ -225,7 +225,9 @@ def test_fuzzed_request_bytes_each_get_a_status_and_the_server_stays_up(served: 
     assert_still_serving(served)
 
 
-def test_the_engines_validation_is_invalid_argument_and_a_bare_value_error_is_a_bug() -> None:
+def test_validation_errors_are_invalid_argument_and_a_bare_value_error_is_a_bug() -> None:
     message = "beam_size must be in [1, 8], got 9"
     assert status_for(InvalidWorkError(message)) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    too_long = "texts[0] sentence 2 is 300 tokens long, over the limit of 256 tokens per sentence"
+    assert status_for(TextLimitError(too_long)) == (grpc.StatusCode.INVALID_ARGUMENT, too_long)
     assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault
