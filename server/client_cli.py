@@ -48,11 +48,13 @@ class _NoProgress:
 
 
 def make_progress(total: int, stream: IO[str]) -> Progress:
-    """A tqdm bar on a terminal with many texts, else nothing (pipes and logs stay clean)."""
+    """A tqdm bar on a terminal with many texts when tqdm is installed, else nothing (pipes and logs stay clean)."""
     if total < PROGRESS_MIN_TEXTS or not stream.isatty():
         return _NoProgress()
-    from tqdm import tqdm  # only interactive use needs it
-
+    try:
+        from tqdm import tqdm  # optional: the serving install (pip install .) does not bring it
+    except ImportError:
+        return _NoProgress()
     return tqdm(total=total, unit="text", file=stream)
 
 

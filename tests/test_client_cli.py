@@ -93,6 +93,14 @@ def test_progress_bar_only_on_a_terminal_with_many_texts() -> None:
     assert not isinstance(make_progress(10_000, io.StringIO()), tqdm)
 
 
+def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving install (`pip install .`) has no tqdm: large interactive input still translates."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` raise ImportError
+    bar = make_progress(10_000, FakeTerminal())
+    bar.update(1)
+    bar.close()
+
+
 def test_console_entry_point_reads_stdin(served: RunningServer) -> None:
     lines = ["Das Haus ist groß.", "Leidenschaft"]
     done = subprocess.run(

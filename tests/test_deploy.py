@@ -9,10 +9,14 @@ whose tool is missing skips and says which one.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
+import importlib.metadata
 import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +135,19 @@ def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, pr
     assert 'ENTRYPOINT ["python", "-m", "server.main"]' in stages["runtime"]
 
 
+def test_documented_docker_run_outwaits_the_drain() -> None:
+    """`docker stop` SIGKILLs after 10 s unless told otherwise; the image drains for TRANSLATE_DRAIN_SECONDS."""
+    drain = max(int(d) for f in DOCKERFILES for d in re.findall(r"TRANSLATE_DRAIN_SECONDS=(\d+)", f.read_text()))
+    runs = [
+        line for f in (*DOCKERFILES, ROOT / "README.md") for line in f.read_text().splitlines() if "docker run " in line
+    ]
+    runs = [line for line in runs if "translate-service:" in line]
+    assert len(runs) >= 4, runs  # both image headers and both README lines
+    for line in runs:
+        timeout = re.search(r"--stop-timeout[ =](\d+)", line)
+        assert timeout and int(timeout.group(1)) >= drain + 2, line
+
+
 def test_gpu_image_base_is_cuda13_cudnn_runtime() -> None:
     base = re.search(r"^ARG CUDA_IMAGE=(\S+)$", DOCKERFILES[0].read_text(), re.M)
     assert base is not None
@@ -166,6 +183,82 @@ def test_image_requirements_pin_the_pyproject_dependencies() -> None:
     assert set(serving_pins) == serving - {"onnxruntime"}
     assert export <= set(export_pins) and "onnxruntime" in export_pins
     assert "torch" not in serving_pins
+
+
+def _required_imports(path: Path) -> set[str]:
+    """Dotted modules a file imports unconditionally: not under `if TYPE_CHECKING:`, not in `try/except ImportError`."""
+    skipped: set[int] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        optional = isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        )
+        typing_only = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if isinstance(node, ast.Try | ast.If) and (optional or typing_only):
+            skipped |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module)
+    return modules
+
+
+def _import_closure(start: list[Path]) -> tuple[set[Path], dict[str, set[str]]]:
+    """First-party files reachable from `start`, and the third-party top-level modules each needs."""
+    pending, seen = list(start), set()
+    third_party: dict[str, set[str]] = {}
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in _required_imports(path):
+            top = module.split(".")[0]
+            if top in ("server", "model", "export"):
+                target = ROOT.joinpath(*module.split("."))
+                pending += [f for f in (target.with_suffix(".py"), target / "__init__.py") if f.is_file()]
+                pending += [
+                    ROOT.joinpath(*module.split(".")[:n], "__init__.py") for n in range(1, module.count(".") + 1)
+                ]
+            elif top not in sys.stdlib_module_names:
+                third_party.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return seen, third_party
+
+
+def test_serving_code_imports_only_the_serving_dependencies() -> None:
+    """Everything `server/` reaches (with the first-party modules it pulls in from model/) runs on `pip install .`."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    allowed = {_normalise(r) for r in project["dependencies"]}
+    distributions = importlib.metadata.packages_distributions()
+    dev_tools = {ROOT / "server" / "codegen.py"}  # regenerates server/proto with grpcio-tools, a dev extra
+    seen, third_party = _import_closure([p for p in (ROOT / "server").rglob("*.py") if p not in dev_tools])
+    assert ROOT / "model" / "tokenizer.py" in seen, "the walk follows first-party imports"
+    outside = {
+        top: files
+        for top, files in third_party.items()
+        if not {_normalise(d) for d in distributions.get(top, [top])} & allowed
+    }
+    assert not outside, f"imports that `pip install .` does not provide: {outside}"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_export_stage_copies_what_the_export_imports_and_not_the_server(dockerfile: Path) -> None:
+    copies = [
+        line.split()[1:-1]
+        for line in _stages(dockerfile)["export"]
+        if line.startswith("COPY ") and "--from" not in line
+    ]
+    sources = [source for sources in copies for source in sources if not source.startswith("docker/")]
+    assert "server/" not in sources, "a server change would export again"
+    needed, _ = _import_closure([ROOT / "export" / "__main__.py"])
+    for path in sorted(needed):
+        relative = str(path.relative_to(ROOT))
+        assert any(fnmatch.fnmatch(relative, s) or relative.startswith(s) for s in sources if s), relative
+    assert "model/shipped/" in sources, "the weights, config and tokenizer the export reads"
 
 
 def _dockerignore_allows(path: str) -> bool:
