@@ -7,7 +7,9 @@ ones are answered UNAVAILABLE, then the process exits.
 
 Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
 model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
-Should the engine's loop die, health turns NOT_SERVING (liveness probes then restart the process).
+Should the engine's loop die, every request it held fails UNAVAILABLE and health turns NOT_SERVING;
+`serve` then stops the server and the process exits non-zero, so whatever supervises it (Docker's
+restart policy, Kubernetes, systemd) starts a fresh one instead of keeping a replica that refuses all.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished duri
 
 class StartupError(RuntimeError):
     """The server cannot start as configured; the message says why, for the operator."""
+
+
+class EngineDiedError(RuntimeError):
+    """The decoding loop died while serving (its traceback is logged); the process must be restarted."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,7 @@ class TranslationServer:
         self.servicer = TranslatorServicer(self.limits, self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engine: Engine | None = None
+        self.engine_died = asyncio.Event()  # set when the engine's loop dies; `serve` then exits
         self.credentials = server_credentials(config)
         self.server = grpc.aio.server(
             interceptors=interceptors(config, self.metrics),
@@ -202,6 +209,7 @@ class TranslationServer:
 
         def engine_failed() -> None:  # on the dying engine thread
             asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
+            loop.call_soon_threadsafe(self.engine_died.set)
 
         engine = Engine(model.runner, limits, self.metrics, on_failure=engine_failed)
         engine.start()
@@ -310,7 +318,11 @@ async def create_server(
 
 
 async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to `config.model_dir`."""
+    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to `config.model_dir`.
+
+    Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
+    stopping the server either way.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -335,10 +347,16 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = loading.exception() if loading.done() else None
+    if loading.done() and failure is None:  # serving: until a signal or the engine's death
+        dying = asyncio.create_task(server.engine_died.wait())
+        await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
+        dying.cancel()
+        if server.engine_died.is_set():
+            failure = EngineDiedError("the decoding engine died (its traceback is logged above); restart the process")
     if failure is None:
-        await stopping
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
         logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)
+    stopping.cancel()
     await server.shutdown(0.0 if failure else config.drain_seconds)
     if failure is not None:
         raise failure
@@ -350,10 +368,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(config)
+
+
+def run(config: ServerConfig, model: LoadedModel | None = None) -> None:
+    """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
     try:
-        asyncio.run(serve(config))
-    except StartupError as err:
-        logger.debug("startup failed", exc_info=err)
+        asyncio.run(serve(config, model))
+    except (StartupError, EngineDiedError) as err:
+        logger.debug("the server stopped", exc_info=err)
         sys.exit(f"translate-server: {err}")
 
 

@@ -84,6 +84,25 @@ class GatedRunner:
         self.inner.copy_slots(sources, destinations)
 
 
+class EngineKilled(BaseException):
+    """Past the engine's recovery (it catches Exception): its loop dies, as on a fault it cannot survive."""
+
+
+class KillableRunner(GatedRunner):
+    """A GatedRunner whose steps raise EngineKilled once `kill` is set (from a signal handler, say)."""
+
+    def __init__(self, inner: Runner, delay: float = 0.0) -> None:
+        super().__init__(inner, delay)
+        self.kill = threading.Event()
+
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        if self.kill.is_set():
+            raise EngineKilled("the test killed the engine")
+        return super().step(slots, tokens, positions, row_scores, k)
+
+
 def fake_model(
     tokenizer_dir: Path, max_slots: int = 8, max_source_len: int = 48, max_target_len: int = 12
 ) -> LoadedModel:
@@ -231,11 +250,15 @@ def health_status(channel: grpc.Channel, service: str = "") -> str:
 
 
 def main() -> None:
-    """`python -m tests.serving --tokenizer-dir DIR`: `serve()` a slowed FakeRunner, for process-level tests."""
+    """`python -m tests.serving --tokenizer-dir DIR`: `serve()` a slowed FakeRunner, for process-level tests.
+
+    SIGUSR1 makes the next decoder step kill the engine's loop.
+    """
     import argparse
     import logging
+    import signal
 
-    from server.main import serve
+    from server.main import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
@@ -244,9 +267,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     base = fake_model(args.tokenizer_dir)
-    model = LoadedModel(GatedRunner(base.runner, args.step_delay), base.tokenizer, base.description)
+    runner = KillableRunner(base.runner, args.step_delay)
+    signal.signal(signal.SIGUSR1, lambda *_: runner.kill.set())  # the next decoder step kills the engine's loop
+    model = LoadedModel(runner, base.tokenizer, base.description)
     config = ServerConfig(port=0, host="localhost", metrics_port=-1, drain_seconds=args.drain_seconds)
-    asyncio.run(serve(config, model))
+    run(config, model)
 
 
 if __name__ == "__main__":

@@ -613,6 +613,19 @@ def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: 
         assert process.wait(60) == 0
 
 
+def test_a_dead_engine_stops_the_process_non_zero_so_its_supervisor_restarts_it(tiny_model_dir: Path) -> None:
+    with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        assert stub.Translate(request(["Hallo."], beam_size=1), timeout=30).results[0].sentences == 1
+        process.send_signal(signal.SIGUSR1)  # tests.serving: the next step raises past the engine's recovery
+        error = status_of(lambda: stub.Translate(request(["Das Haus ist groß."], beam_size=1), timeout=30))
+        assert error.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in error.details
+        assert process.wait(60) == 1
+        assert process.stderr is not None
+        last_line = process.stderr.read().strip().splitlines()[-1]
+        assert last_line.startswith("translate-server: the decoding engine died"), last_line
+
+
 def test_healthcheck_command_exits_zero_only_when_serving(served: RunningServer) -> None:
     def healthcheck(address: str) -> int:
         command = [sys.executable, "-m", "server.healthcheck", "--address", address, "--timeout", "5"]
