@@ -47,7 +47,8 @@ class Metrics:
         )
         self.request_duration = Histogram(
             "translation_request_duration_seconds",
-            "RPC latency from receipt to the last response.",
+            "Latency of RPCs answered OK, from receipt to the last response (failures are counted, by code, in"
+            " translation_requests_total: refusals take milliseconds and would pull the quantiles down).",
             ["method", "lang_pair"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -122,8 +123,11 @@ class Metrics:
         )
 
     def observe_request(self, method: str, code: str, lang_pair: str, seconds: float) -> None:
+        """Count every finished call; time only those answered OK, so that a flood of fast refusals
+        (queue full, bad input, no token) cannot make latency look better exactly when it is worst."""
         self.requests.labels(method=method, code=code, lang_pair=lang_pair).inc()
-        self.request_duration.labels(method=method, lang_pair=lang_pair).observe(seconds)
+        if code == "OK":
+            self.request_duration.labels(method=method, lang_pair=lang_pair).observe(seconds)
 
     def observe_first_result(self, method: str, seconds: float) -> None:
         self.first_result.labels(method=method).observe(seconds)

@@ -35,6 +35,7 @@ def test_request_and_first_result(registry: CollectorRegistry) -> None:
     assert value(registry, "translation_requests_total", **labels) == 1
     duration = "translation_request_duration_seconds"
     assert value(registry, f"{duration}_count", method="Translate", lang_pair="de-en") == 2
+    assert value(registry, f"{duration}_count", method="TranslateStream", lang_pair="en-de") == 0  # failed: not timed
     assert value(registry, f"{duration}_sum", method="Translate", lang_pair="de-en") == pytest.approx(0.53)
     assert value(registry, f"{duration}_bucket", method="Translate", lang_pair="de-en", le="0.05") == 1
     ttfr = "translation_time_to_first_result_seconds"

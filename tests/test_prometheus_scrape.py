@@ -259,13 +259,14 @@ def test_request_counters_match_the_traffic(traffic: Traffic) -> None:
     assert math.isnan(p.scalar('sum(translation_requests_total{code!~"OK|INVALID_ARGUMENT"})'))
 
 
-def test_latency_histogram_counts_every_request(traffic: Traffic) -> None:
+def test_latency_histogram_times_every_ok_request_and_only_those(traffic: Traffic) -> None:
     p = traffic.prometheus
     counts = p.by_label("sum by (lang_pair) (translation_request_duration_seconds_count)", "lang_pair")
-    # The rejected request is timed too, under whatever pair label the service gave an unknown pair.
     for pair in PAIRS:
         assert counts.pop(pair) == traffic.total(pair, lambda call: 1), pair
-    assert sum(counts.values()) == 1, counts
+    # The rejected request is counted (test_request_counters_match_the_traffic) but not timed: fast refusals
+    # would drag the latency quantiles down exactly when a flood of them means the service is in trouble.
+    assert sum(counts.values()) == 0, counts
 
 
 def test_sentence_and_token_counters_match_the_responses(traffic: Traffic) -> None:
