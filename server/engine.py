@@ -210,9 +210,21 @@ class Engine:
                 self._cond.notify_all()
 
     def warmup(self) -> None:
-        """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving."""
+        """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving.
+
+        Its iterations are not observed: the metrics describe traffic, and a first step that builds
+        kernels (or initialises CUDA) would sit in the step histogram of a server nobody has called.
+        Call it before any traffic: the metrics are detached while it runs.
+        """
         if self._thread is None:
             raise RuntimeError("start() the engine before warmup()")
+        metrics, self._metrics = self._metrics, None
+        try:
+            self._warmup()
+        finally:
+            self._metrics = metrics
+
+    def _warmup(self) -> None:
         spec = self._runner.spec
         source = [*list(spec.tag_ids.values())[:1], spec.eos_id]
         options = DecodeOptions(beam_size=min(2, self._scheduler.limits.max_slots), max_output_len=4)

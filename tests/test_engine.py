@@ -303,14 +303,23 @@ def test_idle_engine_sleeps_and_wakes_on_submit(engine_factory: Callable[..., En
     assert collector.wait() == RequestDone()
 
 
-def test_warmup_runs_real_steps_and_stays_out_of_language_counters(engine_factory: Callable[..., Engine]) -> None:
+def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Callable[..., Engine]) -> None:
     registry = CollectorRegistry()
     runner = FakeRunner(max_slots=4)
     engine = engine_factory(runner, Metrics(registry))
     engine.warmup()
     assert runner.step_calls >= 1
-    assert registry.get_sample_value("translation_decode_step_duration_seconds_count") == runner.step_calls
+    for series in ("translation_decode_step_duration_seconds", "translation_encode_duration_seconds"):
+        assert registry.get_sample_value(f"{series}_count") == 0, series
+    assert registry.get_sample_value("translation_queue_wait_seconds_count") == 0
     assert registry.get_sample_value("translation_sentences_total", {"lang_pair": "de-en"}) is None
+    warm_steps = runner.step_calls
+    collector = Collector()
+    engine.submit([src(12)], DecodeOptions(beam_size=1), collector)  # traffic after it is observed
+    assert collector.wait() == RequestDone()
+    steps = registry.get_sample_value("translation_decode_step_duration_seconds_count")
+    assert steps == runner.step_calls - warm_steps > 0
+    assert registry.get_sample_value("translation_queue_wait_seconds_count") == 1
 
 
 def test_a_raising_callback_does_not_stop_the_engine(engine_factory: Callable[..., Engine]) -> None:
