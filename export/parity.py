@@ -2,9 +2,12 @@
 
 Checks, in the order of the minGPT parity test: encoder outputs and per-step log-probabilities
 within 1e-4 (max abs), then greedy and beam-4 token ids identical on the test set, both directions.
-Where ids differ, the report shows the first differing position and PyTorch's own log-prob margin
-between its token and the ONNX one there: under 1e-4 (the two implementations differ by ~1e-5) it is
-a numerical tie that either may break, and is reported as such; anything larger fails.
+Where ids differ, the report shows the first differing position and PyTorch's own margin for its
+choice: greedy, the log-prob gap between its token and the ONNX one there; beam, the gap between the
+normalised scores of the two whole hypotheses, both scored by PyTorch (beam hypotheses part ways at a
+pruning cut or in the final ranking, where single-token gaps say nothing). Under 1e-4 (the two
+implementations differ by ~1e-5) it is a numerical tie that either may break, and is reported as
+such; anything larger fails.
 Exits 1 if any check fails.
 """
 
@@ -20,7 +23,7 @@ import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact
 from model.data import read_tsv
-from model.decode import beam_search
+from model.decode import beam_search, normalize
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from server.offline import translate_ids
@@ -29,6 +32,7 @@ from server.runtime import OnnxRunner
 from server.scheduler import output_limit
 
 TOLERANCE = 1e-4
+LENGTH_PENALTY = 1.0  # both decoders rank with it; the served default per direction is tuned apart
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
 
 
@@ -40,7 +44,9 @@ class Divergence:
     position: int  # first target position where the token ids differ (EOS counted as a token)
     reference_token: int
     onnx_token: int
-    margin: float  # PyTorch's log-prob of its token minus that of the ONNX token, given the common prefix
+    # PyTorch's preference for its own output. Greedy: log-prob of its token minus the ONNX token's,
+    # given the common prefix. Beam: normalised score of its hypothesis minus the ONNX hypothesis's.
+    margin: float
 
     @property
     def tie(self) -> bool:
@@ -72,27 +78,51 @@ def compare_decoding(
     Both decoders get the server's output limit: `max_len` capped at the model's, or when None
     the source-relative default.
     """
-    onnx_best = translate_ids(runner, sources, beam_size, 1.0, max_len)
+    onnx_best = translate_ids(runner, sources, beam_size, LENGTH_PENALTY, max_len)
     divergences = []
     for src, hyps in zip(sources, onnx_best, strict=True):
         limit = output_limit(max_len or 0, len(src), runner.spec.max_target_len)
-        reference = beam_search(model, src, beam_size=beam_size, max_len=limit)[0]
+        reference = beam_search(model, src, beam_size=beam_size, max_len=limit, length_penalty=LENGTH_PENALTY)[0]
         if tuple(reference.tokens) != hyps[0].tokens:
-            divergences.append(first_divergence(model, src, list(reference.tokens), list(hyps[0].tokens)))
+            found = first_divergence(model, src, list(reference.tokens), list(hyps[0].tokens), beam_size, limit)
+            divergences.append(found)
     return DecodingReport(len(sources) - len(divergences), len(sources), divergences)
 
 
 @torch.no_grad()
-def first_divergence(model: Transformer, src: list[int], reference: list[int], onnx: list[int]) -> Divergence:
-    """The first position where two outputs differ, and PyTorch's log-prob margin there."""
+def first_divergence(
+    model: Transformer, src: list[int], reference: list[int], onnx: list[int], beam_size: int = 1, limit: int = 0
+) -> Divergence:
+    """The first position where two outputs differ, and PyTorch's margin for its own (see `Divergence`).
+
+    `limit` is the decoders' output limit: a hypothesis that long ended there, without an EOS.
+    """
     eos = model.cfg.eos_id
-    reference, onnx = [*reference, eos], [*onnx, eos]
-    position = next(i for i, (a, b) in enumerate(zip(reference, onnx, strict=False)) if a != b)
+    with_eos = [*reference, eos], [*onnx, eos]
+    position = next(i for i, (a, b) in enumerate(zip(*with_eos, strict=False)) if a != b)
+    if beam_size == 1:
+        log_probs = teacher_forced(model, src, with_eos[0][:position])[-1]
+        margin = float(log_probs[with_eos[0][position]] - log_probs[with_eos[1][position]])
+    else:
+        margin = normalized_score(model, src, reference, limit) - normalized_score(model, src, onnx, limit)
+    return Divergence(src, position, with_eos[0][position], with_eos[1][position], margin)
+
+
+def teacher_forced(model: Transformer, src: list[int], tokens: list[int]) -> torch.Tensor:
+    """(len(tokens) + 1, V) log-probabilities after BOS and after each of `tokens`, recomputed in full."""
     s = torch.tensor([src])
-    prefix = torch.tensor([[model.cfg.bos_id, *reference[:position]]])
-    log_probs = model(s, s != model.cfg.pad_id, prefix)[0, -1].log_softmax(-1)
-    margin = float(log_probs[reference[position]] - log_probs[onnx[position]])
-    return Divergence(src, position, reference[position], onnx[position], margin)
+    return model(s, s != model.cfg.pad_id, torch.tensor([[model.cfg.bos_id, *tokens]]))[0].log_softmax(-1)
+
+
+@torch.no_grad()
+def normalized_score(model: Transformer, src: list[int], tokens: list[int], limit: int) -> float:
+    """A hypothesis's ranking key as model/decode.py defines it: summed log-probs, EOS included unless
+    the hypothesis ran to `limit`, over its length to the power of the length penalty."""
+    ended = len(tokens) < limit or limit == 0
+    scored = [*tokens, model.cfg.eos_id] if ended else list(tokens)
+    log_probs = teacher_forced(model, src, scored[:-1])
+    score = float(log_probs[torch.arange(len(scored)), torch.tensor(scored)].sum())
+    return normalize(score, len(scored), LENGTH_PENALTY)
 
 
 @torch.no_grad()
