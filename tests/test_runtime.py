@@ -108,10 +108,16 @@ def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
     runner.step_log_probs([0, 1], [2, 2], [0, 0])
     before = [host(c).copy() for c in runner.self_kv]
+    cross_before = [host(c).copy() for c in runner.cross_kv]
     runner.copy_slots([0, 1], [1, 0])  # swap: each destination reads the pre-call source
     for cache, old in zip(runner.self_kv, before, strict=True):
         np.testing.assert_array_equal(host(cache)[0], old[1])
         np.testing.assert_array_equal(host(cache)[1], old[0])
+    # Different sources: the cross keys/values move too (beam rows of one source share theirs and skip this).
+    longer = len(SOURCES[2])
+    for cache, old in zip(runner.cross_kv, cross_before, strict=True):
+        np.testing.assert_array_equal(host(cache)[0, :, :longer], old[1, :, :longer])
+        np.testing.assert_array_equal(host(cache)[1, :, : len(SOURCES[0])], old[0, :, : len(SOURCES[0])])
     assert runner.src_mask[0].sum() == len(SOURCES[2]) and runner.src_mask[1].sum() == len(SOURCES[0])
 
 
@@ -121,7 +127,8 @@ def test_int8_runs_and_stays_close(model_dir: Path) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0])])
     logp = runner.step_log_probs([0], [2], [0])
     assert logp.shape == (1, runner.spec.vocab_size) and np.isfinite(logp).all()
-    assert np.allclose(np.exp(logp).sum(), 1.0, atol=1e-3)
+    reference = torch_full_logprobs(model_dir, SOURCES[0], [2])[:1]
+    assert np.abs(logp - reference).max() < 0.2  # measured 0.05 (tests/test_export.py checks it step by step)
 
 
 def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
