@@ -34,6 +34,10 @@ class ServerConfig:
     max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
     max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
+    # An engine iteration (one encoder and one decoder call) running longer is a hung runner (a wedged GPU
+    # kernel, a deadlock): its requests fail UNAVAILABLE and the process exits non-zero. 0 = never. A full
+    # iteration takes well under a second on a GPU and a few seconds at worst on a loaded CPU.
+    stall_seconds: float = 60.0
     threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's default (all cores)
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
@@ -58,7 +62,7 @@ class ServerConfig:
         for name in ("max_slots", "max_queue", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("drain_seconds", "threads", "max_connection_age_s", "max_concurrent_rpcs"):
+        for name in ("drain_seconds", "stall_seconds", "threads", "max_connection_age_s", "max_concurrent_rpcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -114,6 +118,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-slots", int, "decoding slots (beam rows) per step")
     add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
+    add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
     add("threads", int, "onnxruntime intra-op threads (0 = default)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")

@@ -9,7 +9,9 @@ cheap (the servicer hands events to its asyncio loop).
 Faults: a runner error fails only the request that causes it (`Scheduler.isolate`); a bug in an
 iteration fails the requests in flight and the loop carries on; should the loop itself die, every
 waiting request is failed UNAVAILABLE, new ones are refused, and `on_failure` tells the server
-(which turns NOT_SERVING), so no client waits on a thread that is gone.
+(which turns NOT_SERVING), so no client waits on a thread that is gone. A loop stuck inside an
+iteration (a hung runner call) cannot be stopped, only left behind: `iteration_age` lets a watchdog
+see it, and `abandon` answers everything it held the same way.
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ class Engine:
         self._stopping = False
         self._admitted_calls = 0  # calls inside admission(): drain waits for them
         self._failed = False  # the loop died: nothing is admitted any more
+        self._abandoned = False  # given up while stuck in an iteration: stop() must not join its thread
+        self._iteration_started: float | None = None  # written by the engine thread only; None between iterations
         self._thread: threading.Thread | None = None
         if metrics is not None:
             metrics.set_capacity(limits.max_slots)
@@ -162,6 +166,20 @@ class Engine:
         """True once the decode loop has died (see the module docstring)."""
         with self._cond:
             return self._failed
+
+    def iteration_age(self, now: float) -> float:
+        """Seconds the current iteration (encoder and decoder calls) has been running; 0 between iterations."""
+        started = self._iteration_started  # one read: the engine thread may clear it meanwhile
+        return 0.0 if started is None else max(0.0, now - started)
+
+    def abandon(self) -> None:
+        """Give up on a loop stuck in an iteration: answer everything it holds UNAVAILABLE and refuse new
+        work, as if it had died. Its daemon thread cannot be interrupted; it ends with the process."""
+        with self._cond:
+            if self._failed:
+                return
+            self._abandoned = True
+        self._die()
 
     def start(self) -> None:
         """Run the decode loop in its own daemon thread."""
@@ -251,7 +269,7 @@ class Engine:
         with self._cond:
             self._draining = self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and not self._abandoned:
             self._thread.join()
         if self.failed:
             return  # the dying loop answered everything; its scheduler is not to be trusted
@@ -327,11 +345,14 @@ class Engine:
                 self._cond.wait_for(lambda: self._stopping or self._inbox or self._cancels or not self._idle)
                 if self._stopping:
                     return
+            self._iteration_started = time.monotonic()
             try:
                 self.step()
             except Exception:  # a bug, not a runner error: fail loudly but keep serving, losing no request
                 logger.exception("engine iteration failed; failing every request in flight")
                 self._fail_all(FailureReason.INTERNAL, INTERNAL_MESSAGE)
+            finally:
+                self._iteration_started = None
 
     def _die(self) -> None:
         """Refuse new work and answer every request the dead loop held, without its scheduler."""

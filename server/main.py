@@ -7,7 +7,8 @@ ones are answered UNAVAILABLE, then the process exits.
 
 Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
 model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
-Should the engine's loop die, every request it held fails UNAVAILABLE and health turns NOT_SERVING;
+Should the engine's loop die, or one of its iterations run past `--stall-seconds` (a hung runner),
+every request it held fails UNAVAILABLE and health turns NOT_SERVING;
 `serve` then stops the server and the process exits non-zero, so whatever supervises it (Docker's
 restart policy, Kubernetes, systemd) starts a fresh one instead of keeping a replica that refuses all.
 """
@@ -19,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -165,7 +167,8 @@ class TranslationServer:
         self.servicer = TranslatorServicer(self.limits, self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engine: Engine | None = None
-        self.engine_died = asyncio.Event()  # set when the engine's loop dies; `serve` then exits
+        self.engine_died = asyncio.Event()  # set when the engine's loop dies or hangs; `serve` then exits
+        self._watchdog: asyncio.Task[None] | None = None
         self.credentials = server_credentials(config)
         self.server = grpc.aio.server(
             interceptors=interceptors(config, self.metrics),
@@ -218,6 +221,8 @@ class TranslationServer:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
             raise StartupError(f"the model does not run: {err}") from err
+        if self.config.stall_seconds > 0:  # after warmup: a first call that builds kernels is not a hang
+            self._watchdog = asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds))
         info = model.description
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         self.servicer.attach(Backend(engine, model.runner.spec, model.tokenizer, info))
@@ -233,6 +238,8 @@ class TranslationServer:
         lands in the very instant stop begins is CANCELLED by grpc core (grpc/grpc#41785, open).
         """
         await self.health.enter_graceful_shutdown()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         stopping = asyncio.create_task(self.server.stop(grace + MIN_STOP_GRACE_S))
         await asyncio.sleep(0)  # let stop() begin refusing new calls before the engine refuses them
         drained = True
@@ -253,6 +260,23 @@ class TranslationServer:
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, status)
+
+
+async def watch_for_a_stall(engine: Engine, limit_s: float) -> None:
+    """Abandon the engine once one iteration has run over `limit_s`: a runner call that never returns
+    (a wedged GPU kernel, a deadlock) would otherwise hold every request until its deadline, and a
+    replica whose health still said SERVING would never be replaced."""
+    period = min(1.0, limit_s / 4)
+    while not engine.failed:
+        await asyncio.sleep(period)
+        age = engine.iteration_age(time.monotonic())
+        if age > limit_s:
+            logger.critical(
+                "an engine iteration has run for %.1f s (--stall-seconds %.1f): the runner is hung; "
+                "failing every request UNAVAILABLE", age, limit_s,
+            )  # fmt: skip
+            engine.abandon()  # its on_failure turns NOT_SERVING and tells `serve` to exit
+            return
 
 
 def connection_age_options(seconds: float) -> list[tuple[str, int]]:
@@ -352,7 +376,7 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
         await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
         dying.cancel()
         if server.engine_died.is_set():
-            failure = EngineDiedError("the decoding engine died (its traceback is logged above); restart the process")
+            failure = EngineDiedError("the decoding engine died or hung (logged above); restart the process")
     if failure is None:
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
         logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)

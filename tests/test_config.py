@@ -19,7 +19,7 @@ def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
 def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
-    argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5"
+    argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -31,6 +31,7 @@ def test_every_flag_parses() -> None:
         max_slots=16,
         max_queue=9,
         drain_seconds=2.5,
+        stall_seconds=30.0,
         threads=3,
         spin_threads=True,
         reflection=False,
@@ -68,6 +69,7 @@ def test_environment_sets_values_and_flags_win() -> None:
         (["--max-slots", "0"], {}, "max_slots must be >= 1"),
         (["--port", "70000"], {}, "port must be in"),
         (["--drain-seconds", "-1"], {}, "drain_seconds"),
+        ([], {"TRANSLATE_STALL_SECONDS": "-5"}, "stall_seconds must be >= 0"),
         ([], {"TRANSLATE_MAX_CONCURRENT_RPCS": "-2"}, "max_concurrent_rpcs must be >= 0"),
     ],
 )

@@ -16,9 +16,11 @@ from prometheus_client import CollectorRegistry
 
 from server.beam import row_candidates
 from server.engine import (
+    ENGINE_FAILED_MESSAGE,
     DecodeOptions,
     DrainingError,
     Engine,
+    EngineFailedError,
     EngineLimits,
     Event,
     FailureReason,
@@ -320,6 +322,34 @@ def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Cal
     steps = registry.get_sample_value("translation_decode_step_duration_seconds_count")
     assert steps == runner.step_calls - warm_steps > 0
     assert registry.get_sample_value("translation_queue_wait_seconds_count") == 1
+
+
+def test_a_hung_iteration_is_seen_and_abandoning_it_answers_everyone(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=2)
+    engine = engine_factory(runner)
+    assert engine.iteration_age(time.monotonic() + 100) == 0.0  # idle: between iterations
+    decoding, queued = Collector(), Collector()
+    engine.submit([src(15)], DecodeOptions(beam_size=2), decoding)
+    wait_until_true(lambda: engine.iteration_age(time.monotonic()) > 0)  # held inside its step
+    engine.submit([src(16)], DecodeOptions(beam_size=1), queued)
+    assert engine.iteration_age(time.monotonic() + 100) >= 100
+    engine.abandon()
+    unavailable = RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE)
+    assert decoding.wait() == unavailable and queued.wait() == unavailable
+    assert engine.failed
+    with pytest.raises(EngineFailedError):
+        engine.submit([src(17)], DecodeOptions(beam_size=1), Collector())
+    started = time.monotonic()
+    engine.stop()  # must not join the stuck thread
+    assert time.monotonic() - started < 1.0
+    runner.open()  # let the thread go, so the test leaves none behind
+
+
+def wait_until_true(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.005)
 
 
 def test_a_raising_callback_does_not_stop_the_engine(engine_factory: Callable[..., Engine]) -> None:

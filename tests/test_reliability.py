@@ -289,6 +289,21 @@ def test_a_dead_engine_loop_turns_not_serving_and_fails_waiting_requests_unavail
         assert error.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in error.details
 
 
+def test_a_hung_runner_call_fails_its_requests_and_turns_not_serving(tiny_model_dir: Path) -> None:
+    model, gate = gated(tiny_model_dir, max_slots=1)
+    with running_server(model, config(max_slots=1, stall_seconds=0.5)) as served:
+        gate.close_gate()
+        try:
+            hung = served.stub.Translate.future(request([HOUSE], beam_size=1))  # no deadline: it would wait forever
+            gate.wait_for_step()
+            error = status_of(lambda: hung.result(30))
+            assert error.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in error.details
+            assert served.server.engine_died.is_set()  # what makes `serve` exit non-zero
+            wait_until(lambda: health_status(served.channel) == "NOT_SERVING")
+        finally:
+            gate.gate.set()  # release the abandoned thread
+
+
 def start_server_process(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "server.main", "--host", "localhost", "--metrics-port", "-1", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
