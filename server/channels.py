@@ -13,9 +13,17 @@ Metadata = tuple[tuple[str, str], ...]
 
 
 def open_channel(
-    address: str, tls_ca: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None
+    address: str,
+    tls_ca: Path | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    tls_server_name: str | None = None,
 ) -> grpc.Channel:
-    """Plaintext unless a CA (TLS) or a client certificate and key (mutual TLS) is given."""
+    """Plaintext unless a CA (TLS) or a client certificate and key (mutual TLS) is given.
+
+    `tls_server_name` is the name the server's certificate must carry when it is not the address's
+    host: a health check on 127.0.0.1 of a server whose certificate names its public DNS name.
+    """
     if tls_ca is None and tls_cert is None:
         return grpc.insecure_channel(address)
     if (tls_cert is None) != (tls_key is None):
@@ -23,7 +31,8 @@ def open_channel(
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
     )
-    return grpc.secure_channel(address, credentials)
+    options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 def auth_metadata(token: str | None) -> Metadata:

@@ -7,6 +7,9 @@ import ast
 import datetime
 import io
 import ipaddress
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +149,27 @@ def test_mutual_tls_requires_a_client_certificate_from_the_configured_ca(model: 
         with open_channel(served.address, pki.ca, pki.stranger_cert, pki.stranger_key) as stranger:
             assert refused(stranger) == grpc.StatusCode.UNAVAILABLE
         assert check(served.address, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key)
+
+
+def test_the_image_healthcheck_reaches_a_tls_server_from_its_environment(
+    model: LoadedModel, pki: Pki, tmp_path: Path
+) -> None:
+    """The Dockerfile's fixed HEALTHCHECK command (127.0.0.1) against a TLS server whose certificate
+    names only its public name: the TRANSLATE_HEALTHCHECK_* variables make it pass."""
+    ca_key, key = _key(), _key()
+    ca, _ = _write(tmp_path, "ca", _certificate("deploy CA", ca_key), ca_key)
+    public_only = _certificate("translate.internal", key, ("deploy CA", ca_key), [x509.DNSName("translate.internal")])
+    cert, key_path = _write(tmp_path, "server", public_only, key)
+    with running_server(model, server_config(tls_cert=cert, tls_key=key_path)) as served:
+        command = [sys.executable, "-m", "server.healthcheck", "--address", f"127.0.0.1:{served.port}"]
+
+        def healthcheck(**variables: str) -> int:
+            env = {**os.environ, **{f"TRANSLATE_HEALTHCHECK_{k.upper()}": v for k, v in variables.items()}}
+            return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=60, check=False).returncode
+
+        assert healthcheck() == 1  # plaintext against TLS
+        assert healthcheck(tls_ca=str(ca)) == 1  # the certificate does not name 127.0.0.1
+        assert healthcheck(tls_ca=str(ca), tls_server_name="translate.internal") == 0
 
 
 @pytest.fixture()
