@@ -131,6 +131,12 @@ def check_graph(path: Path) -> None:
         raise RuntimeError(f"{path} contains an If node")
 
 
+FLOAT_RECIPES = {
+    "fp32": "float32 graphs traced from the weights",
+    "fp16": "float16 graphs traced from model.half(); log_softmax and top-k in float32",
+}
+
+
 def build_metadata(model_dir: Path, model: Transformer, variant: str, opset: int) -> ExportMetadata:
     cfg = model.cfg
     tag_ids = dict(Tokenizer(model_dir / TOKENIZER_FILE).tag_ids)
@@ -139,7 +145,7 @@ def build_metadata(model_dir: Path, model: Transformer, variant: str, opset: int
         opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
         n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
         vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, tag_ids=tag_ids,
-        max_source_len=cfg.max_len, max_target_len=cfg.max_len,
+        max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=FLOAT_RECIPES[variant],
     )  # fmt: skip
 
 

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     penalties = read_length_penalties(args.model_dir, [direction_name(s, t) for s, t in DIRECTIONS], weights)
     results = {
         v: variant_bleu(args.model_dir, v, args.limit, args.beam_size, penalties, args.provider)
+        | {"recipe": read_metadata(args.model_dir / "onnx" / v).recipe}
         for v in available_variants(args.model_dir)
     }
     mark_passed(results, BLEU_GATE)

@@ -54,6 +54,9 @@ class ExportMetadata:
     tag_ids: dict[str, int]  # target-language tag id by language code
     max_source_len: int
     max_target_len: int
+    # How the graphs were derived from the weights (dtype, quantization scheme); the BLEU gate is trusted
+    # only for the recipe it measured. Empty in exports from before it was recorded.
+    recipe: str = ""
 
     def spec(self) -> ModelSpec:
         return ModelSpec(
@@ -100,7 +103,8 @@ def available_variants(model_dir: Path) -> list[str]:
 
 def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     """True if `variants.json` records this variant's BLEU within the gate of fp32, measured with the
-    provider that will serve it, on the whole test set, and on the weights its graphs were exported from.
+    provider that will serve it, on the whole test set, on the weights its graphs were exported from,
+    and on graphs made by the same recipe (a changed quantization scheme must be measured again).
 
     The file keeps one measurement per provider. The provider matters for fp16: on CPU onnxruntime runs
     most fp16 ops in float32 (it inserts casts), so a CPU gate says little about fp16 on CUDA. A gate
@@ -116,9 +120,15 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
         log.warning("%s holds no BLEU gate measured with the %s provider: not serving %s; %s",
                     path, provider, variant, fix)  # fmt: skip
         return False
-    if not record.get("variants", {}).get(variant, {}).get("passed", False):
+    scores = record.get("variants", {}).get(variant, {})
+    if not scores.get("passed", False):
         return False
-    weights = read_metadata(model_dir / "onnx" / variant).source_sha256
+    meta = read_metadata(model_dir / "onnx" / variant)
+    weights = meta.source_sha256
+    if scores.get("recipe") != meta.recipe:
+        log.warning("%s measured %s graphs made another way (%r) than these (%r): not trusted; %s",
+                    path, variant, scores.get("recipe"), meta.recipe, fix)  # fmt: skip
+        return False
     if record.get("weights_sha256") != weights:
         log.warning("%s was measured on other weights than the %s graphs' (%s...): not trusted; %s",
                     path, variant, weights[:12], fix)  # fmt: skip

@@ -42,6 +42,21 @@ def test_metadata_records_source(exported: Path) -> None:
     assert meta.spec().vocab_size == meta.model_config["vocab_size"]
 
 
+def test_int8_weights_are_7_bit_with_a_scale_per_output_column(exported: Path) -> None:
+    """Full-range int8 weights saturate onnxruntime's u8 x s8 products on x86 CPUs without VNNI."""
+    from onnx import numpy_helper
+
+    for name in ("encoder.onnx", "decoder_step.onnx"):
+        graph = onnx.load(str(exported / "onnx" / "int8" / name)).graph
+        weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        quantized = {n: w for n, w in weights.items() if n.endswith("_quantized")}
+        assert quantized, "the MatMul weights are quantized"
+        for weight_name, weight in quantized.items():
+            assert weight.dtype == np.int8 and weight.min() >= -64 and weight.max() <= 64, weight_name
+            scale = weights[weight_name.removesuffix("_quantized") + "_scale"]
+            assert scale.shape == (weight.shape[1],), f"{weight_name}: one scale per output column"
+
+
 @pytest.mark.parametrize(("variant", "tolerance"), [("int8", 0.2), ("fp16", 0.01)])
 def test_quantized_variants_stay_close_to_fp32(exported: Path, variant: str, tolerance: float) -> None:
     """Teacher-forced steps of two rows: each variant's log-probabilities within `tolerance` of fp32's,
@@ -82,7 +97,9 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
 
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
-    both = {"int8": {"passed": True}, "fp16": {"passed": True}}
+    recipes = {v: read_metadata(exported / "onnx" / v).recipe for v in ("int8", "fp16")}
+    assert "7-bit" in recipes["int8"] and "float16" in recipes["fp16"]
+    both = {v: {"passed": True, "recipe": recipe} for v, recipe in recipes.items()}
     gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": both}
     path = exported / "variants.json"
     try:
@@ -94,6 +111,10 @@ def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
         assert choose_variant(exported, "auto", "cuda") == "fp16"
         for stale in ({"weights_sha256": "0" * 64}, {"weights_sha256": None}, {"limit": 3}):
             path.write_text(json.dumps({"cpu": gate | stale}))  # other weights, a file from before the hash, a subset
+            assert choose_variant(exported, "auto", "cpu") == "fp32"
+        for recipe in ("int8 dynamic quantization of MatMul weights (8-bit, one scale per tensor)", None):
+            other = gate | {"variants": both | {"int8": {"passed": True, "recipe": recipe}}}
+            path.write_text(json.dumps({"cpu": other}))  # measured on graphs quantized another way, or unrecorded
             assert choose_variant(exported, "auto", "cpu") == "fp32"
         path.write_text(json.dumps(gate))  # one record from before gates were kept per provider
         assert choose_variant(exported, "auto", "cpu") == "fp32"
@@ -151,9 +172,10 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
     variants = record["variants"]
     assert set(variants) == {"fp32", "int8", "fp16"} and variants["fp32"]["passed"] is True
     assert record["weights_sha256"] == weights_sha256(exported) and record["limit"] == 3
-    for scores in variants.values():
+    for name, scores in variants.items():
         assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
         assert isinstance(scores["passed"], bool)
+        assert scores["recipe"] == read_metadata(exported / "onnx" / name).recipe != ""
 
 
 def test_the_gate_passes_a_variant_within_half_a_bleu_of_fp32_in_every_direction() -> None:
