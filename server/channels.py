@@ -22,9 +22,10 @@ def open_channel(
     """Plaintext unless a CA (TLS) or a client certificate and key (mutual TLS) is given.
 
     `tls_server_name` is the name the server's certificate must carry when it is not the address's
-    host: a health check on 127.0.0.1 of a server whose certificate names its public DNS name.
+    host: a health check on 127.0.0.1 of a server whose certificate names its public DNS name. Given
+    alone it means TLS too, verified against the system's CA roots.
     """
-    if tls_ca is None and tls_cert is None:
+    if tls_ca is None and tls_cert is None and tls_server_name is None:
         return grpc.insecure_channel(address)
     if (tls_cert is None) != (tls_key is None):
         raise ValueError("a client certificate needs its key, and a key its certificate")

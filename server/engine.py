@@ -9,9 +9,10 @@ cheap (the servicer hands events to its asyncio loop).
 Faults: a runner error fails only the request that causes it (`Scheduler.isolate`); a bug in an
 iteration fails the requests in flight and the loop carries on; should the loop itself die, every
 waiting request is failed UNAVAILABLE, new ones are refused, and `on_failure` tells the server
-(which turns NOT_SERVING), so no client waits on a thread that is gone. A loop stuck inside an
-iteration (a hung runner call) cannot be stopped, only left behind: `iteration_age` lets a watchdog
-see it, and `abandon` answers everything it held the same way.
+(which turns NOT_SERVING), so no client waits on a thread that is gone. A loop stuck in a runner
+call (a wedged GPU kernel, a deadlock) cannot be interrupted, only left behind: `abandon_if_stalled`
+answers everything it held the same way, and should the call ever return, the thread leaves at
+once without touching what it no longer owns.
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class RequestHandle:
         self._engine._cancel(self.request_id, reason)
 
 
+class _Abandoned(BaseException):  # a control-flow signal, not an error
+    """Raised on the engine thread when its runner call returns after the engine gave up on it: past
+    every `except Exception`, so the loop leaves without delivering or publishing anything."""
+
+
 class Engine:
     """Continuous batching over one runner."""
 
@@ -113,7 +119,7 @@ class Engine:
         runner: Runner,
         limits: EngineLimits | None = None,
         metrics: Metrics | None = None,
-        on_failure: Callable[[], None] | None = None,  # called once, on the dying thread, if the loop dies
+        on_failure: Callable[[], None] | None = None,  # called once if the loop dies or is abandoned, on that thread
     ) -> None:
         limits = limits or EngineLimits(max_slots=runner.max_slots)
         if limits.max_slots > runner.max_slots:
@@ -137,8 +143,10 @@ class Engine:
         self._stopping = False
         self._admitted_calls = 0  # calls inside admission(): drain waits for them
         self._failed = False  # the loop died: nothing is admitted any more
-        self._abandoned = False  # given up while stuck in an iteration: stop() must not join its thread
-        self._iteration_started: float | None = None  # written by the engine thread only; None between iterations
+        # Guarded by _cond: when the runner call in progress began (None outside runner calls), and
+        # whether the loop was given up while stuck in one (its thread must then never be joined).
+        self._runner_call_started: float | None = None
+        self._abandoned = False
         self._thread: threading.Thread | None = None
         if metrics is not None:
             metrics.set_capacity(limits.max_slots)
@@ -167,19 +175,18 @@ class Engine:
         with self._cond:
             return self._failed
 
-    def iteration_age(self, now: float) -> float:
-        """Seconds the current iteration (encoder and decoder calls) has been running; 0 between iterations."""
-        started = self._iteration_started  # one read: the engine thread may clear it meanwhile
-        return 0.0 if started is None else max(0.0, now - started)
-
-    def abandon(self) -> None:
-        """Give up on a loop stuck in an iteration: answer everything it holds UNAVAILABLE and refuse new
-        work, as if it had died. Its daemon thread cannot be interrupted; it ends with the process."""
+    def abandon_if_stalled(self, limit_s: float, now: float) -> float | None:
+        """If the runner call in progress began over `limit_s` before `now`, give up on the loop: answer
+        everything it holds UNAVAILABLE and refuse new work, as if it had died, and return how long the
+        call has run; else None. The daemon thread cannot be interrupted: it ends with the process, or
+        leaves on its own should the call return (see `_run_runner`)."""
         with self._cond:
-            if self._failed:
-                return
-            self._abandoned = True
+            started = self._runner_call_started
+            if self._failed or started is None or now - started <= limit_s:
+                return None
+            self._abandoned = True  # decided under the lock the engine thread takes when the call returns
         self._die()
+        return now - started
 
     def start(self) -> None:
         """Run the decode loop in its own daemon thread."""
@@ -264,13 +271,22 @@ class Engine:
             self._draining = True
             return self._cond.wait_for(lambda: self._idle and not self._admitted_calls, timeout)
 
-    def stop(self) -> None:
-        """End the loop after its current iteration and fail what is left with UNAVAILABLE."""
+    def stop(self, join_timeout_s: float | None = None) -> None:
+        """End the loop after its current iteration and fail what is left with UNAVAILABLE.
+
+        With `join_timeout_s`, a loop still inside a runner call after that long is abandoned (as by
+        `abandon_if_stalled`) rather than waited for without end.
+        """
         with self._cond:
             self._draining = self._stopping = True
             self._cond.notify_all()
         if self._thread is not None and not self._abandoned:
-            self._thread.join()
+            self._thread.join(join_timeout_s)
+            if self._thread.is_alive():  # the loop did not end within the timeout
+                if self.abandon_if_stalled(0.0, time.monotonic()) is not None:  # inside a runner call
+                    logger.critical("a runner call outlasted the stop timeout (%.1f s)", join_timeout_s)
+                    return
+                self._thread.join()  # not in a runner call: it is about to see _stopping
         if self.failed:
             return  # the dying loop answered everything; its scheduler is not to be trusted
         self._take_inbox()  # the loop is gone: this thread owns the scheduler now
@@ -285,7 +301,7 @@ class Engine:
             self._publish()
             return
         try:
-            candidates, step_s, encode_s = self._execute(batch)
+            candidates, step_s, encode_s = self._run_runner(batch)
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
@@ -335,6 +351,8 @@ class Engine:
     def _loop(self) -> None:
         try:
             self._iterate_until_stopped()
+        except _Abandoned:  # everything was answered by abandon_if_stalled; nothing here is ours any more
+            logger.warning("a runner call the engine gave up on has returned; its thread ends")
         except BaseException:  # the recovery below failed too, or worse: no request may wait on a dead thread
             logger.critical("the engine loop died; failing every waiting request UNAVAILABLE", exc_info=True)
             self._die()
@@ -345,24 +363,23 @@ class Engine:
                 self._cond.wait_for(lambda: self._stopping or self._inbox or self._cancels or not self._idle)
                 if self._stopping:
                     return
-            self._iteration_started = time.monotonic()
             try:
                 self.step()
             except Exception:  # a bug, not a runner error: fail loudly but keep serving, losing no request
                 logger.exception("engine iteration failed; failing every request in flight")
                 self._fail_all(FailureReason.INTERNAL, INTERNAL_MESSAGE)
-            finally:
-                self._iteration_started = None
 
     def _die(self) -> None:
-        """Refuse new work and answer every request the dead loop held, without its scheduler."""
+        """Refuse new work and answer every request the dead (or abandoned) loop held, without its scheduler."""
         with self._cond:
+            if self._failed:
+                return  # answered once already
             self._failed = self._draining = self._idle = True
             inbox, self._inbox = self._inbox, []
             self._inbox_sentences = self._scheduled_queue = self._active_slots = 0
+            owners = [*self._owners.values(), *(sub.owner for sub in inbox)]
+            self._owners.clear()  # the loop's thread is dead, or will leave without touching them
             self._cond.notify_all()  # wakes drain()
-        owners = [*self._owners.values(), *(sub.owner for sub in inbox)]
-        self._owners.clear()
         self._notify(owners, RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE))
         if self._metrics is not None:
             self._metrics.set_load(0, 0)
@@ -410,6 +427,18 @@ class Engine:
                 self._cond.notify_all()
             if self._metrics is not None:
                 self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
+
+    def _run_runner(self, batch: Batch) -> tuple[Candidates, float, float]:
+        """`_execute`, timed for `abandon_if_stalled`; leaves the loop (`_Abandoned`) if it was given up meanwhile."""
+        with self._cond:
+            self._runner_call_started = time.monotonic()
+        try:
+            return self._execute(batch)
+        finally:
+            with self._cond:
+                self._runner_call_started = None
+                if self._abandoned:
+                    raise _Abandoned  # replaces the call's own outcome: nobody waits for it
 
     def _execute(self, batch: Batch) -> tuple[Candidates, float, float]:
         """The runner calls of one iteration, in the order the batch requires, and their wall times:

@@ -238,18 +238,19 @@ class TranslationServer:
         lands in the very instant stop begins is CANCELLED by grpc core (grpc/grpc#41785, open).
         """
         await self.health.enter_graceful_shutdown()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
         stopping = asyncio.create_task(self.server.stop(grace + MIN_STOP_GRACE_S))
         await asyncio.sleep(0)  # let stop() begin refusing new calls before the engine refuses them
         drained = True
+        join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
         if self.engine is not None:
-            drained = await self._off_loop(self.engine.drain, grace)
+            drained = await self._off_loop(self.engine.drain, grace)  # the watchdog still watches meanwhile
             if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
-                await self._off_loop(self.engine.stop)  # before grpc's grace runs out and cancels them
+                await self._off_loop(self.engine.stop, join_timeout)  # before grpc's grace runs out and cancels them
         await stopping
         if self.engine is not None:
-            await self._off_loop(self.engine.stop)  # joins the loop thread: off the event loop
+            await self._off_loop(self.engine.stop, join_timeout)  # joins the loop thread: off the event loop
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if not drained:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
         return drained
@@ -269,13 +270,12 @@ async def watch_for_a_stall(engine: Engine, limit_s: float) -> None:
     period = min(1.0, limit_s / 4)
     while not engine.failed:
         await asyncio.sleep(period)
-        age = engine.iteration_age(time.monotonic())
-        if age > limit_s:
+        stalled_s = engine.abandon_if_stalled(limit_s, time.monotonic())  # its on_failure tells `serve` to exit
+        if stalled_s is not None:
             logger.critical(
-                "an engine iteration has run for %.1f s (--stall-seconds %.1f): the runner is hung; "
-                "failing every request UNAVAILABLE", age, limit_s,
+                "a runner call has run for %.1f s (--stall-seconds %.1f): the runner is hung; "
+                "failed every request UNAVAILABLE", stalled_s, limit_s,
             )  # fmt: skip
-            engine.abandon()  # its on_failure turns NOT_SERVING and tells `serve` to exit
             return
 
 

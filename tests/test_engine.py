@@ -42,8 +42,10 @@ class GatedRunner(FakeRunner):
     def __init__(self, max_slots: int) -> None:
         super().__init__(max_slots)
         self.gate = threading.Semaphore(0)
+        self.entered = threading.Event()  # a step has reached the gate
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        self.entered.set()
         assert self.gate.acquire(timeout=WAIT_S), "the test never opened the gate"
         return super().step_log_probs(slots, tokens, positions)
 
@@ -324,32 +326,48 @@ def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Cal
     assert registry.get_sample_value("translation_queue_wait_seconds_count") == 1
 
 
-def test_a_hung_iteration_is_seen_and_abandoning_it_answers_everyone(engine_factory: Callable[..., Engine]) -> None:
+def test_a_stalled_runner_call_is_abandoned_and_its_thread_leaves_quietly_if_it_returns(
+    engine_factory: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
     runner = GatedRunner(max_slots=2)
     engine = engine_factory(runner)
-    assert engine.iteration_age(time.monotonic() + 100) == 0.0  # idle: between iterations
+    assert engine.abandon_if_stalled(0.0, time.monotonic() + 100) is None  # idle: no runner call
     decoding, queued = Collector(), Collector()
     engine.submit([src(15)], DecodeOptions(beam_size=2), decoding)
-    wait_until_true(lambda: engine.iteration_age(time.monotonic()) > 0)  # held inside its step
+    assert runner.entered.wait(WAIT_S)  # inside the gated step now
     engine.submit([src(16)], DecodeOptions(beam_size=1), queued)
-    assert engine.iteration_age(time.monotonic() + 100) >= 100
-    engine.abandon()
+    assert engine.abandon_if_stalled(100.0, time.monotonic()) is None  # not long enough yet
+    stalled = engine.abandon_if_stalled(100.0, time.monotonic() + 200)
+    assert stalled is not None and stalled > 100
     unavailable = RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE)
     assert decoding.wait() == unavailable and queued.wait() == unavailable
-    assert engine.failed
+    assert engine.failed and engine.abandon_if_stalled(0.0, time.monotonic() + 200) is None  # once only
     with pytest.raises(EngineFailedError):
         engine.submit([src(17)], DecodeOptions(beam_size=1), Collector())
     started = time.monotonic()
     engine.stop()  # must not join the stuck thread
     assert time.monotonic() - started < 1.0
-    runner.open()  # let the thread go, so the test leaves none behind
+    runner.open()  # the call returns: the thread must leave without delivering or publishing
+    thread = engine._thread
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert engine.queue_depth == 0 and engine.active_slots == 0
+    assert len(decoding.events) == 1 and len(queued.events) == 1, "nothing delivered after the abandonment"
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
 
 
-def wait_until_true(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.005)
+def test_stop_with_a_timeout_abandons_a_runner_call_that_outlasts_it(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=2)
+    engine = engine_factory(runner)
+    collector = Collector()
+    engine.submit([src(18)], DecodeOptions(beam_size=1), collector)
+    assert runner.entered.wait(WAIT_S)
+    started = time.monotonic()
+    engine.stop(join_timeout_s=0.2)
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE)
+    runner.open()
 
 
 def test_a_raising_callback_does_not_stop_the_engine(engine_factory: Callable[..., Engine]) -> None:

@@ -35,7 +35,11 @@ def test_request_and_first_result(registry: CollectorRegistry) -> None:
     assert value(registry, "translation_requests_total", **labels) == 1
     duration = "translation_request_duration_seconds"
     assert value(registry, f"{duration}_count", method="Translate", lang_pair="de-en") == 2
-    assert value(registry, f"{duration}_count", method="TranslateStream", lang_pair="en-de") == 0  # failed: not timed
+    assert value(registry, f"{duration}_count", method="TranslateStream", lang_pair="en-de") == 1  # ran to its deadline
+    metrics.observe_request("Translate", "RESOURCE_EXHAUSTED", "de-en", 0.001)  # a refusal: counted, not timed
+    metrics.observe_request("Translate", "INVALID_ARGUMENT", "", 0.001)
+    assert value(registry, f"{duration}_count", method="Translate", lang_pair="de-en") == 2
+    assert value(registry, f"{duration}_count", method="Translate", lang_pair="") == 0
     assert value(registry, f"{duration}_sum", method="Translate", lang_pair="de-en") == pytest.approx(0.53)
     assert value(registry, f"{duration}_bucket", method="Translate", lang_pair="de-en", le="0.05") == 1
     ttfr = "translation_time_to_first_result_seconds"

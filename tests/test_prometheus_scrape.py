@@ -259,7 +259,7 @@ def test_request_counters_match_the_traffic(traffic: Traffic) -> None:
     assert math.isnan(p.scalar('sum(translation_requests_total{code!~"OK|INVALID_ARGUMENT"})'))
 
 
-def test_latency_histogram_times_every_ok_request_and_only_those(traffic: Traffic) -> None:
+def test_latency_histogram_times_every_ok_request_and_no_refusal(traffic: Traffic) -> None:
     p = traffic.prometheus
     counts = p.by_label("sum by (lang_pair) (translation_request_duration_seconds_count)", "lang_pair")
     for pair in PAIRS:
