@@ -1,4 +1,4 @@
-"""python -m export --model-dir DIR [--out DIR] [--variants fp32,int8,fp16] [--opset 18]"""
+"""python -m export --model-dir DIR [--out DIR] [--variants fp32,int8,fp16] [--opset 18] [--int8-7bit]"""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="default: <model-dir>/onnx")
     parser.add_argument("--variants", default="fp32,int8,fp16")
     parser.add_argument("--opset", type=int, default=18)
+    parser.add_argument(
+        "--int8-7bit", action="store_true",
+        help="int8 with 7-bit weights and a scale per output channel, for x86 CPUs without VNNI (gate it again)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -49,11 +53,11 @@ def validate(model_dir: Path, variants: list[str], opset: int) -> None:
         raise ExportError(f"config vocab_size {cfg.vocab_size} does not match the tokenizer's {vocab}")
 
 
-def run(model_dir: Path, out: Path, variants: list[str], opset: int) -> None:
+def run(model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False) -> None:
     validate(model_dir, variants, opset)
     fp32_dir = export_float(model_dir, out / "fp32", "fp32", opset)  # int8 derives from it
     if "int8" in variants:
-        export_int8(fp32_dir, out / "int8")
+        export_int8(fp32_dir, out / "int8", per_channel=int8_7bit, reduce_range=int8_7bit)
     if "fp16" in variants:
         export_float(model_dir, out / "fp16", "fp16", opset)
 
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     try:
-        run(args.model_dir, args.out or args.model_dir / "onnx", variants, args.opset)
+        run(args.model_dir, args.out or args.model_dir / "onnx", variants, args.opset, args.int8_7bit)
     except ExportError as exc:
         print(f"export: error: {exc}", file=sys.stderr)
         return 2

@@ -42,19 +42,26 @@ def test_metadata_records_source(exported: Path) -> None:
     assert meta.spec().vocab_size == meta.model_config["vocab_size"]
 
 
-def test_int8_weights_are_7_bit_with_a_scale_per_output_column(exported: Path) -> None:
-    """Full-range int8 weights saturate onnxruntime's u8 x s8 products on x86 CPUs without VNNI."""
+@pytest.mark.parametrize("seven_bit", [False, True])
+def test_int8_recipes_quantize_as_their_metadata_says(exported: Path, tmp_path: Path, seven_bit: bool) -> None:
+    """8-bit per tensor (the default) or 7-bit per output channel (`--int8-7bit`, for CPUs without VNNI,
+    where full-range u8 x s8 products can saturate); the recipe is recorded for the BLEU gate."""
     from onnx import numpy_helper
 
+    from export.quantize import export_int8, int8_recipe
+
+    out = export_int8(exported / "onnx" / "fp32", tmp_path / "int8", per_channel=seven_bit, reduce_range=seven_bit)
+    assert read_metadata(out).recipe == int8_recipe(seven_bit, seven_bit)
     for name in ("encoder.onnx", "decoder_step.onnx"):
-        graph = onnx.load(str(exported / "onnx" / "int8" / name)).graph
+        graph = onnx.load(str(out / name)).graph
         weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         quantized = {n: w for n, w in weights.items() if n.endswith("_quantized")}
         assert quantized, "the MatMul weights are quantized"
         for weight_name, weight in quantized.items():
-            assert weight.dtype == np.int8 and weight.min() >= -64 and weight.max() <= 64, weight_name
+            assert weight.dtype == np.int8, weight_name
+            assert (max(-weight.min(), weight.max()) <= 64) == seven_bit, weight_name
             scale = weights[weight_name.removesuffix("_quantized") + "_scale"]
-            assert scale.shape == (weight.shape[1],), f"{weight_name}: one scale per output column"
+            assert scale.shape == ((weight.shape[1],) if seven_bit else ()), weight_name
 
 
 @pytest.mark.parametrize(("variant", "tolerance"), [("int8", 0.2), ("fp16", 0.01)])
@@ -98,7 +105,7 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
     recipes = {v: read_metadata(exported / "onnx" / v).recipe for v in ("int8", "fp16")}
-    assert "7-bit" in recipes["int8"] and "float16" in recipes["fp16"]
+    assert "8-bit" in recipes["int8"] and "float16" in recipes["fp16"]
     both = {v: {"passed": True, "recipe": recipe} for v, recipe in recipes.items()}
     gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": both}
     path = exported / "variants.json"
@@ -112,7 +119,7 @@ def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
         for stale in ({"weights_sha256": "0" * 64}, {"weights_sha256": None}, {"limit": 3}):
             path.write_text(json.dumps({"cpu": gate | stale}))  # other weights, a file from before the hash, a subset
             assert choose_variant(exported, "auto", "cpu") == "fp32"
-        for recipe in ("int8 dynamic quantization of MatMul weights (8-bit, one scale per tensor)", None):
+        for recipe in ("int8 dynamic quantization of MatMul weights (7-bit, a scale per output channel)", None):
             other = gate | {"variants": both | {"int8": {"passed": True, "recipe": recipe}}}
             path.write_text(json.dumps({"cpu": other}))  # measured on graphs quantized another way, or unrecorded
             assert choose_variant(exported, "auto", "cpu") == "fp32"
@@ -176,6 +183,19 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
         assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
         assert isinstance(scores["passed"], bool)
         assert scores["recipe"] == read_metadata(exported / "onnx" / name).recipe != ""
+
+
+def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> None:
+    """A changed export recipe (say, a new quantization scheme) must come with a new variants.json:
+    otherwise `auto` silently falls back to fp32 on every node."""
+    from export.onnx_export import FLOAT_RECIPES
+    from export.quantize import int8_recipe
+
+    expected = FLOAT_RECIPES | {"int8": int8_recipe()}
+    shipped = Path(__file__).resolve().parents[1] / "model" / "shipped" / "variants.json"
+    for provider, record in json.loads(shipped.read_text()).items():
+        for variant, scores in record["variants"].items():
+            assert scores.get("recipe") == expected[variant], (provider, variant)
 
 
 def test_the_gate_passes_a_variant_within_half_a_bleu_of_fp32_in_every_direction() -> None:
