@@ -138,7 +138,7 @@ def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int],
         for j in range(2)
     )
     tgt_in = [model.cfg.bos_id, *src[1:-1][: steps - 1]]  # any tokens will do: teacher forcing
-    full = model(s, s != 0, torch.tensor([tgt_in]))[0].log_softmax(-1).numpy()
+    full = teacher_forced(model, src, tgt_in[1:]).numpy()
     for pos, token in enumerate(tgt_in):
         diff = max(diff, float(np.abs(runner.step_log_probs([0], [token], [pos])[0] - full[pos]).max()))
     return diff

@@ -80,8 +80,9 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def _env_name(flag: str) -> str:
-    return ENV_PREFIX + flag.upper().replace("-", "_")
+def env_name(flag: str, prefix: str = ENV_PREFIX) -> str:
+    """The environment variable a `--some-flag` reads from: TRANSLATE_SOME_FLAG (or another prefix's)."""
+    return prefix + flag.upper().replace("-", "_")
 
 
 def _bool_env(value: str) -> bool:
@@ -104,7 +105,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     def add(flag: str, kind: Callable[[str], object], help_text: str, choices: Sequence[str] | None = None) -> None:
         dest = flag.replace("-", "_")
-        raw = environ.get(_env_name(flag))
+        raw = environ.get(env_name(flag))
         default = defaults[dest] if raw is None else _convert(flag, raw, kind)
         parser.add_argument(f"--{flag}", type=kind, default=default, choices=choices, help=help_text)
 
@@ -128,14 +129,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-key", Path, "PEM private key of --tls-cert")
     add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")
     add("auth-token-file", Path, "file with a bearer token that every call except health checks must carry")
-    env_spin = environ.get(_env_name("spin-threads"))
+    env_spin = environ.get(env_name("spin-threads"))
     parser.add_argument(
         "--spin-threads",
         action=argparse.BooleanOptionalAction,
         default=_bool_env(env_spin) if env_spin is not None else defaults["spin_threads"],
         help="let idle onnxruntime threads busy-wait (off by default: on shared cores it starves the gRPC threads)",
     )
-    env_no_reflection = environ.get(_env_name("no-reflection"))
+    env_no_reflection = environ.get(env_name("no-reflection"))
     parser.add_argument(
         "--no-reflection",
         dest="reflection",
@@ -150,7 +151,7 @@ def _convert(flag: str, raw: str, kind: Callable[[str], object]) -> object:
     try:
         return kind(raw)
     except ValueError as err:
-        raise ValueError(f"{_env_name(flag)}={raw!r}: {err}") from err
+        raise ValueError(f"{env_name(flag)}={raw!r}: {err}") from err
 
 
 def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerConfig:

@@ -143,8 +143,9 @@ class Engine:
         self._stopping = False
         self._admitted_calls = 0  # calls inside admission(): drain waits for them
         self._failed = False  # the loop died: nothing is admitted any more
-        # Guarded by _cond: when the runner call in progress began (None outside runner calls), and
-        # whether the loop was given up while stuck in one (its thread must then never be joined).
+        # When the runner call in progress began (None outside runner calls; the engine thread sets it
+        # unlocked, a lone attribute write, and clears it under _cond), and whether the loop was given
+        # up while stuck in one (under _cond; its thread must then never be joined).
         self._runner_call_started: float | None = None
         self._abandoned = False
         self._thread: threading.Thread | None = None
@@ -430,8 +431,7 @@ class Engine:
 
     def _run_runner(self, batch: Batch) -> tuple[Candidates, float, float]:
         """`_execute`, timed for `abandon_if_stalled`; leaves the loop (`_Abandoned`) if it was given up meanwhile."""
-        with self._cond:
-            self._runner_call_started = time.monotonic()
+        self._runner_call_started = time.monotonic()  # a reader sees None or this: no lock needed to start
         try:
             return self._execute(batch)
         finally:

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.channels import open_channel
+from server.config import env_name
 
 ENV_PREFIX = "TRANSLATE_HEALTHCHECK_"
 
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
 
     def from_env(flag: str) -> str | None:
-        return env.get(ENV_PREFIX + flag.upper().replace("-", "_")) or None
+        return env.get(env_name(flag, ENV_PREFIX)) or None
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", default="localhost:50051", help="HOST:PORT of the gRPC server")

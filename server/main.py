@@ -210,7 +210,7 @@ class TranslationServer:
         limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
         loop = asyncio.get_running_loop()
 
-        def engine_failed() -> None:  # on the dying engine thread
+        def engine_failed() -> None:  # on the dying engine thread, or the one that abandoned it
             asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
             loop.call_soon_threadsafe(self.engine_died.set)
 
