@@ -18,8 +18,9 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
     CPUs without VNNI onnxruntime multiplies uint8 activations by int8 weights with an instruction whose
     int16 sums can saturate on full-range weights; for such a fleet, `reduce_range` (7-bit weights, as
     onnxruntime advises there) with `per_channel` (a scale per output column, winning back the bit) is the
-    recipe to export and gate (`python -m export --int8-7bit`). Validation BLEU (beam 4, de->en / en->de)
-    cannot tell the recipes apart: on c13's weights fp32 12.97 / 10.21, 8-bit per tensor 12.98 / 10.32,
+    recipe to export and gate (`python -m export --int8-7bit`). Validation BLEU (beam 4, de->en / en->de,
+    each recipe's graphs through `export.variants.translate_pairs` on data/valid.tsv) cannot tell the
+    recipes apart: on c13's weights fp32 12.97 / 10.21, 8-bit per tensor 12.98 / 10.32,
     7-bit per channel 13.39 / 10.30; on c14's fp32 13.18 / 10.62, 13.05 / 10.76 and 12.70 / 10.69.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
