@@ -1,7 +1,8 @@
 """python -m export.parity --model-dir DIR [--limit N]: the fp32 export against PyTorch.
 
 Checks, in the order of the minGPT parity test: encoder outputs and per-step log-probabilities
-within 1e-4 (max abs), then greedy and beam-4 token ids identical on the test set, both directions.
+within 1e-4 (max abs; ten sources per direction, their reference translations teacher-forced to
+the end), then greedy and beam-4 token ids identical on the test set, both directions.
 Where ids differ, the report shows the first differing position and PyTorch's own margin for its
 choice: greedy, the log-prob gap between its token and the ONNX one there; beam, the gap between the
 normalised scores of the two whole hypotheses, both scored by PyTorch (a near-tie in the final
@@ -33,6 +34,7 @@ from server.runtime import OnnxRunner
 from server.scheduler import output_limit
 
 TOLERANCE = 1e-4
+LOGIT_CASES_PER_DIRECTION = 10  # sources whose reference translations are teacher-forced step by step
 LENGTH_PENALTY = 1.0  # both decoders rank with it; the served default per direction is tuned apart
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
 
@@ -127,8 +129,9 @@ def normalized_score(model: Transformer, src: list[int], tokens: list[int], limi
 
 
 @torch.no_grad()
-def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int], steps: int) -> float:
-    """Max abs difference of cross K/V and of every teacher-forced step's log-probabilities."""
+def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int], target: list[int]) -> float:
+    """Max abs difference of cross K/V and of the log-probabilities at every step of `target` (pieces +
+    EOS) teacher-forced through the cached ONNX decoder, up to the model's target length."""
     s = torch.tensor([src])
     runner.encode([EncodeItem(src, [0])])
     cross = model.cross_kv(model.encode(s, s != 0))
@@ -137,16 +140,28 @@ def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int],
         for i, kv in enumerate(cross)
         for j in range(2)
     )
-    tgt_in = [model.cfg.bos_id, *src[1:-1][: steps - 1]]  # any tokens will do: teacher forcing
+    tgt_in = [model.cfg.bos_id, *target[:-1]][: runner.spec.max_target_len]
     full = teacher_forced(model, src, tgt_in[1:]).numpy()
     for pos, token in enumerate(tgt_in):
         diff = max(diff, float(np.abs(runner.step_log_probs([0], [token], [pos])[0] - full[pos]).max()))
     return diff
 
 
-def test_sources(tokenizer: Tokenizer, limit: int | None) -> list[list[int]]:
+Case = tuple[list[int], list[int]]  # source ids (tag + pieces + EOS), reference target ids (pieces + EOS)
+
+
+def parity_cases(tokenizer: Tokenizer, limit: int | None) -> list[Case]:
+    """The first `limit` test pairs both ways: every de->en case, then every en->de one."""
     pairs = read_tsv(TEST_FILE)[:limit]
-    return [tokenizer.encode_source(p.de, "en") for p in pairs] + [tokenizer.encode_source(p.en, "de") for p in pairs]
+    return [(tokenizer.encode_source(p.de, "en"), tokenizer.encode_target(p.en)) for p in pairs] + [
+        (tokenizer.encode_source(p.en, "de"), tokenizer.encode_target(p.de)) for p in pairs
+    ]
+
+
+def logit_cases(cases: list[Case], per_direction: int) -> list[Case]:
+    """The first `per_direction` cases of each direction (`parity_cases` lists de->en, then en->de)."""
+    half = len(cases) // 2
+    return cases[:per_direction] + cases[half : half + per_direction]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
-    sources = test_sources(Tokenizer(args.model_dir / TOKENIZER_FILE), args.limit)
-    diff = max(max_logit_difference(model, runner, src, steps=8) for src in sources[:20])
+    cases = parity_cases(Tokenizer(args.model_dir / TOKENIZER_FILE), args.limit)
+    sources = [source for source, _ in cases]
+    checked = logit_cases(cases, LOGIT_CASES_PER_DIRECTION)
+    diff = max(max_logit_difference(model, runner, source, target) for source, target in checked)
     ok = diff <= TOLERANCE
-    print(f"max abs difference (cross K/V, step log-probs): {diff:.2e} (limit {TOLERANCE:.0e})")
+    print(
+        f"max abs difference (cross K/V, log-probs at every step of {len(checked)} reference translations,"
+        f" both directions): {diff:.2e} (limit {TOLERANCE:.0e})"
+    )
     for beam in (1, 4):
         report = compare_decoding(model, runner, sources, beam, args.max_len or None)
         ok &= report.passed

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -32,6 +32,23 @@ from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 TOKEN_ENV = "TRANSLATE_TOKEN"
 PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to help
 DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
+
+
+class IncompleteAnswer(RuntimeError):
+    """The server closed a stream without a result for every text it was sent."""
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (protobuf's uint32 fields take no negatives)."""
+
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its "invalid ... value" message
+    return parse
 
 
 class Progress(Protocol):
@@ -66,7 +83,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser.add_argument("--server", default="localhost:50051", help="HOST:PORT of translate-server")
     parser.add_argument("--source", required=True, help="source language, e.g. de")
     parser.add_argument("--target", required=True, help="target language, e.g. en")
-    parser.add_argument("--beam-size", type=int, default=None, help="beam width (server default 4)")
+    parser.add_argument("--beam-size", type=_count(1), default=None, help="beam width (server default 4)")
     parser.add_argument(
         "--length-penalty",
         type=float,
@@ -74,10 +91,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="length penalty (default: the model's for the direction, see ListModels)",
     )
     parser.add_argument(
-        "--max-output-len", type=int, default=0,
+        "--max-output-len", type=_count(0), default=0,
         help="most tokens per sentence (0 = 3 x source tokens + 10, at most the model limit)",
     )  # fmt: skip
-    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="texts per request")
+    parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
     parser.add_argument("--tls-ca", type=Path, default=None, help="PEM CA bundle: connect with TLS")
     parser.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
@@ -122,14 +139,11 @@ def translate_chunk(
             yield ready.pop(emitted)
             emitted += 1
     if emitted != len(texts):
-        raise RuntimeError(f"the server answered {emitted} of {len(texts)} texts")
+        raise IncompleteAnswer(f"the server answered {emitted} of {len(texts)} texts")
 
 
 def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[str]) -> int:
     """Translate and print; return the exit status."""
-    if args.batch < 1:
-        err.write("translate: --batch must be >= 1\n")
-        return 2
     options = make_options(args)
     metadata = auth_metadata(args.token)
     progress = make_progress(len(texts), err)
@@ -150,6 +164,9 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
         code = error.code()  # type: ignore[attr-defined]  # every RpcError a stub raises is also a grpc.Call
         err.write(f"translate: {code.name}: {error.details()}\n")  # type: ignore[attr-defined]
         return int(code.value[0]) or 1
+    except IncompleteAnswer as error:
+        err.write(f"translate: {error}\n")
+        return 1
     finally:
         progress.close()
     return 0

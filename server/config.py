@@ -133,7 +133,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--spin-threads",
         action=argparse.BooleanOptionalAction,
-        default=_bool_env(env_spin) if env_spin is not None else defaults["spin_threads"],
+        default=_convert("spin-threads", env_spin, _bool_env) if env_spin is not None else defaults["spin_threads"],
         help="let idle onnxruntime threads busy-wait (off by default: on shared cores it starves the gRPC threads)",
     )
     env_no_reflection = environ.get(env_name("no-reflection"))
@@ -141,7 +141,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--no-reflection",
         dest="reflection",
         action="store_false",
-        default=not _bool_env(env_no_reflection) if env_no_reflection is not None else defaults["reflection"],
+        default=(
+            not _convert("no-reflection", env_no_reflection, _bool_env)
+            if env_no_reflection is not None
+            else defaults["reflection"]
+        ),
         help="do not serve gRPC reflection",
     )
     return parser

@@ -97,7 +97,8 @@ def _parse_languages(options: pb.TranslationOptions, spec: ModelSpec) -> tuple[s
 def _parse_options(
     options: pb.TranslationOptions, spec: ModelSpec, limits: RequestLimits, default_length_penalty: float
 ) -> DecodeOptions:
-    beam = options.beam_size if options.HasField("beam_size") else DEFAULT_BEAM_SIZE
+    # The default fits the server: one with fewer slots than DEFAULT_BEAM_SIZE decodes unset beams narrower.
+    beam = options.beam_size if options.HasField("beam_size") else min(DEFAULT_BEAM_SIZE, limits.max_beam_size)
     if not 1 <= beam <= limits.max_beam_size:
         raise InvalidRequest(f"options.beam_size must be in 1..{limits.max_beam_size}, got {beam}")
     penalty = options.length_penalty if options.HasField("length_penalty") else default_length_penalty

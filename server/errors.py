@@ -100,6 +100,15 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 
+def rejection_reason(exc: BaseException) -> str | None:
+    """Why a RESOURCE_EXHAUSTED answer was given, for the metric that tells overload from client mistakes."""
+    if isinstance(exc, QueueFullError):
+        return "queue_full"
+    if isinstance(exc, ResponseTooLarge):
+        return "response_too_large"
+    return None
+
+
 @dataclass
 class CallRecord:
     """What a servicer method learns about its call that the metrics need."""
@@ -199,6 +208,8 @@ async def _fail(
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
         logger.error("%s failed", method, exc_info=exc)
     _observe(metrics, method, call, code)
+    if metrics is not None and (reason := rejection_reason(exc)) is not None:
+        metrics.observe_rejected(method, reason)
     await context.abort(code, message)
 
 

@@ -141,13 +141,13 @@ def load_tokenizer(model_dir: Path, tag_ids: dict[str, int]) -> Tokenizer:
     return tokenizer
 
 
-def request_limits(config: ServerConfig) -> RequestLimits:
-    """The documented limits, tightened to what this server's slots and queue can ever take: a request
+def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
+    """The documented limits, tightened to what this server's `slots` and queue can ever take: a request
     over them is refused INVALID_ARGUMENT (and ListModels says so), never "queue full, retry" forever."""
     documented = RequestLimits()
     return replace(
         documented,
-        max_beam_size=min(documented.max_beam_size, config.max_slots),
+        max_beam_size=min(documented.max_beam_size, slots),
         max_sentences=min(documented.max_sentences, config.max_queue),
         max_response_bytes=config.max_message_bytes,
     )
@@ -163,8 +163,7 @@ class TranslationServer:
         self._lifecycle = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.limits = request_limits(config)
-        self.servicer = TranslatorServicer(self.limits, self.metrics)
+        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engine: Engine | None = None
         self.engine_died = asyncio.Event()  # set when the engine's loop dies or hangs; `serve` then exits
@@ -225,7 +224,9 @@ class TranslationServer:
             self._watchdog = asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds))
         info = model.description
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
-        self.servicer.attach(Backend(engine, model.runner.spec, model.tokenizer, info))
+        # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
+        backend = Backend(engine, model.runner.spec, model.tokenizer, info)
+        self.servicer.attach(backend, request_limits(self.config, slots))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         logger.info("serving %s (%s, %s)", info.name, info.variant, info.provider)
 

@@ -100,6 +100,14 @@ class Metrics:
             ["lang_pair"],
             registry=registry,
         )
+        self.rejected = Counter(
+            "translation_requests_rejected_total",
+            "Calls the service answered RESOURCE_EXHAUSTED, by reason: `queue_full` (no room to queue the"
+            " request: capacity is short) or `response_too_large` (a Translate answer over the message limit:"
+            " the client's to fix). Each is also in translation_requests_total.",
+            ["method", "reason"],
+            registry=registry,
+        )
         self.sentences = Counter("translation_sentences_total", "Finished sentences.", ["lang_pair"], registry=registry)
         self.sentences_failed = Counter(
             "translation_sentences_failed_total",
@@ -130,6 +138,9 @@ class Metrics:
         self.requests.labels(method=method, code=code, lang_pair=lang_pair).inc()
         if code in TIMED_CODES:
             self.request_duration.labels(method=method, lang_pair=lang_pair).observe(seconds)
+
+    def observe_rejected(self, method: str, reason: str) -> None:
+        self.rejected.labels(method=method, reason=reason).inc()
 
     def observe_first_result(self, method: str, seconds: float) -> None:
         self.first_result.labels(method=method).observe(seconds)

@@ -286,14 +286,21 @@ class Scheduler:
         events: list[tuple[int, Event]] = []
         # A numeric fault of one input (an fp16 overflow) spoils only that input's rows. LogSoftmax turns
         # one NaN logit into a whole NaN row, so a faulty row's best candidate is NaN whatever TopK's NaN order.
-        nan_rows = np.asarray(np.isnan(candidates.scores).any(axis=1))
+        # An id outside the vocabulary (a runner bug) is checked here too: the beam's flat (row, token)
+        # index would read it as another row's token, or a negative parent, and decode on silently.
+        ids = np.asarray(candidates.ids)
+        out_of_vocab = (ids < 0) | (ids >= self.spec.vocab_size)
+        bad_rows = np.asarray(np.isnan(candidates.scores).any(axis=1) | out_of_vocab.any(axis=1))
         for group in batch.groups:
             request = group.sentence.request
             if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
                 continue
             span = slice(group.start, group.start + group.count)
-            if nan_rows[span].any():
-                logger.error("the runner returned NaN scores for request %d; failing it", request.request_id)
+            if bad_rows[span].any():
+                logger.error(
+                    "the runner returned NaN scores or ids outside the vocabulary for request %d; failing it",
+                    request.request_id,
+                )
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
             try:

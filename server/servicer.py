@@ -61,8 +61,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._backend: Backend | None = None
 
-    def attach(self, backend: Backend) -> None:
-        """Start serving with a loaded, warmed-up model."""
+    def attach(self, backend: Backend, limits: RequestLimits | None = None) -> None:
+        """Start serving with a loaded, warmed-up model, under `limits` if given (what its engine can take)."""
+        if limits is not None:
+            self.limits = limits
         self._backend = backend
 
     @unary_call("Translate")

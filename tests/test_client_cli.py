@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from server import client_cli
 from server.client_cli import PROGRESS_MIN_TEXTS, build_parser, make_progress, read_texts, run
 from server.config import ServerConfig
 from server.main import LoadedModel
+from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, fake_model, request, running_server
 from tests.tiny import TINY_PAIRS
 
@@ -69,6 +71,39 @@ def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServ
     assert run(parsed, ["Hallo"], out, err) == 3  # INVALID_ARGUMENT's gRPC code
     assert err.getvalue().startswith("translate: INVALID_ARGUMENT: unsupported language pair de-fr")
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--beam-size", "0", "must be >= 1, got 0"), ("--max-output-len", "-1", "must be >= 0, got -1"),
+     ("--batch", "0", "must be >= 1, got 0"), ("--beam-size", "two", "invalid integer >= 1 value: 'two'")],
+)  # fmt: skip
+def test_out_of_range_counts_are_usage_errors_not_tracebacks(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--source", "de", "--target", "en", flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+class ShortStub:
+    """A server that closes the stream after the first text's result."""
+
+    def __init__(self, channel: object) -> None:
+        pass
+
+    def TranslateStream(self, request: pb.TranslateRequest, **kwargs: object) -> Iterator[pb.TranslateStreamResponse]:
+        yield pb.TranslateStreamResponse(result=pb.TextResult(index=0, translation="one"))
+
+
+def test_a_stream_that_ends_short_exits_1_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_cli.pb_grpc, "TranslatorStub", ShortStub)
+    parsed = build_parser().parse_args(["--server", "localhost:1", "--source", "de", "--target", "en"])
+    out, err = io.StringIO(), io.StringIO()
+    assert run(parsed, ["eins", "zwei"], out, err) == 1
+    assert out.getvalue() == "one\n"  # what did arrive is printed
+    assert err.getvalue() == "translate: the server answered 1 of 2 texts\n"
 
 
 def test_unreachable_server_is_unavailable(tmp_path: Path) -> None:

@@ -65,7 +65,8 @@ def test_environment_sets_values_and_flags_win() -> None:
     [
         ([], {"TRANSLATE_PORT": "http"}, "TRANSLATE_PORT"),
         ([], {"TRANSLATE_VARIANT": "int4"}, "variant must be one of"),
-        ([], {"TRANSLATE_NO_REFLECTION": "maybe"}, "not a boolean"),
+        ([], {"TRANSLATE_NO_REFLECTION": "maybe"}, "TRANSLATE_NO_REFLECTION='maybe': not a boolean"),
+        ([], {"TRANSLATE_SPIN_THREADS": "2"}, "TRANSLATE_SPIN_THREADS='2': not a boolean"),
         (["--max-slots", "0"], {}, "max_slots must be >= 1"),
         (["--port", "70000"], {}, "port must be in"),
         (["--drain-seconds", "-1"], {}, "drain_seconds"),

@@ -88,3 +88,19 @@ def test_beam_divergences_compare_whole_hypotheses_as_the_reference_ranks_them(m
     assert found.margin >= -1e-5, "the reference ranks its best first"
     swapped = first_divergence(model, src, list(second.tokens), list(first.tokens), beam_size=4, limit=limit)
     assert swapped.margin == pytest.approx(-found.margin, abs=1e-6)
+
+
+def test_the_logit_check_covers_both_directions_to_the_end_of_the_reference(model_dir: Path) -> None:
+    """The 1e-4 check teacher-forces whole reference translations through the cached decoder, both ways."""
+    from export.parity import TOLERANCE, logit_cases, max_logit_difference
+    from model.tokenizer import Tokenizer
+
+    tok = Tokenizer(model_dir / "tokenizer.model")
+    cases = [(tok.encode_source(de, "en"), tok.encode_target(en)) for de, en in TINY_PAIRS[:4]]
+    cases += [(tok.encode_source(en, "de"), tok.encode_target(de)) for de, en in TINY_PAIRS[:4]]
+    checked = logit_cases(cases, per_direction=2)
+    assert [source[0] for source, _ in checked] == [tok.tag_ids["en"]] * 2 + [tok.tag_ids["de"]] * 2
+    model = load_artifact(model_dir)
+    runner = OnnxRunner(model_dir / "onnx" / "fp32", max_slots=1, intra_op_threads=1)
+    assert max(len(target) for _, target in checked) > 8  # past the first eight steps the old check stopped at
+    assert max(max_logit_difference(model, runner, source, target) for source, target in checked) <= TOLERANCE

@@ -13,8 +13,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 import numpy as np
@@ -33,6 +35,7 @@ from server.engine import (
     SentenceDone,
 )
 from server.main import SERVICE_NAME, LoadedModel, StartupError, create_server
+from server.runner import Candidates
 from server.scheduler import Scheduler
 from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, reference_decode
 from tests.serving import (
@@ -148,21 +151,41 @@ def test_a_client_killed_mid_request_leaves_nothing_behind(tiny_model_dir: Path)
 
 
 class PoisonRunner(FakeRunner):
-    """A FakeRunner that breaks on one token: it raises, or returns NaN rows for the rows of that source."""
+    """A FakeRunner that breaks on one token: it raises, returns NaN rows, or ranks a candidate id outside
+    the vocabulary (above it, or negative) first, for the rows of that source."""
+
+    BAD_IDS: ClassVar[dict[str, Callable[[int], int]]] = {
+        "id_over_vocab": lambda vocab: vocab + 5,
+        "negative_id": lambda vocab: -1,
+    }
 
     def __init__(self, max_slots: int, base: FakeRunner, poison: int, fault: str) -> None:
         super().__init__(max_slots, base.spec)
         self.poison, self.fault = poison, fault
         self.faulty_batches: list[int] = []  # distinct sources in each step call that met the poison
 
+    def _poisoned(self, slots: list[int]) -> list[int]:
+        return [i for i, s in enumerate(slots) if self.poison in (self.slots[s].source or ())]
+
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        candidates = super().step(slots, tokens, positions, row_scores, k)
+        if self.fault not in self.BAD_IDS:
+            return candidates
+        ids = candidates.ids.copy()
+        ids[self._poisoned(slots), 0] = self.BAD_IDS[self.fault](self.spec.vocab_size)
+        return Candidates(candidates.scores, ids)
+
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
-        poisoned = [i for i, s in enumerate(slots) if self.poison in (self.slots[s].source or ())]
+        poisoned = self._poisoned(slots)
         if poisoned:
             self.faulty_batches.append(len({self.slots[s].source for s in slots}))
             if self.fault == "raise":
                 raise InjectedFailure("poisoned input")
         rows = super().step_log_probs(slots, tokens, positions)
-        rows[poisoned] = np.nan
+        if self.fault == "nan":
+            rows[poisoned] = np.nan
         return rows
 
 
@@ -172,7 +195,7 @@ def poison_token(tokenizer: Tokenizer, bad: str, good: list[str]) -> int:
     return next(t for t in tokenizer.encode_source(bad, "en") if t not in clean)
 
 
-@pytest.mark.parametrize("fault", ["raise", "nan"])
+@pytest.mark.parametrize("fault", ["raise", "nan", "id_over_vocab", "negative_id"])
 def test_a_poisoned_input_fails_only_its_own_request_in_a_shared_batch(tiny_model_dir: Path, fault: str) -> None:
     base = fake_model(tiny_model_dir)
     assert isinstance(base.runner, FakeRunner)

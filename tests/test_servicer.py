@@ -72,6 +72,15 @@ def served(model: LoadedModel) -> Iterator[RunningServer]:
         yield running
 
 
+def rejections(served: RunningServer) -> dict[str, float]:
+    """translation_requests_rejected_total of Translate calls by reason."""
+    name = "translation_requests_rejected_total"
+    return {
+        reason: sample_value(served.registry, name, method="Translate", reason=reason)
+        for reason in ("queue_full", "response_too_large")
+    }
+
+
 def expected_hypotheses(model: LoadedModel, text: str, beam: int = 4, penalty: float = 1.0) -> list[tuple[str, float]]:
     """The whole text decoded offline, sentence by sentence, without the server: what it must answer."""
     spec, tokenizer = model.runner.spec, model.tokenizer
@@ -260,6 +269,8 @@ def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path
             )
             == 1
         )
+        reasons = rejections(served)
+        assert reasons == {"queue_full": 1, "response_too_large": 0}  # what the queue-full alert counts
 
 
 @pytest.mark.parametrize("where", ["decoding", "queued"])
@@ -533,9 +544,11 @@ def test_a_response_over_the_send_limit_is_refused_with_advice_and_counted_so(mo
             code="RESOURCE_EXHAUSTED",
             lang_pair="de-en",
         )
+        reasons = rejections(served)
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "over the server's limit of 4,096" in error.details and "TranslateStream" in error.details
     assert counted == 1
+    assert reasons == {"queue_full": 0, "response_too_large": 1}  # not an overload: the queue-full alert stays quiet
     assert [m.result.translation.count("\n") for m in streamed] == [1500, 1500]  # one text per message fits
 
 
@@ -568,6 +581,22 @@ def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model:
     assert info.limits.max_sentences_per_request == 4
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "more than 4 sentences" in error.details
     assert four.results[0].sentences == 4
+
+
+@pytest.mark.parametrize(("runner_slots", "flag_slots"), [(2, 8), (8, 2)])
+def test_a_server_with_fewer_slots_than_the_default_beam_decodes_unset_beams_narrower(
+    tiny_model_dir: Path, runner_slots: int, flag_slots: int
+) -> None:
+    """Fewer slots (the runner's or the flag's) than the default beam of 4: a request that sets no beam
+    is served with the widest beam that fits, and ListModels reports the slots the engine really has."""
+    model = fake_model(tiny_model_dir, max_slots=runner_slots)
+    with running_server(model, config(max_slots=flag_slots)) as served:
+        (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+        unset = served.stub.Translate(request([TEXTS[0]], num_hypotheses=2))
+        error = status_of(lambda: served.stub.Translate(request([TEXTS[0]], beam_size=4)))
+    assert info.limits.max_beam_size == 2
+    assert [h.text for h in unset.results[0].hypotheses] == [t for t, _ in expected_hypotheses(model, TEXTS[0], 2)]
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "beam_size must be in 1..2, got 4" in error.details
 
 
 def test_request_limits_match_the_proto_documentation() -> None:

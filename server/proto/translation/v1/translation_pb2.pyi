@@ -67,7 +67,7 @@ class TranslationOptions(_message.Message):
     target_language: _builtins.str
     """Language to translate into: "de" or "en", different from source_language. Required."""
     beam_size: _builtins.int
-    """Beam width, 1..8; 1 is greedy search. Default 4."""
+    """Beam width, 1..8; 1 is greedy search. Default 4 (or ListModels' max_beam_size if that is less)."""
     length_penalty: _builtins.float
     """Length penalty alpha: hypotheses are ranked by score / length ** alpha; 0..2. Default: the
     model's value for the direction (ModelInfo.default_length_penalty), else 1.0.
