@@ -64,9 +64,15 @@ class PyTorchEngine:
 
 
 class CTranslate2Engine:
-    """CTranslate2 `translate_batch` on a model converted by bench.ct2_convert."""
+    """CTranslate2 `translate_batch` on a model converted by bench.ct2_convert.
 
-    def __init__(self, settings: EngineSettings, compute_type: str, work_dir: Path) -> None:
+    Two thread layouts: one translator worker with every thread (`workers=1`: best for one sentence
+    at a time), or one worker per thread with one thread each (CTranslate2's layout for throughput on
+    CPU: each call's sub-batches of `max_batch` sentences, sorted by length, run on the workers in
+    parallel). The bench measures both, and compares with the better.
+    """
+
+    def __init__(self, settings: EngineSettings, compute_type: str, work_dir: Path, workers: int = 1) -> None:
         import ctranslate2
 
         from bench.ct2_convert import convert, piece_list
@@ -75,11 +81,13 @@ class CTranslate2Engine:
             raise Unavailable("CTranslate2 sees no CUDA device")
         if compute_type not in ctranslate2.get_supported_compute_types(settings.device):
             raise Unavailable(f"compute type {compute_type} unsupported on {settings.device}")
-        self.name = f"ctranslate2-{compute_type}"
+        if workers > 1 and (settings.device != "cpu" or settings.threads < workers):
+            raise Unavailable(f"{workers} workers need the CPU and {workers}+ threads")
+        self.name = f"ctranslate2-{compute_type}" + (f"-{workers}workers" if workers > 1 else "")
         model_path = convert(settings.model_dir, work_dir / self.name, quantization=compute_type)
         self.translator = ctranslate2.Translator(
-            str(model_path), device=settings.device, compute_type=compute_type, inter_threads=1,
-            intra_threads=settings.threads,
+            str(model_path), device=settings.device, compute_type=compute_type, inter_threads=workers,
+            intra_threads=max(1, settings.threads // workers),
         )  # fmt: skip
         self.vocabulary = piece_list(settings.model_dir)
         self.settings = settings
@@ -125,6 +133,8 @@ ENGINES: dict[str, EngineFactory] = {
     "ctranslate2-float32": lambda s, work: CTranslate2Engine(s, "float32", work),
     "ctranslate2-int8": lambda s, work: CTranslate2Engine(s, "int8", work),
     "ctranslate2-float16": lambda s, work: CTranslate2Engine(s, "float16", work),
+    "ctranslate2-float32-workers": lambda s, work: CTranslate2Engine(s, "float32", work, workers=s.threads),
+    "ctranslate2-int8-workers": lambda s, work: CTranslate2Engine(s, "int8", work, workers=s.threads),
     "pytorch-eager": lambda s, work: PyTorchEngine(s),
     "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32"),
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
@@ -132,7 +142,10 @@ ENGINES: dict[str, EngineFactory] = {
 }
 # int8 is the CPU quantization, fp16 the GPU one (as in the export variants).
 DEVICE_ENGINES: dict[str, list[str]] = {
-    "cpu": ["ctranslate2-float32", "ctranslate2-int8", "pytorch-eager", "onnx-fp32", "onnx-int8"],
+    "cpu": [
+        *("ctranslate2-float32", "ctranslate2-float32-workers", "ctranslate2-int8", "ctranslate2-int8-workers"),
+        *("pytorch-eager", "onnx-fp32", "onnx-int8"),
+    ],
     "cuda": ["ctranslate2-float32", "ctranslate2-float16", "pytorch-eager", "onnx-fp32", "onnx-fp16"],
 }
 

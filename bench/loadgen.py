@@ -1,6 +1,6 @@
 """Open-loop and closed-loop gRPC load generator (asyncio).
 
-Open loop: request i is due at t0 + i / rate whatever happened to earlier requests, so a slow server
+Open loop: requests are due at Poisson arrival times (seeded) whatever happened to earlier ones, so a slow server
 builds a queue instead of slowing the client down (no coordinated omission); every request is awaited
 after the offering window, and its status and latency are recorded. Latency counts from when the
 request was due, not from when it left: a client that falls behind (its event loop busy with
@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,6 +56,9 @@ class Record:
 Sender = Callable[[Query], Awaitable[int]]
 
 
+MIN_P99_SAMPLES = 100  # below it, a p99 is just the maximum: reported as NaN instead
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]) of `values`; NaN when empty."""
     if not values:
@@ -81,7 +85,7 @@ class Summary:
     tokens_per_s: float = 0.0  # target tokens per second over successful requests
     p50_ms: float = math.nan
     p95_ms: float = math.nan
-    p99_ms: float = math.nan
+    p99_ms: float = math.nan  # NaN under MIN_P99_SAMPLES successful requests
 
 
 def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, concurrency: int = 0) -> Summary:
@@ -103,7 +107,7 @@ def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, c
         tokens_per_s=rate(sum(r.output_tokens for r in ok)),
         p50_ms=percentile(latencies_ms, 50),
         p95_ms=percentile(latencies_ms, 95),
-        p99_ms=percentile(latencies_ms, 99),
+        p99_ms=percentile(latencies_ms, 99) if len(latencies_ms) >= MIN_P99_SAMPLES else math.nan,
     )
 
 
@@ -117,32 +121,45 @@ async def _timed(send: Sender, query: Query, t0: float, due: float | None = None
     return Record(start - t0, time.perf_counter() - start, code, tokens, sent - t0)
 
 
-def send_times(rate: float, duration_s: float) -> list[float]:
-    """Offsets (seconds) at which an open-loop run sends: evenly spaced, `rate` per second."""
+def send_times(rate: float, duration_s: float, seed: int = 0) -> list[float]:
+    """Offsets (seconds) at which an open-loop run sends: a Poisson process of `rate` per second.
+
+    Independent clients arrive in bursts and lulls; evenly spaced arrivals would never let a queue
+    build below saturation, and understate its latency. Seeded, so that a rerun offers the same load.
+    """
     if rate <= 0 or duration_s <= 0:
         raise ValueError(f"rate and duration must be positive, got {rate} and {duration_s}")
-    return [i / rate for i in range(max(1, math.floor(rate * duration_s)))]
+    rng = random.Random(seed)
+    times = [0.0]
+    while (after := times[-1] + rng.expovariate(rate)) < duration_s:
+        times.append(after)
+    return times
 
 
-async def open_loop(send: Sender, queries: Sequence[Query], rate: float, duration_s: float) -> list[Record]:
-    """Offer `rate` requests/s for `duration_s`, cycling through `queries`; await every response."""
+async def open_loop(send: Sender, queries: Sequence[Query], offsets: Sequence[float]) -> list[Record]:
+    """Send request i at `offsets[i]` seconds (`send_times`), cycling through `queries`; await every response."""
     t0 = time.perf_counter()
     tasks: list[asyncio.Task[Record]] = []
-    for i, offset in enumerate(send_times(rate, duration_s)):
+    for i, offset in enumerate(offsets):
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
         tasks.append(asyncio.create_task(_timed(send, queries[i % len(queries)], t0, due=t0 + offset)))
     return list(await asyncio.gather(*tasks))
 
 
-async def closed_loop(send: Sender, queries: Sequence[Query], concurrency: int, duration_s: float) -> list[Record]:
-    """`concurrency` workers send back to back until `duration_s` has passed."""
+async def closed_loop(
+    send: Sender, queries: Sequence[Query], concurrency: int, duration_s: float, max_requests: int = 0
+) -> list[Record]:
+    """`concurrency` workers send back to back until `duration_s` has passed, or `max_requests` were sent
+    (0 = no cap): at concurrency 1, a cap of n sends exactly the first n queries."""
     t0 = time.perf_counter()
     counter = itertools.count()  # shared by the workers: they walk the queries together
     records: list[Record] = []
 
     async def worker() -> None:
         while time.perf_counter() - t0 < duration_s:
-            records.append(await _timed(send, queries[next(counter) % len(queries)], t0))
+            if (i := next(counter)) >= max_requests > 0:
+                return
+            records.append(await _timed(send, queries[i % len(queries)], t0))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
@@ -179,16 +196,19 @@ async def run_grpc(
     rate: float = 0.0,
     concurrency: int = 0,
     max_output_len: int = 0,
+    max_requests: int = 0,
 ) -> Summary:
-    """One open-loop (rate > 0) or closed-loop (concurrency > 0) run against `address`."""
+    """One open-loop (rate > 0) or closed-loop (concurrency > 0, at most `max_requests` if set) run."""
     if (rate > 0) == (concurrency > 0):
         raise ValueError("give exactly one of rate or concurrency")
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=30)
         send = grpc_sender(channel, beam_size, timeout_s=max(30.0, 4 * duration_s), max_output_len=max_output_len)
         if rate > 0:
-            return summarize(await open_loop(send, queries, rate, duration_s), "open", offered_rate=rate)
-        return summarize(await closed_loop(send, queries, concurrency, duration_s), "closed", concurrency=concurrency)
+            records = await open_loop(send, queries, send_times(rate, duration_s))
+            return summarize(records, "open", offered_rate=rate)
+        records = await closed_loop(send, queries, concurrency, duration_s, max_requests)
+        return summarize(records, "closed", concurrency=concurrency)
 
 
 def load_queries(tsv: Path) -> list[Query]:

@@ -45,7 +45,7 @@ def _served_rows(results: dict[str, Any]) -> list[str]:
     cells = []
     for beam in BEAMS:
         b = served[f"beam{beam}"]
-        single = b["closed"][0]
+        single = b["single"]
         cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
     return [f"| served {served['variant']} (gRPC, end to end) | " + " | ".join(cells) + " |"]
 
@@ -71,6 +71,18 @@ def _load_rows(results: dict[str, Any]) -> list[str]:
                 f"{run['errors'] or 0} |"
             )
     return rows
+
+
+def _coverage_notes(results: dict[str, Any]) -> list[str]:
+    """Which engines ran out of budget before the last sentence: their throughput is over fewer sentences."""
+    notes = []
+    for name, entry in results["offline"].items():
+        done = {beam: entry[f"beam{beam}"]["throughput"]["sentences"] for beam in BEAMS if f"beam{beam}" in entry}
+        if any(n < results["sentences"] for n in done.values()):
+            counts = " / ".join(f"{done[beam]} (beam {beam})" for beam in done)
+            total = results["sentences"]
+            notes.append(f"- {name} translated the first {counts} of {total} sentences within its budget.")
+    return ["", *notes] if notes else []
 
 
 def _ratio_rows(results: dict[str, Any]) -> list[str]:
@@ -103,7 +115,16 @@ def render_markdown(results: dict[str, Any]) -> str:
         "| beam 4 tokens/s | beam 4 latency p50 / p99 ms | beam 4 ids = PyTorch |",
         "|---|---|---|---|---|---|---|",
     ]
-    lines = header + _engine_rows(results) + _served_rows(results) + _load_rows(results) + _ratio_rows(results)
+    latency = results["budget"]["latency_requests"]
+    notes = [
+        "",
+        f"Latency: one sentence at a time over the same first {latency} sentences for every engine and the"
+        " served path (p99 only from 100 sentences up). `-workers`: CTranslate2 with one translator worker"
+        " per thread (inter_threads), its throughput layout; without: one worker with every thread.",
+        *_coverage_notes(results),
+    ]
+    rows = _engine_rows(results) + _served_rows(results)
+    lines = header + rows + notes + _load_rows(results) + _ratio_rows(results)
     return "\n".join(lines) + "\n"
 
 

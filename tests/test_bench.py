@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench.ct2_convert import convert, piece_list, translate_ids
-from bench.loadgen import Query, Record, open_loop, percentile, send_times, summarize
+from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
 from model.artifact import load_artifact
 from model.decode import beam_search
 from model.tokenizer import Tokenizer
@@ -71,12 +71,29 @@ def test_percentile_nearest_rank() -> None:
         percentile(values, 101)
 
 
-def test_send_times_are_evenly_spaced_at_rate() -> None:
-    times = send_times(rate=20, duration_s=0.5)
-    assert len(times) == 10
-    assert times == pytest.approx([i * 0.05 for i in range(10)])
+def test_send_times_are_poisson_arrivals_at_rate_and_repeatable() -> None:
+    times = send_times(rate=50, duration_s=200)
+    gaps = np.diff(times)
+    assert times[0] == 0.0 and max(times) < 200 and (gaps > 0).all()
+    assert len(times) == pytest.approx(50 * 200, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # exponential gaps: bursts and lulls, not a grid
+    assert send_times(rate=50, duration_s=200) == times  # seeded: a rerun offers the same load
+    assert send_times(rate=50, duration_s=200, seed=1) != times
+    assert send_times(rate=0.1, duration_s=1) == [0.0]  # at least one request
     with pytest.raises(ValueError):
         send_times(rate=0, duration_s=1)
+
+
+def test_a_capped_closed_loop_sends_exactly_the_first_queries_in_order() -> None:
+    sent: list[str] = []
+
+    async def send(query: Query) -> int:
+        sent.append(query.text)
+        return 1
+
+    queries = [Query(str(i), "de", "en") for i in range(10)]
+    records = asyncio.run(closed_loop(send, queries, concurrency=1, duration_s=60, max_requests=4))
+    assert sent == ["0", "1", "2", "3"] and len(records) == 4
 
 
 def test_summarize_counts_errors_and_rates() -> None:
@@ -91,7 +108,10 @@ def test_summarize_counts_errors_and_rates() -> None:
     assert s.elapsed_s == pytest.approx(2.0)  # first send at 0, last response at 2.0
     assert s.achieved_rps == pytest.approx(1.5)
     assert s.tokens_per_s == pytest.approx(30.0)
-    assert (s.p50_ms, s.p99_ms) == (pytest.approx(300.0), pytest.approx(500.0))  # errors excluded
+    assert (s.p50_ms, s.p95_ms) == (pytest.approx(300.0), pytest.approx(500.0))  # errors excluded
+    assert math.isnan(s.p99_ms)  # from 3 samples a p99 would only be the maximum
+    many = summarize([Record(start=i, latency=i / 1000, code="OK", output_tokens=1) for i in range(1, 201)], "closed")
+    assert many.p99_ms == pytest.approx(198.0)
 
 
 def test_open_loop_offers_fixed_rate_and_records_failures() -> None:
@@ -108,7 +128,7 @@ def test_open_loop_offers_fixed_rate_and_records_failures() -> None:
         return 3
 
     queries = [Query("good", "de", "en"), Query("bad", "de", "en")]
-    records = asyncio.run(open_loop(send, queries, rate=20, duration_s=0.5))
+    records = asyncio.run(open_loop(send, queries, [i * 0.05 for i in range(10)]))  # 20 per second for 0.5 s
     assert len(records) == 10 and len(calls) == 10
     assert sorted(r.code for r in records) == ["OK"] * 5 + ["UNAVAILABLE"] * 5
     assert max(r.sent for r in records) < 0.5 + 0.1  # all left on schedule although each took 0.2 s
@@ -124,7 +144,7 @@ def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
         return 1
 
     queries = [Query("stall", "de", "en"), Query("fast", "de", "en")]
-    records = asyncio.run(open_loop(send, queries, rate=20, duration_s=0.2))  # due at 0, 0.05, 0.1, 0.15 s
+    records = asyncio.run(open_loop(send, queries, [0.0, 0.05, 0.1, 0.15]))
     assert [r.start for r in records] == pytest.approx([0.0, 0.05, 0.1, 0.15], abs=0.02)
     assert records[1].latency >= 0.2  # due at 0.05 s, could only leave after the stall ended at 0.3 s
     assert records[1].sent >= 0.25 and records[1].sent - records[1].start >= 0.2  # and the record says so
@@ -155,8 +175,9 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
         closed = asyncio.run(run_grpc(server.address, queries, beam_size=2, duration_s=0.5, concurrency=4))
         opened = asyncio.run(run_grpc(server.address, queries, beam_size=1, duration_s=0.5, rate=20))
     assert closed.ok == closed.requests > 4 and not closed.errors and closed.tokens_per_s > 0
-    assert (opened.requests, opened.ok, opened.errors) == (10, 10, {})
-    assert opened.p50_ms <= opened.p95_ms <= opened.p99_ms
+    offered = len(send_times(rate=20, duration_s=0.5))  # Poisson arrivals: about 10
+    assert (opened.requests, opened.ok, opened.errors) == (offered, offered, {})
+    assert opened.p50_ms <= opened.p95_ms
 
 
 def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Path) -> None:
