@@ -5,7 +5,8 @@ at the length penalty the server defaults to for each direction (`decoding.json`
 else 1.0), scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes the provider's
 record into `<model-dir>/variants.json` (other providers' records are kept); a variant passes if its
 BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant` reads the record of
-the provider it serves with, and trusts it only for the weights it names and a run over the whole test set.
+the provider it serves with, and trusts it only for the weights it names, a run over the whole test set with
+beam 4 and today's length penalties, and for int8 a CPU of the same int8 class as the one measured on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ import sacrebleu
 from model.artifact import TOKENIZER_FILE
 from model.data import Pair, read_tsv
 from model.tokenizer import Tokenizer
-from server.metadata import VARIANTS_FILE, available_variants, direction_name, read_length_penalties, read_metadata
+from server.metadata import (
+    VARIANTS_FILE,
+    available_variants,
+    direction_name,
+    int8_kernels,
+    read_length_penalties,
+    read_metadata,
+)
 from server.offline import translate_ids
 from server.runner import EncodeItem, Runner
 from server.runtime import PROVIDERS, OnnxRunner
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "gate_bleu": BLEU_GATE,
         "beam_size": args.beam_size,
         "length_penalty": penalties,
+        "cpu_int8": int8_kernels(),  # an int8 gate holds only on CPUs of this class (server.metadata)
         "limit": args.limit,
         "variants": results,
     }

@@ -101,10 +101,32 @@ def available_variants(model_dir: Path) -> list[str]:
     return [v for v in VARIANTS if all((root / v / f).is_file() for f in (METADATA_FILE, ENCODER_FILE, DECODER_FILE))]
 
 
+GATE_BEAM_SIZE = 4  # the gate's search: what the server decodes by default
+# CPU features that give int8 matrix products their own kernels (exact int32 dot products). Without them
+# onnxruntime multiplies u8 x s8 pairs into int16 first, which saturates with 8-bit weights: an int8 gate
+# measured with them says nothing about a CPU without them (export --int8-7bit is the recipe for those).
+INT8_DOT_FLAGS = {"vnni": ("avx512_vnni", "avx_vnni", "amx_int8"), "dotprod": ("asimddp", "i8mm")}
+
+
+def int8_kernels(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This CPU's class for int8 matrix products: "vnni" (x86), "dotprod" (Arm), "plain", or "unknown"."""
+    if not cpuinfo.is_file():
+        return "unknown"
+    flags = {
+        flag
+        for line in cpuinfo.read_text().splitlines()
+        if line.startswith(("flags", "Features")) and ":" in line
+        for flag in line.split(":", 1)[1].split()
+    }
+    return next((kind for kind, names in INT8_DOT_FLAGS.items() if flags & set(names)), "plain")
+
+
 def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     """True if `variants.json` records this variant's BLEU within the gate of fp32, measured with the
     provider that will serve it, on the whole test set, on the weights its graphs were exported from,
-    and on graphs made by the same recipe (a changed quantization scheme must be measured again).
+    on graphs made by the same recipe (a changed quantization scheme must be measured again), with the
+    search the server runs (beam 4, today's `decoding.json` length penalties), and for int8 on a CPU of
+    the same int8 class (`int8_kernels`).
 
     The file keeps one measurement per provider. The provider matters for fp16: on CPU onnxruntime runs
     most fp16 ops in float32 (it inserts casts), so a CPU gate says little about fp16 on CUDA. A gate
@@ -135,6 +157,32 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
         return False
     if record.get("limit") is not None:
         log.warning("%s was measured on the first %s test pairs only: not trusted; %s", path, record["limit"], fix)
+        return False
+    return _same_search(path, record, model_dir, weights, fix) and _same_int8_cpu(path, record, variant, provider, fix)
+
+
+def _same_search(path: Path, record: dict[str, Any], model_dir: Path, weights: str, fix: str) -> bool:
+    """The gate decoded as the server will: beam 4, the length penalties `decoding.json` sets today."""
+    if record.get("beam_size") != GATE_BEAM_SIZE:
+        log.warning("%s was measured with beam %s, not %d: not trusted; %s",
+                    path, record.get("beam_size"), GATE_BEAM_SIZE, fix)  # fmt: skip
+        return False
+    measured = record.get("length_penalty")
+    if not isinstance(measured, dict) or read_length_penalties(model_dir, measured, weights) != measured:
+        log.warning("%s was measured with length penalties %s, not today's decoding.json: not trusted; %s",
+                    path, measured, fix)  # fmt: skip
+        return False
+    return True
+
+
+def _same_int8_cpu(path: Path, record: dict[str, Any], variant: str, provider: str, fix: str) -> bool:
+    if variant != "int8" or provider != "cpu":
+        return True
+    here = int8_kernels()
+    if record.get("cpu_int8") != here or here == "unknown":
+        measured = record.get("cpu_int8")
+        log.warning("%s measured int8 on a CPU with %s int8 kernels, this one has %s: not trusted; %s on this "
+                    "CPU (or export --int8-7bit where it lacks VNNI)", path, measured, here, fix)  # fmt: skip
         return False
     return True
 

@@ -13,7 +13,16 @@ import pytest
 
 from export.__main__ import main
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
-from server.metadata import MetadataError, available_variants, choose_variant, read_length_penalties, read_metadata
+from server.metadata import (
+    GATE_BEAM_SIZE,
+    INT8_DOT_FLAGS,
+    MetadataError,
+    available_variants,
+    choose_variant,
+    int8_kernels,
+    read_length_penalties,
+    read_metadata,
+)
 from server.runner import EncodeItem
 from server.runtime import OnnxRunner
 
@@ -107,7 +116,9 @@ def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
     recipes = {v: read_metadata(exported / "onnx" / v).recipe for v in ("int8", "fp16")}
     assert "8-bit" in recipes["int8"] and "float16" in recipes["fp16"]
     both = {v: {"passed": True, "recipe": recipe} for v, recipe in recipes.items()}
-    gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": both}
+    search = {"beam_size": 4, "length_penalty": {"de-en": 1.0, "en-de": 1.0}}  # no decoding.json: 1.0 both ways
+    gate = {"weights_sha256": weights_sha256(exported), "limit": None, "variants": both, "cpu_int8": int8_kernels()}
+    gate |= search
     path = exported / "variants.json"
     try:
         path.write_text(json.dumps({"cpu": gate}))
@@ -119,6 +130,13 @@ def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
         for stale in ({"weights_sha256": "0" * 64}, {"weights_sha256": None}, {"limit": 3}):
             path.write_text(json.dumps({"cpu": gate | stale}))  # other weights, a file from before the hash, a subset
             assert choose_variant(exported, "auto", "cpu") == "fp32"
+        for other_search in ({"beam_size": 1}, {"length_penalty": {"de-en": 1.2, "en-de": 1.0}}, {"beam_size": None}):
+            path.write_text(json.dumps({"cpu": gate | other_search}))  # not the search the server runs
+            assert choose_variant(exported, "auto", "cpu") == "fp32"
+        other_cpu = next(kind for kind in ("vnni", "plain") if kind != int8_kernels())
+        path.write_text(json.dumps({"cpu": gate | {"cpu_int8": other_cpu}, "cuda": gate | {"cpu_int8": other_cpu}}))
+        assert choose_variant(exported, "auto", "cpu") == "fp32"  # int8 measured on another class of CPU
+        assert choose_variant(exported, "auto", "cuda") == "fp16"  # the CPU's int8 kernels do not matter there
         for recipe in ("int8 dynamic quantization of MatMul weights (7-bit, a scale per output channel)", None):
             other = gate | {"variants": both | {"int8": {"passed": True, "recipe": recipe}}}
             path.write_text(json.dumps({"cpu": other}))  # measured on graphs quantized another way, or unrecorded
@@ -127,6 +145,22 @@ def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
         assert choose_variant(exported, "auto", "cpu") == "fp32"
     finally:
         path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("lines", "kind"),
+    [
+        ("flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_int8\n", "vnni"),
+        ("flags\t\t: fpu sse2 avx2 avx_vnni\n", "vnni"),
+        ("flags\t\t: fpu sse2 avx2 avx512f avx512bw\n", "plain"),
+        ("Features\t: fp asimd asimddp\n", "dotprod"),
+        ("processor\t: 0\n", "plain"),
+    ],
+)
+def test_int8_kernels_classifies_cpus_by_their_int8_dot_products(tmp_path: Path, lines: str, kind: str) -> None:
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\n" + lines)
+    assert int8_kernels(tmp_path / "cpuinfo") == kind
+    assert int8_kernels(tmp_path / "missing") == "unknown"
 
 
 def test_mismatched_metadata_is_rejected(exported: Path, tmp_path: Path) -> None:
@@ -179,6 +213,7 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
     variants = record["variants"]
     assert set(variants) == {"fp32", "int8", "fp16"} and variants["fp32"]["passed"] is True
     assert record["weights_sha256"] == weights_sha256(exported) and record["limit"] == 3
+    assert (record["beam_size"], record["cpu_int8"]) == (2, int8_kernels())  # what the server compares with
     for name, scores in variants.items():
         assert scores["step_ms_1_rows"] > 0 and scores["step_ms_64_rows"] > 0
         assert isinstance(scores["passed"], bool)
@@ -194,6 +229,8 @@ def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> Non
     expected = FLOAT_RECIPES | {"int8": int8_recipe()}
     shipped = Path(__file__).resolve().parents[1] / "model" / "shipped" / "variants.json"
     for provider, record in json.loads(shipped.read_text()).items():
+        assert record["beam_size"] == GATE_BEAM_SIZE and record["limit"] is None, provider
+        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run export.variants: no int8 CPU class"
         for variant, scores in record["variants"].items():
             assert scores.get("recipe") == expected[variant], (provider, variant)
 
