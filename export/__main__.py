@@ -46,11 +46,15 @@ def validate(model_dir: Path, variants: list[str], opset: int) -> None:
         cfg = load_config(model_dir)
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         raise ExportError(f"bad {CONFIG_FILE} in {model_dir}: {exc}") from exc
-    from model.tokenizer import Tokenizer
+    from model.tokenizer import Tokenizer, check_tokenizer
 
     vocab = Tokenizer(model_dir / TOKENIZER_FILE).vocab_size
     if vocab != cfg.vocab_size:
         raise ExportError(f"config vocab_size {cfg.vocab_size} does not match the tokenizer's {vocab}")
+    try:
+        check_tokenizer(model_dir / TOKENIZER_FILE, cfg.tokenizer_sha256)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
 
 
 def run(model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False) -> None:

@@ -39,6 +39,9 @@ class ModelConfig:
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
+    # sha256 of the tokenizer.model the embeddings were trained against: another tokenizer with the same
+    # vocabulary size would pass every shape check and translate garbage. "" in artifacts from before it.
+    tokenizer_sha256: str = ""
 
     @property
     def head_dim(self) -> int:

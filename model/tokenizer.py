@@ -9,6 +9,7 @@ Usage: python -m model.tokenizer --data data/ --out model/shipped/ --vocab-size 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import random
 from pathlib import Path
@@ -18,6 +19,20 @@ import sentencepiece as spm
 from model.config import BOS_ID, EOS_ID, LANG_TAGS, PAD_ID, UNK_ID
 
 TOKENIZER_FILE = "tokenizer.model"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_tokenizer(tokenizer: Path, expected_sha256: str) -> None:
+    """Raise ValueError if `tokenizer` is not the file a model recorded (`ModelConfig.tokenizer_sha256`;
+    nothing to check when it recorded none)."""
+    if expected_sha256 and (found := file_sha256(tokenizer)) != expected_sha256:
+        raise ValueError(
+            f"{tokenizer} (sha256 {found[:12]}...) is not the tokenizer the model was trained with"
+            f" (sha256 {expected_sha256[:12]}...): put that one back, or train the model on this one"
+        )
 
 
 class Tokenizer:

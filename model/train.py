@@ -30,11 +30,11 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from model.artifact import load_artifact, load_config, save_artifact
+from model.artifact import CONFIG_FILE, load_artifact, load_config, save_artifact
 from model.batching import Batch, Mixture, collate, epoch_examples, make_examples, token_batches
 from model.config import PAD_ID, ModelConfig
 from model.data import read_tsv
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, check_tokenizer, file_sha256
 from model.transformer import Transformer, count_parameters
 
 log = logging.getLogger(__name__)
@@ -142,11 +142,14 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     return avg
 
 
-def ship(run: Path, out: Path, n_average: int) -> None:
+def ship(run: Path, out: Path, n_average: int, tokenizer: Path) -> None:
     paths = checkpoint_paths(run)[-n_average:]
     if not paths:
         raise SystemExit(f"no checkpoints in {run}")
     cfg = ModelConfig.from_dict(json.loads((run / "model_config.json").read_text()))
+    if not cfg.tokenizer_sha256:  # a run from before the hash was recorded: it trained on --tokenizer
+        cfg = dataclasses.replace(cfg, tokenizer_sha256=file_sha256(tokenizer))
+        log.warning("%s records no tokenizer; recording %s, which --tokenizer says it trained on", run, tokenizer)
     model = Transformer(cfg)
     model.load_state_dict(average_checkpoints(paths))
     save_artifact(model, out)
@@ -303,28 +306,44 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.ship:
-        ship(args.run, args.ship, args.average)
-        return
-    if args.init_from and args.resume:
-        raise SystemExit("--init-from starts a new run; --resume continues one: give one of them")
-    vocab = Tokenizer(args.tokenizer).vocab_size
-    mcfg = ModelConfig(
-        vocab_size=vocab,
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The run's model config: the flags' shape (or --init-from's), bound to the tokenizer by its sha256.
+
+    Weights trained against one tokenizer are garbage with another of the same size, so going on from
+    weights (--init-from, --resume) with a tokenizer other than theirs is refused.
+    """
+    tokenizer_sha256 = file_sha256(args.tokenizer)
+    earlier = args.init_from / CONFIG_FILE if args.init_from else args.run / "model_config.json"
+    if (args.init_from or args.resume) and earlier.is_file():
+        try:
+            check_tokenizer(args.tokenizer, ModelConfig.from_dict(json.loads(earlier.read_text())).tokenizer_sha256)
+        except ValueError as err:
+            raise SystemExit(f"--tokenizer: {err}") from err
+    if args.init_from:
+        return dataclasses.replace(load_config(args.init_from), dropout=args.dropout, tokenizer_sha256=tokenizer_sha256)
+    return ModelConfig(
+        vocab_size=Tokenizer(args.tokenizer).vocab_size,
         d_model=args.d_model,
         n_heads=args.n_heads,
         d_ff=args.d_ff,
         n_encoder_layers=args.n_encoder_layers,
         n_decoder_layers=args.n_decoder_layers,
         dropout=args.dropout,
+        tokenizer_sha256=tokenizer_sha256,
     )
-    if args.init_from:
-        mcfg = dataclasses.replace(load_config(args.init_from), dropout=args.dropout)
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ship:
+        ship(args.run, args.ship, args.average, args.tokenizer)
+        return
+    if args.init_from and args.resume:
+        raise SystemExit("--init-from starts a new run; --resume continues one: give one of them")
+    mcfg = model_config(args)
     tcfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_FLAGS})
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())

@@ -33,7 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from model.tokenizer import TOKENIZER_FILE, Tokenizer
+from model.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer
 from server.config import ServerConfig, parse_config
 from server.convert import ModelDescription, language_pairs
 from server.documents import RequestLimits
@@ -130,11 +130,14 @@ def _open_model(config: ServerConfig) -> LoadedModel:
         dtype=str(meta.dtype),
         default_length_penalty=length_penalty,
     )
-    return LoadedModel(runner, load_tokenizer(model_dir, runner.spec.tag_ids), description)
+    tokenizer = load_tokenizer(model_dir, runner.spec.tag_ids, meta.model_config.get("tokenizer_sha256", ""))
+    return LoadedModel(runner, tokenizer, description)
 
 
-def load_tokenizer(model_dir: Path, tag_ids: dict[str, int]) -> Tokenizer:
-    """The model's tokenizer; its language tags must be the ids the exported graphs were trained with."""
+def load_tokenizer(model_dir: Path, tag_ids: dict[str, int], sha256: str = "") -> Tokenizer:
+    """The model's tokenizer: the file the exported graphs were trained with (`sha256`, when recorded),
+    whose language tags are the ids they know."""
+    check_tokenizer(model_dir / TOKENIZER_FILE, sha256)
     tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
     if tokenizer.tag_ids != tag_ids:
         raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {tag_ids}")

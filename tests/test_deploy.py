@@ -34,6 +34,7 @@ K8S = DOCKER / "k8s"
 # The series the service exports (the metrics contract in server/metrics.py), by Prometheus type.
 COUNTERS = [
     "translation_requests_total",
+    "translation_requests_rejected_total",
     "translation_input_tokens_total",
     "translation_output_tokens_total",
     "translation_sentences_total",
@@ -54,6 +55,7 @@ METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
 # What the dashboard must show (issue 5): each entry is a metric some panel has to query.
 DASHBOARD_MUST_SHOW = {
     "request rate and errors by status": "translation_requests_total",
+    "RESOURCE_EXHAUSTED by reason": "translation_requests_rejected_total",
     "latency p50/p95/p99": "translation_request_duration_seconds_bucket",
     "queue wait": "translation_queue_wait_seconds_bucket",
     "sentences that failed in the queue": "translation_sentences_failed_total",

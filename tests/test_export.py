@@ -188,6 +188,18 @@ def test_missing_weights_exit_nonzero(tiny_model_dir: Path, tmp_path: Path, caps
     assert f"missing {WEIGHTS_FILE}" in capsys.readouterr().err
 
 
+def test_a_tokenizer_other_than_the_models_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Same vocabulary size, other pieces: every shape check passes and the model would translate garbage."""
+    shutil.copytree(tiny_model_dir, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / CONFIG_FILE).read_text())
+    assert len(cfg["tokenizer_sha256"]) == 64  # the tiny model records its tokenizer, as training does
+    (tmp_path / "m" / CONFIG_FILE).write_text(json.dumps(cfg | {"tokenizer_sha256": "0" * 64}))
+    assert main(["--model-dir", str(tmp_path / "m")]) == 2
+    assert "is not the tokenizer the model was trained with" in capsys.readouterr().err
+
+
 def test_mismatched_config_exit_nonzero(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

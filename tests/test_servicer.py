@@ -747,6 +747,21 @@ def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
         onnx_model(model_dir)
 
 
+def test_a_tokenizer_other_than_the_one_the_graphs_were_trained_with_stops_startup(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    export_tiny_onnx(tiny_model_dir)
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    metadata = model_dir / "onnx" / "fp32" / "metadata.json"
+    data = json.loads(metadata.read_text())
+    assert data["model_config"]["tokenizer_sha256"]  # recorded in the export, from the artifact's config
+    data["model_config"]["tokenizer_sha256"] = "0" * 64
+    metadata.write_text(json.dumps(data))
+    with pytest.raises(StartupError, match="is not the tokenizer the model was trained with"):
+        onnx_model(model_dir)
+
+
 def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_cpu(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,7 +15,8 @@ from model.batching import Example, collate, epoch_examples, token_batches
 from model.config import ModelConfig
 from model.data import Pair, write_tsv
 from model.decode import greedy
-from model.train import TrainConfig, Trainer, average_checkpoints, loss_of, lr_at, save_checkpoint
+from model.tokenizer import file_sha256
+from model.train import TrainConfig, Trainer, average_checkpoints, loss_of, lr_at, model_config, save_checkpoint
 from model.transformer import make_model
 from tests.tiny import TINY_PAIRS
 
@@ -103,6 +104,26 @@ def test_warm_start_loads_a_shipped_artifact_and_continues_its_schedule(tiny_mod
     other = Trainer(args, ModelConfig(**{**load_config(tiny_model_dir).to_dict(), "d_ff": 48}), TrainConfig())
     with pytest.raises(ValueError, match="another shape"):
         other.warm_start(tiny_model_dir, start_step=0)
+
+
+def test_a_run_records_its_tokenizer_and_goes_on_from_weights_only_with_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    tokenizer = tiny_model_dir / TOKENIZER_FILE
+    shape = {name: getattr(ModelConfig, name) for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers")}
+    flags = {**shape, "n_decoder_layers": 1, "dropout": 0.1, "run": tmp_path / "run", "resume": False}
+    fresh = model_config(argparse.Namespace(tokenizer=tokenizer, init_from=None, **flags))
+    assert fresh.tokenizer_sha256 == file_sha256(tokenizer) == load_config(tiny_model_dir).tokenizer_sha256
+    continued = model_config(argparse.Namespace(tokenizer=tokenizer, init_from=tiny_model_dir, **flags))
+    assert continued == dataclasses.replace(load_config(tiny_model_dir), dropout=0.1)
+    other = tmp_path / "other.model"
+    other.write_bytes(tokenizer.read_bytes() + b"\0")  # any other file
+    with pytest.raises(SystemExit, match="not the tokenizer the model was trained with"):
+        model_config(argparse.Namespace(tokenizer=other, init_from=tiny_model_dir, **flags))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model_config.json").write_text(fresh.to_json())
+    with pytest.raises(SystemExit, match="not the tokenizer the model was trained with"):
+        model_config(argparse.Namespace(tokenizer=other, init_from=None, **{**flags, "resume": True}))
 
 
 def test_resume_continues_exactly_as_an_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from model.artifact import TOKENIZER_FILE, save_artifact
 from model.config import ModelConfig
-from model.tokenizer import Tokenizer, train_tokenizer
+from model.tokenizer import Tokenizer, file_sha256, train_tokenizer
 from model.transformer import make_model
 
 # A few real dictionary-style pairs: enough text for a small SentencePiece vocabulary.
@@ -57,7 +57,8 @@ def build_tiny_artifact(out_dir: Path, seed: int = 0, config: ModelConfig = TINY
     """config.json + model.safetensors + tokenizer.model of a random tiny model in `out_dir`."""
     tok = build_tiny_tokenizer(out_dir)
     torch.manual_seed(seed)
-    cfg = ModelConfig(**{**config.to_dict(), "vocab_size": tok.vocab_size})
+    tokenizer_sha256 = file_sha256(out_dir / TOKENIZER_FILE)
+    cfg = ModelConfig(**{**config.to_dict(), "vocab_size": tok.vocab_size, "tokenizer_sha256": tokenizer_sha256})
     model = make_model(cfg).eval()
     save_artifact(model, out_dir, dtype=torch.float32)
     return out_dir
