@@ -731,14 +731,19 @@ def test_list_models_describes_the_onnx_runtime(
     assert info.opset >= 17 and list(info.available_variants) == ["fp32"]
 
 
+def exported_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny model, exported, copied where a test may change its files."""
+    export_tiny_onnx(tiny_model_dir)
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    return tmp_path / "model"
+
+
 def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from model.artifact import weights_sha256
 
-    export_tiny_onnx(tiny_model_dir)
-    model_dir = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model_dir)
+    model_dir = exported_copy(tiny_model_dir, tmp_path)
     tuned = {"length_penalty": {"en-de": 1.5}, "weights_sha256": weights_sha256(model_dir)}
     (model_dir / "decoding.json").write_text(json.dumps(tuned))
     assert onnx_model(model_dir).description.default_length_penalty == {"de-en": 1.0, "en-de": 1.5}
@@ -750,9 +755,7 @@ def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
 def test_a_tokenizer_other_than_the_one_the_graphs_were_trained_with_stops_startup(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    export_tiny_onnx(tiny_model_dir)
-    model_dir = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model_dir)
+    model_dir = exported_copy(tiny_model_dir, tmp_path)
     metadata = model_dir / "onnx" / "fp32" / "metadata.json"
     data = json.loads(metadata.read_text())
     assert data["model_config"]["tokenizer_sha256"]  # recorded in the export, from the artifact's config
