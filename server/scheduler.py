@@ -12,13 +12,15 @@ their own slots, so a result does not depend on what else shares the batch.
 
 Faults stay with the request that causes them where the batch allows telling it apart: rows whose
 scores are NaN, or whose candidates their beam refuses, fail only their own request (`update`), and
-when a runner call raises for a batch of several requests, `isolate` restarts them to run one request
-at a time, so a retried request that fails again fails alone and the others finish.
+when a runner call raises for a batch of several requests, `isolate` restarts them in two halves that
+never share a call, halving again whichever fails again: the request at fault fails alone after about
+log2(n) reruns, and the others keep running in batches instead of one at a time.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -121,7 +123,7 @@ class _Request:
     pending: int  # sentences not yet done
     sentences: list[_Sentence] = field(default_factory=list)
     cancelled: FailureReason | None = None  # CANCELLED, or DEADLINE_EXCEEDED when the caller's deadline cancelled it
-    suspect: bool = False  # shared a runner call that raised: runs alone from now on (see `isolate`)
+    group: int | None = None  # after a shared runner call raised: shares calls only with its group (`isolate`)
 
 
 @dataclass
@@ -193,6 +195,7 @@ class Scheduler:
         self._running: list[_Sentence] = []
         self._requests: dict[int, _Request] = {}
         self._abandoned: list[Abandoned] = []
+        self._groups = itertools.count(1)  # isolation groups' ids
 
     @property
     def queue_depth(self) -> int:
@@ -330,15 +333,20 @@ class Scheduler:
 
         One request alone in the call is the cause: it fails. Several: each restarts its unfinished
         sentences from scratch (slots freed, beams reset; greedy streams resend their tokens) at the
-        head of the queue, and runs alone from now on, so only one that fails again fails.
+        head of the queue, split into two groups that never share a runner call (with each other or
+        anyone else). A group whose call raises again is split again, so the request at fault is
+        found in about log2(n) reruns while the others go on in batches, not one at a time.
         """
         requests = [self._requests[r] for r in sorted(request_ids) if r in self._requests]
         if len(requests) <= 1:
             return self.fail(request_ids, reason, message)
         restarted: list[_Sentence] = []
-        for request in requests:
-            request.suspect = True
-            restarted += [self._restart(s) for s in request.sentences if not s.done]
+        half = len(requests) // 2
+        for members in (requests[:half], requests[half:]):
+            group = next(self._groups)
+            for request in members:
+                request.group = group
+                restarted += [self._restart(s) for s in request.sentences if not s.done]
         ids = {r.request_id for r in requests}
         others = [s for s in self._queue if s.request.request_id not in ids]
         self._queue = deque([*restarted, *others])  # may exceed the bound by these sentences, once
@@ -381,9 +389,9 @@ class Scheduler:
             budget -= len(head.source_ids)
 
     def _may_join(self, request: _Request) -> bool:
-        """A suspect request shares runner calls with no other request, so its next failure is its own."""
-        others = [s for s in self._running if s.request is not request]
-        return not others or not (request.suspect or any(s.request.suspect for s in others))
+        """Requests of an isolation group share runner calls only with each other, so that a failure
+        of their call is theirs; the others (group None) share with any but a group's."""
+        return all(s.request.group == request.group for s in self._running if s.request is not request)
 
     def _add_rows(self, sentence: _Sentence, batch: Batch) -> None:
         for source, destination in sentence.planned_copies:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from server.beam import BeamState, Hypothesis, row_candidates
 from server.engine import Event, RequestDone, RequestFailed, SentenceDone
 from server.runner import Candidates, EncodeItem, ModelSpec
+from server.scheduler import Batch
 
 FAKE_SPEC = ModelSpec(
     vocab_size=24, max_source_len=16, max_target_len=12, bos_id=2, eos_id=3, pad_id=0, tag_ids={"en": 4, "de": 5}
@@ -171,3 +172,12 @@ class Collector:
             for e in self.events
             if isinstance(e, SentenceDone)
         }
+
+
+def execute(runner: FakeRunner, batch: Batch) -> Candidates:
+    """What the engine does with a scheduled batch: planned copies, encoding, then one step."""
+    if batch.copy_sources:
+        runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+    if batch.encode:
+        runner.encode(batch.encode)
+    return runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -37,7 +38,7 @@ from server.engine import (
 from server.main import SERVICE_NAME, LoadedModel, StartupError, create_server
 from server.runner import Candidates
 from server.scheduler import Scheduler
-from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, reference_decode
+from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, execute, reference_decode
 from tests.serving import (
     GatedRunner,
     RunningServer,
@@ -221,8 +222,39 @@ def test_a_poisoned_input_fails_only_its_own_request_in_a_shared_batch(tiny_mode
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
 
 
-def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
-    """The scheduler rule behind the test above: restart, then suspects never share a runner call."""
+def drive(scheduler: Scheduler, runner: FakeRunner, raises: Callable[[set[int]], bool]) -> IsolationRun:
+    """Run the scheduler to idle as the engine does: a runner call that `raises` for its requests is
+    handed to `isolate`. Records every call's requests and each request's outcome."""
+    run = IsolationRun()
+    while not scheduler.idle:
+        batch = scheduler.schedule(0.0)
+        run.events += batch.events
+        ids = batch.request_ids()
+        run.calls.append(ids)
+        if raises(ids):
+            run.failed_calls.append(ids)
+            run.events += scheduler.isolate(ids, FailureReason.INTERNAL, "failed")
+            continue
+        run.events += scheduler.update(batch, execute(runner, batch))
+    return run
+
+
+@dataclass
+class IsolationRun:
+    calls: list[set[int]] = field(default_factory=list)  # each runner call's request ids
+    failed_calls: list[set[int]] = field(default_factory=list)
+    events: list[tuple[int, Event]] = field(default_factory=list)
+
+    def hypotheses(self, request_id: int) -> list[tuple[int, ...]]:
+        (done,) = [e for r, e in self.events if r == request_id and isinstance(e, SentenceDone)]
+        return [h.tokens for h in done.hypotheses]
+
+    def failed(self) -> set[int]:
+        return {r for r, e in self.events if isinstance(e, RequestFailed)}
+
+
+def test_isolate_reruns_a_shared_batch_in_halves_that_never_share_a_call() -> None:
+    """The scheduler rule behind the test above: restart in two groups, each runs apart from the other."""
     scheduler = Scheduler(FAKE_SPEC, EngineLimits(max_slots=8))
     runner = FakeRunner(max_slots=8)
     options = DecodeOptions(beam_size=2, num_hypotheses=2)
@@ -233,28 +265,36 @@ def test_isolate_reruns_a_shared_batch_one_request_at_a_time() -> None:
     assert first.request_ids() == {1, 2, 3} and len(first.queue_waits) == 3
     assert scheduler.isolate({1, 2, 3}, FailureReason.INTERNAL, "failed") == []  # nobody fails yet
     assert (scheduler.active_slots, scheduler.queue_depth) == (0, 3)
-    shared: list[set[int]] = []
-    done: dict[int, list[tuple[int, ...]]] = {}
-    while not scheduler.idle:
-        batch = scheduler.schedule(0.0)
-        assert not batch.queue_waits, "a rerun sentence reported its queue wait once, when first admitted"
-        shared.append(batch.request_ids())
-        if batch.copy_sources:
-            runner.copy_slots(batch.copy_sources, batch.copy_destinations)
-        if batch.encode:
-            runner.encode(batch.encode)
-        for request_id, event in scheduler.update(
-            batch, runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
-        ):
-            if isinstance(event, SentenceDone):
-                done[request_id] = [h.tokens for h in event.hypotheses]
-    assert all(len(ids) == 1 for ids in shared), "suspects run alone"
+    run = drive(scheduler, runner, lambda ids: False)
+    assert all(ids <= {1} or ids <= {2, 3} for ids in run.calls), "the two groups never share a call"
+    assert {2, 3} in run.calls, "a group still runs as a batch"
     for request_id, source in sources.items():
-        assert done[request_id] == [h.tokens for h in reference_decode(source, 2, 1.0, 12)][:2]
+        assert run.hypotheses(request_id) == [h.tokens for h in reference_decode(source, 2, 1.0, 12)][:2]
     scheduler.add(4, [sources[1]], options, None, 0.0)
     scheduler.schedule(0.0)
     events = scheduler.isolate({4}, FailureReason.INTERNAL, "failed")
     assert events == [(4, RequestFailed(FailureReason.INTERNAL, "failed"))], "a request alone is the cause"
+
+
+@pytest.mark.parametrize("poisoned", [1, 6, 16])
+def test_one_bad_request_in_a_full_batch_is_found_by_halving_and_the_rest_stay_batched(poisoned: int) -> None:
+    """16 requests share a call that raises for one of them: about log2(16) failed reruns find it, and
+    the others finish exactly, in batches: far fewer calls than running them one at a time would take."""
+    scheduler = Scheduler(FAKE_SPEC, EngineLimits(max_slots=16))
+    runner = FakeRunner(max_slots=16)
+    options = DecodeOptions(beam_size=1)
+    sources = {r: [5, 6 + r, 7, 3] for r in range(1, 17)}
+    for request_id, source in sources.items():
+        scheduler.add(request_id, [source], options, None, 0.0)
+    run = drive(scheduler, runner, lambda ids: poisoned in ids)
+    assert run.failed() == {poisoned}
+    assert 4 <= len(run.failed_calls) <= 5  # 16 -> 8 -> 4 -> 2 -> 1 (the last one fails it)
+    for request_id, source in sources.items():
+        if request_id != poisoned:
+            assert run.hypotheses(request_id) == [reference_decode(source, 1, 1.0, 12)[0].tokens]
+    serial_calls = sum(len(reference_decode(source, 1, 1.0, 12)[0].tokens) + 1 for source in sources.values())
+    assert len(run.calls) < serial_calls / 2, (len(run.calls), serial_calls)
+    assert max(len(ids) for ids in run.calls[len(run.failed_calls) + 1 :]) >= 4, "the innocent halves stay batched"
 
 
 class BrokenRunner(FakeRunner):

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.runner import Candidates
 from server.scheduler import (
     Abandoned,
     Batch,
@@ -28,7 +27,7 @@ from server.scheduler import (
     output_limit,
     reorder_slots,
 )
-from tests.fakes import FAKE_SPEC, FakeRunner, reference_decode
+from tests.fakes import FAKE_SPEC, FakeRunner, execute, reference_decode
 
 Events = dict[int, list[Event]]
 
@@ -36,14 +35,6 @@ Events = dict[int, list[Event]]
 def make(max_slots: int = 8, max_queue: int = 64, max_encode_tokens: int = 4096) -> tuple[Scheduler, FakeRunner]:
     limits = EngineLimits(max_slots=max_slots, max_queue_sentences=max_queue, max_encode_tokens=max_encode_tokens)
     return Scheduler(FAKE_SPEC, limits), FakeRunner(max_slots)
-
-
-def execute(runner: FakeRunner, batch: Batch) -> Candidates:
-    if batch.copy_sources:
-        runner.copy_slots(batch.copy_sources, batch.copy_destinations)
-    if batch.encode:
-        runner.encode(batch.encode)
-    return runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
 
 
 def iterate(scheduler: Scheduler, runner: FakeRunner, events: Events, now: float = 0.0) -> Batch:
