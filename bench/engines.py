@@ -82,7 +82,7 @@ class CTranslate2Engine:
         if compute_type not in ctranslate2.get_supported_compute_types(settings.device):
             raise Unavailable(f"compute type {compute_type} unsupported on {settings.device}")
         if workers > 1 and (settings.device != "cpu" or settings.threads < workers):
-            raise Unavailable(f"{workers} workers need the CPU and {workers}+ threads")
+            raise Unavailable(f"{workers} workers need the CPU and {workers}+ threads (at 1 thread: the plain layout)")
         self.name = f"ctranslate2-{compute_type}" + (f"-{workers}workers" if workers > 1 else "")
         model_path = convert(settings.model_dir, work_dir / self.name, quantization=compute_type)
         self.translator = ctranslate2.Translator(
@@ -133,8 +133,9 @@ ENGINES: dict[str, EngineFactory] = {
     "ctranslate2-float32": lambda s, work: CTranslate2Engine(s, "float32", work),
     "ctranslate2-int8": lambda s, work: CTranslate2Engine(s, "int8", work),
     "ctranslate2-float16": lambda s, work: CTranslate2Engine(s, "float16", work),
-    "ctranslate2-float32-workers": lambda s, work: CTranslate2Engine(s, "float32", work, workers=s.threads),
-    "ctranslate2-int8-workers": lambda s, work: CTranslate2Engine(s, "int8", work, workers=s.threads),
+    # at 1 thread the same layout as the plain engine: skipped (workers > threads)
+    "ctranslate2-float32-workers": lambda s, work: CTranslate2Engine(s, "float32", work, workers=max(2, s.threads)),
+    "ctranslate2-int8-workers": lambda s, work: CTranslate2Engine(s, "int8", work, workers=max(2, s.threads)),
     "pytorch-eager": lambda s, work: PyTorchEngine(s),
     "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32"),
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
