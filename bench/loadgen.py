@@ -59,6 +59,11 @@ Sender = Callable[[Query], Awaitable[int]]
 MIN_P99_SAMPLES = 100  # below it, a p99 is just the maximum: reported as NaN instead
 
 
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile, NaN under MIN_P99_SAMPLES values (where it would only be the maximum)."""
+    return percentile(values, 99) if len(values) >= MIN_P99_SAMPLES else math.nan
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]) of `values`; NaN when empty."""
     if not values:
@@ -107,7 +112,7 @@ def summarize(records: Sequence[Record], mode: str, offered_rate: float = 0.0, c
         tokens_per_s=rate(sum(r.output_tokens for r in ok)),
         p50_ms=percentile(latencies_ms, 50),
         p95_ms=percentile(latencies_ms, 95),
-        p99_ms=percentile(latencies_ms, 99) if len(latencies_ms) >= MIN_P99_SAMPLES else math.nan,
+        p99_ms=p99(latencies_ms),
     )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import engines, loadgen
-from bench.loadgen import MIN_P99_SAMPLES, Query, percentile
+from bench.loadgen import Query, p99, percentile
 from model.artifact import TOKENIZER_FILE, load_config, weights_sha256
 from model.tokenizer import Tokenizer
 
@@ -99,9 +99,8 @@ def offline_throughput(
 
 def latency_summary(times_ms: list[float]) -> dict[str, float]:
     """p50 and p90 of `times_ms`; p99 only from 100 samples up (below that it is just the maximum)."""
-    p99 = percentile(times_ms, 99) if len(times_ms) >= MIN_P99_SAMPLES else math.nan
     p50, p90 = percentile(times_ms, 50), percentile(times_ms, 90)
-    return {"requests": len(times_ms), "p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
+    return {"requests": len(times_ms), "p50_ms": p50, "p90_ms": p90, "p99_ms": p99(times_ms)}
 
 
 def single_latency(engine: engines.OfflineEngine, sources: list[list[int]], beam: int, n: int) -> dict[str, float]:

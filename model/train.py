@@ -313,14 +313,16 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     weights (--init-from, --resume) with a tokenizer other than theirs is refused.
     """
     tokenizer_sha256 = file_sha256(args.tokenizer)
-    earlier = args.init_from / CONFIG_FILE if args.init_from else args.run / "model_config.json"
-    if (args.init_from or args.resume) and earlier.is_file():
+    earlier_file = args.init_from / CONFIG_FILE if args.init_from else args.run / "model_config.json"
+    earlier = ModelConfig.from_dict(json.loads(earlier_file.read_text())) if earlier_file.is_file() else None
+    if earlier is not None and (args.init_from or args.resume):
         try:
-            check_tokenizer(args.tokenizer, ModelConfig.from_dict(json.loads(earlier.read_text())).tokenizer_sha256)
+            check_tokenizer(args.tokenizer, earlier.tokenizer_sha256)
         except ValueError as err:
             raise SystemExit(f"--tokenizer: {err}") from err
     if args.init_from:
-        return dataclasses.replace(load_config(args.init_from), dropout=args.dropout, tokenizer_sha256=tokenizer_sha256)
+        base = earlier or load_config(args.init_from)  # load_config names the missing file
+        return dataclasses.replace(base, dropout=args.dropout, tokenizer_sha256=tokenizer_sha256)
     return ModelConfig(
         vocab_size=Tokenizer(args.tokenizer).vocab_size,
         d_model=args.d_model,

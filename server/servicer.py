@@ -61,10 +61,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._backend: Backend | None = None
 
-    def attach(self, backend: Backend, limits: RequestLimits | None = None) -> None:
-        """Start serving with a loaded, warmed-up model, under `limits` if given (what its engine can take)."""
-        if limits is not None:
-            self.limits = limits
+    def attach(self, backend: Backend, limits: RequestLimits) -> None:
+        """Start serving with a loaded, warmed-up model, under `limits` (what its engine can take)."""
+        self.limits = limits
         self._backend = backend
 
     @unary_call("Translate")
