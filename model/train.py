@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from model.artifact import CONFIG_FILE, load_artifact, load_config, save_artifact
-from model.batching import Batch, Mixture, collate, epoch_examples, make_examples, token_batches
+from model.batching import Batch, Mixture, Resegmenter, collate, epoch_examples, make_examples, token_batches
 from model.config import PAD_ID, ModelConfig
 from model.data import read_tsv
 from model.tokenizer import Tokenizer, check_tokenizer, file_sha256
@@ -57,6 +57,7 @@ class TrainConfig:
     word_fraction: float = Mixture.word_fraction  # of one- and two-word entries, resampled each epoch
     cooldown_start: int = 0  # from this step the rate falls linearly to zero; 0: 1/sqrt decay to the end
     cooldown_steps: int = 0  # length of that fall
+    subword_alpha: float = 0.0  # > 0: each repeat of a sentence gets a sampled segmentation (Resegmenter)
 
     @property
     def last_step(self) -> int:
@@ -81,6 +82,7 @@ TRAIN_FLAGS = (
     "word_fraction",
     "cooldown_start",
     "cooldown_steps",
+    "subword_alpha",
 )
 
 
@@ -167,7 +169,11 @@ class Trainer:
         self.model = Transformer(mcfg).to(self.device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
         tok = Tokenizer(args.tokenizer)
-        self.train_examples = make_examples(read_tsv(args.data / "train.tsv"), tok, mcfg.max_len)
+        train_pairs = read_tsv(args.data / "train.tsv")
+        self.train_examples = make_examples(train_pairs, tok, mcfg.max_len)
+        self.resegmenter = (
+            Resegmenter(train_pairs, tok, mcfg.max_len, tcfg.subword_alpha) if tcfg.subword_alpha > 0 else None
+        )
         valid = make_examples(read_tsv(args.data / "valid.tsv"), tok, mcfg.max_len)
         self.valid = [collate(b, self.device) for b in token_batches(valid, 4000, random.Random(0))]
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
@@ -214,8 +220,11 @@ class Trainer:
         log.info("warm start from %s at step %d (fresh optimiser)", model_dir, start_step)
 
     def epoch_batches(self) -> list[list]:
-        rng = random.Random(self.tcfg.seed * 1000 + self.epoch)  # same epoch, same batches: exact resume
-        return token_batches(epoch_examples(self.train_examples, self.tcfg.mixture, rng), self.tcfg.max_tokens, rng)
+        seed = self.tcfg.seed * 1000 + self.epoch  # same epoch, same batches: exact resume
+        rng = random.Random(seed)
+        sentences = self.resegmenter.examples(self.tcfg.sentence_repeats, seed) if self.resegmenter else None
+        examples = epoch_examples(self.train_examples, self.tcfg.mixture, rng, sentences)
+        return token_batches(examples, self.tcfg.max_tokens, rng)
 
     def log_metrics(self, record: dict[str, float]) -> None:
         with (self.run_dir / "log.jsonl").open("a") as f:

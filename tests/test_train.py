@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
-from model.batching import Example, collate, epoch_examples, token_batches
+from model.batching import Example, Resegmenter, collate, epoch_examples, make_examples, token_batches
 from model.config import ModelConfig
-from model.data import Pair, write_tsv
+from model.data import Pair, is_sentence, write_tsv
 from model.decode import greedy
-from model.tokenizer import file_sha256
+from model.overfit import memorisation_gap
+from model.tokenizer import Tokenizer, file_sha256
 from model.train import TrainConfig, Trainer, average_checkpoints, loss_of, lr_at, model_config, save_checkpoint
 from model.transformer import make_model
 from tests.tiny import TINY_PAIRS
@@ -44,6 +45,45 @@ def test_mixture_repeats_sentences_and_samples_words() -> None:
     classes = [e.weight_class for e in chosen]
     assert classes.count("sentence") == 5 and classes.count("phrase") == 1
     assert 60 < classes.count("word") < 140
+
+
+def test_given_sentences_replace_the_repeats_and_the_rest_is_sampled_as_before() -> None:
+    examples = [Example((1,), (2,), "sentence"), Example((1,), (3,), "phrase")] + [Example((1,), (4,), "word")] * 50
+    sampled = [Example((1, 9), (2,), "sentence"), Example((1, 8), (2,), "sentence")]
+    mixture = TrainConfig(sentence_repeats=5, word_fraction=0.5).mixture
+    plain = epoch_examples(examples, mixture, random.Random(0))
+    chosen = epoch_examples(examples, mixture, random.Random(0), sampled)
+    assert [e for e in chosen if e.weight_class == "sentence"] == sampled
+    assert [e for e in chosen if e.weight_class != "sentence"] == [e for e in plain if e.weight_class != "sentence"]
+
+
+def test_resegmenter_samples_other_source_pieces_of_the_same_text_and_repeats_itself_for_a_seed(
+    tiny_model_dir: Path,
+) -> None:
+    tok = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
+    pairs = [Pair(de, en) for de, en in TINY_PAIRS] + [Pair("Haus", "house")]  # a word: not resampled
+    resegmenter = Resegmenter(pairs, tok, max_len=64, alpha=0.3)
+    first, again, other = (resegmenter.examples(3, seed) for seed in (1, 1, 2))
+    assert first == again and first != other
+    n_sentences = sum(is_sentence(p) for p in pairs)
+    assert n_sentences > 5
+    assert len(first) == 3 * 2 * n_sentences and {e.weight_class for e in first} == {"sentence"}
+    best = {e.tgt: e.src for e in make_examples(pairs, tok, 64)}  # target -> its source, best pieces
+    assert all(e.tgt in best for e in first)  # targets keep the best segmentation
+    for example in first:  # the source is the same text, spelt with (sometimes) other pieces
+        assert tok.decode(list(example.src[1:-1])) == tok.decode(list(best[example.tgt][1:-1]))
+    assert any(e.src != best[e.tgt] for e in first)
+
+
+def test_memorisation_gap_is_zero_on_the_same_sentences_and_counts_only_sentences(tiny_model_dir: Path) -> None:
+    sentences = [Pair(de, en) for de, en in TINY_PAIRS if is_sentence(Pair(de, en))]
+    words = [Pair("Haus", "house")] * 50  # never in the training sample: only sentences are
+    same = memorisation_gap(tiny_model_dir, sentences + words, sentences)
+    assert same.sentences == len(sentences) and same.nats == pytest.approx(0.0, abs=1e-5)
+    other = memorisation_gap(tiny_model_dir, sentences + words, [Pair("Der Baum ist grün.", "The tree is green.")])
+    assert other.sentences == 1 and other.nats != pytest.approx(0.0, abs=1e-3)
+    with pytest.raises(ValueError, match="no training sentences"):
+        memorisation_gap(tiny_model_dir, words, sentences)
 
 
 def test_token_batches_respect_budget() -> None:
@@ -126,8 +166,12 @@ def test_a_run_records_its_tokenizer_and_goes_on_from_weights_only_with_it(
         model_config(argparse.Namespace(tokenizer=other, init_from=None, **{**flags, "resume": True}))
 
 
-def test_resume_continues_exactly_as_an_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Weights, Adam moments, the data position and dropout's random state all come back from the checkpoint."""
+@pytest.mark.parametrize("subword_alpha", [0.0, 0.3])
+def test_resume_continues_exactly_as_an_uninterrupted_run(
+    tiny_model_dir: Path, tmp_path: Path, subword_alpha: float
+) -> None:
+    """Weights, Adam moments, the data position and dropout's random state all come back from the checkpoint;
+    with subword regularisation the epoch's sampled segmentations too."""
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train", "valid"):
@@ -139,7 +183,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tiny_model_dir: Path, 
             run=tmp_path / run, device="cpu", tokenizer=tiny_model_dir / TOKENIZER_FILE, data=data
         )
         args.run.mkdir(exist_ok=True)
-        settings = TrainConfig(max_tokens=60, warmup_steps=2, max_steps=steps, save_minutes=1e9)
+        settings = TrainConfig(
+            max_tokens=60, warmup_steps=2, max_steps=steps, save_minutes=1e9, subword_alpha=subword_alpha
+        )
         trainer = Trainer(args, config, settings)
         if resume:
             trainer.resume()
