@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from model.artifact import TOKENIZER_FILE, load_artifact
-from model.batching import collate, make_examples, token_batches
+from model.batching import evaluation_batches, make_examples
 from model.data import Pair, is_sentence, read_tsv
 from model.tokenizer import Tokenizer
 from model.train import validation_loss
@@ -36,9 +36,7 @@ class Gap:
 
 
 def loss_on(model: Transformer, tok: Tokenizer, pairs: list[Pair]) -> float:
-    examples = make_examples(pairs, tok, model.cfg.max_len)
-    batches = token_batches(examples, 4000, random.Random(0))
-    return validation_loss(model, [collate(b, torch.device("cpu")) for b in batches])
+    return validation_loss(model, evaluation_batches(make_examples(pairs, tok, model.cfg.max_len), torch.device("cpu")))
 
 
 def memorisation_gap(model_dir: Path, train: list[Pair], valid: list[Pair], seed: int = 0) -> Gap:

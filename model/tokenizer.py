@@ -66,13 +66,17 @@ class Tokenizer:
         """Pieces only; a tag inside the text comes out as its characters, never as the control id."""
         return self._spell_tags(self.sp.encode(text))
 
-    def encode_batch(self, texts: list[str], sampling_alpha: float = 0.0) -> list[list[int]]:
-        """The best segmentation of each text, or with `sampling_alpha` > 0 one sampled from all of them
-        (subword regularisation; single-threaded, so that a seeded run samples the same)."""
-        if sampling_alpha <= 0:
-            return [self._spell_tags(ids) for ids in self.sp.encode(texts)]
-        sampled = self.sp.encode(texts, enable_sampling=True, alpha=sampling_alpha, nbest_size=-1, num_threads=1)
-        return [self._spell_tags(ids) for ids in sampled]
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self._spell_tags(ids) for ids in self.sp.encode(texts)]
+
+    def segmentations(self, texts: list[str], n: int) -> list[list[tuple[list[int], float]]]:
+        """The `n` most likely segmentations of each text with their unigram log-probabilities (the
+        sum of their pieces' scores). Deterministic, unlike SentencePiece's own sampling, whose
+        generator is not reproducible from one process to the next even with its seed set."""
+        return [
+            [(self._spell_tags(ids), sum(self.sp.get_score(i) for i in ids)) for ids in candidates]
+            for candidates in self.sp.nbest_encode(texts, nbest_size=n)
+        ]
 
     def _spell_tags(self, ids: list[int]) -> list[int]:
         if not self._spelt_tags.keys() & set(ids):

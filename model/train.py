@@ -31,7 +31,16 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from model.artifact import CONFIG_FILE, load_artifact, load_config, save_artifact
-from model.batching import Batch, Mixture, Resegmenter, collate, epoch_examples, make_examples, token_batches
+from model.batching import (
+    Batch,
+    Mixture,
+    Resegmenter,
+    collate,
+    epoch_examples,
+    evaluation_batches,
+    make_examples,
+    token_batches,
+)
 from model.config import PAD_ID, ModelConfig
 from model.data import read_tsv
 from model.tokenizer import Tokenizer, check_tokenizer, file_sha256
@@ -57,7 +66,7 @@ class TrainConfig:
     word_fraction: float = Mixture.word_fraction  # of one- and two-word entries, resampled each epoch
     cooldown_start: int = 0  # from this step the rate falls linearly to zero; 0: 1/sqrt decay to the end
     cooldown_steps: int = 0  # length of that fall
-    subword_alpha: float = 0.0  # > 0: each repeat of a sentence gets a sampled segmentation (Resegmenter)
+    subword_alpha: float = 0.0  # > 0: each repeat of a sentence gets a sampled source segmentation (Resegmenter)
 
     @property
     def last_step(self) -> int:
@@ -175,7 +184,7 @@ class Trainer:
             Resegmenter(train_pairs, tok, mcfg.max_len, tcfg.subword_alpha) if tcfg.subword_alpha > 0 else None
         )
         valid = make_examples(read_tsv(args.data / "valid.tsv"), tok, mcfg.max_len)
-        self.valid = [collate(b, self.device) for b in token_batches(valid, 4000, random.Random(0))]
+        self.valid = evaluation_batches(valid, self.device)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         log.info(
             "model %s parameters, %d training examples", f"{count_parameters(self.model):,}", len(self.train_examples)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,30 @@ def test_resegmenter_samples_other_source_pieces_of_the_same_text_and_repeats_it
     for example in first:  # the source is the same text, spelt with (sometimes) other pieces
         assert tok.decode(list(example.src[1:-1])) == tok.decode(list(best[example.tgt][1:-1]))
     assert any(e.src != best[e.tgt] for e in first)
+
+
+RESEGMENT_SCRIPT = """
+import hashlib, sys
+from model.batching import Resegmenter
+from model.data import Pair
+from model.tokenizer import Tokenizer
+from tests.tiny import TINY_PAIRS
+resegmenter = Resegmenter([Pair(de, en) for de, en in TINY_PAIRS], Tokenizer(sys.argv[1]), 64, alpha=0.3)
+print(hashlib.sha256(repr(resegmenter.examples(3, seed=5)).encode()).hexdigest())
+"""
+
+
+def test_resegmenter_draws_anew_for_each_repeat_and_the_same_in_another_process(tiny_model_dir: Path) -> None:
+    """A resumed run is another process: its epoch must be drawn as the first process drew it. (SentencePiece's
+    own sampling failed this with its seed set, and drew the same pieces for every repeat of an epoch.)"""
+    tok = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
+    resegmenter = Resegmenter([Pair(de, en) for de, en in TINY_PAIRS], tok, max_len=64, alpha=0.3)
+    examples = resegmenter.examples(3, seed=5)
+    n = len(examples) // 3
+    assert examples[:n] != examples[n : 2 * n] != examples[2 * n :]
+    run = [sys.executable, "-c", RESEGMENT_SCRIPT, str(tiny_model_dir / TOKENIZER_FILE)]
+    digests = {subprocess.run(run, capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    assert digests == {hashlib.sha256(repr(examples).encode()).hexdigest() + "\n"}
 
 
 def test_memorisation_gap_is_zero_on_the_same_sentences_and_counts_only_sentences(tiny_model_dir: Path) -> None:
