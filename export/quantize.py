@@ -35,6 +35,14 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
     return out_dir
 
 
+def int8_flags_for(cpu_int8: str) -> tuple[bool, bool]:
+    """(per_channel, reduce_range) of the int8 recipe that stays close to fp32 on a CPU of this int8 class
+    (`server.metadata.int8_kernels`): 8-bit per tensor where int8 dot products are exact (VNNI, Arm dot
+    products), 7-bit per output channel elsewhere, where 8-bit weights saturate onnxruntime's int16 sums."""
+    exact = cpu_int8 in ("vnni", "dotprod")
+    return (not exact, not exact)
+
+
 def int8_recipe(per_channel: bool = False, reduce_range: bool = False) -> str:
     """How `export_int8` made a graph, as its metadata records it (the BLEU gate checks it)."""
     bits = "7-bit" if reduce_range else "8-bit"
