@@ -10,7 +10,8 @@ from pathlib import Path
 
 from export.onnx_export import SUPPORTED_OPSETS, export_float
 from export.quantize import export_int8
-from model.artifact import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_config
+from model.artifact import CONFIG_FILE, WEIGHTS_FILE, load_config
+from model.config import ModelConfig
 from server.metadata import VARIANTS
 
 
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def validate(model_dir: Path, variants: list[str], opset: int) -> None:
-    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (model_dir / name).is_file():
             raise ExportError(f"missing {name} in model directory {model_dir}")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -46,15 +47,22 @@ def validate(model_dir: Path, variants: list[str], opset: int) -> None:
         cfg = load_config(model_dir)
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         raise ExportError(f"bad {CONFIG_FILE} in {model_dir}: {exc}") from exc
-    from model.tokenizer import Tokenizer, check_tokenizer
+    validate_tokenizer(model_dir, cfg)
 
-    vocab = Tokenizer(model_dir / TOKENIZER_FILE).vocab_size
-    if vocab != cfg.vocab_size:
-        raise ExportError(f"config vocab_size {cfg.vocab_size} does not match the tokenizer's {vocab}")
+
+def validate_tokenizer(model_dir: Path, cfg: ModelConfig) -> None:
+    """The tokenizer files are there, are those the weights recorded, and fit the source vocabulary."""
+    from model.tokenizer import open_tokenizer, tokenizer_files
+
+    for path in tokenizer_files(model_dir, cfg.tokenizer):
+        if not path.is_file():
+            raise ExportError(f"missing {path.name} in model directory {model_dir}")
     try:
-        check_tokenizer(model_dir / TOKENIZER_FILE, cfg.tokenizer_sha256)
+        vocab = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256).vocab_size
     except ValueError as exc:
         raise ExportError(str(exc)) from exc
+    if vocab != cfg.source_vocab_size:
+        raise ExportError(f"config vocab_size {cfg.source_vocab_size} does not match the tokenizer's {vocab}")
 
 
 def run(model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False) -> None:

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 from torch import Tensor, nn
 
 from export.kv_ops import export_kv_ops
-from model.artifact import TOKENIZER_FILE, load_artifact, weights_sha256
-from model.tokenizer import Tokenizer
+from model.artifact import load_artifact, weights_sha256
+from model.tokenizer import open_tokenizer
 from model.transformer import Transformer
 from server.metadata import DECODER_FILE, ENCODER_FILE, ExportMetadata
 
@@ -48,7 +48,7 @@ class DecoderStepGraph(nn.Module):
         past_k = [kv[2 * n + 2 * i] for i in range(n)]
         past_v = [kv[2 * n + 2 * i + 1] for i in range(n)]
         logits, new_k, new_v = self.model.decode_step(tokens, positions, past_k, past_v, past_keep, cross, src_mask)
-        log_probs = logits.float().log_softmax(dim=-1)
+        log_probs = self.model.log_probs(logits)
         return (log_probs, *[t for pair in zip(new_k, new_v, strict=True) for t in pair])
 
 
@@ -139,12 +139,13 @@ FLOAT_RECIPES = {
 
 def build_metadata(model_dir: Path, model: Transformer, variant: str, opset: int) -> ExportMetadata:
     cfg = model.cfg
-    tag_ids = dict(Tokenizer(model_dir / TOKENIZER_FILE).tag_ids)
+    tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
     return ExportMetadata(
         model_config=cfg.to_dict(), variant=variant, dtype="float16" if variant == "fp16" else "float32",
         opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
         n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-        vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, tag_ids=tag_ids,
+        vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+        tag_ids=dict(tokenizer.tag_ids), language_pairs=[[s, t] for s, t in tokenizer.pairs],
         max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=FLOAT_RECIPES[variant],
     )  # fmt: skip
 

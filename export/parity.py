@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.artifact import TOKENIZER_FILE, load_artifact
+from model.artifact import load_artifact
 from model.data import read_tsv
 from model.decode import beam_search, normalize
-from model.tokenizer import Tokenizer
+from model.tokenizer import TextTokenizer
 from model.transformer import Transformer
 from server.offline import translate_ids
 from server.runner import EncodeItem
@@ -114,7 +114,8 @@ def first_divergence(
 def teacher_forced(model: Transformer, src: list[int], tokens: list[int]) -> torch.Tensor:
     """(len(tokens) + 1, V) log-probabilities after BOS and after each of `tokens`, recomputed in full."""
     s = torch.tensor([src])
-    return model(s, s != model.cfg.pad_id, torch.tensor([[model.cfg.bos_id, *tokens]]))[0].log_softmax(-1)
+    logits = model(s, s != model.cfg.pad_id, torch.tensor([[model.cfg.bos_id, *tokens]]))[0]
+    return model.log_probs(logits)
 
 
 @torch.no_grad()
@@ -134,7 +135,7 @@ def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int],
     EOS) teacher-forced through the cached ONNX decoder, up to the model's target length."""
     s = torch.tensor([src])
     runner.encode([EncodeItem(src, [0])])
-    cross = model.cross_kv(model.encode(s, s != 0))
+    cross = model.cross_kv(model.encode(s, s != model.cfg.pad_id))
     diff = max(
         float(np.abs(runner.cross_kv[2 * i + j][0, :, : len(src)] - kv[j][0].numpy()).max())
         for i, kv in enumerate(cross)
@@ -150,18 +151,24 @@ def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int],
 Case = tuple[list[int], list[int]]  # source ids (tag + pieces + EOS), reference target ids (pieces + EOS)
 
 
-def parity_cases(tokenizer: Tokenizer, limit: int | None) -> list[Case]:
-    """The first `limit` test pairs both ways: every de->en case, then every en->de one."""
+def parity_cases(tokenizer: TextTokenizer, limit: int | None) -> list[list[Case]]:
+    """The first `limit` test pairs in each test-set direction the model translates (de->en, en->de)."""
+    from export.variants import tested_directions
+
     pairs = read_tsv(TEST_FILE)[:limit]
-    return [(tokenizer.encode_source(p.de, "en"), tokenizer.encode_target(p.en)) for p in pairs] + [
-        (tokenizer.encode_source(p.en, "de"), tokenizer.encode_target(p.de)) for p in pairs
+    return [
+        [(tokenizer.encode_source(getattr(p, s), t), tokenizer.encode_target(getattr(p, t))) for p in pairs]
+        for s, t in tested_directions(tokenizer)
     ]
 
 
-def logit_cases(cases: list[Case], per_direction: int) -> list[Case]:
-    """The first `per_direction` cases of each direction (`parity_cases` lists de->en, then en->de)."""
-    half = len(cases) // 2
-    return cases[:per_direction] + cases[half : half + per_direction]
+def fits(case: Case, max_source_len: int) -> bool:
+    return len(case[0]) <= max_source_len
+
+
+def logit_cases(by_direction: list[list[Case]], per_direction: int) -> list[Case]:
+    """The first `per_direction` cases of each direction."""
+    return [case for cases in by_direction for case in cases[:per_direction]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,14 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
-    cases = parity_cases(Tokenizer(args.model_dir / TOKENIZER_FILE), args.limit)
-    sources = [source for source, _ in cases]
-    checked = logit_cases(cases, LOGIT_CASES_PER_DIRECTION)
+    from export.variants import model_tokenizer
+
+    every = parity_cases(model_tokenizer(args.model_dir), args.limit)
+    by_direction = [[c for c in cases if fits(c, runner.spec.max_source_len)] for cases in every]
+    if skipped := sum(map(len, every)) - sum(map(len, by_direction)):
+        print(f"skipped {skipped} test pairs whose source is longer than the model's {runner.spec.max_source_len}")
+    sources = [source for cases in by_direction for source, _ in cases]
+    checked = logit_cases(by_direction, LOGIT_CASES_PER_DIRECTION)
     diff = max(max_logit_difference(model, runner, source, target) for source, target in checked)
     ok = diff <= TOLERANCE
     print(
         f"max abs difference (cross K/V, log-probs at every step of {len(checked)} reference translations,"
-        f" both directions): {diff:.2e} (limit {TOLERANCE:.0e})"
+        f" {len(by_direction)} direction(s)): {diff:.2e} (limit {TOLERANCE:.0e})"
     )
     for beam in (1, 4):
         report = compare_decoding(model, runner, sources, beam, args.max_len or None)

@@ -37,10 +37,23 @@ class ModelConfig:
     dropout: float = 0.1  # on attention weights, sublayer outputs and embeddings (training only)
     max_len: int = 256  # longest source or target sequence in tokens, tags and EOS included
     pad_id: int = PAD_ID
-    bos_id: int = BOS_ID
+    bos_id: int = BOS_ID  # the decoder's first input (Marian: the pad id)
     eos_id: int = EOS_ID
-    # sha256 of the tokenizer.model the embeddings were trained against: another tokenizer with the same
-    # vocabulary size would pass every shape check and translate garbage. "" in artifacts from before it.
+    unk_id: int = UNK_ID
+    # Architecture options. The defaults are this project's own model; the other values are what imported
+    # OPUS-MT (Marian) models need (export/hf.py sets them, from transformers' modeling_marian.py).
+    # "pre": x + f(LayerNorm(x)) and a final LayerNorm per stack; "post": LayerNorm(x + f(x)) and none
+    norm_placement: str = "pre"
+    activation: str = "relu"  # feed-forward nonlinearity: one of model.transformer.ACTIVATIONS
+    position_layout: str = "interleaved"  # sinusoid columns: "interleaved" (sin, cos per pair) | "halves" (sin | cos)
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model) before the positions are added
+    final_logits_bias: bool = False  # a learned (V,) bias added to the output logits
+    src_vocab_size: int = 0  # > 0: a separate source embedding table of this size; 0: one table for both sides
+    ban_pad: bool = False  # pad's log-probability is set to BANNED_LOG_PROB after normalising: never produced
+    # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json
+    tokenizer: str = "tagged-spm"
+    # sha256 of the tokenizer the embeddings were trained against (model.tokenizer.tokenizer_sha256): another
+    # tokenizer with the same vocabulary size would pass every shape check and translate garbage.
     tokenizer_sha256: str = ""
 
     @property
@@ -61,6 +74,20 @@ class ModelConfig:
             raise ValueError(f"unknown model config fields: {sorted(unknown)}")
         return cls(**data)
 
+    @property
+    def source_vocab_size(self) -> int:
+        """Ids a source may hold: the separate source table's size, else the shared vocabulary's."""
+        return self.src_vocab_size or self.vocab_size
+
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        choices = {
+            "norm_placement": ("pre", "post"),
+            "position_layout": ("interleaved", "halves"),
+            "activation": ("relu", "swish", "gelu"),
+            "tokenizer": ("tagged-spm", "marian"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(allowed)}")

@@ -6,9 +6,10 @@ token. Beam search, per source sentence with beam size K:
 1. Start with one live hypothesis [BOS] of score 0.
 2. Each step, every live hypothesis proposes score + log_softmax(logits) for every token; the 2K best
    candidates over all live hypotheses are taken in descending score order (ties: lower flat index
-   `hyp * V + token` first). A candidate ending in EOS is finished, with normalised score
-   score / (generated length incl. EOS) ** length_penalty; any other candidate becomes live until K
-   are live. Candidates past those K are dropped.
+   `hyp * V + token` first). A candidate ending in EOS among the K best is finished, with normalised
+   score score / (generated length incl. EOS) ** length_penalty; an EOS candidate ranked below the K
+   best is passed over (as fairseq, transformers and CTranslate2 do); any other candidate becomes
+   live until K are live. Candidates past those K are dropped.
 3. Stop when K hypotheses have finished, or when the generated length reaches `max_len`, at which
    point the live hypotheses are finished as they are (normalised by their length).
 4. Return finished hypotheses by descending normalised score (ties: earlier finished first).
@@ -58,7 +59,7 @@ class CachedDecoder:
         )
         self.k = [torch.cat([k, nk], dim=2) for k, nk in zip(self.k, new_k, strict=True)]
         self.v = [torch.cat([v, nv], dim=2) for v, nv in zip(self.v, new_v, strict=True)]
-        return logits.float().log_softmax(dim=-1)
+        return self.model.log_probs(logits)
 
     def reorder(self, rows: Tensor) -> None:
         """Keep cache rows `rows` (R',), in that order (beam reordering)."""
@@ -96,9 +97,11 @@ def beam_search(
         order = torch.sort(flat, descending=True, stable=True).indices[:k]
         new_live = []
         parents: list[int] = []
-        for idx in order.tolist():
+        for rank, idx in enumerate(order.tolist()):
             hyp, token = divmod(idx, cfg.vocab_size)
             tokens, score = live[hyp][0], float(flat[idx])
+            if token == cfg.eos_id and rank >= beam_size:
+                continue  # as fairseq, transformers and CTranslate2: EOS counts only among the K best
             if token == cfg.eos_id:
                 length = len(tokens) + 1
                 finished.append(Hypothesis(tokens, score, normalize(score, length, length_penalty)))

@@ -13,6 +13,7 @@ import hashlib
 import io
 import random
 from pathlib import Path
+from typing import Protocol
 
 import sentencepiece as spm
 
@@ -21,8 +22,58 @@ from model.config import BOS_ID, EOS_ID, LANG_TAGS, PAD_ID, UNK_ID
 TOKENIZER_FILE = "tokenizer.model"
 
 
+class TextTokenizer(Protocol):
+    """What the server and the offline tools need of a model's tokenizer, whatever its scheme."""
+
+    tag_ids: dict[str, int]  # target-language tag id by language code; {} where the model needs none
+    pairs: list[tuple[str, str]]  # (source, target) language pairs it translates
+
+    @property
+    def vocab_size(self) -> int: ...  # ids a source may hold
+
+    def encode_source(self, text: str, target_lang: str) -> list[int]: ...
+
+    def encode_target(self, text: str) -> list[int]: ...  # a reference output: pieces + EOS
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tokenizer_files(model_dir: Path, scheme: str) -> list[Path]:
+    """The files a model directory's tokenizer is read from, by `ModelConfig.tokenizer` scheme."""
+    if scheme == "marian":
+        from model.marian_tokenizer import MARIAN_FILES, TARGET_VOCAB_FILE
+
+        separate = model_dir / TARGET_VOCAB_FILE
+        return [model_dir / name for name in MARIAN_FILES] + ([separate] if separate.is_file() else [])
+    return [model_dir / TOKENIZER_FILE]
+
+
+def tokenizer_sha256(model_dir: Path, scheme: str) -> str:
+    """sha256 of the tokenizer: of its one file, or of its files' digests in order for a Marian model."""
+    files = tokenizer_files(model_dir, scheme)
+    if len(files) == 1:
+        return file_sha256(files[0])
+    return hashlib.sha256("".join(file_sha256(f) for f in files).encode()).hexdigest()
+
+
+def open_tokenizer(model_dir: Path, scheme: str, expected_sha256: str = "") -> TextTokenizer:
+    """The model directory's tokenizer, checked against the digest its weights recorded."""
+    if scheme != "marian":
+        check_tokenizer(model_dir / TOKENIZER_FILE, expected_sha256)
+    elif expected_sha256 and (found := tokenizer_sha256(model_dir, scheme)) != expected_sha256:
+        raise ValueError(
+            f"the tokenizer files in {model_dir} (sha256 {found[:12]}...) are not the tokenizer the model was"
+            f" imported with (sha256 {expected_sha256[:12]}...): put those back, or import the model again"
+        )
+    if scheme == "marian":
+        from model.marian_tokenizer import MarianTokenizer
+
+        return MarianTokenizer(model_dir)
+    return Tokenizer(model_dir / TOKENIZER_FILE)
 
 
 def check_tokenizer(tokenizer: Path, expected_sha256: str) -> None:
@@ -49,6 +100,8 @@ class Tokenizer:
         self._spelt_tags = {
             tag_id: [self.sp.piece_to_id(char) for char in LANG_TAGS[lang]] for lang, tag_id in self.tag_ids.items()
         }
+        # One model, every direction between its tagged languages.
+        self.pairs = [(s, t) for s in sorted(self.tag_ids) for t in sorted(self.tag_ids) if s != t]
 
     @property
     def vocab_size(self) -> int:

@@ -5,8 +5,9 @@ The server advances from each row's k best tokens, which the runner ranks where 
 references in tests. Both pick the same candidates.
 
 It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
-order (ties: lower flat index first), EOS candidates finish with score / length ** length_penalty,
-the rest stay live until K are live; stop at K finished or at `max_len` generated tokens.
+order (ties: lower flat index first), EOS candidates among the K best finish with
+score / length ** length_penalty (EOS ranked lower is passed over), the rest stay live until K are
+live; stop at K finished or at `max_len` generated tokens.
 The caller owns the rows (slots): after `advance`, live row i continues from parent row
 `parents[i]` with token `tokens[i]`. Greedy is K = 1.
 """
@@ -131,9 +132,11 @@ class BeamState:
         their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
-        for idx, score in zip(order.tolist(), top.tolist(), strict=True):
+        for rank, (idx, score) in enumerate(zip(order.tolist(), top.tolist(), strict=True)):
             hyp, token = divmod(idx, vocab)
             tokens = self.live[hyp][0]
+            if token == self.eos_id and rank >= self.beam_size:
+                continue  # an EOS outside the K best candidates finishes nothing
             if token == self.eos_id:
                 length = len(tokens) + 1
                 self.finished.append(Hypothesis(tokens, score, normalize(score, length, self.length_penalty)))

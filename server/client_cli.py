@@ -10,6 +10,10 @@ being translated; a progress bar appears on stderr when it is a terminal and the
 On an error the command prints the server's status and message and exits non-zero (the status's
 numeric gRPC code, e.g. 3 for INVALID_ARGUMENT).
 
+Input is read as UTF-8 whatever the locale. A stdin line or argument that is not valid UTF-8 stops the
+command before anything is sent, with exit status 2 and one line naming it; `--errors replace` sends
+U+FFFD (the replacement character) in place of each invalid byte sequence instead.
+
 For a server with TLS pass `--tls-ca` (and `--tls-cert`/`--tls-key` for mutual TLS); for one that
 requires a bearer token pass `--token`, or set TRANSLATE_TOKEN to keep it out of the process list.
 """
@@ -32,10 +36,16 @@ from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 TOKEN_ENV = "TRANSLATE_TOKEN"
 PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to help
 DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
+DECODE_ERRORS = ("strict", "replace")  # what --errors may ask for input that is not UTF-8
+USAGE_ERROR = 2  # the exit status argparse gives a bad flag; bad input is a usage error too
 
 
 class IncompleteAnswer(RuntimeError):
     """The server closed a stream without a result for every text it was sent."""
+
+
+class InputError(ValueError):
+    """Input the command cannot send; the message names the line or argument and what to do."""
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -96,6 +106,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )  # fmt: skip
     parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
+    parser.add_argument(
+        "--errors", choices=DECODE_ERRORS, default="strict",
+        help="input that is not UTF-8: strict stops with exit status 2 naming the line; "
+        "replace sends U+FFFD for each invalid byte sequence",
+    )  # fmt: skip
     parser.add_argument("--tls-ca", type=Path, default=None, help="PEM CA bundle: connect with TLS")
     parser.add_argument("--tls-cert", type=Path, default=None, help="PEM client certificate (mutual TLS)")
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM key of --tls-cert")
@@ -177,15 +192,34 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-def read_texts(args: argparse.Namespace, stdin: Iterable[str]) -> list[str]:
+def read_texts(args: argparse.Namespace, stdin: Iterable[bytes]) -> list[str]:
+    """The texts of the arguments, else of stdin's lines (raw bytes: decoded as UTF-8 here, not by the locale)."""
     if args.texts:
-        return list(args.texts)
-    return [line.rstrip("\r\n") for line in stdin]
+        # Python hands over argument bytes that are not UTF-8 as lone surrogates; surrogateescape restores them.
+        raw_texts = [text.encode("utf-8", "surrogateescape") for text in args.texts]
+        return [decode_text(raw, f"argument {n}", args.errors) for n, raw in enumerate(raw_texts, 1)]
+    return [decode_text(line.rstrip(b"\r\n"), f"stdin line {n}", args.errors) for n, line in enumerate(stdin, 1)]
+
+
+def decode_text(raw: bytes, where: str, errors: str) -> str:
+    """`raw` as UTF-8, or InputError naming `where` and the first bad byte (unless `errors` replaces it)."""
+    try:
+        return raw.decode("utf-8", errors)
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"{where} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {error.start + 1}); "
+            "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or pass --errors replace"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser(os.environ).parse_args(argv)
-    sys.exit(run(args, read_texts(args, sys.stdin), sys.stdout, sys.stderr))
+    try:
+        texts = read_texts(args, sys.stdin.buffer)
+    except InputError as error:
+        sys.stderr.write(f"translate: {error}\n")
+        sys.exit(USAGE_ERROR)
+    sys.exit(run(args, texts, sys.stdout, sys.stderr))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,14 @@ VARIANTS = ("auto", "fp32", "int8", "fp16")
 PROVIDERS = ("auto", "cpu", "cuda")
 KV_CACHES = ("auto", "host", "device")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/main.py passes to grpc
+    "max_connection_age_s",
+    "max_connection_age_grace_s",
+    "max_connection_idle_s",
+    "keepalive_time_s",
+    "keepalive_timeout_s",
+    "min_ping_interval_s",
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,10 @@ class ServerConfig:
     max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
     max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
+    # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
+    # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
+    # before grpc's stop, which cancels calls it has received but not yet handed over (grpc/grpc#41785).
+    shutdown_delay_seconds: float = 5.0
     # An engine iteration (one encoder and one decoder call) running longer is a hung runner (a wedged GPU
     # kernel, a deadlock): its requests fail UNAVAILABLE and the process exits non-zero. 0 = never. A full
     # iteration takes well under a second on a GPU and a few seconds at worst on a loaded CPU.
@@ -44,6 +56,11 @@ class ServerConfig:
     log_level: str = "INFO"
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
     max_connection_age_s: float = 300.0  # GOAWAY each connection after this long (0 = never): new replicas get traffic
+    max_connection_age_grace_s: float = 30.0  # then its calls have this long to finish before it closes (0 = no limit)
+    max_connection_idle_s: float = 300.0  # close a connection without calls for this long (0 = never)
+    keepalive_time_s: float = 60.0  # ping each client this often (0 = never): finds peers gone without a FIN/RST
+    keepalive_timeout_s: float = 20.0  # a ping unanswered this long closes the connection and cancels its calls
+    min_ping_interval_s: float = 10.0  # client keepalive pings closer than this (no data between) get GOAWAY
     max_concurrent_rpcs: int = 0  # calls in progress (health checks too) before RESOURCE_EXHAUSTED; 0 = no cap
     tls_cert: Path | None = None  # PEM certificate chain: serve TLS instead of plaintext (with tls_key)
     tls_key: Path | None = None  # PEM private key of tls_cert
@@ -62,9 +79,12 @@ class ServerConfig:
         for name in ("max_slots", "max_queue", "max_message_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("drain_seconds", "stall_seconds", "threads", "max_connection_age_s", "max_concurrent_rpcs"):
+        seconds = ("drain_seconds", "shutdown_delay_seconds", "stall_seconds", *CONNECTION_SECONDS)
+        for name in (*seconds, "threads", "max_concurrent_rpcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
+            raise ValueError(f"keepalive_timeout_s must be > 0, got {self.keepalive_timeout_s}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -119,11 +139,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-slots", int, "decoding slots (beam rows) per step")
     add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
+    add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
     add("threads", int, "onnxruntime intra-op threads (0 = default)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")
     add("max-connection-age-s", float, "close each client connection after this many seconds, gracefully (0 = never)")
+    add("max-connection-age-grace-s", float, "calls on a connection past its age may run this long (0 = no limit)")
+    add("max-connection-idle-s", float, "close a client connection without calls for this many seconds (0 = never)")
+    add("keepalive-time-s", float, "ping each client connection this often to find dead peers (0 = never)")
+    add("keepalive-timeout-s", float, "close a connection whose ping is unanswered this long, cancelling its calls")
+    add("min-ping-interval-s", float, "most frequent keepalive pings a client may send (faster: GOAWAY too_many_pings)")
     add("max-concurrent-rpcs", int, "calls in progress (health checks too) before gRPC refuses them (0 = no cap)")
     add("tls-cert", Path, "PEM certificate chain; serve TLS (with --tls-key) instead of plaintext")
     add("tls-key", Path, "PEM private key of --tls-cert")

@@ -33,6 +33,11 @@ class ModelDescription:
     # Length penalty a request gets when it sets none, by direction ("de-en"): decoding.json's value
     # (server.metadata.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
     default_length_penalty: Mapping[str, float] = field(default_factory=dict)
+    # Beam width and output limit a request gets when it sets none: decoding.json's (an imported model's
+    # generation defaults, server.metadata.read_decoding_defaults), else DEFAULT_BEAM_SIZE and 0 (the
+    # source-relative limit, model.config.default_output_limit).
+    default_beam_size: int = DEFAULT_BEAM_SIZE
+    default_max_output_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,20 +56,19 @@ class TranslateJob:
 
 
 def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
-    """Every ordered pair of distinct languages the model has a target tag for."""
-    languages = sorted(spec.tag_ids)
-    return [(s, t) for s in languages for t in languages if s != t]
+    """The (source, target) pairs the model translates, as its export records them."""
+    return list(spec.pairs)
 
 
 def parse_request(
     request: pb.TranslateRequest,
     spec: ModelSpec,
     limits: RequestLimits,
-    default_length_penalty: Mapping[str, float],
+    model: ModelDescription,
 ) -> TranslateJob:
     """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks.
 
-    `default_length_penalty` ("de-en" -> alpha) fills in a request that sets no length penalty.
+    The model's defaults (length penalty by direction, beam width, output limit) fill in what it leaves unset.
     """
     texts = list(request.texts)
     if not texts:
@@ -78,8 +82,8 @@ def parse_request(
                 "split it across requests"
             )
     source, target = _parse_languages(request.options, spec)
-    pair_default = default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
-    options = _parse_options(request.options, spec, limits, pair_default)
+    pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
+    options = _parse_options(request.options, spec, limits, model, pair_default)
     return TranslateJob(texts, source, target, options, request.options.return_scores)
 
 
@@ -95,10 +99,14 @@ def _parse_languages(options: pb.TranslationOptions, spec: ModelSpec) -> tuple[s
 
 
 def _parse_options(
-    options: pb.TranslationOptions, spec: ModelSpec, limits: RequestLimits, default_length_penalty: float
+    options: pb.TranslationOptions,
+    spec: ModelSpec,
+    limits: RequestLimits,
+    model: ModelDescription,
+    default_length_penalty: float,
 ) -> DecodeOptions:
-    # The default fits the server: one with fewer slots than DEFAULT_BEAM_SIZE decodes unset beams narrower.
-    beam = options.beam_size if options.HasField("beam_size") else min(DEFAULT_BEAM_SIZE, limits.max_beam_size)
+    # The default fits the server: one with fewer slots than the default decodes unset beams narrower.
+    beam = options.beam_size if options.HasField("beam_size") else min(model.default_beam_size, limits.max_beam_size)
     if not 1 <= beam <= limits.max_beam_size:
         raise InvalidRequest(f"options.beam_size must be in 1..{limits.max_beam_size}, got {beam}")
     penalty = options.length_penalty if options.HasField("length_penalty") else default_length_penalty
@@ -115,7 +123,7 @@ def _parse_options(
     return DecodeOptions(
         beam_size=beam,
         length_penalty=penalty,
-        max_output_len=options.max_output_len,
+        max_output_len=options.max_output_len or min(model.default_max_output_len, spec.max_target_len),
         num_hypotheses=n_best,
         stream_tokens=options.stream_tokens,
     )
@@ -149,7 +157,7 @@ def partial_to_pb(partial: PartialSentence) -> pb.PartialTranslation:
 def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLimits) -> pb.ModelInfo:
     return pb.ModelInfo(
         name=model.name,
-        languages=sorted(spec.tag_ids),
+        languages=sorted({lang for pair in spec.pairs for lang in pair}),
         pairs=[pb.LanguagePair(source=s, target=t) for s, t in language_pairs(spec)],
         limits=pb.Limits(
             max_texts_per_request=limits.max_texts,

@@ -2,14 +2,22 @@
 
 The engine sees one flat list of sentences per request; this module remembers which text and which
 position each sentence came from, and joins finished sentences with their text's original
-whitespace. Blank texts never reach the engine: they come back unchanged.
+whitespace. A text with nothing to translate (no letter or digit: blank, punctuation, symbols,
+control characters) has no sentences, never reaches the engine and comes back unchanged, with one
+hypothesis (itself, score 0) and zero tokens and sentences.
+
+The model sees a sentence without its control characters (Unicode Cc: NUL, ESC, DEL, C1) and format
+characters (Cf: zero-width spaces and joiners, bidi marks, soft hyphens, BOM): the tokenizer has no
+pieces for most of them, so they would reach the model as unknown tokens; removed, a word they were
+inside ("Haus\u00adtür") is the word again. Tabs and other whitespace controls stay.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import TextTokenizer
 from server.beam import Hypothesis
 from server.splitter import Split, join, split
 
@@ -64,7 +72,12 @@ class PartialSentence:
 
 
 def prepare_texts(
-    texts: list[str], source_lang: str, target_lang: str, tokenizer: Tokenizer, limits: RequestLimits, max_tokens: int
+    texts: list[str],
+    source_lang: str,
+    target_lang: str,
+    tokenizer: TextTokenizer,
+    limits: RequestLimits,
+    max_tokens: int,
 ) -> list[PreparedText]:
     """Split and tokenize every text; reject (never truncate) anything over a limit."""
     prepared: list[PreparedText] = []
@@ -77,7 +90,7 @@ def prepare_texts(
                 f"the request splits into more than {limits.max_sentences} sentences (limit reached at text {index}); "
                 "send fewer or shorter texts per request"
             )
-        sources = [tokenizer.encode_source(piece, target_lang) for piece in parts.pieces]
+        sources = [tokenizer.encode_source(model_text(piece), target_lang) for piece in parts.pieces]
         for position, ids in enumerate(sources):
             if len(ids) > max_tokens:
                 raise TextLimitError(
@@ -86,6 +99,13 @@ def prepare_texts(
                 )
         prepared.append(PreparedText(index, parts, sources))
     return prepared
+
+
+def model_text(sentence: str) -> str:
+    """`sentence` without its control and format characters (Cc, Cf) other than whitespace: what the model sees."""
+    if sentence.isprintable():  # the common case: no Cc or Cf at all
+        return sentence
+    return "".join(c for c in sentence if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf")).strip()
 
 
 @dataclass
@@ -100,7 +120,7 @@ class _Pending:
 class Assembler:
     """Maps the engine's flat sentence indices back to texts; finishes a text when its last sentence is done."""
 
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     texts: list[PreparedText]
     num_hypotheses: int
     _where: list[tuple[int, int]] = field(default_factory=list)  # flat sentence index -> (text slot, position)
@@ -118,7 +138,7 @@ class Assembler:
         return [ids for text in self.texts for ids in text.sources]
 
     def blank_texts(self) -> list[TextTranslation]:
-        """Texts without sentences, finished at once with their text unchanged."""
+        """Texts without sentences (nothing to translate), finished at once with their text unchanged."""
         return [self._finish(p) for p in self._pending if p.remaining == 0]
 
     def partial(self, sentence_index: int, tokens: tuple[int, ...], finished: bool) -> PartialSentence:

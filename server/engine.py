@@ -45,6 +45,7 @@ from server.scheduler import (
 )
 
 __all__ = [
+    "Admission",
     "DecodeOptions",
     "DrainingError",
     "Engine",
@@ -87,6 +88,13 @@ class _Submission:
     deadline: float | None
     submitted_at: float  # queue wait counts from here
     owner: _Owner
+
+
+@dataclass
+class Admission:
+    """A call's place in the engine, taken by `Engine.admission` before its request is split and tokenized."""
+
+    sentences: int  # queue places it holds until it submits (or ends without submitting)
 
 
 class RequestHandle:
@@ -142,6 +150,7 @@ class Engine:
         self._draining = False
         self._stopping = False
         self._admitted_calls = 0  # calls inside admission(): drain waits for them
+        self._reserved_sentences = 0  # queue places held by admitted calls that have not submitted yet
         self._failed = False  # the loop died: nothing is admitted any more
         # When the runner call in progress began (None outside runner calls; the engine thread sets it
         # unlocked, a lone attribute write, and clears it under _cond), and whether the loop was given
@@ -204,36 +213,50 @@ class Engine:
         deadline: float | None = None,
         lang_pair: str = "",
         *,
-        admitted: bool = False,
+        admitted: Admission | None = None,
     ) -> RequestHandle:
         """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
 
-        Raises InvalidWorkError for invalid work, QueueFullError when the queue bound would be exceeded,
-        DrainingError once draining (unless `admitted`: called inside `admission()`) or stopped,
-        EngineFailedError once the loop has died. `deadline` is `time.monotonic()` based.
+        Raises InvalidWorkError for invalid work, QueueFullError when the queue bound would be exceeded
+        (counting the places other admitted calls hold), DrainingError once draining (unless `admitted`:
+        the call's `admission()`, whose places it takes over) or stopped, EngineFailedError once the loop
+        has died. `deadline` is `time.monotonic()` based.
         """
         return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline, admitted)
 
     @contextmanager
-    def admission(self) -> Iterator[None]:
-        """Admit a call before its request is ready to submit (splitting and tokenizing take time).
+    def admission(self, sentences: int = 0) -> Iterator[Admission]:
+        """Admit a call before its request is ready to submit (splitting and tokenizing take time),
+        holding `sentences` queue places for it (what it will queue at least) until it submits or ends.
 
+        Admission is decided before any work: a burst the queue cannot take is refused in the time it
+        takes to count, and the calls being prepared at once are bounded by the queue, not the burst.
         A call admitted before a drain began may still submit during it, and the drain waits for it:
-        a request that arrived before SIGTERM is translated, not refused. Raises DrainingError once
-        draining, EngineFailedError once the loop has died.
+        a request that arrived before SIGTERM is translated, not refused. Raises QueueFullError when the
+        places are not free, DrainingError once draining, EngineFailedError once the loop has died.
         """
+        admission = Admission(self._reserve(sentences))
+        try:
+            yield admission
+        finally:
+            with self._cond:
+                self._reserved_sentences -= admission.sentences  # 0 once it submitted
+                self._admitted_calls -= 1
+                self._cond.notify_all()
+
+    def _reserve(self, sentences: int) -> int:
+        limit = self._scheduler.limits.max_queue_sentences
         with self._cond:
             if self._failed:
                 raise EngineFailedError(ENGINE_FAILED_MESSAGE)
             if self._draining:
                 raise DrainingError("the engine is draining and admits no new requests")
+            waiting = self._scheduled_queue + self._inbox_sentences + self._reserved_sentences
+            if waiting + sentences > limit:
+                raise QueueFullError(f"{waiting} of {limit} queue places are taken or held")
+            self._reserved_sentences += sentences
             self._admitted_calls += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._admitted_calls -= 1
-                self._cond.notify_all()
+        return sentences
 
     def warmup(self) -> None:
         """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving.
@@ -323,18 +346,22 @@ class Engine:
         options: DecodeOptions,
         owner: _Owner,
         deadline: float | None,
-        admitted: bool = False,
+        admitted: Admission | None = None,
     ) -> RequestHandle:
         self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
         limit = self._scheduler.limits.max_queue_sentences
+        held = 0 if admitted is None else admitted.sentences  # this call's own places: free to it
         with self._cond:
             if self._failed:
                 raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-            if self._stopping or (self._draining and not admitted):
+            if self._stopping or (self._draining and admitted is None):
                 raise DrainingError("the engine is draining and admits no new requests")
             queued = self._scheduled_queue + self._inbox_sentences
-            if queued + len(sentences) > limit:
+            if queued + self._reserved_sentences - held + len(sentences) > limit:
                 raise QueueFullError(f"the queue holds {queued} of {limit} sentences")
+            if admitted is not None:  # its places become queued sentences
+                self._reserved_sentences -= held
+                admitted.sentences = 0
             request_id = next(self._ids)
             self._inbox.append(_Submission(request_id, sentences, options, deadline, time.monotonic(), owner))
             self._inbox_sentences += len(sentences)

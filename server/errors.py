@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 INTERNAL_MESSAGE = "internal error"
 QUEUE_FULL_MESSAGE = "the server's queue is full; retry with backoff or on another replica"
 DRAINING_MESSAGE = "the server is shutting down; retry on another replica"
+# gRFC A6 retry pushback on a draining refusal: a client whose retry policy covers UNAVAILABLE retries
+# at once, and its round_robin balancer sends the retry to the next replica.
+DRAINING_PUSHBACK = (("grpc-retry-pushback-ms", "0"),)
 MALFORMED_MESSAGE = "the request is not a valid serialized message of its type (bad wire format or UTF-8)"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token in the `authorization` metadata"
 DEADLINE_SLACK_S = 0.25  # network transit allowed between a client's deadline and the server's copy
@@ -98,6 +101,11 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, EngineFailedError):
         return grpc.StatusCode.UNAVAILABLE, ENGINE_FAILED_MESSAGE
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
+def trailing_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """What a refusal adds to its status: the retry pushback when the server is draining."""
+    return DRAINING_PUSHBACK if isinstance(exc, DrainingError) else ()
 
 
 def rejection_reason(exc: BaseException) -> str | None:
@@ -210,7 +218,7 @@ async def _fail(
     _observe(metrics, method, call, code)
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
         metrics.observe_rejected(method, reason)
-    await context.abort(code, message)
+    await context.abort(code, message, trailing_metadata(exc))
 
 
 def deadline_passed(remaining: float | None, elapsed: float) -> bool:

@@ -3,7 +3,8 @@
 `create_server(config)` builds and starts a server on `config.port` (0 = ephemeral, for tests) and
 returns it with its bound port; `serve(config)` adds the metrics endpoint and SIGTERM/SIGINT
 handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds` to finish, new
-ones are answered UNAVAILABLE, then the process exits.
+ones are answered UNAVAILABLE while the port stays open for `shutdown_delay_seconds`, then grpc stops
+and the process exits.
 
 Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
 model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
@@ -33,16 +34,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from model.tokenizer import TOKENIZER_FILE, Tokenizer, check_tokenizer
+from model.config import ModelConfig
+from model.tokenizer import TextTokenizer, open_tokenizer
 from server.config import ServerConfig, parse_config
-from server.convert import ModelDescription, language_pairs
+from server.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.documents import RequestLimits
 from server.engine import Engine, EngineLimits
 from server.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.metrics import Metrics, start_metrics_server
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.runner import Runner
+from server.runner import ModelSpec, Runner
 from server.servicer import Backend, TranslatorServicer
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
 class StartupError(RuntimeError):
@@ -66,7 +69,7 @@ class LoadedModel:
     """A model ready to serve: its runner, tokenizer and the metadata ListModels reports."""
 
     runner: Runner
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     description: ModelDescription
 
 
@@ -91,7 +94,13 @@ def load_model(config: ServerConfig) -> LoadedModel:
 
 def _open_model(config: ServerConfig) -> LoadedModel:
     # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
-    from server.metadata import available_variants, choose_variant, direction_name, read_length_penalties
+    from server.metadata import (
+        available_variants,
+        choose_variant,
+        direction_name,
+        read_decoding_defaults,
+        read_length_penalties,
+    )
     from server.runtime import OnnxRunner, open_runner
 
     model_dir = config.model_dir
@@ -116,6 +125,7 @@ def _open_model(config: ServerConfig) -> LoadedModel:
     meta = runner.metadata
     directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
     length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
+    beam_size, max_output_len = read_decoding_defaults(model_dir, meta.source_sha256)
     logger.info(
         "loaded %s variant %s on %s with %s caches (requested provider %s)",
         model_dir, variant, runner.provider, runner.kv_cache, provider,
@@ -129,18 +139,19 @@ def _open_model(config: ServerConfig) -> LoadedModel:
         model_sha256=str(meta.source_sha256),
         dtype=str(meta.dtype),
         default_length_penalty=length_penalty,
+        default_beam_size=beam_size or DEFAULT_BEAM_SIZE,
+        default_max_output_len=max_output_len or 0,
     )
-    tokenizer = load_tokenizer(model_dir, runner.spec.tag_ids, meta.model_config.get("tokenizer_sha256", ""))
+    tokenizer = load_tokenizer(model_dir, runner.spec, ModelConfig.from_dict(meta.model_config))
     return LoadedModel(runner, tokenizer, description)
 
 
-def load_tokenizer(model_dir: Path, tag_ids: dict[str, int], sha256: str = "") -> Tokenizer:
-    """The model's tokenizer: the file the exported graphs were trained with (`sha256`, when recorded),
-    whose language tags are the ids they know."""
-    check_tokenizer(model_dir / TOKENIZER_FILE, sha256)
-    tokenizer = Tokenizer(model_dir / TOKENIZER_FILE)
-    if tokenizer.tag_ids != tag_ids:
-        raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {tag_ids}")
+def load_tokenizer(model_dir: Path, spec: ModelSpec, cfg: ModelConfig) -> TextTokenizer:
+    """The model's tokenizer: the files the exported graphs were trained or imported with, whose language
+    tags and pairs are those the graphs know."""
+    tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
+    if tokenizer.tag_ids != spec.tag_ids or tuple(tokenizer.pairs) != spec.pairs:
+        raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {spec.tag_ids}")
     return tokenizer
 
 
@@ -178,7 +189,7 @@ class TranslationServer:
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # else a second instance on the same port starts and shares the traffic
-                *connection_age_options(config.max_connection_age_s),
+                *connection_options(config),
             ],
             maximum_concurrent_rpcs=max_concurrent_rpcs(config),
         )
@@ -233,24 +244,26 @@ class TranslationServer:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         logger.info("serving %s (%s, %s)", info.name, info.variant, info.provider)
 
-    async def shutdown(self, grace: float) -> bool:
-        """NOT_SERVING, stop taking calls, finish in-flight work within `grace` seconds; True if nothing was cut off.
+    async def shutdown(self, grace: float, delay: float = 0.0) -> bool:
+        """NOT_SERVING, drain, then stop grpc; True if no in-flight work was cut off.
 
-        grpc's stop sends GOAWAY at once: a client balancing over replicas sends its next calls to another
-        one (retried transparently where never sent) instead of to this one only to be refused. It begins
-        before the engine drains, so a new call meets GOAWAY rather than the engine's refusal; one that
-        lands in the very instant stop begins is CANCELLED by grpc core (grpc/grpc#41785, open).
+        In-flight and queued requests, and calls admitted before the drain began, get `grace` seconds to
+        finish. Meanwhile the port stays open for `delay` seconds and the service answers every new call
+        UNAVAILABLE with a retry pushback, so clients and balancers move to other replicas (what a
+        Kubernetes preStop sleep does). grpc's stop begins only after both: it cancels calls it has
+        received but not yet handed to the service (grpc/grpc#41785, open), and by then every call that
+        arrived before the signal has its answer; it then sends GOAWAY and waits for the last responses.
         """
+        started = time.monotonic()
         await self.health.enter_graceful_shutdown()
-        stopping = asyncio.create_task(self.server.stop(grace + MIN_STOP_GRACE_S))
-        await asyncio.sleep(0)  # let stop() begin refusing new calls before the engine refuses them
         drained = True
         join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
         if self.engine is not None:
             drained = await self._off_loop(self.engine.drain, grace)  # the watchdog still watches meanwhile
             if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
-                await self._off_loop(self.engine.stop, join_timeout)  # before grpc's grace runs out and cancels them
-        await stopping
+                await self._off_loop(self.engine.stop, join_timeout)  # before grpc's stop could cancel them
+        await asyncio.sleep(delay - (time.monotonic() - started))  # returns at once when the drain outlasted it
+        await self.server.stop(max(0.0, grace - (time.monotonic() - started)) + MIN_STOP_GRACE_S)
         if self.engine is not None:
             await self._off_loop(self.engine.stop, join_timeout)  # joins the loop thread: off the event loop
         if self._watchdog is not None:
@@ -283,10 +296,34 @@ async def watch_for_a_stall(engine: Engine, limit_s: float) -> None:
             return
 
 
-def connection_age_options(seconds: float) -> list[tuple[str, int]]:
-    """GOAWAY to each connection after `seconds` (calls in flight finish first): clients dial again and
-    re-resolve, so replicas the autoscaler adds get traffic from clients that were already connected."""
-    return [] if seconds == 0 else [("grpc.max_connection_age_ms", int(seconds * 1000))]
+def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """grpc's HTTP/2 connection timers from the config (README, "Connections", says why each default).
+
+    Age: GOAWAY after it (gRPC adds +-10% jitter), calls in flight get the grace; clients dial again and
+    re-resolve, so replicas the autoscaler adds get traffic from clients already connected. Idle:
+    connections without calls close, and dial again on their next call. Keepalive: pings find a client
+    gone without closing its connection and cancel its calls, freeing their slots before their deadline;
+    pings are allowed on connections without calls too, both ways, so clients whose own keepalive is at
+    least `min_ping_interval_s` keep their connections (gRPC's default answers such pings with GOAWAY).
+    """
+    options = [
+        ("grpc.keepalive_time_ms", _ms(config.keepalive_time_s) or NEVER_MS),
+        ("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)),
+        # grpc (1.85) closes on an unanswered ping only once this one (default 1 min) has passed too
+        ("grpc.http2.ping_timeout_ms", _ms(config.keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.min_ping_interval_s)),
+    ]
+    optional = [  # 0 = never: left to grpc, whose default is no limit
+        ("grpc.max_connection_age_ms", config.max_connection_age_s),
+        ("grpc.max_connection_age_grace_ms", config.max_connection_age_grace_s),
+        ("grpc.max_connection_idle_ms", config.max_connection_idle_s),
+    ]
+    return options + [(name, _ms(seconds)) for name, seconds in optional if seconds > 0]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def max_concurrent_rpcs(config: ServerConfig) -> int | None:
@@ -383,9 +420,13 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
             failure = EngineDiedError("the decoding engine died or hung (logged above); restart the process")
     if failure is None:
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
-        logger.info("shutting down: draining for up to %.1f s", config.drain_seconds)
+        logger.info(
+            "shutting down: draining for up to %.1f s, refusing new calls and closing the port after %.1f s",
+            config.drain_seconds, config.shutdown_delay_seconds,
+        )  # fmt: skip
     stopping.cancel()
-    await server.shutdown(0.0 if failure else config.drain_seconds)
+    grace, delay = (0.0, 0.0) if failure else (config.drain_seconds, config.shutdown_delay_seconds)
+    await server.shutdown(grace, delay)
     if failure is not None:
         raise failure
 

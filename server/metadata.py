@@ -51,7 +51,8 @@ class ExportMetadata:
     pad_id: int
     bos_id: int
     eos_id: int
-    tag_ids: dict[str, int]  # target-language tag id by language code
+    tag_ids: dict[str, int]  # target-language tag id by language code; {} for a single-pair model
+    language_pairs: list[list[str]]  # [source, target] pairs the model translates
     max_source_len: int
     max_target_len: int
     # How the graphs were derived from the weights (dtype, quantization scheme); the BLEU gate is trusted
@@ -67,6 +68,8 @@ class ExportMetadata:
             eos_id=self.eos_id,
             pad_id=self.pad_id,
             tag_ids=dict(self.tag_ids),
+            pairs=tuple((s, t) for s, t in self.language_pairs),
+            source_vocab_size=int(self.model_config.get("src_vocab_size") or self.vocab_size),
         )
 
     def write(self, variant_dir: Path) -> Path:
@@ -84,7 +87,10 @@ def read_metadata(variant_dir: Path) -> ExportMetadata:
     try:
         meta = ExportMetadata(**data)
     except TypeError as exc:
-        raise MetadataError(f"{variant_dir / METADATA_FILE} does not match ExportMetadata: {exc}") from exc
+        raise MetadataError(
+            f"{variant_dir / METADATA_FILE} does not match ExportMetadata ({exc}): "
+            f"export it again with python -m export --model-dir {variant_dir.parent.parent}"
+        ) from exc
     cfg = meta.model_config
     expected = {"vocab_size": meta.vocab_size, "n_heads": meta.n_heads, "n_decoder_layers": meta.n_decoder_layers}
     mismatched = [k for k, v in expected.items() if cfg.get(k) != v]
@@ -205,6 +211,23 @@ def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
 def direction_name(source: str, target: str) -> str:
     """How a translation direction is named in files, metrics and ListModels: "de-en"."""
     return f"{source}-{target}"
+
+
+def read_decoding_defaults(model_dir: Path, weights_sha256: str) -> tuple[int | None, int | None]:
+    """decoding.json's default beam width and output limit (an imported model's generation defaults, which
+    `python -m export.hf` writes); None where it sets none. Checked like the length penalties."""
+    path = model_dir / DECODING_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(record, dict) or not {"beam_size", "max_output_len"} & set(record):
+        return None, None
+    if record.get("weights_sha256") != weights_sha256:
+        raise MetadataError(f"{path} was written for other weights than the exported graphs'; import the model again")
+    values = [record.get(name) for name in ("beam_size", "max_output_len")]
+    for name, value in zip(("beam_size", "max_output_len"), values, strict=True):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise MetadataError(f"{path}: {name} must be a whole number >= 0, got {value!r}")
+    beam, max_output_len = values
+    return (beam or None), (max_output_len or None)
 
 
 def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sha256: str) -> dict[str, float]:

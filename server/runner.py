@@ -33,7 +33,9 @@ class ModelSpec:
     bos_id: int  # first decoder input of every row
     eos_id: int  # ends a hypothesis
     pad_id: int  # never produced
-    tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}
+    tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}; {} if none
+    pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
+    source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
 
 
 @dataclass(frozen=True)

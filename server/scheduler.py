@@ -231,8 +231,8 @@ class Scheduler:
         for ids in sentences:
             if not 1 <= len(ids) <= spec.max_source_len:
                 raise InvalidWorkError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
-            if min(ids) < 0 or max(ids) >= spec.vocab_size:
-                raise InvalidWorkError(f"token ids must be in [0, {spec.vocab_size})")
+            if min(ids) < 0 or max(ids) >= spec.source_vocab_size:
+                raise InvalidWorkError(f"source token ids must be in [0, {spec.source_vocab_size})")
 
     def add(
         self,

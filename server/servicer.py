@@ -8,6 +8,7 @@ become statuses in `server.errors`; nothing here catches an exception to choose 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -16,7 +17,7 @@ from typing import TypeVar
 
 import grpc.aio
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import TextTokenizer
 from server.convert import (
     ModelDescription,
     TranslateJob,
@@ -26,7 +27,16 @@ from server.convert import (
     text_result_to_pb,
 )
 from server.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
-from server.engine import Engine, Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
+from server.engine import (
+    Admission,
+    DrainingError,
+    Engine,
+    Event,
+    RequestDone,
+    RequestFailed,
+    SentenceDone,
+    TokensEvent,
+)
 from server.errors import (
     CallRecord,
     ResponseTooLarge,
@@ -43,6 +53,7 @@ from server.runner import ModelSpec
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text without one has no sentence
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,7 @@ class Backend:
 
     engine: Engine
     spec: ModelSpec  # the runner's spec: languages and token limits
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     model: ModelDescription
 
 
@@ -110,13 +121,23 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             )
         return message
 
+    def _least_sentences(self, texts: list[str]) -> int:
+        """Sentences the request queues at least, counted at C speed before any splitting: one per text
+        with a letter or a digit. None for a request over the sentence limit: splitting refuses it
+        INVALID_ARGUMENT, which it must get rather than "queue full, retry" while the queue is busy."""
+        least = sum(1 for text in texts if _LETTER_OR_DIGIT.search(text))
+        return least if least <= self.limits.max_sentences else 0
+
     def _require_backend(self) -> Backend:
         if self._backend is None:
             raise Unavailable("the model is still loading; retry shortly")
+        engine = self._backend.engine
+        if engine.draining and not engine.failed:  # every new call, ListModels too, goes to another replica
+            raise DrainingError("the server is draining")  # (a failed engine refuses at admission, saying so)
         return self._backend
 
     def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
-        job = parse_request(request, backend.spec, self.limits, backend.model.default_length_penalty)
+        job = parse_request(request, backend.spec, self.limits, backend.model)
         call.lang_pair = job.lang_pair
         return job
 
@@ -125,10 +146,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
-        Admitted by the engine first: a drain that begins while the texts are still being split waits
-        for this call instead of refusing it at submit.
+        Admitted by the engine first, holding the queue places it will need at least: a request the
+        queue cannot take is refused before any splitting, and a drain that begins while the texts are
+        still being split waits for this call instead of refusing it at submit.
         """
-        with backend.engine.admission():
+        with backend.engine.admission(self._least_sentences(job.texts)) as admission:
             texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the loop
                 prepare_texts,
                 job.texts,
@@ -143,7 +165,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 yield blank
             if not assembler.sources:
                 return
-            async with aclosing(_engine_events(backend.engine, assembler.sources, job, context, call)) as events:
+            events_of = _engine_events(backend.engine, admission, assembler.sources, job, context, call)
+            async with aclosing(events_of) as events:
                 async for event in events:
                     if isinstance(event, TokensEvent):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
@@ -188,14 +211,19 @@ class CallInbox:
 
 
 async def _engine_events(
-    engine: Engine, sources: list[list[int]], job: TranslateJob, context: Context, call: CallRecord
+    engine: Engine,
+    admission: Admission,
+    sources: list[list[int]],
+    job: TranslateJob,
+    context: Context,
+    call: CallRecord,
 ) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
     """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
     handle = engine.submit(
-        sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=True
+        sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
     )
     finished = False
     try:

@@ -2,9 +2,13 @@
 
 Long texts are split into sentences with pysbd (rule-based, maintained, German and English rules)
 after first cutting at line breaks, which always end a sentence (a title line has no full stop).
-A text becomes `pieces` (sentences, stripped) and `separators` (the whitespace around them), with
-`join(pieces, separators) == text` for every text: the server translates the pieces and joins the
-translations with the original separators, so line breaks and spacing survive translation.
+A text becomes `pieces` (sentences, stripped) and `separators` (what is kept as it is around them),
+with `join(pieces, separators) == text` for every text: the server translates the pieces and joins
+the translations with the original separators, so line breaks and spacing survive translation.
+
+Only a sentence with a letter or a digit is a piece. One without (punctuation, symbols, emoji,
+control characters, "...", "---") has nothing for the model to translate, which would invent words
+for it; it stays in the separators and so comes back verbatim.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ _PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmente
 class Split:
     """A text as sentences and the whitespace between them."""
 
-    pieces: list[str]  # sentences without leading or trailing whitespace, in order; never empty strings
-    separators: list[str]  # len(pieces) + 1 whitespace runs: before, between and after the pieces
+    pieces: list[str]  # sentences without leading or trailing whitespace, in order; each `translatable`
+    separators: list[str]  # len(pieces) + 1 runs of whitespace and untranslatable text around the pieces
 
 
 def join(pieces: list[str], separators: list[str]) -> str:
@@ -36,6 +40,11 @@ def join(pieces: list[str], separators: list[str]) -> str:
     for piece, sep in zip(pieces, separators[1:], strict=True):
         out += [piece, sep]
     return "".join(out)
+
+
+def translatable(text: str) -> bool:
+    """Whether `text` holds a letter or a digit (Unicode categories L and N): else there is nothing to translate."""
+    return any(char.isalnum() for char in text)
 
 
 def _segmenter(language: str) -> pysbd.Segmenter:
@@ -64,7 +73,7 @@ def split(text: str, language: str) -> Split:
         chunk = text[start:end]
         start = end
         core = chunk.strip()
-        if not core:
+        if not translatable(core):
             pending += chunk
             continue
         lead = chunk[: len(chunk) - len(chunk.lstrip())]

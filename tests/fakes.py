@@ -23,7 +23,15 @@ from server.runner import Candidates, EncodeItem, ModelSpec
 from server.scheduler import Batch
 
 FAKE_SPEC = ModelSpec(
-    vocab_size=24, max_source_len=16, max_target_len=12, bos_id=2, eos_id=3, pad_id=0, tag_ids={"en": 4, "de": 5}
+    vocab_size=24,
+    max_source_len=16,
+    max_target_len=12,
+    bos_id=2,
+    eos_id=3,
+    pad_id=0,
+    tag_ids={"en": 4, "de": 5},
+    pairs=(("de", "en"), ("en", "de")),
+    source_vocab_size=24,
 )
 
 

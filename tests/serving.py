@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from server.runner import Candidates, EncodeItem, ModelSpec, Runner
 from tests.fakes import FAKE_SPEC, FakeRunner
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
 FAKE_DESCRIPTION = ModelDescription(
     name="fake", variant="fp32", available_variants=["fp32"], provider="fake", opset=18, model_sha256="0" * 64,
@@ -111,6 +113,7 @@ def fake_model(
     spec = replace(
         FAKE_SPEC,
         vocab_size=tokenizer.vocab_size,
+        source_vocab_size=tokenizer.vocab_size,
         max_source_len=max_source_len,
         max_target_len=max_target_len,
         tag_ids=tokenizer.tag_ids,
@@ -249,8 +252,32 @@ def health_status(channel: grpc.Channel, service: str = "") -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+@contextmanager
+def server_process(tokenizer_dir: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`main()` in its own process (real signal handling) with the server `flags`; yields it and its address."""
+    command = [sys.executable, "-m", "tests.serving", "--tokenizer-dir", str(tokenizer_dir), *flags]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert process.stderr is not None
+        address = ""
+        for line in process.stderr:
+            if match := re.search(r"gRPC on (\S+):(\d+)", line):
+                address = f"localhost:{match.group(2)}"
+            if "serving" in line and address:
+                break
+        assert address, "the server never logged its address"
+        yield process, address
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
 def main() -> None:
-    """`python -m tests.serving --tokenizer-dir DIR`: `serve()` a slowed FakeRunner, for process-level tests.
+    """`python -m tests.serving --tokenizer-dir DIR [server flags]`: `serve()` a slowed FakeRunner, for
+    process-level tests. Other flags are the server's own (`--max-queue 8`); it binds an ephemeral
+    loopback port, serves no metrics, drains for 30 s and keeps the port open 1 s after a signal
+    unless they say otherwise.
 
     SIGUSR1 makes the next decoder step kill the engine's loop.
     """
@@ -258,19 +285,21 @@ def main() -> None:
     import logging
     import signal
 
+    from server.config import parse_config
     from server.main import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
     parser.add_argument("--step-delay", type=float, default=0.05, help="seconds added to every decoder step")
-    parser.add_argument("--drain-seconds", type=float, default=30.0)
-    args = parser.parse_args()
+    args, server_flags = parser.parse_known_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     base = fake_model(args.tokenizer_dir)
     runner = KillableRunner(base.runner, args.step_delay)
     signal.signal(signal.SIGUSR1, lambda *_: runner.kill.set())  # the next decoder step kills the engine's loop
     model = LoadedModel(runner, base.tokenizer, base.description)
-    config = ServerConfig(port=0, host="localhost", metrics_port=-1, drain_seconds=args.drain_seconds)
+    defaults = ["--port", "0", "--host", "localhost", "--metrics-port", "-1", "--drain-seconds", "30"]
+    defaults += ["--shutdown-delay-seconds", "1"]
+    config = parse_config([*defaults, *server_flags], {})  # the later flag wins
     run(config, model)
 
 

@@ -19,16 +19,20 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from server.documents import RequestLimits, TextLimitError
+from model.tokenizer import TOKENIZER_FILE, Tokenizer
+from server.documents import RequestLimits, TextLimitError, model_text, prepare_texts
 from server.engine import InvalidWorkError
 from server.errors import MALFORMED_MESSAGE, status_for
 from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
+from server.splitter import translatable
+from tests.fakes import FakeRunner
 from tests.serving import (
     RunningServer,
     fake_model,
     health_status,
     request,
     running_server,
+    sample_value,
     server_config,
     status_of,
 )
@@ -88,9 +92,74 @@ def test_odd_characters_are_translated_one_result_per_text(served: RunningServer
 
 @pytest.mark.parametrize("name", list(ODD_TEXTS))
 def test_each_odd_text_alone_is_translated(served: RunningServer, name: str) -> None:
-    (result,) = served.stub.Translate(request([ODD_TEXTS[name]], beam_size=1), timeout=30).results
+    text = ODD_TEXTS[name]
+    (result,) = served.stub.Translate(request([text], beam_size=1), timeout=30).results
     assert result.index == 0
-    assert (result.sentences == 0) == (not ODD_TEXTS[name].strip()), "blank texts only skip the model"
+    assert (result.sentences == 0) == (not translatable(text)), "only texts with nothing to translate skip the model"
+    if not translatable(text):
+        assert result.translation == text
+
+
+NOTHING_TO_TRANSLATE = [
+    "\x00" * 5,
+    "?!... --- ;;;",
+    "\u200b\u200d\ufeff",
+    " \x07 \x1b \x7f\x9b ",
+    "👍🏽 👨\u200d👩\u200d👧",
+    "« — » …",
+    "\t \u00a0\n",
+    "",
+]
+
+
+def test_texts_with_nothing_to_translate_come_back_verbatim_without_running_the_model(tiny_model_dir: Path) -> None:
+    """No letter or digit: Translate and TranslateStream give the text itself, one hypothesis scored 0, zero counts."""
+    model = fake_model(tiny_model_dir)
+    runner = model.runner
+    assert isinstance(runner, FakeRunner)
+    texts = NOTHING_TO_TRANSLATE
+    message = request(texts, beam_size=2, num_hypotheses=2, return_scores=True, stream_tokens=True)
+    with running_server(model, server_config()) as served:
+        before = (len(runner.encode_calls), runner.step_calls)  # after warmup
+        unary = list(served.stub.Translate(message, timeout=30).results)
+        streamed = list(served.stub.TranslateStream(message, timeout=30))
+        assert all(m.HasField("result") for m in streamed), "nothing decoded, so no partial output"
+        for results in (unary, sorted((m.result for m in streamed), key=lambda r: r.index)):
+            assert [r.index for r in results] == list(range(len(texts)))
+            assert [r.translation for r in results] == texts
+            assert [[(h.text, h.score) for h in r.hypotheses] for r in results] == [[(t, 0.0)] for t in texts]
+            assert {(r.sentences, r.input_tokens, r.output_tokens) for r in results} == {(0, 0, 0)}
+        assert (len(runner.encode_calls), runner.step_calls) == before, "the model ran"
+        assert sample_value(served.registry, "translation_input_tokens_total", lang_pair="de-en") == 0
+
+
+def test_a_sentence_with_nothing_to_translate_stays_verbatim_inside_a_translated_text(served: RunningServer) -> None:
+    first, second = served.stub.Translate(request(["Er kam.", "Dann ging er."], beam_size=1), timeout=30).results
+    message = request(["Er kam. ... Dann ging er.\n---"], beam_size=1)
+    (result,) = served.stub.Translate(message, timeout=30).results
+    (streamed,) = [m.result for m in served.stub.TranslateStream(message, timeout=30) if m.HasField("result")]
+    expected = f"{first.translation} ... {second.translation}\n---"
+    assert (result.translation, streamed.translation) == (expected, expected)
+    assert (result.sentences, result.input_tokens) == (2, first.input_tokens + second.input_tokens)
+
+
+def test_control_and_format_characters_are_removed_before_tokenization(
+    served: RunningServer, tiny_model_dir: Path
+) -> None:
+    dirty = "\u202eDas\x00 Haus\x1b ist\u200b gro\u00adß."  # bidi override, NUL, ESC, zero-width space, soft hyphen
+    clean = "Das Haus ist groß."
+    assert model_text(dirty) == clean and model_text("Das\tHaus") == "Das\tHaus"  # whitespace controls stay
+    tokenizer = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
+    assert tokenizer.encode_source(dirty, "en") != tokenizer.encode_source(clean, "en"), "the test must mean something"
+    (prepared,) = prepare_texts([dirty], "de", "en", tokenizer, RequestLimits(), 48)
+    assert prepared.sources == [tokenizer.encode_source(clean, "en")]
+    message = request([dirty, clean], beam_size=2)
+    streamed = sorted(
+        (m.result for m in served.stub.TranslateStream(message, timeout=30) if m.HasField("result")),
+        key=lambda r: r.index,
+    )
+    for pair in (list(served.stub.Translate(message, timeout=30).results), streamed):
+        assert (pair[0].translation, pair[0].input_tokens) == (pair[1].translation, pair[1].input_tokens)
 
 
 MALFORMED = {
@@ -177,8 +246,8 @@ def test_any_texts_and_options_get_a_documented_answer(
     assert not invalid, "a request that breaks a documented rule was accepted"
     assert sorted(r.index for r in results) == list(range(len(texts))), "one result per text, none twice"
     for result in results:
-        if texts[result.index] == "":
-            assert result.translation == ""
+        if not translatable(texts[result.index]):
+            assert (result.translation, result.sentences) == (texts[result.index], 0)
 
 
 def mutate(rng: random.Random, payload: bytes) -> bytes:

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from server import client_cli
-from server.client_cli import PROGRESS_MIN_TEXTS, build_parser, make_progress, read_texts, run
+from server.client_cli import PROGRESS_MIN_TEXTS, InputError, build_parser, make_progress, read_texts, run
 from server.config import ServerConfig
 from server.main import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, fake_model, request, running_server
 from tests.tiny import TINY_PAIRS
+
+CLI = [sys.executable, "-m", "server.client_cli"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,44 @@ def test_texts_from_arguments(served: RunningServer) -> None:
 
 def test_stdin_lines_become_texts() -> None:
     args = build_parser().parse_args(["--source", "de", "--target", "en"])
-    assert read_texts(args, ["eins\n", "\n", "zwei\r\n"]) == ["eins", "", "zwei"]
+    assert read_texts(args, [b"eins\n", b"\n", b"zwei\r\n", "groß".encode()]) == ["eins", "", "zwei", "groß"]
+
+
+def test_input_that_is_not_utf8_names_its_line_or_is_replaced_when_asked() -> None:
+    strict = build_parser().parse_args(["--source", "de", "--target", "en"])
+    with pytest.raises(
+        InputError, match=r"^stdin line 2 is not valid UTF-8 \(byte 0xe4 at byte 3\); .*--errors replace"
+    ):
+        read_texts(strict, [b"eins\n", b"gr\xe4\xdf\n"])  # Latin-1, not UTF-8
+    replace = build_parser().parse_args(["--source", "de", "--target", "en", "--errors", "replace"])
+    assert read_texts(replace, [b"gr\xe4\xdf\n", b"ok"]) == ["gr\ufffd\ufffd", "ok"]
+    # An argument's bytes reach Python as lone surrogates (surrogateescape), which protobuf cannot encode.
+    argument = "Haus \udcff".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+    with pytest.raises(InputError, match=r"^argument 2 is not valid UTF-8 \(byte 0xff at byte 6\)"):
+        read_texts(build_parser().parse_args(["--source", "de", "--target", "en", "gut", argument]), [])
+
+
+@pytest.mark.parametrize("where", ["stdin", "argument"])
+def test_the_command_refuses_input_that_is_not_utf8_with_one_line_and_status_2(where: str) -> None:
+    """Refused before any connection: no server is needed, and nothing half-translated is printed."""
+    command: list[str | bytes] = [*CLI, "--server", "localhost:1", "--source", "de", "--target", "en"]
+    if where == "argument":
+        command += [b"gut", b"gr\xe4\xdf"]
+    done = subprocess.run(command, input=b"gut\ngr\xe4\xdf\n", capture_output=True, timeout=120, check=False)
+    name = "stdin line 2" if where == "stdin" else "argument 2"
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == (
+        f"translate: {name} is not valid UTF-8 (byte 0xe4 at byte 3); "
+        "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or pass --errors replace\n"
+    )
+
+
+def test_errors_replace_translates_the_text_with_replacement_characters(served: RunningServer) -> None:
+    args = ["--server", served.address, "--source", "de", "--target", "en", "--errors", "replace"]
+    done = subprocess.run([*CLI, *args], input=b"Das Haus\ngr\xe4\xdf\n", capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = served.stub.Translate(request(["Das Haus", "gr\ufffd\ufffd"])).results
+    assert done.stdout.decode().splitlines() == [r.translation for r in expected]
 
 
 def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServer) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
+from server.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ServerConfig, parse_config
 
 
 def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
@@ -20,6 +20,8 @@ def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
+    argv += " --max-connection-age-grace-s 7 --max-connection-idle-s 90 --keepalive-time-s 45 --keepalive-timeout-s 5"
+    argv += " --min-ping-interval-s 2.5 --shutdown-delay-seconds 3"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -31,6 +33,7 @@ def test_every_flag_parses() -> None:
         max_slots=16,
         max_queue=9,
         drain_seconds=2.5,
+        shutdown_delay_seconds=3.0,
         stall_seconds=30.0,
         threads=3,
         spin_threads=True,
@@ -38,6 +41,11 @@ def test_every_flag_parses() -> None:
         log_level="DEBUG",
         host="127.0.0.1",
         max_connection_age_s=60.0,
+        max_connection_age_grace_s=7.0,
+        max_connection_idle_s=90.0,
+        keepalive_time_s=45.0,
+        keepalive_timeout_s=5.0,
+        min_ping_interval_s=2.5,
         max_concurrent_rpcs=5,
     )
 
@@ -49,15 +57,52 @@ def test_environment_sets_values_and_flags_win() -> None:
         "TRANSLATE_NO_REFLECTION": "true",
         "TRANSLATE_MODEL_DIR": "/models/x",
         "TRANSLATE_LOG_LEVEL": "warning",
+        "TRANSLATE_SHUTDOWN_DELAY_SECONDS": "7.5",
         "OTHER": "ignored",
     }
     config = parse_config(["--port", "6001"], env)
     assert (config.port, config.max_slots, config.reflection) == (6001, 12, False)
     assert (config.model_dir, config.log_level) == (Path("/models/x"), "WARNING")
+    assert config.shutdown_delay_seconds == 7.5
+    assert parse_config(["--shutdown-delay-seconds", "0"], env).shutdown_delay_seconds == 0.0
     assert parse_config([], {"TRANSLATE_NO_REFLECTION": "0"}).reflection
     assert parse_config([], {"TRANSLATE_SPIN_THREADS": "yes"}).spin_threads
     assert not parse_config([], {}).spin_threads
     assert not parse_config(["--no-spin-threads"], {"TRANSLATE_SPIN_THREADS": "1"}).spin_threads
+
+
+CONNECTION_FLAGS = [
+    "max-connection-age-s",
+    "max-connection-age-grace-s",
+    "max-connection-idle-s",
+    "keepalive-time-s",
+    "keepalive-timeout-s",
+    "min-ping-interval-s",
+]
+
+
+@pytest.mark.parametrize("flag", CONNECTION_FLAGS)
+def test_connection_timers_come_from_their_environment_variable_and_the_flag_wins(flag: str) -> None:
+    field = flag.replace("-", "_")
+    variable = "TRANSLATE_" + field.upper()
+    assert getattr(parse_config([], {variable: "12.5"}), field) == 12.5
+    assert getattr(parse_config([f"--{flag}", "3"], {variable: "12.5"}), field) == 3.0
+    with pytest.raises(ValueError, match=f"{field} must be >= 0"):
+        parse_config([], {variable: "-1"})
+
+
+def test_connection_defaults_rebalance_within_minutes_and_find_dead_peers() -> None:
+    """The README's numbers: age 5 min + 30 s grace, idle 5 min, keepalive 60 s / 20 s, client pings >= 10 s."""
+    config = ServerConfig()
+    assert {name: getattr(config, name) for name in CONNECTION_SECONDS} == {
+        "max_connection_age_s": 300.0,
+        "max_connection_age_grace_s": 30.0,
+        "max_connection_idle_s": 300.0,
+        "keepalive_time_s": 60.0,
+        "keepalive_timeout_s": 20.0,
+        "min_ping_interval_s": 10.0,
+    }
+    assert config.max_connection_age_grace_s > config.drain_seconds  # what a drain lets finish, an old connection does
 
 
 @pytest.mark.parametrize(
@@ -71,7 +116,10 @@ def test_environment_sets_values_and_flags_win() -> None:
         (["--port", "70000"], {}, "port must be in"),
         (["--drain-seconds", "-1"], {}, "drain_seconds"),
         ([], {"TRANSLATE_STALL_SECONDS": "-5"}, "stall_seconds must be >= 0"),
+        ([], {"TRANSLATE_SHUTDOWN_DELAY_SECONDS": "-1"}, "shutdown_delay_seconds must be >= 0"),
         ([], {"TRANSLATE_MAX_CONCURRENT_RPCS": "-2"}, "max_concurrent_rpcs must be >= 0"),
+        (["--keepalive-timeout-s", "0"], {}, "keepalive_timeout_s must be > 0"),
+        ([], {"TRANSLATE_KEEPALIVE_TIME_S": "soon"}, "TRANSLATE_KEEPALIVE_TIME_S='soon'"),
     ],
 )
 def test_bad_values_are_rejected_with_the_name(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -137,8 +137,13 @@ def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, pr
 
 
 def test_documented_docker_run_outwaits_the_drain() -> None:
-    """`docker stop` SIGKILLs after 10 s unless told otherwise; the image drains for TRANSLATE_DRAIN_SECONDS."""
+    """`docker stop` SIGKILLs after 10 s unless told otherwise; the image drains for TRANSLATE_DRAIN_SECONDS
+    while its port stays open for the shutdown delay (the config's default: the images do not set it)."""
+    from server.config import ServerConfig
+
     drain = max(int(d) for f in DOCKERFILES for d in re.findall(r"TRANSLATE_DRAIN_SECONDS=(\d+)", f.read_text()))
+    assert not any("TRANSLATE_SHUTDOWN_DELAY_SECONDS" in f.read_text() for f in DOCKERFILES)
+    drain = max(drain, int(ServerConfig().shutdown_delay_seconds))
     runs = [
         line for f in (*DOCKERFILES, ROOT / "README.md") for line in f.read_text().splitlines() if "docker run " in line
     ]
@@ -471,7 +476,11 @@ def test_k8s_deployment_is_gpu_probed_hardened_and_drains() -> None:
     (container,) = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert pod["terminationGracePeriodSeconds"] > int(env["TRANSLATE_DRAIN_SECONDS"])
+    # The shutdown (server/main.py): the drain and the open-port delay side by side, then 1 s to flush answers;
+    # a preStop hook would run before SIGTERM, inside the same grace period.
+    shutdown_s = max(float(env["TRANSLATE_DRAIN_SECONDS"]), float(env["TRANSLATE_SHUTDOWN_DELAY_SECONDS"])) + 1
+    assert pod["terminationGracePeriodSeconds"] > shutdown_s
+    assert "lifecycle" not in container, "the server keeps its port open after SIGTERM itself: no preStop sleep"
     assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": "translation.v1.Translator"}
     assert container["livenessProbe"]["grpc"]["port"] == 50051
     # A draining pod turns NOT_SERVING; liveness must not restart it before the drain can finish.

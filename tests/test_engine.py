@@ -273,6 +273,23 @@ def test_queue_full_enqueues_nothing(engine_factory: Callable[..., Engine]) -> N
     assert engine.queue_depth in (1, 2)  # both waiting, or one already given the slot; the refused ones add none
 
 
+def test_admission_holds_queue_places_and_refuses_what_they_cannot_take(engine_factory: Callable[..., Engine]) -> None:
+    runner = GatedRunner(max_slots=1)
+    engine = engine_factory(runner, max_queue_sentences=4)
+    greedy = DecodeOptions(beam_size=1)
+    with engine.admission(3) as first:
+        with pytest.raises(QueueFullError), engine.admission(2):  # 3 of 4 places held: refused before any work
+            pass
+        with engine.admission(1) as second, pytest.raises(QueueFullError):  # needing more than it held, a call
+            engine.submit([src(1), src(2)], greedy, Collector(), admitted=second)  # counts the others' places
+        engine.submit([src(3), src(4), src(5)], greedy, Collector(), admitted=first)  # its own places are free to it
+        assert (first.sentences, engine.queue_depth) == (0, 3)
+    # The second call left without submitting: its place is free again, and then taken.
+    with engine.admission(1), pytest.raises(QueueFullError), engine.admission(1):
+        pass
+    runner.open()
+
+
 def test_drain_finishes_in_flight_work_and_refuses_new(engine_factory: Callable[..., Engine]) -> None:
     runner = FakeRunner(max_slots=4)
     engine = engine_factory(runner)
@@ -457,7 +474,9 @@ class TorchSlotRunner:
         self.model = load_artifact(model_dir).eval()
         cfg = self.model.cfg
         self.max_slots = max_slots
-        self.spec = ModelSpec(cfg.vocab_size, cfg.max_len, cfg.max_len, cfg.bos_id, cfg.eos_id, cfg.pad_id, {})
+        self.spec = ModelSpec(
+            cfg.vocab_size, cfg.max_len, cfg.max_len, cfg.bos_id, cfg.eos_id, cfg.pad_id, {}, (), cfg.vocab_size
+        )
         cache = (max_slots, cfg.n_heads, cfg.max_len, cfg.head_dim)  # (slots, H, L, Dh)
         layers = range(cfg.n_decoder_layers)
         self.k = [torch.zeros(cache) for _ in layers]

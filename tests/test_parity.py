@@ -96,8 +96,8 @@ def test_the_logit_check_covers_both_directions_to_the_end_of_the_reference(mode
     from model.tokenizer import Tokenizer
 
     tok = Tokenizer(model_dir / "tokenizer.model")
-    cases = [(tok.encode_source(de, "en"), tok.encode_target(en)) for de, en in TINY_PAIRS[:4]]
-    cases += [(tok.encode_source(en, "de"), tok.encode_target(de)) for de, en in TINY_PAIRS[:4]]
+    cases = [[(tok.encode_source(de, "en"), tok.encode_target(en)) for de, en in TINY_PAIRS[:4]]]
+    cases += [[(tok.encode_source(en, "de"), tok.encode_target(de)) for de, en in TINY_PAIRS[:4]]]
     checked = logit_cases(cases, per_direction=2)
     assert [source[0] for source, _ in checked] == [tok.tag_ids["en"]] * 2 + [tok.tag_ids["de"]] * 2
     model = load_artifact(model_dir)

@@ -9,7 +9,10 @@ loop, and startup that fails loudly.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,14 +20,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import TextTokenizer
 from server.engine import (
     DecodeOptions,
     Engine,
@@ -35,7 +38,10 @@ from server.engine import (
     RequestFailed,
     SentenceDone,
 )
-from server.main import SERVICE_NAME, LoadedModel, StartupError, create_server
+from server.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE
+from server.main import MIN_STOP_GRACE_S, SERVICE_NAME, LoadedModel, StartupError, create_server
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from server.runner import Candidates
 from server.scheduler import Scheduler
 from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, execute, reference_decode
@@ -49,6 +55,7 @@ from tests.serving import (
     running_server,
     sample_value,
     server_loop,
+    server_process,
     status_of,
     wait_until,
 )
@@ -112,6 +119,76 @@ def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny
         assert [f.result(30).results[0].sentences for f in admitted] == [1] * len(admitted)
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
         assert count(served, "OK") == len(admitted) >= max_queue
+
+
+@dataclass(frozen=True)
+class Answer:
+    method: str
+    code: grpc.StatusCode
+    details: str
+    seconds: float  # from sending the call to its status arriving
+
+
+Call = tuple[str, pb.TranslateRequest | pb.ListModelsRequest]  # method name, request
+
+
+def send_at_once(calls: list[Call], channel: grpc.Channel, timeout: float = 60.0) -> list[Answer]:
+    """Send every call without waiting for any (one after another from this thread, as fast as grpc takes
+    them) and time each from its own sending to its status."""
+    stub = pb_grpc.TranslatorStub(channel)
+    arrived: dict[int, float] = {}
+    futures: list[Any] = []  # each a grpc.Future and a grpc.Call
+    for index, (method, message) in enumerate(calls):
+        sent = time.monotonic()
+        future = getattr(stub, method).future(message, timeout=timeout)
+        future.add_done_callback(lambda _, index=index, sent=sent: arrived.__setitem__(index, time.monotonic() - sent))
+        futures.append(future)
+    for future in futures:
+        future.exception()
+    wait_until(lambda: len(arrived) == len(calls))  # callbacks run on grpc's thread, after result() returns
+    return [
+        Answer(method, future.code(), future.details() or "", arrived[index])
+        for index, ((method, _), future) in enumerate(zip(calls, futures, strict=True))
+    ]
+
+
+BURST, ROUNDS = 400, 3  # calls sent at once; bursts of each kind, the best one of each compared
+DOCUMENT = ["Das Haus ist groß. Er wartete lange. Sie schrieben ein Buch. Es hörte auf zu regnen."] * 4
+
+
+def test_a_burst_the_queue_cannot_take_is_refused_before_any_work_within_100_ms(tiny_model_dir: Path) -> None:
+    """400 calls of 16 sentences at once against a queue of 64: 4 are admitted (and run out of their 2 s
+    deadline on a decoder slowed to 50 ms steps, which frees the queue for the next burst), the rest
+    are refused. Answering any burst of 400 takes gRPC itself a while on a small machine, so a burst of
+    400 no-op calls (ListModels) on the same server measures that floor; the refusals may take at most
+    100 ms more, at the median and at the last one (split and tokenized first, each refusal would wait
+    behind the others' splitting). Best of 3 bursts of each kind: other work on the machine slows
+    single bursts, not the comparison."""
+    flags = ("--max-queue", "64", "--max-slots", "2")
+    with server_process(tiny_model_dir, *flags) as (_, address), grpc.insecure_channel(address) as channel:
+        assert pb_grpc.TranslatorStub(channel).Translate(request([HOUSE]), timeout=60).results[0].sentences == 1
+        bursts = [
+            (send_at_once([("Translate", request(DOCUMENT, beam_size=1))] * BURST, channel, timeout=2.0),
+             send_at_once([("ListModels", pb.ListModelsRequest())] * BURST, channel))
+            for _ in range(ROUNDS)
+        ]  # fmt: skip
+    refused = grpc.StatusCode.RESOURCE_EXHAUSTED
+    for translations, no_ops in bursts:
+        assert {a.code for a in no_ops} == {grpc.StatusCode.OK}
+        admitted = [a.code for a in translations if a.code != refused]
+        assert len(admitted) >= 4, "the queue takes 4 documents of 16 sentences"
+        assert set(admitted) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, admitted
+        assert all(a.details == QUEUE_FULL_MESSAGE for a in translations if a.code == refused)
+    refusals = [[a.seconds for a in translations if a.code == refused] for translations, _ in bursts]
+    floors = [[a.seconds for a in no_ops] for _, no_ops in bursts]
+    measured = {
+        f"{name} {stat} ms": round(1000 * min(stat_of(burst) for burst in runs))
+        for name, runs in (("refusal", refusals), ("no-op", floors))
+        for stat, stat_of in (("p50", statistics.median), ("max", max))
+    }
+    print(measured)
+    assert measured["refusal p50 ms"] - measured["no-op p50 ms"] < 100, measured
+    assert measured["refusal max ms"] - measured["no-op max ms"] < 100, measured
 
 
 CLIENT = """
@@ -190,7 +267,7 @@ class PoisonRunner(FakeRunner):
         return rows
 
 
-def poison_token(tokenizer: Tokenizer, bad: str, good: list[str]) -> int:
+def poison_token(tokenizer: TextTokenizer, bad: str, good: list[str]) -> int:
     """A piece of `bad` that none of `good` contains."""
     clean = {t for text in good for t in tokenizer.encode_source(text, "en")}
     return next(t for t in tokenizer.encode_source(bad, "en") if t not in clean)
@@ -408,6 +485,41 @@ def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -
         last_line = done.stderr.strip().splitlines()[-1]
         assert last_line.startswith(f"translate-server: could not bind localhost:{first.port}")
         assert first.stub.Translate(request([HOUSE]), timeout=30).results[0].sentences == 1
+
+
+SHUTDOWN_REPEATS = int(os.environ.get("SHUTDOWN_REPEATS", "3"))  # the issue's bar: 20 in a row
+SHUTDOWN_DELAY_S, DRAIN_S = 1.0, 20.0
+# When each call is sent, in seconds after the first: one every 2 ms, then 10 at once as SIGTERM goes
+SEND_AT = [index * 0.002 for index in range(50)] + [0.1] * 10
+
+
+@pytest.mark.parametrize("repeat", range(SHUTDOWN_REPEATS))
+def test_calls_sent_just_before_sigterm_end_ok_or_unavailable_never_cancelled(
+    tiny_model_dir: Path, repeat: int
+) -> None:
+    """grpc's stop cancels calls it has received but not yet handed to the service (grpc/grpc#41785):
+    the server answers and drains first, keeping the port open, and stops grpc only then."""
+    flags = ("--shutdown-delay-seconds", str(SHUTDOWN_DELAY_S), "--drain-seconds", str(DRAIN_S), "--step-delay", "0.01")
+    with server_process(tiny_model_dir, *flags) as (process, address), grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        assert stub.Translate(request([HOUSE], beam_size=1), timeout=30).results[0].sentences == 1  # channel open
+        started = time.monotonic()
+        calls = []
+        for send_at in SEND_AT:
+            time.sleep(max(0.0, started + send_at - time.monotonic()))
+            calls.append(stub.Translate.future(request([POLICE], beam_size=1), timeout=60))
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        answers = [(call.code(), call.details()) for call in calls]
+        process.wait(max(SHUTDOWN_DELAY_S, DRAIN_S) + MIN_STOP_GRACE_S + 5)  # the documented bound, with slack
+        exit_s = time.monotonic() - signalled
+    codes = [code for code, _ in answers]
+    print({"OK": codes.count(grpc.StatusCode.OK), "UNAVAILABLE": codes.count(grpc.StatusCode.UNAVAILABLE)}, exit_s)
+    assert grpc.StatusCode.CANCELLED not in codes, answers
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, answers
+    assert all(details == DRAINING_MESSAGE for code, details in answers if code != grpc.StatusCode.OK), answers
+    assert process.returncode == 0
+    assert exit_s >= SHUTDOWN_DELAY_S, "the port stays open for the shutdown delay"
 
 
 class FailsOnceShared(FakeRunner):

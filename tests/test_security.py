@@ -321,7 +321,7 @@ def test_the_model_is_read_only_from_the_configured_directory(
 
     recording(server.runtime, "make_session")
     recording(server.runtime, "read_metadata")
-    recording(server.main, "Tokenizer")
+    recording(server.main, "open_tokenizer")  # its model directory
     load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1))
     root = tiny_model_dir.resolve()
     assert len(opened) == 4  # metadata, encoder, decoder, tokenizer

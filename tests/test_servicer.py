@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.config import ServerConfig
 from server.documents import RequestLimits
 from server.engine import RequestDone, SentenceDone, TokensEvent
-from server.errors import deadline_passed
+from server.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
 from server.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -35,6 +33,7 @@ from tests.serving import (
     START_TIMEOUT_S,
     GatedRunner,
     RunningServer,
+    Status,
     export_tiny_onnx,
     fake_model,
     health_status,
@@ -43,6 +42,7 @@ from tests.serving import (
     running_server,
     sample_value,
     server_loop,
+    server_process,
     status_of,
     wait_until,
 )
@@ -425,6 +425,20 @@ def test_health_is_not_serving_until_loaded_then_serving(model: LoadedModel) -> 
         running.run(server.shutdown(0.0))
 
 
+def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized(tiny_model_dir: Path) -> None:
+    base = fake_model(tiny_model_dir)
+    held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
+    with running_server(LoadedModel(base.runner, held, base.description), config(max_queue=2)) as served:
+        first = served.stub.Translate.future(request(["Das Haus ist groß.", "Er wartete."]))  # holds both places
+        assert held.entered.wait(30)  # admitted, and held while its texts are tokenized
+        # Were the next call split and tokenized, it would wait at the held tokenizer, past the timeout.
+        refused = status_of(lambda: served.stub.Translate(request(["Geheimpolizei"]), timeout=10))
+        held.release.set()
+        assert [r.sentences for r in first.result(30).results] == [1, 1]
+        assert rejections(served)["queue_full"] == 1
+    assert refused == Status(grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE)
+
+
 def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(base.runner)
@@ -433,9 +447,12 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei"]))
         gated.wait_for_step()
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: engine_draining(served) and refusing_new_calls(served))
-        error = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
-        assert error.code == grpc.StatusCode.UNAVAILABLE  # GOAWAY: a balancing client goes to another replica
+        wait_until(lambda: engine_draining(served))
+        translate = refused_while_draining(lambda: served.stub.Translate(request(["Steuerpult"])))
+        list_models = refused_while_draining(lambda: served.stub.ListModels(pb.ListModelsRequest()))
+        for refusal in (translate, list_models):  # by the service, which says where to go: the port is still open
+            assert refusal.code() == grpc.StatusCode.UNAVAILABLE and refusal.details() == DRAINING_MESSAGE
+            assert ("grpc-retry-pushback-ms", "0") in (refusal.trailing_metadata() or ())  # retry at once elsewhere
         gated.gate.set()
         assert [r.sentences for r in in_flight.result(30).results] == [1, 1]
         assert drained.result(30) is True
@@ -454,35 +471,20 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED  # retryable: the same call succeeds later
 
 
-def test_connections_are_closed_gracefully_after_their_maximum_age(tiny_model_dir: Path) -> None:
-    """GOAWAY after the age: the channel goes IDLE and dials again, re-resolving the service's replicas."""
-    with running_server(fake_model(tiny_model_dir), config(max_connection_age_s=0.5)) as served:
-        states: list[grpc.ChannelConnectivity] = []
-        served.channel.subscribe(states.append, try_to_connect=False)
-        assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
-        wait_until(lambda: went_idle_after_ready(states), timeout=10)
-        assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1  # on a new connection
-
-
-def went_idle_after_ready(states: list[grpc.ChannelConnectivity]) -> bool:
-    ready = grpc.ChannelConnectivity.READY
-    return ready in states and grpc.ChannelConnectivity.IDLE in states[states.index(ready) :]
-
-
 def engine_draining(served: RunningServer) -> bool:
-    """The drain has begun: health turned NOT_SERVING and grpc's stop began before it."""
+    """The drain has begun (health turned NOT_SERVING before it): the service refuses every new call."""
     engine = served.server.engine
     return engine is not None and engine.draining
 
 
-def refusing_new_calls(served: RunningServer) -> bool:
-    """grpc's stop has taken hold: a new call is UNAVAILABLE. A call that lands in the instant it
-    begins is CANCELLED by grpc core instead (grpc/grpc#41785), which this waits out."""
+def refused_while_draining(call: Callable[[], object]) -> grpc.Call:
+    """The failed call, with its status and trailing metadata."""
     try:
-        served.stub.ListModels(pb.ListModelsRequest(), timeout=5)
+        call()
     except grpc.RpcError as error:
-        return isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE
-    return False
+        assert isinstance(error, grpc.Call), "stub errors carry their status"
+        return error
+    raise AssertionError("the call succeeded while the server was draining")
 
 
 class HeldTokenizer(Tokenizer):
@@ -506,7 +508,7 @@ def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(tiny
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß. Er wartete."]))
         assert held.entered.wait(30)
         drained = served.start(served.server.shutdown(30.0))
-        wait_until(lambda: engine_draining(served) and refusing_new_calls(served))
+        wait_until(lambda: engine_draining(served))
         refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"])))
         held.release.set()
         assert in_flight.result(30).results[0].sentences == 2
@@ -606,27 +608,6 @@ def test_request_limits_match_the_proto_documentation() -> None:
     assert f"at most {limits.max_chars_per_text:,} characters per text" in proto
     assert f"at most {limits.max_sentences} sentences per request" in proto
     assert f"beam_size 1..{limits.max_beam_size}" in proto
-
-
-@contextmanager
-def server_process(tokenizer_dir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`serve()` in its own process (real signal handling) with a slowed fake model; yields it and its address."""
-    command = [sys.executable, "-m", "tests.serving", "--tokenizer-dir", str(tokenizer_dir), "--step-delay", "0.05"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
-    try:
-        assert process.stderr is not None
-        address = ""
-        for line in process.stderr:
-            if match := re.search(r"gRPC on (\S+):(\d+)", line):
-                address = f"localhost:{match.group(2)}"
-            if "serving" in line and address:
-                break
-        assert address, "the server never logged its address"
-        yield process, address
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -819,6 +800,7 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     """grpc cancels the handler's task at the deadline (or when the client leaves); the request's
     sentences must then fail as DEADLINE_EXCEEDED, or CANCELLED, in the failed-sentences series."""
     from server.convert import TranslateJob
+    from server.engine import Admission
     from server.errors import CallRecord
     from server.scheduler import DecodeOptions
     from server.servicer import _engine_events
@@ -828,7 +810,7 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     call = CallRecord(started=time.monotonic() - 1.0)  # a 1 s deadline, `remaining` of it left
 
     async def handler_cancelled_by_grpc() -> None:
-        events = _engine_events(engine, [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
+        events = _engine_events(engine, Admission(1), [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
         waiting = asyncio.ensure_future(events.__anext__())
         await asyncio.sleep(0.01)  # submitted; waiting for the engine's first event
         waiting.cancel()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.splitter import join, split
+from server.splitter import join, split, translatable
 
 WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "z.B.", "Dr.", "3.5", "e.g.", "U.S.", "Nein", "ok", "«Ja»"])
 PUNCT = st.sampled_from([".", "!", "?", "...", ":", ";", ",", ""])
@@ -21,8 +21,8 @@ TEXTY = st.lists(st.tuples(WORDS, PUNCT, SPACE), max_size=30).map(lambda parts: 
 def test_join_of_split_is_the_original_text(text: str, language: str) -> None:
     parts = split(text, language)
     assert join(parts.pieces, parts.separators) == text
-    assert all(p and p == p.strip() for p in parts.pieces)
-    assert all(not s.strip() for s in parts.separators)
+    assert all(p and p == p.strip() and translatable(p) for p in parts.pieces)
+    assert not any(translatable(s) for s in parts.separators)
     assert all("\n" not in p and "\r" not in p for p in parts.pieces)  # line breaks always separate
 
 
@@ -44,6 +44,20 @@ def test_english_abbreviations_do_not_split() -> None:
 def test_blank_text_has_no_pieces(blank: str) -> None:
     parts = split(blank, "en")
     assert parts.pieces == [] and parts.separators == [blank]
+
+
+@pytest.mark.parametrize(
+    "untranslatable", ["\x00\x00", "?!... --- ;;;", "\u200b\u200d", "👍🏽 🏠", "« — »", "\x1b\x07\x7f"]
+)
+def test_text_without_a_letter_or_digit_has_no_pieces(untranslatable: str) -> None:
+    parts = split(untranslatable, "de")
+    assert parts.pieces == [] and parts.separators == [untranslatable]
+
+
+def test_a_sentence_without_a_letter_or_digit_stays_verbatim_between_the_others() -> None:
+    parts = split("Er kam. ... Dann ging er.\n---\nEnde 3.", "de")
+    assert parts.pieces == ["Er kam.", "Dann ging er.", "Ende 3."]
+    assert parts.separators == ["", " ... ", "\n---\n", ""]
 
 
 def test_join_checks_its_arguments() -> None:

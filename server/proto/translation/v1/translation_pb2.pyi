@@ -124,8 +124,11 @@ class TranslateRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """1..256 texts; each may hold many sentences and line breaks, which are kept. Empty or
-        whitespace-only texts come back unchanged without running the model.
+        """1..256 texts; each may hold many sentences and line breaks, which are kept. A text with nothing
+        to translate (no letter or digit: empty, whitespace, punctuation, symbols, control characters)
+        comes back unchanged without running the model; so does such a sentence inside a text (e.g.
+        "..."). Control and format characters (Unicode Cc other than whitespace, Cf) are removed from
+        a sentence before it is translated.
         """
 
     @_builtins.property
@@ -158,7 +161,7 @@ class Hypothesis(_message.Message):
     """The translated text, with the source's whitespace and line breaks between sentences."""
     score: _builtins.float
     """Sum over the text's sentences of the length-normalised log-probability (higher is better);
-    set only when `return_scores` is true. Zero sentences (a blank text) give 0.
+    set only when `return_scores` is true. Zero sentences (a text with nothing to translate) give 0.
     """
     def __init__(
         self,
@@ -197,12 +200,13 @@ class TextResult(_message.Message):
     output_tokens: _builtins.int
     """Tokens of the best translation over all sentences (EOS excluded)."""
     sentences: _builtins.int
-    """Sentences the text was split into (0 for a blank text)."""
+    """Sentences translated (0 for a text with nothing to translate)."""
     @_builtins.property
     def hypotheses(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hypothesis]:
-        """The n-best list, best first, `num_hypotheses` long (one for a blank text); set when
-        num_hypotheses > 1 or return_scores is true. The i-th hypothesis joins each sentence's i-th
-        best hypothesis with the text's original whitespace.
+        """The n-best list, best first, `num_hypotheses` long (one, the text itself, for a text with
+        nothing to translate); set when num_hypotheses > 1 or return_scores is true. The i-th
+        hypothesis joins each sentence's i-th best hypothesis with the text's original whitespace
+        (and its untranslated parts, such as "...").
         """
 
     def __init__(

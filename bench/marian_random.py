@@ -1,0 +1,153 @@
+"""Random transformers MarianMTModel checkpoints, built offline the way `save_pretrained` lays out an OPUS-MT
+model, with small SentencePiece models trained on the spot: the importer's test input (tiny shape) and the
+benchmark's stand-in for opus-mt-de-en (its exact shape, random weights).
+
+    python -m bench.marian_random --out DIR [--shape opus-mt-de-en|tiny] [--separate-vocabs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+
+# A few real dictionary-style pairs: enough text for a small SentencePiece vocabulary (tests/tiny.py too).
+SAMPLE_PAIRS: list[tuple[str, str]] = [
+    ("Das Haus ist groß.", "The house is big."),
+    ("Ich verstehe ihre Gedankengänge nicht.", "I don't understand how her mind operates."),
+    ("Es hörte auf zu regnen.", "The rain passed off."),
+    ("Er wartete voller Nervosität.", "He waited nervously."),
+    ("Die Stiefel reichten ihm bis zu den Knien.", "The boots reached up to his knees."),
+    ("Sie schrieben gemeinsam ein Buch.", "They collaborated to write a book."),
+    ("Du glaubst also, es ist alles vorbei?", "So you think it's all over?"),
+    ("Ich möchte mich nicht festlegen.", "I don't want to be committed."),
+    ("Komm, hör auf zu jammern, wir sind gleich da.", "Oh, stop complaining, we're nearly there."),
+    ("Ich habe mich dort ausgeschlossen gefühlt.", "I felt out of it there."),
+    ("Für gesellschaftliche Aktivitäten hatte ich keine Zeit.", "I didn't have time for socializing."),
+    ("Die Sache wurde bis zur Klärung zurückgestellt.", "Matters were put in abeyance."),
+    ("Lernfähigkeit", "learning ability"),
+    ("Geheimpolizei", "secret police"),
+    ("Steuerpult", "console"),
+    ("Datenbankstruktur", "database structure"),
+    ("ins Kino kommen", "to hit the screen"),
+    ("Leidenschaft", "passion"),
+    ("eine Leidenschaft für etw. haben", "to have a passion for sth."),
+    ("Planungsprozess", "planning process"),
+]
+
+
+@dataclass(frozen=True)
+class MarianShape:
+    d_model: int
+    layers: int  # encoder and decoder each
+    heads: int
+    ffn: int
+    vocab_size: int  # 0: just the pieces of the small SentencePiece models; else padded with filler pieces to it
+    max_positions: int
+
+
+SHAPES = {
+    "tiny": MarianShape(d_model=16, layers=2, heads=4, ffn=32, vocab_size=0, max_positions=64),
+    # Helsinki-NLP/opus-mt-de-en's config.json: 74.4M parameters
+    "opus-mt-de-en": MarianShape(d_model=512, layers=6, heads=8, ffn=2048, vocab_size=58101, max_positions=512),
+}
+
+
+EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
+EOS_BIAS = 1.5  # raises EOS's logit so that random outputs end within a few tokens, as translations do
+
+
+def train_spm(texts: list[str], path: Path, vocab_size: int) -> list[str]:
+    """A unigram model at `path`; returns its pieces in id order, SentencePiece's own specials left out."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 4), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+        character_coverage=1.0, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+
+
+def marian_vocab(pieces: list[str], pad_id: int | None = None, tags: tuple[str, ...] = ()) -> dict[str, int]:
+    """Marian's layout: </s> 0, <unk> 1, tags, pieces, <pad> last (or at `pad_id`, shifting what follows)."""
+    ordered = [EOS, UNK, *tags, *dict.fromkeys(pieces)]
+    if pad_id is None:
+        return {piece: i for i, piece in enumerate([*ordered, PAD])}
+    ordered.insert(pad_id, PAD)
+    return {piece: i for i, piece in enumerate(ordered)}
+
+
+def build_marian_dir(
+    out: Path, separate_vocabs: bool = False, tags: tuple[str, ...] = (), seed: int = 0, shape: str = "tiny"
+) -> Path:
+    """config.json, generation_config.json, model.safetensors, source.spm, target.spm, vocab.json
+    (and target_vocab.json) of a random MarianMTModel with every Marian peculiarity switched on."""
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    size = SHAPES[shape]
+    source_pieces = train_spm([de for de, _ in SAMPLE_PAIRS], out / "source.spm", 90)
+    target_pieces = train_spm([en for _, en in SAMPLE_PAIRS], out / "target.spm", 70)
+    if size.vocab_size:  # filler pieces stand for the real vocabulary's rest: the shapes are what is measured
+        source_pieces += [f"\u2581filler{i}" for i in range(size.vocab_size - len(source_pieces) - 3 - len(tags))]
+        target_pieces = source_pieces
+    if separate_vocabs:
+        target_vocab = marian_vocab(target_pieces)
+        pad = target_vocab[PAD]
+        source_vocab = marian_vocab(source_pieces, pad_id=pad, tags=tags)  # the same pad id on both sides
+        (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
+    else:
+        source_vocab = target_vocab = marian_vocab(source_pieces + target_pieces, tags=tags)
+        pad = source_vocab[PAD]
+    (out / "vocab.json").write_text(json.dumps(source_vocab, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}))
+    config = MarianConfig(
+        vocab_size=len(source_vocab), decoder_vocab_size=len(target_vocab), d_model=size.d_model,
+        encoder_layers=size.layers, decoder_layers=size.layers, encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn,
+        max_position_embeddings=size.max_positions, pad_token_id=pad, eos_token_id=0,
+        decoder_start_token_id=pad, activation_function="swish", scale_embedding=True,
+        share_encoder_decoder_embeddings=not separate_vocabs, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = MarianMTModel(config).eval()
+    # Every parameter random, so that each left-out difference shows in the logits; matrices at a trained
+    # model's scale (std about 1/sqrt(d_model)), so that attention is not saturated at the large shape.
+    scale = size.d_model**-0.5 * 1.2
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            offset = 1.0 if "norm.weight" in name else 0.0
+            param.copy_(torch.randn_like(param) * (0.5 if "embed" in name else scale) + offset)
+        model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+        model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
+        for table in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens):
+            table.weight[pad].zero_()  # as in OPUS-MT checkpoints: the decoder starts from a zero embedding
+    max_length = 24 if shape == "tiny" else size.max_positions  # tiny: short, so that tests reach the limit
+    model.generation_config = GenerationConfig(
+        num_beams=4, max_length=max_length, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=0,
+        pad_token_id=pad,
+    )  # fmt: skip
+    model.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.marian_random", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt-de-en")
+    parser.add_argument("--separate-vocabs", action="store_true")
+    args = parser.parse_args(argv)
+    build_marian_dir(args.out, separate_vocabs=args.separate_vocabs, shape=args.shape)
+    print(f"wrote a random {args.shape} MarianMTModel to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""Import a transformers MarianMTModel (OPUS-MT) into this project's model artifact.
+
+    python -m export.hf --model DIR_OR_HUB_ID --out models/opus-mt-de-en [--source-lang de --target-lang en]
+
+Reads config.json, generation_config.json where present, model.safetensors (or pytorch_model.bin,
+loaded with `torch.load(weights_only=True)`), source.spm, target.spm, vocab.json and target_vocab.json
+where present. Writes config.json (model.config.ModelConfig), model.safetensors (float32, our names),
+the tokenizer files, languages.json, decoding.json (the model's generation defaults) and MODEL_CARD.md.
+A hub id is fetched with huggingface_hub (`pip install 'translate-service[import]'`). What the model
+does that ours cannot represent fails the import with a message naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
+from model.config import ModelConfig
+from model.marian_tokenizer import (
+    EOS,
+    LANGUAGES_FILE,
+    PAD,
+    SOURCE_SPM,
+    TAG,
+    TARGET_SPM,
+    TARGET_VOCAB_FILE,
+    UNK,
+    VOCAB_FILE,
+    read_vocab,
+)
+from model.tokenizer import tokenizer_sha256
+from model.transformer import sinusoidal_positions
+
+ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
+# Config switches of older BART-style configs that MarianMTModel would need to honour to be representable.
+UNSUPPORTED_IF_TRUE = ("normalize_before", "add_final_layer_norm", "normalize_embedding", "layernorm_embedding")
+CARD_FILE = "MODEL_CARD.md"
+DECODING_FILE = "decoding.json"
+LAYER_NAMES = {  # transformers' name inside a layer -> ours
+    "self_attn_layer_norm": "norm1",
+    "final_layer_norm": "norm3",  # norm2 in encoder layers (see layer_rename)
+    "encoder_attn_layer_norm": "norm2",
+    "encoder_attn": "cross_attn",
+    "self_attn": "self_attn",
+    "fc1": "ff.w1",
+    "fc2": "ff.w2",
+}
+
+
+class ImportError_(Exception):
+    """The source is not a Marian model this project can represent; reported as one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Source:
+    directory: Path
+    name: str  # the hub id or directory name, for the model card
+
+
+def resolve(model: str) -> Source:
+    """A local directory, or a hub id fetched with huggingface_hub."""
+    path = Path(model)
+    if path.is_dir():
+        return Source(path, path.name)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise ImportError_(
+            f"{model} is not a directory; to fetch it from the hub: pip install 'translate-service[import]'"
+        ) from exc
+    patterns = ["*.json", "*.spm", "*.safetensors", "README.md"]
+    return Source(Path(snapshot_download(model, allow_patterns=patterns)), model)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
+    """Our config for a MarianConfig dict; raises ImportError_ for what ours cannot represent."""
+    if hf.get("model_type") != "marian":
+        raise ImportError_(f"model_type is {hf.get('model_type')!r}; this importer reads Marian models only")
+    if set_flags := [flag for flag in UNSUPPORTED_IF_TRUE if hf.get(flag)]:
+        raise ImportError_(f"config sets {set_flags}, which this project's Transformer does not implement")
+    activation = ACTIVATIONS.get(hf.get("activation_function", ""))
+    if activation is None:
+        raise ImportError_(f"activation_function {hf.get('activation_function')!r} is not one of {sorted(ACTIVATIONS)}")
+    pairs = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
+    if unequal := [f"{a} != {b}" for a, b in pairs if hf[a] != hf[b]]:
+        raise ImportError_(f"encoder and decoder differ in shape ({', '.join(unequal)}); not representable")
+    shared = hf.get("share_encoder_decoder_embeddings", True)
+    target_vocab = hf["vocab_size"] if shared else hf.get("decoder_vocab_size") or hf["vocab_size"]
+    return ModelConfig(
+        vocab_size=target_vocab,
+        d_model=hf["d_model"],
+        n_heads=hf["encoder_attention_heads"],
+        d_ff=hf["encoder_ffn_dim"],
+        n_encoder_layers=hf["encoder_layers"],
+        n_decoder_layers=hf["decoder_layers"],
+        dropout=0.0,
+        max_len=min(max_len, hf["max_position_embeddings"]),
+        pad_id=hf["pad_token_id"],
+        bos_id=hf.get("decoder_start_token_id", hf["pad_token_id"]),
+        eos_id=hf["eos_token_id"],
+        norm_placement="post",
+        activation=activation,
+        position_layout="halves",
+        scale_embedding=bool(hf.get("scale_embedding", False)),
+        final_logits_bias=True,
+        src_vocab_size=0 if shared else hf["vocab_size"],
+        ban_pad=True,
+        tokenizer="marian",
+    )
+
+
+def load_weights(directory: Path) -> dict[str, torch.Tensor]:
+    if (directory / "model.safetensors").is_file():
+        return load_file(str(directory / "model.safetensors"))
+    if (directory / "pytorch_model.bin").is_file():
+        return dict(torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True))
+    raise ImportError_(f"no model.safetensors or pytorch_model.bin in {directory}")
+
+
+def layer_rename(side: str, rest: str) -> str:
+    """`layers.3.fc1.weight` of the encoder or decoder -> our `encoder.3.ff.w1.weight`."""
+    index, module, param = _split_layer_key(rest)
+    ours = LAYER_NAMES.get(module)
+    if ours is None:
+        raise ImportError_(f"unknown {side} layer weight {rest!r}")
+    if side == "encoder" and module == "final_layer_norm":
+        ours = "norm2"
+    return f"{side}.{index}.{ours}{param}"
+
+
+def _split_layer_key(rest: str) -> tuple[str, str, str]:
+    """`layers.3.self_attn.q_proj.weight` -> ("3", "self_attn", ".q_proj.weight")."""
+    match = re.fullmatch(r"layers\.(\d+)\.([a-z_]+\d?)((?:\.[qkv]_proj|\.out_proj)?\.(?:weight|bias))", rest)
+    if match is None:
+        raise ImportError_(f"unknown layer weight {rest!r}")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def convert_weights(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """transformers' state dict -> ours, float32; checks ties, positions and that nothing is left over."""
+    weights = {k.removeprefix("model."): v.float() for k, v in hf.items()}
+    target = weights.pop("decoder.embed_tokens.weight", None)
+    shared = weights.pop("shared.weight", None)
+    source = weights.pop("encoder.embed_tokens.weight", None)
+    target = target if target is not None else shared
+    if target is None:
+        raise ImportError_("no decoder or shared embedding table among the weights")
+    ours: dict[str, torch.Tensor] = {"embed.weight": target}
+    if cfg.src_vocab_size:
+        if source is None:
+            raise ImportError_("no encoder embedding table among the weights of a model with two vocabularies")
+        ours["src_embed.weight"] = source
+    elif source is not None and not torch.equal(source, target):
+        raise ImportError_("encoder and decoder embeddings differ although the config shares them")
+    lm_head = weights.pop("lm_head.weight", None)
+    if lm_head is not None and not torch.equal(lm_head, target):
+        raise ImportError_("lm_head is not tied to the decoder embedding; an untied output is not representable")
+    bias = weights.pop("final_logits_bias", torch.zeros(1, cfg.vocab_size))
+    ours["logits_bias"] = bias.reshape(cfg.vocab_size)
+    for side in ("encoder", "decoder"):
+        check_positions(weights.pop(f"{side}.embed_positions.weight", None), cfg)
+    for key, value in weights.items():
+        side, _, rest = key.partition(".")
+        if side not in ("encoder", "decoder"):
+            raise ImportError_(f"unknown weight {key!r}")
+        ours[layer_rename(side, rest)] = value
+    return ours
+
+
+def check_positions(saved: torch.Tensor | None, cfg: ModelConfig) -> None:
+    """A saved position table must be the [sin | cos] sinusoids our model rebuilds."""
+    if saved is None:
+        return
+    rebuilt = sinusoidal_positions(saved.size(0), cfg.d_model, cfg.position_layout)
+    if not torch.allclose(saved, rebuilt, atol=1e-5):
+        raise ImportError_("embed_positions is not the [sin | cos] sinusoid table; learned positions are not supported")
+
+
+def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[str, Any]) -> list[list[str]]:
+    """Pairs from the flags, else tokenizer_config.json, else a name like opus-mt-de-en; every >>xx<< tag
+    of a multilingual vocabulary is a target."""
+    src = args.source_lang or tokenizer_config.get("source_lang")
+    tgt = args.target_lang or tokenizer_config.get("target_lang")
+    if not (src and tgt) and (match := re.search(r"opus-mt-(?:tc-[a-z]+-)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)):
+        src, tgt = src or match.group(1), tgt or match.group(2)
+    if not (src and tgt):
+        raise ImportError_("cannot tell the languages; pass --source-lang and --target-lang")
+    vocab = read_vocab(source.directory / VOCAB_FILE)
+    tags = sorted(m.group(1) for piece in vocab if (m := TAG.match(piece)))
+    targets = tags if tags and not args.target_lang else [tgt]
+    return [[src, t] for t in targets]
+
+
+def copy_tokenizer(directory: Path, out: Path) -> None:
+    for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
+        if not (directory / name).is_file():
+            raise ImportError_(f"missing {name} in {directory}")
+        shutil.copyfile(directory / name, out / name)
+    if (directory / TARGET_VOCAB_FILE).is_file():
+        shutil.copyfile(directory / TARGET_VOCAB_FILE, out / TARGET_VOCAB_FILE)
+    vocab = read_vocab(out / VOCAB_FILE)
+    if missing := [p for p in (EOS, UNK, PAD) if p not in vocab]:
+        raise ImportError_(f"{directory / VOCAB_FILE} lacks {missing}")
+
+
+def generation_defaults(directory: Path, hf: dict[str, Any], pairs: list[list[str]], weights: str) -> dict[str, Any]:
+    """decoding.json: the model's own beam, output limit and length penalty, for requests that set none."""
+    gen = read_json(directory / "generation_config.json") or hf
+    penalty = float(gen.get("length_penalty", 1.0))
+    return {
+        "length_penalty": {f"{s}-{t}": penalty for s, t in pairs},
+        "beam_size": int(gen.get("num_beams") or 1),
+        # transformers' max_length counts the decoder's start token; ours counts generated tokens only
+        "max_output_len": max(int(gen.get("max_length") or hf.get("max_length") or 0) - 1, 0),
+        "weights_sha256": weights,
+        "source": "generation_config.json" if (directory / "generation_config.json").is_file() else "config.json",
+    }
+
+
+def card(source: Source, cfg: ModelConfig, pairs: list[list[str]], parameters: int) -> str:
+    licence = "not stated in the source's README.md; see the source model's card"
+    readme = source.directory / "README.md"
+    if readme.is_file() and (match := re.search(r"^license:\s*(\S+)", readme.read_text(), re.MULTILINE)):
+        licence = match.group(1)
+    directions = ", ".join(f"{s}->{t}" for s, t in pairs)
+    return (
+        f"# {source.name} (imported)\n\n"
+        f"Imported from the transformers MarianMTModel `{source.name}` by `python -m export.hf`.\n\n"
+        f"- Licence: {licence} (the source model's; it applies to these weights)\n"
+        f"- Directions: {directions}\n"
+        f"- Shape: d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
+        f"{cfg.n_heads} heads, FFN {cfg.d_ff}, vocabulary {cfg.vocab_size}, {parameters:,} parameters\n"
+        "- Scores: those of the source model's card; this import is checked equal to transformers "
+        "(`python -m export.hf_parity`), not re-scored.\n"
+    )
+
+
+def import_model(args: argparse.Namespace) -> Path:
+    source = resolve(args.model)
+    hf = read_json(source.directory / CONFIG_FILE)
+    if not hf:
+        raise ImportError_(f"no {CONFIG_FILE} in {source.directory}")
+    cfg = model_config(hf, args.max_len)
+    weights = convert_weights(load_weights(source.directory), cfg)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    copy_tokenizer(source.directory, out)
+    pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
+    (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
+    cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out / CONFIG_FILE).write_text(cfg.to_json() + "\n")
+    defaults = generation_defaults(source.directory, hf, pairs, weights_sha256(out))
+    (out / DECODING_FILE).write_text(json.dumps(defaults, indent=2, sort_keys=True) + "\n")
+    (out / CARD_FILE).write_text(card(source, cfg, pairs, sum(v.numel() for v in weights.values())))
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m export.hf", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a transformers Marian directory or a hub id")
+    parser.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    parser.add_argument("--source-lang", default=None, help="default: tokenizer_config.json or the model's name")
+    parser.add_argument("--target-lang", default=None, help="default: tokenizer_config.json or the model's name")
+    parser.add_argument("--max-len", type=int, default=512, help="longest source or output in tokens")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        out = import_model(args)
+    except (ImportError_, KeyError) as exc:
+        print(f"export.hf: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {args.model} to {out}; next: python -m export --model-dir {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

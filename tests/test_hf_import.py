@@ -1,0 +1,232 @@
+"""OPUS-MT (Marian) import: tiny random MarianMTModel checkpoints, shared and separate vocabularies, imported,
+checked equal to transformers (logits, cached logits, greedy and beam ids, tokenizer ids), exported and served."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from export.hf import main as import_main
+from export.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
+from model.artifact import load_artifact
+from model.marian_tokenizer import MarianTokenizer
+from model.transformer import Transformer
+from tests.marian_tiny import build_marian_dir, marian_tokenizer
+from tests.serving import export_tiny_onnx, onnx_model, request, running_server
+from tests.tiny import TINY_PAIRS
+
+LAYOUTS = ["shared", "separate"]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(transformers directory, our artifact imported from it)."""
+    root = tmp_path_factory.mktemp(f"marian_{request.param}")
+    hf_dir = build_marian_dir(root / "hf", separate_vocabs=request.param == "separate")
+    assert import_main(["--model", str(hf_dir), "--out", str(root / "ours")]) == 0
+    return hf_dir, root / "ours"
+
+
+def varied_texts() -> list[str]:
+    """A few hundred texts: the tiny corpus and variations of case, digits, spacing, punctuation, scripts."""
+    base = [text for pair in TINY_PAIRS for text in pair]
+    variants = [
+        lambda t: t.upper(), lambda t: t.lower(), lambda t: f"  {t}  ", lambda t: t.replace(" ", "  "),
+        lambda t: f"{t} 1234, 5.6%", lambda t: f"«{t}»", lambda t: f"{t} \u2013 ¿qué? 東京 😀",
+        lambda t: t[: len(t) // 2], lambda t: f"{t} >>fr<<", lambda t: f"{t}\t{t[::-1]}",
+        lambda t: t.replace("e", "é"), lambda t: f"{t}\u00a0!",
+    ]  # fmt: skip
+    return base + [vary(text) for vary in variants for text in base] + ["", " ", "x"]
+
+
+def test_tokenizer_ids_equal_marian_tokenizer(imported: tuple[Path, Path]) -> None:
+    hf_dir, ours_dir = imported
+    theirs, ours = marian_tokenizer(hf_dir), MarianTokenizer(ours_dir)
+    texts = varied_texts()
+    assert len(texts) >= 250
+    for text in texts:
+        assert ours.encode_source(text, "en") == theirs(text).input_ids, text
+    # Deliberate differences: a typed special token or leading >>xx<< stays text here, where MarianTokenizer
+    # would turn it into the control id (an early end of the source, or a steered target language).
+    for typed in ("</s> Haus", ">>fr<< Haus", "<pad>"):
+        assert ours.eos_id not in ours.encode_source(typed, "en")[:-1], typed
+
+
+def test_logits_and_ids_equal_transformers(imported: tuple[Path, Path]) -> None:
+    """Logits within 1e-4 (full and cached), greedy and beam-4 ids equal to generate."""
+    hf_dir, ours_dir = imported
+    tokenizer = MarianTokenizer(ours_dir)
+    sources = [tokenizer.encode_source(de, "en") for de, _ in TINY_PAIRS[:10]]
+    report = compare(hf_dir, ours_dir, sources, beam_size=4, max_len=16)
+    assert report.max_logit_diff <= LOGIT_TOLERANCE and report.max_cached_logit_diff <= LOGIT_TOLERANCE, report
+    assert report.passed, report
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"activation": "relu"}, {"norm_placement": "pre"}, {"position_layout": "interleaved"}, {"scale_embedding": False}],
+)
+def test_each_marian_difference_shows_in_the_logits(imported: tuple[Path, Path], change: dict[str, Any]) -> None:
+    """The parity above can fail: leaving out any modelled difference moves the logits far past 1e-4."""
+    from transformers import MarianMTModel
+
+    hf_dir, ours_dir = imported
+    ours = load_artifact(ours_dir)
+    other = Transformer(replace(ours.cfg, **change))
+    other.load_state_dict(ours.state_dict(), strict=False)  # pre-norm adds final norms: left at identity
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    src = MarianTokenizer(ours_dir).encode_source(TINY_PAIRS[0][0], "en")
+    with torch.no_grad():
+        assert logit_diffs(ours, hf, src, [3, 4, 5])[0] <= LOGIT_TOLERANCE
+        assert logit_diffs(other.eval(), hf, src, [3, 4, 5])[0] > 100 * LOGIT_TOLERANCE
+
+
+def test_pad_is_never_produced(imported: tuple[Path, Path]) -> None:
+    ours = load_artifact(imported[1])
+    logits = torch.zeros(2, ours.cfg.vocab_size)
+    logits[:, ours.cfg.pad_id] = 50.0  # pad would win by far
+    log_probs = ours.log_probs(logits)
+    assert (log_probs.argmax(-1) != ours.cfg.pad_id).all()
+    others = torch.cat([log_probs[:, : ours.cfg.pad_id], log_probs[:, ours.cfg.pad_id + 1 :]], dim=1)
+    torch.testing.assert_close(others, logits.log_softmax(-1)[:, : others.size(1)])  # not renormalised
+
+
+def test_imported_artifact_records_languages_defaults_and_licence(imported: tuple[Path, Path]) -> None:
+    _, ours_dir = imported
+    assert json.loads((ours_dir / "languages.json").read_text()) == {"pairs": [["de", "en"]]}
+    decoding = json.loads((ours_dir / "decoding.json").read_text())
+    assert (decoding["beam_size"], decoding["max_output_len"], decoding["length_penalty"]) == (4, 23, {"de-en": 1.0})
+    card = (ours_dir / "MODEL_CARD.md").read_text()
+    assert "hf" in card and "Licence" in card and "de->en" in card
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"activation_function": "tanh"}, "activation_function 'tanh'"),
+        ({"normalize_embedding": True}, "normalize_embedding"),
+        ({"model_type": "bart"}, "Marian models only"),
+        ({"decoder_ffn_dim": 8}, "encoder_ffn_dim != decoder_ffn_dim"),
+    ],
+)
+def test_unrepresentable_models_fail_the_import_clearly(
+    imported: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    patch: dict[str, object],
+    message: str,
+) -> None:
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(imported[0], hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text()) | patch
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_served_translations_equal_transformers(imported: tuple[Path, Path], tmp_path: Path) -> None:
+    """Export, load in the server, translate over gRPC: the text of generate()'s ids, greedy and beam 4."""
+    from transformers import MarianMTModel
+
+    hf_dir, ours_dir = imported
+    model_dir = tmp_path / "model"
+    shutil.copytree(ours_dir, model_dir)
+    export_tiny_onnx(model_dir)
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    tokenizer = MarianTokenizer(model_dir)
+    texts = [de for de, _ in TINY_PAIRS[:6]]
+    model = onnx_model(model_dir)
+    assert model.runner.spec.pairs == (("de", "en"),)
+    with running_server(model) as served:
+        for beam, max_len in ((1, 12), (4, 12), (0, 0)):
+            options: dict[str, Any] = {"beam_size": beam, "max_output_len": max_len} if beam else {}
+            reply = served.stub.Translate(request(texts, **options))
+            # unset: the model's generation defaults (num_beams 4, max_length 24 with the start token)
+            beam, max_len = beam or 4, max_len or 23
+            for text, result in zip(texts, reply.results, strict=True):
+                ids = transformers_ids(hf, tokenizer.encode_source(text, "en"), beam, max_len, model.runner.spec.pad_id)
+                assert result.translation == tokenizer.decode(ids), (beam, text)
+
+
+def test_reference_targets_equal_marian_tokenizer(imported: tuple[Path, Path]) -> None:
+    hf_dir, ours_dir = imported
+    theirs, ours = marian_tokenizer(hf_dir), MarianTokenizer(ours_dir)
+    for _, en in TINY_PAIRS:
+        assert ours.encode_target(en) == theirs(text_target=en).input_ids, en
+
+
+def test_export_variants_gate_and_parity_run_on_an_imported_model(imported: tuple[Path, Path], tmp_path: Path) -> None:
+    """The project's own pipeline on an import: fp32, int8 (this CPU's recipe) and fp16 graphs; ONNX parity
+    against our PyTorch on the test set's de->en pairs; the BLEU gate recorded for the one direction it has."""
+    from export.__main__ import main as export_main
+    from export.parity import main as parity_main
+    from export.variants import main as variants_main
+    from tests.conftest import int8_args_for_this_cpu
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(imported[1], model_dir)
+    assert export_main(["--model-dir", str(model_dir), "--variants", "fp32,int8,fp16", *int8_args_for_this_cpu()]) == 0
+    assert parity_main(["--model-dir", str(model_dir), "--limit", "12"]) == 0
+    assert variants_main(["--model-dir", str(model_dir), "--limit", "2", "--beam-size", "2"]) == 0
+    record = json.loads((model_dir / "variants.json").read_text())["cpu"]
+    assert set(record["variants"]) == {"fp32", "int8", "fp16"}
+    assert all("de-en" in scores and "en-de" not in scores for scores in record["variants"].values())
+
+
+def test_ctranslate2_converter_on_the_same_directory_yields_the_same_ids(
+    imported: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The peer's converter (`ct2-transformers-converter`) agrees with our import, greedy and beam 4.
+    It handles the shared-vocabulary layout only (its MarianMTLoader has no second vocabulary)."""
+    import subprocess
+    import sys
+
+    import ctranslate2
+
+    from model.decode import beam_search
+
+    hf_dir, ours_dir = imported
+    if (hf_dir / "target_vocab.json").is_file():
+        pytest.skip("CTranslate2's Marian converter does not handle separate vocabularies")
+    converter = Path(sys.executable).parent / "ct2-transformers-converter"
+    subprocess.run([str(converter), "--model", str(hf_dir), "--output_dir", str(tmp_path / "ct2")], check=True)
+    vocabulary = json.loads((tmp_path / "ct2" / "shared_vocabulary.json").read_text())
+    index = {piece: i for i, piece in enumerate(vocabulary)}
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    tokenizer, ours = MarianTokenizer(ours_dir), load_artifact(ours_dir)
+    sources = [tokenizer.encode_source(de, "en") for de, _ in TINY_PAIRS]
+    for beam in (1, 4):
+        results = translator.translate_batch(
+            [[vocabulary[i] for i in src] for src in sources], beam_size=beam, max_decoding_length=20,
+            min_decoding_length=0, length_penalty=1.0,
+        )  # fmt: skip
+        for src, result in zip(sources, results, strict=True):
+            theirs = [index[piece] for piece in result.hypotheses[0]]
+            assert theirs == list(beam_search(ours, src, beam, 20)[0].tokens), (beam, src)
+
+
+@pytest.mark.parametrize(
+    "field", [{"activation": "tanh"}, {"norm_placement": "sandwich"}, {"position_layout": "rotary"}]
+)
+def test_model_config_refuses_what_the_transformer_does_not_implement(field: dict[str, Any]) -> None:
+    from model.config import ModelConfig
+
+    with pytest.raises(ValueError, match=next(iter(field))):
+        ModelConfig(**field)
+
+
+def test_the_default_options_add_no_parameters() -> None:
+    """This project's own model: the options off, its state dict is the one the shipped weights load into."""
+    from model.config import ModelConfig
+
+    names = set(Transformer(ModelConfig(vocab_size=32, d_model=16, n_heads=2, d_ff=32)).state_dict())
+    assert "logits_bias" not in names and not any(n.startswith("src_embed") for n in names)
+    assert {"encoder_norm.weight", "decoder_norm.weight", "embed.weight"} <= names
+    post = Transformer(ModelConfig(vocab_size=32, d_model=16, n_heads=2, d_ff=32, norm_placement="post"))
+    assert not any(n.startswith(("encoder_norm", "decoder_norm")) for n in post.state_dict())
