@@ -1,6 +1,6 @@
 """Choose the self-attention cache shape by measurement: slot cache against growing cache.
 
-DESIGN names two shapes. The server runs the slot cache (`server.runtime.OnnxRunner`): per layer a
+DESIGN names two shapes. The server runs the slot cache (`server.backend.runtime.OnnxRunner`): per layer a
 preallocated (slots, H, max_target_len, Dh) array; each step gathers its rows up to the longest
 position, the graph returns only the new key/value row, which is written back; a beam reorder copies
 the moved slots. The growing cache feeds the decoder's own past + new `Concat` (its "present",
@@ -36,9 +36,9 @@ import onnx
 import onnxruntime as ort
 
 from bench.run import load_workload
-from server.metadata import DECODER_FILE, KV_GATHER_FILE
-from server.runner import EncodeItem
-from server.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, make_session
+from model.directory import DECODER_FILE, KV_GATHER_FILE
+from server.backend.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, make_session
+from server.core.runner import EncodeItem
 
 log = logging.getLogger("bench.cache_shape")
 PRESENT_FILE = "decoder_step_present.onnx"

@@ -101,17 +101,17 @@ class CTranslate2Engine:
 
 
 class OnnxEngine:
-    """Our ONNX decoder offline: server.offline.translate_ids over the runner the server would open
-    (server.runtime.open_runner, caches placed as `--kv-cache auto` places them)."""
+    """Our ONNX decoder offline: server.core.offline.translate_ids over the runner the server would open
+    (server.backend.runtime.open_runner, caches placed as `--kv-cache auto` places them)."""
 
     def __init__(self, settings: EngineSettings, variant: str) -> None:
         variant_dir = settings.model_dir / "onnx" / variant
-        for module in ("server.runtime", "server.offline"):
+        for module in ("server.backend.runtime", "server.core.offline"):
             if importlib.util.find_spec(module) is None:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
-        from server.runtime import open_runner
+        from server.backend.runtime import open_runner
 
         self.name = f"onnx-{variant}"
         # Beam rows take one slot each: a full batch of beams must fit.
@@ -120,7 +120,7 @@ class OnnxEngine:
         self.settings = settings
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
-        from server.offline import translate_ids
+        from server.core.offline import translate_ids
 
         results = translate_ids(self.runner, sources, beam_size, 1.0, self.settings.max_len)
         return [list(hyps[0].tokens) for hyps in results]

@@ -159,7 +159,7 @@ def free_port() -> int:
 def start_server(settings: engines.EngineSettings, port: int, variant: str) -> subprocess.Popen[bytes]:
     """`translate-server` on loopback; returns once it reports SERVING."""
     cmd = [
-        sys.executable, "-m", "server.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+        sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
         "--threads", str(settings.threads), "--max-queue", "100000", "--log-level", "WARNING",
         # as many decoding rows as one offline batch of beam-4 sentences: the same work per step as the offline engines
@@ -168,7 +168,7 @@ def start_server(settings: engines.EngineSettings, port: int, variant: str) -> s
     log.info("starting %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 120
-    probe = [sys.executable, "-m", "server.healthcheck", "--address", f"127.0.0.1:{port}"]
+    probe = [sys.executable, "-m", "server.edge.healthcheck", "--address", f"127.0.0.1:{port}"]
     while subprocess.run(probe, capture_output=True).returncode != 0:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -178,7 +178,7 @@ def start_server(settings: engines.EngineSettings, port: int, variant: str) -> s
 
 
 def served_unavailable(settings: engines.EngineSettings, variant: str) -> str | None:
-    for module in ("server/main.py", "server/runtime.py", "server/healthcheck.py"):
+    for module in ("server/edge/main.py", "server/backend/runtime.py", "server/edge/healthcheck.py"):
         if not Path(module).is_file():
             return f"{module} is not in this checkout"
     if not (settings.model_dir / "onnx" / variant / "decoder_step.onnx").is_file():

@@ -12,7 +12,7 @@ from export.onnx_export import SUPPORTED_OPSETS, export_float
 from export.quantize import export_int8
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, load_config
 from model.config import ModelConfig
-from server.metadata import VARIANTS
+from model.directory import VARIANTS
 
 
 class ExportError(Exception):

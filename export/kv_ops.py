@@ -1,7 +1,7 @@
 """Small weightless graphs that keep the key/value caches on the device (CUDA IO binding).
 
 The decoder step graph takes the rows' past keys/values and returns only the new row. With the
-caches in host memory (`server.runtime.OnnxRunner`) every step copies them to the GPU and back; these
+caches in host memory (`server.backend.runtime.OnnxRunner`) every step copies them to the GPU and back; these
 graphs instead gather, append and move cache rows where the caches live, so a step moves only
 token ids in and ranked candidates out. Every graph works on all 2L caches of one kind at once
 (one session run, not 2L), in the decoder's own layout: cache (slots, H, T, Dh).
@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from server.metadata import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
+from model.directory import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
 
 KV_OPS_OPSET = 18
 FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}

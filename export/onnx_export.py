@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 from export.kv_ops import export_kv_ops
 from model.artifact import load_artifact, weights_sha256
+from model.directory import DECODER_FILE, ENCODER_FILE, FORMAT_VERSION, ExportMetadata
 from model.tokenizer import open_tokenizer
 from model.transformer import Transformer
-from server.metadata import DECODER_FILE, ENCODER_FILE, ExportMetadata
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ def build_metadata(model_dir: Path, model: Transformer, variant: str, opset: int
     cfg = model.cfg
     tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
     return ExportMetadata(
+        format_version=FORMAT_VERSION,
         model_config=cfg.to_dict(), variant=variant, dtype="float16" if variant == "fp16" else "float32",
         opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
         n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,

@@ -8,7 +8,7 @@ from pathlib import Path
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from export.kv_ops import export_kv_ops
-from server.metadata import DECODER_FILE, ENCODER_FILE, read_metadata
+from model.directory import DECODER_FILE, ENCODER_FILE, read_metadata
 
 
 def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce_range: bool = False) -> Path:
@@ -18,10 +18,8 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
     CPUs without VNNI onnxruntime multiplies uint8 activations by int8 weights with an instruction whose
     int16 sums can saturate on full-range weights; for such a fleet, `reduce_range` (7-bit weights, as
     onnxruntime advises there) with `per_channel` (a scale per output column, winning back the bit) is the
-    recipe to export and gate (`python -m export --int8-7bit`). Validation BLEU (beam 4, de->en / en->de,
-    each recipe's graphs through `export.variants.translate_pairs` on data/valid.tsv) cannot tell the
-    recipes apart: on c13's weights fp32 12.97 / 10.21, 8-bit per tensor 12.98 / 10.32,
-    7-bit per channel 13.39 / 10.30; on c14's fp32 13.18 / 10.62, 13.05 / 10.76 and 12.70 / 10.69.
+    recipe to export and gate (`python -m export --int8-7bit`); `int8_flags_for` picks the recipe by the
+    CPU's int8 class. docs/export.md gives both recipes' BLEU with the command that measures it.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (ENCODER_FILE, DECODER_FILE):
@@ -37,7 +35,7 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
 
 def int8_flags_for(cpu_int8: str) -> tuple[bool, bool]:
     """(per_channel, reduce_range) of the int8 recipe that stays close to fp32 on a CPU of this int8 class
-    (`server.metadata.int8_kernels`): 8-bit per tensor where int8 dot products are exact (VNNI, Arm dot
+    (`model.directory.int8_kernels`): 8-bit per tensor where int8 dot products are exact (VNNI, Arm dot
     products), 7-bit per output channel elsewhere, where 8-bit weights saturate onnxruntime's int16 sums."""
     exact = cpu_int8 in ("vnni", "dotprod")
     return (not exact, not exact)

@@ -35,7 +35,7 @@ def tiny_exported_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
 def int8_args_for_this_cpu() -> list[str]:
     """Export flags for the int8 recipe that stays close to fp32 on this CPU's int8 class."""
     from export.quantize import int8_flags_for
-    from server.metadata import int8_kernels
+    from model.directory import int8_kernels
 
     per_channel, _ = int8_flags_for(int8_kernels())
     return ["--int8-7bit"] if per_channel else []

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from server.beam import BeamState, Hypothesis, row_candidates
-from server.engine import Event, RequestDone, RequestFailed, SentenceDone
-from server.runner import Candidates, EncodeItem, ModelSpec
-from server.scheduler import Batch
+from server.core.beam import BeamState, Hypothesis, row_candidates
+from server.core.engine import Event, RequestDone, RequestFailed, SentenceDone
+from server.core.offline import execute as run_batch
+from server.core.runner import Candidates, EncodeItem, ModelSpec
+from server.core.scheduler import Batch
 
 FAKE_SPEC = ModelSpec(
     vocab_size=24,
@@ -75,7 +76,7 @@ class _Slot:
 
 
 class FakeRunner:
-    """Implements server.runner.Runner over `max_slots` slots of plain Python state."""
+    """Implements server.core.runner.Runner over `max_slots` slots of plain Python state."""
 
     def __init__(self, max_slots: int = 8, spec: ModelSpec = FAKE_SPEC) -> None:
         self.spec = spec
@@ -102,7 +103,7 @@ class FakeRunner:
     def step(
         self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
     ) -> Candidates:
-        """Ranked as the runner contract says (`server.beam.row_candidates`), from `step_log_probs`."""
+        """Ranked as the runner contract says (`server.core.beam.row_candidates`), from `step_log_probs`."""
         scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
         return Candidates(scores, ids)
 
@@ -183,9 +184,5 @@ class Collector:
 
 
 def execute(runner: FakeRunner, batch: Batch) -> Candidates:
-    """What the engine does with a scheduled batch: planned copies, encoding, then one step."""
-    if batch.copy_sources:
-        runner.copy_slots(batch.copy_sources, batch.copy_destinations)
-    if batch.encode:
-        runner.encode(batch.encode)
-    return runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+    """What the engine does with a scheduled batch (server.core.offline.execute), candidates only."""
+    return run_batch(runner, batch)[0]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from server.runner import EncodeItem
-from server.runtime import OnnxRunner
+from server.backend.runtime import OnnxRunner
+from server.core.runner import EncodeItem
 
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3]]
 TARGETS = [2, 40, 41, 42, 43]

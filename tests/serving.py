@@ -26,12 +26,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.config import ServerConfig
-from server.convert import ModelDescription
-from server.main import LoadedModel, TranslationServer, create_server, load_model
+from server.core.runner import Candidates, EncodeItem, ModelSpec, Runner
+from server.edge.config import ServerConfig
+from server.edge.convert import ModelDescription
+from server.edge.main import LoadedModel, TranslationServer, create_server, load_model
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.runner import Candidates, EncodeItem, ModelSpec, Runner
 from tests.fakes import FAKE_SPEC, FakeRunner
 
 T = TypeVar("T")
@@ -285,8 +285,8 @@ def main() -> None:
     import logging
     import signal
 
-    from server.config import parse_config
-    from server.main import run
+    from server.edge.config import parse_config
+    from server.edge.main import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.documents import RequestLimits, TextLimitError, model_text, prepare_texts
-from server.engine import InvalidWorkError
-from server.errors import MALFORMED_MESSAGE, status_for
-from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
-from server.splitter import translatable
+from server.core.documents import RequestLimits, TextLimitError, model_text, prepare_texts
+from server.core.engine import InvalidWorkError
+from server.core.splitter import translatable
+from server.edge.errors import MALFORMED_MESSAGE, status_for
 from tests.fakes import FakeRunner
 from tests.serving import (
     RunningServer,

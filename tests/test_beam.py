@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.beam import merge_candidates, row_candidates, top_1, top_k_stable
+from server.core.beam import merge_candidates, row_candidates, top_1, top_k_stable
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:

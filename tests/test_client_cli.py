@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from server import client_cli
-from server.client_cli import PROGRESS_MIN_TEXTS, InputError, build_parser, make_progress, read_texts, run
-from server.config import ServerConfig
-from server.main import LoadedModel
+from server.client import cli as client_cli
+from server.client.cli import PROGRESS_MIN_TEXTS, InputError, build_parser, make_progress, read_texts, run
+from server.edge.config import ServerConfig
+from server.edge.main import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, fake_model, request, running_server
 from tests.tiny import TINY_PAIRS
 
-CLI = [sys.executable, "-m", "server.client_cli"]
+CLI = [sys.executable, "-m", "server.client.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_console_entry_point_reads_stdin(served: RunningServer) -> None:
     lines = ["Das Haus ist groß.", "Leidenschaft"]
     done = subprocess.run(
-        [sys.executable, "-m", "server.client_cli", "--server", served.address, "--source", "de", "--target", "en"],
+        [sys.executable, "-m", "server.client.cli", "--server", served.address, "--source", "de", "--target", "en"],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The committed generated code is exactly what `python -m server.codegen` makes from the proto."""
+"""The committed generated code is exactly what `python -m server.edge.codegen` makes from the proto."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from server.codegen import PACKAGE, REPO_ROOT, generate
+from server.edge.codegen import PACKAGE, REPO_ROOT, generate
 
 
 def test_committed_generated_code_matches_the_codegen_command(tmp_path: Path) -> None:
@@ -17,9 +17,9 @@ def test_committed_generated_code_matches_the_codegen_command(tmp_path: Path) ->
         for p in committed_root.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    assert sorted(committed) == sorted(fresh), "run `python -m server.codegen` and commit server/proto/"
+    assert sorted(committed) == sorted(fresh), "run `python -m server.edge.codegen` and commit server/proto/"
     stale = [str(path) for path in fresh if committed[path] != fresh[path]]
-    assert not stale, f"generated files differ from the proto: {stale}; run `python -m server.codegen`"
+    assert not stale, f"generated files differ from the proto: {stale}; run `python -m server.edge.codegen`"
 
 
 def test_generated_package_imports_with_typed_stubs() -> None:

@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from server.main import NEVER_MS, LoadedModel, connection_options
+from server.edge.main import NEVER_MS, LoadedModel, connection_options
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (
     GatedRunner,

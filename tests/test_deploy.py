@@ -31,7 +31,7 @@ PROMETHEUS = DOCKER / "prometheus"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "translation.json"
 K8S = DOCKER / "k8s"
 
-# The series the service exports (the metrics contract in server/metrics.py), by Prometheus type.
+# The series the service exports (the metrics contract in server/edge/metrics.py), by Prometheus type.
 COUNTERS = [
     "translation_requests_total",
     "translation_requests_rejected_total",
@@ -132,14 +132,14 @@ def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, pr
     user = next(line.split()[1] for line in stages["runtime"] if line.startswith("USER "))
     assert not user.startswith(("0", "root")), f"runtime user {user} is root"
     healthcheck = next(line for line in stages["runtime"] if line.startswith("HEALTHCHECK "))
-    assert "python -m server.healthcheck --address 127.0.0.1:${TRANSLATE_PORT}" in healthcheck
-    assert 'ENTRYPOINT ["python", "-m", "server.main"]' in stages["runtime"]
+    assert "python -m server.edge.healthcheck --address 127.0.0.1:${TRANSLATE_PORT}" in healthcheck
+    assert 'ENTRYPOINT ["python", "-m", "server.edge.main"]' in stages["runtime"]
 
 
 def test_documented_docker_run_outwaits_the_drain() -> None:
     """`docker stop` SIGKILLs after 10 s unless told otherwise; the image drains for TRANSLATE_DRAIN_SECONDS
     while its port stays open for the shutdown delay (the config's default: the images do not set it)."""
-    from server.config import ServerConfig
+    from server.edge.config import ServerConfig
 
     drain = max(int(d) for f in DOCKERFILES for d in re.findall(r"TRANSLATE_DRAIN_SECONDS=(\d+)", f.read_text()))
     assert not any("TRANSLATE_SHUTDOWN_DELAY_SECONDS" in f.read_text() for f in DOCKERFILES)
@@ -240,7 +240,7 @@ def test_serving_code_imports_only_the_serving_dependencies() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     allowed = {_normalise(r) for r in project["dependencies"]}
     distributions = importlib.metadata.packages_distributions()
-    dev_tools = {ROOT / "server" / "codegen.py"}  # regenerates server/proto with grpcio-tools, a dev extra
+    dev_tools = {ROOT / "server" / "edge" / "codegen.py"}  # regenerates server/proto with grpcio-tools, a dev extra
     seen, third_party = _import_closure([p for p in (ROOT / "server").rglob("*.py") if p not in dev_tools])
     assert ROOT / "model" / "tokenizer.py" in seen, "the walk follows first-party imports"
     outside = {
@@ -429,10 +429,10 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
 
 
 def test_exported_metric_list_matches_the_service() -> None:
-    """The contract list above is what server/metrics.py registers."""
+    """The contract list above is what server/edge/metrics.py registers."""
     from prometheus_client import CollectorRegistry
 
-    from server import metrics
+    from server.edge import metrics
 
     registry = CollectorRegistry()
     metrics.Metrics(registry)
@@ -476,7 +476,7 @@ def test_k8s_deployment_is_gpu_probed_hardened_and_drains() -> None:
     (container,) = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # The shutdown (server/main.py): the drain and the open-port delay side by side, then 1 s to flush answers;
+    # The shutdown (server/edge/main.py): the drain and the open-port delay side by side, then 1 s to flush answers;
     # a preStop hook would run before SIGTERM, inside the same grace period.
     shutdown_s = max(float(env["TRANSLATE_DRAIN_SECONDS"]), float(env["TRANSLATE_SHUTDOWN_DELAY_SECONDS"])) + 1
     assert pod["terminationGracePeriodSeconds"] > shutdown_s

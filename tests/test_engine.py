@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.beam import row_candidates
-from server.engine import (
+from server.core.beam import row_candidates
+from server.core.engine import (
     ENGINE_FAILED_MESSAGE,
     DecodeOptions,
     DrainingError,
@@ -29,8 +29,8 @@ from server.engine import (
     RequestFailed,
     SentenceDone,
 )
-from server.metrics import Metrics
-from server.runner import Candidates, EncodeItem
+from server.core.runner import Candidates, EncodeItem
+from server.edge.metrics import Metrics
 from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -468,7 +468,7 @@ class TorchSlotRunner:
         import torch
 
         from model.artifact import load_artifact
-        from server.runner import ModelSpec
+        from server.core.runner import ModelSpec
 
         self.torch = torch
         self.model = load_artifact(model_dir).eval()
@@ -577,8 +577,8 @@ def exported_tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_engine_equals_offline_decoding_on_the_onnx_runner(exported_tiny: Path) -> None:
-    from server.offline import translate_ids
-    from server.runtime import OnnxRunner
+    from server.backend.runtime import OnnxRunner
+    from server.core.offline import translate_ids
 
     runner = OnnxRunner(exported_tiny, max_slots=6, intra_op_threads=1)
     spec = runner.spec

@@ -13,7 +13,7 @@ import pytest
 
 from export.__main__ import main
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
-from server.metadata import (
+from model.directory import (
     GATE_BEAM_SIZE,
     INT8_DOT_FLAGS,
     MetadataError,
@@ -97,7 +97,7 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
     """Asked for CUDA where there is none, onnxruntime falls back to CPU with only a warning."""
     import onnxruntime as ort
 
-    from export.variants import main as variants_main
+    from bench.variants import main as variants_main
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA: the fallback cannot happen")
@@ -212,7 +212,7 @@ def test_unsupported_opset_exit_nonzero(tiny_model_dir: Path, capsys: pytest.Cap
 
 
 def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
-    from export.variants import main as variants_main
+    from bench.variants import main as variants_main
 
     (exported / "variants.json").write_text(json.dumps({"cuda": {"kept": True}}))  # another provider's record
     assert variants_main(["--model-dir", str(exported), "--limit", "3", "--beam-size", "2"]) == 0
@@ -242,13 +242,13 @@ def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> Non
     shipped = Path(__file__).resolve().parents[1] / "model" / "shipped" / "variants.json"
     for provider, record in json.loads(shipped.read_text()).items():
         assert record["beam_size"] == GATE_BEAM_SIZE and record["limit"] is None, provider
-        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run export.variants"
+        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run bench.variants"
         for variant, scores in record["variants"].items():
             assert scores.get("recipe") == expected[variant], (provider, variant)
 
 
 def test_the_gate_passes_a_variant_within_half_a_bleu_of_fp32_in_every_direction() -> None:
-    from export.variants import BLEU_GATE, mark_passed
+    from bench.variants import BLEU_GATE, mark_passed
 
     results: dict[str, dict[str, Any]] = {
         "fp32": {"de-en": 10.0, "en-de": 8.0},
@@ -269,7 +269,7 @@ VALID_PAIRS = [("Ich habe keine Ahnung.", "I have no idea."), ("Das Haus ist alt
 def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
     exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.length_penalty import main as sweep_main
+    from bench.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
 
     data = tmp_path / "valid.tsv"
@@ -286,7 +286,7 @@ def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
 def test_length_penalty_write_records_each_direction_and_the_weights_and_the_server_reads_it(
     exported: Path, tmp_path: Path
 ) -> None:
-    from export.length_penalty import main as sweep_main
+    from bench.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
 
     model_dir = tmp_path / "model"
@@ -317,8 +317,8 @@ def test_length_penalty_write_records_each_direction_and_the_weights_and_the_ser
 def test_length_penalty_refuses_what_would_tune_badly(
     exported: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from export.length_penalty import TEST_FILE
-    from export.length_penalty import main as sweep_main
+    from bench.length_penalty import TEST_FILE
+    from bench.length_penalty import main as sweep_main
 
     args = [str(TEST_FILE) if a == "data/test.tsv" else a for a in args]
     with pytest.raises(SystemExit) as exit_info:
@@ -328,7 +328,7 @@ def test_length_penalty_refuses_what_would_tune_badly(
 
 
 def test_best_length_penalty_and_ties() -> None:
-    from export.length_penalty import best_penalty
+    from bench.length_penalty import best_penalty
 
     assert best_penalty({0.8: 10.0, 1.0: 10.5, 1.4: 11.0}) == 1.4
     assert best_penalty({0.5: 5.0, 1.2: 5.0}) == 1.2  # a tie goes to the one nearest 1.0
@@ -336,7 +336,7 @@ def test_best_length_penalty_and_ties() -> None:
 
 
 def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
-    from export.length_penalty import choose
+    from bench.length_penalty import choose
 
     references = [f"the {w} house is very old and it stands on the hill ." for w in ("red", "big", "new", "tall")] * 40
     truncated = [r.rsplit(" ", 4)[0] for r in references]  # short outputs: brevity penalty and lost n-grams
@@ -356,7 +356,7 @@ def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
     from onnx import TensorProto, helper
 
     from export.onnx_export import add_candidate_selection
-    from server.beam import row_candidates
+    from server.core.beam import row_candidates
 
     path = tmp_path / "ranking.onnx"
     graph = helper.make_graph(
@@ -403,3 +403,24 @@ def test_length_penalties_are_optional_checked_and_tied_to_the_weights(tmp_path:
         path.write_text(json.dumps(record))
         with pytest.raises(MetadataError, match=message):
             read_length_penalties(tmp_path, directions, weights)
+
+
+@pytest.mark.parametrize("version", [None, 0, 2])
+def test_an_export_of_another_format_version_is_refused_naming_the_command(
+    exported: Path, tmp_path: Path, version: int | None
+) -> None:
+    variant = tmp_path / "model" / "onnx" / "fp32"
+    shutil.copytree(exported / "onnx" / "fp32", variant)
+    meta = json.loads((variant / "metadata.json").read_text())
+    meta.pop("format_version") if version is None else meta.update(format_version=version)
+    (variant / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(MetadataError, match=rf"format {version}, not 1: export it again with python -m export"):
+        read_metadata(variant)
+
+
+def test_an_export_missing_a_graph_is_refused(exported: Path, tmp_path: Path) -> None:
+    variant = tmp_path / "model" / "onnx" / "fp32"
+    shutil.copytree(exported / "onnx" / "fp32", variant)
+    (variant / "kv_gather.onnx").unlink()
+    with pytest.raises(MetadataError, match=r"missing kv_gather\.onnx"):
+        read_metadata(variant)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from bench.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
 from export.hf import main as import_main
-from export.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
 from model.artifact import load_artifact
 from model.marian_tokenizer import MarianTokenizer
 from model.transformer import Transformer
@@ -164,9 +164,9 @@ def test_reference_targets_equal_marian_tokenizer(imported: tuple[Path, Path]) -
 def test_export_variants_gate_and_parity_run_on_an_imported_model(imported: tuple[Path, Path], tmp_path: Path) -> None:
     """The project's own pipeline on an import: fp32, int8 (this CPU's recipe) and fp16 graphs; ONNX parity
     against our PyTorch on the test set's de->en pairs; the BLEU gate recorded for the one direction it has."""
+    from bench.parity import main as parity_main
+    from bench.variants import main as variants_main
     from export.__main__ import main as export_main
-    from export.parity import main as parity_main
-    from export.variants import main as variants_main
     from tests.conftest import int8_args_for_this_cpu
 
     model_dir = tmp_path / "model"

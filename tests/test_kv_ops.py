@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from export.kv_ops import export_kv_ops
-from server.metadata import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
+from model.directory import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
 
 N_CACHES, HEADS, DH = 4, 3, 5  # two layers' keys and values
 

@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
-from server.metrics import Metrics, StepStats, start_metrics_server
+from server.core.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
+from server.edge.metrics import Metrics, StepStats, start_metrics_server
 from tests.fakes import Collector, FakeRunner, reference_decode
 
 

@@ -4,7 +4,7 @@ HTTP API must then return the request counters, token counters and latency quant
 alerts are built on, with the values the traffic implies, and every dashboard query and alert rule must evaluate
 there without error.
 
-The service runs as its own process (`python -m server.main`, the images' entry point, with `translate-server`'s
+The service runs as its own process (`python -m server.edge.main`, the images' entry point, with `translate-server`'s
 flags) on a tiny exported model, so Prometheus sees exactly what it would see in a deployment.
 """
 
@@ -31,7 +31,7 @@ import grpc
 import pytest
 import yaml
 
-from server.healthcheck import check
+from server.edge.healthcheck import check
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.test_deploy import PROMETHEUS, dashboard_queries
@@ -103,7 +103,7 @@ def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     args += ["--host", "127.0.0.1", "--variant", "fp32", "--provider", "cpu", "--threads", "1", "--drain-seconds", "2"]
     log_path = tmp_path_factory.mktemp("logs") / "server.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "server.main", *args], cwd=ROOT, stdout=log, stderr=log)
+        proc = subprocess.Popen([sys.executable, "-m", "server.edge.main", *args], cwd=ROOT, stdout=log, stderr=log)
         address = f"127.0.0.1:{grpc_port}"
         try:
             _wait_for(lambda: check(address, timeout=1.0), 120, proc, log_path)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from model.artifact import load_artifact
-from server.beam import row_candidates
-from server.metadata import MetadataError
-from server.runner import EncodeItem
-from server.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, open_runner
+from model.directory import MetadataError
+from server.backend.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, open_runner
+from server.core.beam import row_candidates
+from server.core.runner import EncodeItem
 
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
 
@@ -158,12 +158,15 @@ def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
     np.testing.assert_array_equal(runners[1].src_mask, runners[0].src_mask)
 
 
-def test_device_runner_explains_an_export_without_kv_graphs(model_dir: Path, tmp_path: Path) -> None:
-    variant = tmp_path / "fp32"
+@pytest.mark.parametrize("runner_class", [OnnxRunner, DeviceCacheRunner])
+def test_runners_refuse_an_export_without_kv_graphs_naming_the_command(
+    model_dir: Path, tmp_path: Path, runner_class: type[OnnxRunner]
+) -> None:
+    variant = tmp_path / "onnx" / "fp32"
     shutil.copytree(model_dir / "onnx" / "fp32", variant)
     (variant / "kv_move.onnx").unlink()
-    with pytest.raises(ValueError, match=r"kv_move\.onnx.*export again"):
-        DeviceCacheRunner(variant, 2)
+    with pytest.raises(MetadataError, match=r"missing kv_move\.onnx.*export it again with python -m export"):
+        runner_class(variant, 2)
 
 
 def test_open_runner_places_caches(model_dir: Path) -> None:
@@ -181,11 +184,6 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
     assert auto_cache_place(variant, "cpu") == "host"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "device"
-    old_export = tmp_path / "fp32"
-    shutil.copytree(variant, old_export)
-    (old_export / "kv_gather.onnx").unlink()
-    assert auto_cache_place(old_export, "cuda") == "host"  # an export from before the kv_* graphs still serves
-    assert "lacks kv_gather.onnx" in caplog.text
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "host"
     assert "no CUDA provider" in caplog.text

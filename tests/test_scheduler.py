@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.scheduler import (
+from server.core.scheduler import (
     Abandoned,
     Batch,
     DecodeOptions,

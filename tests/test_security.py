@@ -21,13 +21,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from server import interceptors
-from server.channels import auth_metadata, open_channel
-from server.client_cli import build_parser, run
-from server.config import ServerConfig, parse_config
-from server.errors import UNAUTHENTICATED_MESSAGE
-from server.healthcheck import check
-from server.main import LoadedModel, StartupError, TranslationServer, load_model
+from server.client.channels import auth_metadata, open_channel
+from server.client.cli import build_parser, run
+from server.edge import interceptors
+from server.edge.config import ServerConfig, parse_config
+from server.edge.errors import UNAUTHENTICATED_MESSAGE
+from server.edge.healthcheck import check
+from server.edge.main import LoadedModel, StartupError, TranslationServer, load_model
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (
@@ -161,7 +161,7 @@ def test_the_image_healthcheck_reaches_a_tls_server_from_its_environment(
     public_only = _certificate("translate.internal", key, ("deploy CA", ca_key), [x509.DNSName("translate.internal")])
     cert, key_path = _write(tmp_path, "server", public_only, key)
     with running_server(model, server_config(tls_cert=cert, tls_key=key_path)) as served:
-        command = [sys.executable, "-m", "server.healthcheck", "--address", f"127.0.0.1:{served.port}"]
+        command = [sys.executable, "-m", "server.edge.healthcheck", "--address", f"127.0.0.1:{served.port}"]
 
         def healthcheck(**variables: str) -> int:
             env = {**os.environ, **{f"TRANSLATE_HEALTHCHECK_{k.upper()}": v for k, v in variables.items()}}
@@ -303,9 +303,8 @@ def test_unsafe_load_detector_catches_what_it_should(tmp_path: Path) -> None:
 def test_the_model_is_read_only_from_the_configured_directory(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import server.main
-    import server.metadata
-    import server.runtime
+    import server.backend.runtime
+    import server.edge.main
 
     export_tiny_onnx(tiny_model_dir)
     opened: list[Path] = []
@@ -319,9 +318,9 @@ def test_the_model_is_read_only_from_the_configured_directory(
 
         monkeypatch.setattr(module, name, wrapper)
 
-    recording(server.runtime, "make_session")
-    recording(server.runtime, "read_metadata")
-    recording(server.main, "open_tokenizer")  # its model directory
+    recording(server.backend.runtime, "make_session")
+    recording(server.backend.runtime, "read_metadata")
+    recording(server.edge.main, "open_tokenizer")  # its model directory
     load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1))
     root = tiny_model_dir.resolve()
     assert len(opened) == 4  # metadata, encoder, decoder, tokenizer

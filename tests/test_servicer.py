@@ -19,15 +19,15 @@ import grpc
 import pytest
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.config import ServerConfig
-from server.documents import RequestLimits
-from server.engine import RequestDone, SentenceDone, TokensEvent
-from server.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
-from server.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
+from server.core.documents import RequestLimits
+from server.core.engine import RequestDone, SentenceDone, TokensEvent
+from server.core.splitter import join, split
+from server.edge.config import ServerConfig
+from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
+from server.edge.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
+from server.edge.servicer import CallInbox
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.servicer import CallInbox
-from server.splitter import join, split
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
     START_TIMEOUT_S,
@@ -638,7 +638,7 @@ def test_a_dead_engine_stops_the_process_non_zero_so_its_supervisor_restarts_it(
 
 def test_healthcheck_command_exits_zero_only_when_serving(served: RunningServer) -> None:
     def healthcheck(address: str) -> int:
-        command = [sys.executable, "-m", "server.healthcheck", "--address", address, "--timeout", "5"]
+        command = [sys.executable, "-m", "server.edge.healthcheck", "--address", address, "--timeout", "5"]
         return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode
 
     assert healthcheck(served.address) == 0
@@ -675,8 +675,8 @@ def onnx_served(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterato
 def test_served_output_equals_the_offline_onnx_decoder(
     onnx_served: tuple[RunningServer, LoadedModel], tiny_model_dir: Path, beam: int, n_best: int
 ) -> None:
-    from server.offline import translate_ids
-    from server.runtime import OnnxRunner
+    from server.backend.runtime import OnnxRunner
+    from server.core.offline import translate_ids
 
     served, model = onnx_served
     texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei", "", "Sie schrieben gemeinsam ein Buch."]
@@ -752,8 +752,8 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     """A GPU pod whose CUDA libraries do not load must not report SERVING while computing on the CPU."""
     import onnxruntime
 
-    from server.main import load_model
-    from server.runtime import OnnxRunner
+    from server.backend.runtime import OnnxRunner
+    from server.edge.main import load_model
 
     export_tiny_onnx(tiny_model_dir)
     base = {"model_dir": tiny_model_dir, "variant": "fp32", "threads": 1}
@@ -769,7 +769,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
 
 
 def test_the_metrics_server_binds_the_configured_host() -> None:
-    from server.main import metrics_address
+    from server.edge.main import metrics_address
 
     assert [metrics_address(h) for h in ("[::]", "[::1]", "127.0.0.1", "")] == ["::", "::1", "127.0.0.1", "0.0.0.0"]
 
@@ -799,11 +799,11 @@ class _Remaining:
 def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining: float, deadline: bool) -> None:
     """grpc cancels the handler's task at the deadline (or when the client leaves); the request's
     sentences must then fail as DEADLINE_EXCEEDED, or CANCELLED, in the failed-sentences series."""
-    from server.convert import TranslateJob
-    from server.engine import Admission
-    from server.errors import CallRecord
-    from server.scheduler import DecodeOptions
-    from server.servicer import _engine_events
+    from server.core.engine import Admission
+    from server.core.scheduler import DecodeOptions
+    from server.edge.convert import TranslateJob
+    from server.edge.errors import CallRecord
+    from server.edge.servicer import _engine_events
 
     engine = _RecordingEngine()
     job = TranslateJob(["Hallo."], "de", "en", DecodeOptions(), return_scores=False)

@@ -2,7 +2,7 @@
 
 The shipped model is undertrained (see model/shipped/MODEL_CARD.md): these tests check the served path on
 real weights and a quality floor on short held-out sentences that a broken export, a swapped language tag
-or an untrained model falls far below. The quality figures come from `python -m export.variants`.
+or an untrained model falls far below. The quality figures come from `python -m bench.variants`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from export.variants import translate_pairs
+from bench.variants import translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
 from model.tokenizer import Tokenizer
-from server.offline import translate_ids
+from server.core.offline import translate_ids
 from tests.serving import export_tiny_onnx, onnx_model, request, running_server
 
 pytestmark = pytest.mark.shipped

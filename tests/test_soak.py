@@ -5,7 +5,7 @@ Short form in CI (SOAK_SECONDS, default 20); the long form is the same test with
 It proves that under load no response is lost, duplicated or crossed with another client's, the
 Prometheus counters equal what the clients saw, and the process's resident memory stops growing
 after warm-up (at most RSS_GROWTH_LIMIT_MIB between the warm-up's end and the run's end).
-Set SOAK_REPORT=path.json to keep the figures (RELIABILITY.md quotes the last run).
+Set SOAK_REPORT=path.json to keep the figures (docs/reliability.md quotes a run).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.splitter import join, split, translatable
+from server.core.splitter import join, split, translatable
 
 WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "z.B.", "Dr.", "3.5", "e.g.", "U.S.", "Nein", "ok", "«Ja»"])
 PUNCT = st.sampled_from([".", "!", "?", "...", ":", ";", ",", ""])

@@ -1,10 +1,10 @@
-"""python -m export.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
+"""python -m bench.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
 
 Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on the provider,
 at the length penalty the server defaults to for each direction (`decoding.json`, tuned on validation;
 else 1.0), scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes the provider's
 record into `<model-dir>/variants.json` (other providers' records are kept); a variant passes if its
-BLEU in each direction is within 0.5 of fp32's. `server.metadata.choose_variant` reads the record of
+BLEU in each direction is within 0.5 of fp32's. `model.directory.choose_variant` reads the record of
 the provider it serves with, and trusts it only for the weights it names, a run over the whole test set with
 beam 4 and today's length penalties, and for int8 a CPU of the same int8 class as the one measured on.
 """
@@ -23,8 +23,7 @@ import sacrebleu
 
 from model.artifact import load_config
 from model.data import Pair, read_tsv
-from model.tokenizer import TextTokenizer, open_tokenizer
-from server.metadata import (
+from model.directory import (
     VARIANTS_FILE,
     available_variants,
     direction_name,
@@ -32,9 +31,10 @@ from server.metadata import (
     read_length_penalties,
     read_metadata,
 )
-from server.offline import translate_ids
-from server.runner import EncodeItem, Runner
-from server.runtime import PROVIDERS, OnnxRunner
+from model.tokenizer import TextTokenizer, open_tokenizer
+from server.backend.runtime import PROVIDERS, OnnxRunner
+from server.core.offline import translate_ids
+from server.core.runner import EncodeItem, Runner
 
 BLEU_GATE = 0.5
 TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
@@ -124,7 +124,7 @@ def mark_passed(results: dict[str, dict[str, Any]], gate: float, directions: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.variants", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--beam-size", type=int, default=4)
@@ -144,14 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         "gate_bleu": BLEU_GATE,
         "beam_size": args.beam_size,
         "length_penalty": penalties,
-        "cpu_int8": int8_kernels(),  # an int8 gate holds only on CPUs of this class (server.metadata)
+        "cpu_int8": int8_kernels(),  # an int8 gate holds only on CPUs of this class (model.directory)
         "limit": args.limit,
         "variants": results,
     }
     path = args.model_dir / VARIANTS_FILE
     by_provider = json.loads(path.read_text()) if path.is_file() else {}
-    if "variants" in by_provider:  # one record from before gates were kept per provider: replaced
-        by_provider = {}
     path.write_text(json.dumps(by_provider | {args.provider: record}, indent=2, sort_keys=True) + "\n")
     print(json.dumps(record, indent=2, sort_keys=True))
     return 0

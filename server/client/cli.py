@@ -29,7 +29,7 @@ from typing import IO, Protocol
 
 import grpc
 
-from server.channels import Metadata, auth_metadata, open_channel
+from server.client.channels import Metadata, auth_metadata, open_channel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@
 - `ParseInterceptor`: grpc answers a request that fails to deserialize with UNKNOWN and the parser's
   exception text; parsing it in the handler instead gives INVALID_ARGUMENT with a fixed message.
 
-Both count what they refuse of the Translator's calls in the request metrics, like `server.errors`
+Both count what they refuse of the Translator's calls in the request metrics, like `server.edge.errors`
 does for the servicer's own refusals, so the counters add up to what clients saw.
 """
 
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from server.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE
-from server.metrics import Metrics
+from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE
+from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 
 TRANSLATOR = pb.DESCRIPTOR.services_by_name["Translator"].full_name

@@ -9,8 +9,8 @@ tokens, ranked where the log-probabilities are computed (on the device, for CUDA
 vocabulary.
 
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
-Implementations: `server.runtime.OnnxRunner` (onnxruntime, caches in host memory),
-`server.runtime.DeviceCacheRunner` (caches on the session's device, for CUDA) and the fakes in tests.
+Implementations: `server.backend.runtime.OnnxRunner` (onnxruntime, caches in host memory),
+`server.backend.runtime.DeviceCacheRunner` (caches on the session's device, for CUDA) and the fakes in tests.
 This module imports numpy only, so the scheduler and its tests stay free of onnxruntime.
 """
 
@@ -22,20 +22,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from model.directory import ModelSpec
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the engine needs to know of a model; read from the exported metadata."""
-
-    vocab_size: int  # V: token ids are 0 .. V - 1; a step ranks at most V candidates per row
-    max_source_len: int  # longest source in tokens, language tag and EOS included
-    max_target_len: int  # most tokens a slot can feed (and so generate)
-    bos_id: int  # first decoder input of every row
-    eos_id: int  # ends a hypothesis
-    pad_id: int  # never produced
-    tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}; {} if none
-    pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
-    source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
+__all__ = ["Candidates", "EncodeItem", "ModelSpec", "Runner"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +59,7 @@ class Runner(Protocol):
         """Feed `tokens[i]` at `positions[i]` to `slots[i]`; return each row's k best next tokens.
 
         Row i's candidates are scored `row_scores[i] + log p(token)` in float32, best first, ties to
-        the lower token id (`server.beam.row_candidates` is the reference); k is capped at V.
+        the lower token id (`server.core.beam.row_candidates` is the reference); k is capped at V.
         The new keys/values are stored at `positions[i]` of each slot, so the next call for that
         slot passes `positions[i] + 1`. Row i attends to cache entries 0 .. positions[i].
         """

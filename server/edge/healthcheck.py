@@ -1,6 +1,6 @@
 """Exit 0 iff the server's gRPC health check says SERVING (for Docker HEALTHCHECK and scripts).
 
-Usage: python -m server.healthcheck --address localhost:50051 [--service translation.v1.Translator]
+Usage: python -m server.edge.healthcheck --address localhost:50051 [--service translation.v1.Translator]
 For a server with TLS add --tls-ca (and --tls-cert/--tls-key for mutual TLS, --tls-server-name when
 the certificate does not name the address's host); health needs no token. Every TLS flag also reads
 from TRANSLATE_HEALTHCHECK_<FLAG> (flags win), so an image's fixed HEALTHCHECK command works on a
@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.channels import open_channel
-from server.config import env_name
+from server.client.channels import open_channel
+from server.edge.config import env_name
 
 ENV_PREFIX = "TRANSLATE_HEALTHCHECK_"
 

@@ -9,12 +9,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from server.documents import PartialSentence, RequestLimits, TextTranslation
-from server.engine import DecodeOptions
-from server.errors import InvalidRequest
-from server.metadata import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
+from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
+from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from server.core.engine import DecodeOptions
+from server.core.runner import ModelSpec
+from server.edge.errors import InvalidRequest
 from server.proto.translation.v1 import translation_pb2 as pb
-from server.runner import ModelSpec
 
 DEFAULT_BEAM_SIZE = 4
 
@@ -31,10 +31,10 @@ class ModelDescription:
     model_sha256: str  # hash of the source weights the graphs were exported from
     dtype: str  # weight dtype of the variant
     # Length penalty a request gets when it sets none, by direction ("de-en"): decoding.json's value
-    # (server.metadata.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
+    # (model.directory.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
     default_length_penalty: Mapping[str, float] = field(default_factory=dict)
     # Beam width and output limit a request gets when it sets none: decoding.json's (an imported model's
-    # generation defaults, server.metadata.read_decoding_defaults), else DEFAULT_BEAM_SIZE and 0 (the
+    # generation defaults, model.directory.read_decoding_defaults), else DEFAULT_BEAM_SIZE and 0 (the
     # source-relative limit, model.config.default_output_limit).
     default_beam_size: int = DEFAULT_BEAM_SIZE
     default_max_output_len: int = 0

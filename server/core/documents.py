@@ -18,8 +18,8 @@ import unicodedata
 from dataclasses import dataclass, field
 
 from model.tokenizer import TextTokenizer
-from server.beam import Hypothesis
-from server.splitter import Split, join, split
+from server.core.beam import Hypothesis
+from server.core.splitter import Split, join, split
 
 
 class TextLimitError(ValueError):

@@ -1,5 +1,7 @@
-"""Metadata written beside each exported variant, and the files tracked beside the model that the service
-reads (variants.json: the BLEU gate; decoding.json: tuned decoding defaults); never training flags."""
+"""The model-directory contract, below both export/ and server/: file names, the metadata written beside
+each exported variant (versioned), the model spec the engine needs, and the files tracked beside a model
+that the service reads (variants.json: the BLEU gate; decoding.json: decoding defaults); never training
+flags. Imports neither torch nor onnxruntime."""
 
 from __future__ import annotations
 
@@ -12,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from server.runner import ModelSpec
-
 log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
@@ -24,6 +24,10 @@ KV_GATHER_FILE = "kv_gather.onnx"
 KV_APPEND_FILE = "kv_append.onnx"
 KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
+# The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
+# server then refuses older exports with a message naming the command that rebuilds them.
+FORMAT_VERSION = 1
+VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE, KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
 DECODING_FILE = "decoding.json"  # decoding defaults tuned on the validation set, tracked beside the model
@@ -32,12 +36,28 @@ MAX_LENGTH_PENALTY = 2.0
 DEFAULT_BY_PROVIDER = {"cuda": "fp16", "cpu": "int8"}
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine needs to know of a model; read from the exported metadata."""
+
+    vocab_size: int  # V: token ids are 0 .. V - 1; a step ranks at most V candidates per row
+    max_source_len: int  # longest source in tokens, language tag and EOS included
+    max_target_len: int  # most tokens a slot can feed (and so generate)
+    bos_id: int  # first decoder input of every row
+    eos_id: int  # ends a hypothesis
+    pad_id: int  # never produced
+    tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}; {} if none
+    pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
+    source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
+
+
 class MetadataError(ValueError):
     """An export directory is missing files or does not match its metadata."""
 
 
 @dataclass(frozen=True)
 class ExportMetadata:
+    format_version: int  # FORMAT_VERSION of the export that wrote it
     model_config: dict[str, Any]  # model.config.ModelConfig as a dict
     variant: str  # fp32 | int8 | fp16
     dtype: str  # float dtype of the graph's activations: float32 | float16
@@ -56,8 +76,8 @@ class ExportMetadata:
     max_source_len: int
     max_target_len: int
     # How the graphs were derived from the weights (dtype, quantization scheme); the BLEU gate is trusted
-    # only for the recipe it measured. Empty in exports from before it was recorded.
-    recipe: str = ""
+    # only for the recipe it measured.
+    recipe: str
 
     def spec(self) -> ModelSpec:
         return ModelSpec(
@@ -79,18 +99,22 @@ class ExportMetadata:
 
 
 def read_metadata(variant_dir: Path) -> ExportMetadata:
-    """Read and check a variant directory: both graphs present, metadata complete and consistent."""
-    for name in (METADATA_FILE, ENCODER_FILE, DECODER_FILE):
-        if not (variant_dir / name).is_file():
-            raise MetadataError(f"missing {name} in export directory {variant_dir}")
+    """Read and check a variant directory: this format version, every graph present, metadata complete and
+    consistent."""
+    rebuild = f"export it again with python -m export --model-dir {variant_dir.parent.parent}"
+    if not (variant_dir / METADATA_FILE).is_file():
+        raise MetadataError(f"missing {METADATA_FILE} in export directory {variant_dir}")
     data = json.loads((variant_dir / METADATA_FILE).read_text())
+    found = data.get("format_version") if isinstance(data, dict) else None
+    if found != FORMAT_VERSION:
+        raise MetadataError(f"{variant_dir} is in model-directory format {found}, not {FORMAT_VERSION}: {rebuild}")
+    for name in VARIANT_FILES:
+        if not (variant_dir / name).is_file():
+            raise MetadataError(f"missing {name} in export directory {variant_dir}: {rebuild}")
     try:
         meta = ExportMetadata(**data)
     except TypeError as exc:
-        raise MetadataError(
-            f"{variant_dir / METADATA_FILE} does not match ExportMetadata ({exc}): "
-            f"export it again with python -m export --model-dir {variant_dir.parent.parent}"
-        ) from exc
+        raise MetadataError(f"{variant_dir / METADATA_FILE} does not match ExportMetadata ({exc}): {rebuild}") from exc
     cfg = meta.model_config
     expected = {"vocab_size": meta.vocab_size, "n_heads": meta.n_heads, "n_decoder_layers": meta.n_decoder_layers}
     mismatched = [k for k, v in expected.items() if cfg.get(k) != v]
@@ -104,7 +128,7 @@ def read_metadata(variant_dir: Path) -> ExportMetadata:
 def available_variants(model_dir: Path) -> list[str]:
     """Variants exported under `<model_dir>/onnx`, in the canonical order."""
     root = model_dir / "onnx"
-    return [v for v in VARIANTS if all((root / v / f).is_file() for f in (METADATA_FILE, ENCODER_FILE, DECODER_FILE))]
+    return [v for v in VARIANTS if all((root / v / f).is_file() for f in VARIANT_FILES)]
 
 
 GATE_BEAM_SIZE = 4  # the gate's search: what the server decodes by default
@@ -142,7 +166,7 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     path = model_dir / VARIANTS_FILE
     if not path.is_file():
         return False
-    fix = f"run python -m export.variants --model-dir {model_dir} --provider {provider}"
+    fix = f"run python -m bench.variants --model-dir {model_dir} --provider {provider}"
     record = json.loads(path.read_text()).get(provider)
     if record is None:
         log.warning("%s holds no BLEU gate measured with the %s provider: not serving %s; %s",
@@ -233,7 +257,7 @@ def read_decoding_defaults(model_dir: Path, weights_sha256: str) -> tuple[int | 
 def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sha256: str) -> dict[str, float]:
     """The default length penalty of every direction: `decoding.json`'s tuned value, else 1.0.
 
-    `python -m export.length_penalty --write` tunes it per direction on the validation set. The file
+    `python -m bench.length_penalty --write` tunes it per direction on the validation set. The file
     must name the weights the graphs were exported from (`weights_sha256`): a value tuned on other
     weights is refused, not served silently. Values are rounded to float32, the proto's type, so a
     client that sends back what ListModels reported decodes exactly as with the default.
@@ -249,7 +273,7 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     if record.get("weights_sha256") != weights_sha256:
         raise MetadataError(
             f"{path} was tuned on other weights than the exported graphs' ({weights_sha256[:12]}...): "
-            f"run python -m export.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
+            f"run python -m bench.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
             "or delete it to serve 1.0"
         )
     if unknown := sorted(set(tuned) - set(defaults)):

@@ -1,16 +1,20 @@
 """Every Prometheus series of the service, on an injected registry (tests use a fresh one).
 
 The engine and the servicer hand over plain numbers or stats objects; nothing else in the server
-touches prometheus_client. Names carry the `translation_` prefix and their unit; durations are
-histograms (not summaries) so they aggregate across replicas.
+touches prometheus_client. `Metrics` is the engine's observer (server.core.observer.EngineObserver).
+Names carry the `translation_` prefix and their unit; durations are histograms (not summaries) so
+they aggregate across replicas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from server.core.observer import StepStats
+
+__all__ = ["Metrics", "StepStats", "start_metrics_server"]
 
 # Milliseconds to a minute: a single short sentence on a GPU up to a long document on a loaded CPU.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -19,20 +23,6 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TIMED_CODES = ("OK", "DEADLINE_EXCEEDED")  # calls whose duration is the latency a client saw from the service
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One engine iteration, as the engine measured it."""
-
-    duration_s: float  # wall time of the decoder step call, with the beam-row copies before it
-    encode_duration_s: float  # wall time of the encoder call; 0 when nothing was admitted
-    active_slots: int  # rows stepped
-    encode_real_tokens: int  # source tokens encoded
-    encode_padded_tokens: int  # items * longest source: what a padded encoder batch computes
-    step_real_tokens: int  # sum over rows of cache entries attended (position + 1)
-    step_padded_tokens: int  # rows * longest attended span
-    queue_waits_s: tuple[float, ...]  # per sentence admitted this iteration
 
 
 class Metrics:

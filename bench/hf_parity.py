@@ -1,13 +1,13 @@
 """Parity of an imported Marian model with transformers: our PyTorch against MarianMTModel.
 
-    python -m export.hf_parity --hf DIR_OR_HUB_ID --model-dir DIR [--texts FILE] [--beam-size 4] [--max-len 64]
+    python -m bench.hf_parity --hf DIR_OR_HUB_ID --model-dir DIR [--texts FILE] [--beam-size 4] [--max-len 64]
 
 Three levels, as minGPT's import test: logits of teacher-forced translations within 1e-4 (recomputed in
 full and decoded step by step against our key/value cache), then greedy and beam token ids equal to
 `generate` at the same settings. transformers' beam search runs with `early_stopping=True`, the stopping
 rule our decoder and server implement (stop when `beam_size` hypotheses have finished); its default
 (False) can go on decoding after that and, rarely, find a better one. The ONNX side of parity (graphs
-against our PyTorch) is `python -m export.parity`.
+against our PyTorch) is `python -m bench.parity`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.hf_parity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.hf_parity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hf", required=True, help="the transformers Marian directory (or hub id) imported")
     parser.add_argument("--model-dir", type=Path, required=True, help="the artifact python -m export.hf wrote")
     parser.add_argument("--texts", type=Path, default=None, help="one source text a line (default: a few built in)")

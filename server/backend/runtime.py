@@ -1,4 +1,4 @@
-"""onnxruntime implementations of `server.runner.Runner` over a pool of preallocated cache slots.
+"""onnxruntime implementations of `server.core.runner.Runner` over a pool of preallocated cache slots.
 
 Cache shape, chosen for continuous batching: per layer one self-attention cache
 (max_slots, H, max_target_len, Dh) and one cross cache (max_slots, H, max_source_len, Dh). A step
@@ -28,8 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from server.config import KV_CACHES
-from server.metadata import (
+from model.directory import (
     DECODER_FILE,
     ENCODER_FILE,
     KV_APPEND_FILE,
@@ -40,7 +39,8 @@ from server.metadata import (
     MetadataError,
     read_metadata,
 )
-from server.runner import Candidates, EncodeItem, ModelSpec
+from server.backend import KV_CACHES
+from server.core.runner import Candidates, EncodeItem, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +52,12 @@ KV_GRAPH_FILES = (KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 Feeds = dict[str, npt.NDArray[np.generic]]
 
 
-def missing_kv_graphs(variant_dir: Path) -> list[str]:
-    """The kv_* graph files (device caches need them) that an export lacks; exports before them have none."""
-    return [name for name in KV_GRAPH_FILES if not (variant_dir / name).is_file()]
-
-
 def make_session(path: Path, provider: str, intra_op_threads: int, spin_threads: bool = True) -> ort.InferenceSession:
     """A session for `provider`; `spin_threads=False` makes idle intra-op threads sleep, not busy-wait.
 
     Spinning (onnxruntime's default) shaves a little off each op when the process owns its cores.
-    A server shares them with gRPC and Python threads, which spinning starves: on 2 cores, turning
-    it off raised served greedy throughput by 40% and cut single-sentence latency by a third.
+    A server shares them with gRPC and Python threads, which spinning starves: on small nodes turning
+    it off serves faster (docs/benchmarks.md gives the measurement and its command).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -297,12 +292,6 @@ class DeviceCacheRunner(OnnxRunner):
     kv_cache = "device"
 
     def _open_caches(self, variant_dir: Path) -> None:
-        missing = missing_kv_graphs(variant_dir)
-        if missing:
-            raise MetadataError(
-                f"{variant_dir} lacks {', '.join(missing)} (needed for device caches): "
-                "export again with python -m export"
-            )
         self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
         self.kv_gather = self._session(variant_dir / KV_GATHER_FILE)
         self.kv_append = self._session(variant_dir / KV_APPEND_FILE)
@@ -401,16 +390,11 @@ def open_runner(
 
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: CUDA present, and an export that has the kv_* graphs.
-
-    On CPU numpy caches are 2x faster (host memory is the device). An older export without the kv_*
-    graphs still serves, with host caches and a warning, rather than refusing to start.
-    """
+    """Device caches only where they pay: on CUDA. On CPU host memory is the device, and numpy caches
+    measure faster there (`python -m bench.cache_shape` compares them)."""
     if provider != "cuda":
         return "host"
-    missing = missing_kv_graphs(variant_dir)
-    if PROVIDERS["cuda"] not in ort.get_available_providers() or missing:
-        why = f"{variant_dir} lacks {', '.join(missing)}" if missing else "this onnxruntime has no CUDA provider"
-        log.warning("kv_cache auto: the caches stay in host memory because %s", why)
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
         return "host"
     return "device"

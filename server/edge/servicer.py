@@ -2,7 +2,7 @@
 
 Each request is submitted to the engine as one flat list of sentences; the engine's events arrive
 on its thread and are handed to this request's `CallInbox` on the event loop. Errors
-become statuses in `server.errors`; nothing here catches an exception to choose a status.
+become statuses in `server.edge.errors`; nothing here catches an exception to choose a status.
 """
 
 from __future__ import annotations
@@ -18,16 +18,8 @@ from typing import TypeVar
 import grpc.aio
 
 from model.tokenizer import TextTokenizer
-from server.convert import (
-    ModelDescription,
-    TranslateJob,
-    model_info_to_pb,
-    parse_request,
-    partial_to_pb,
-    text_result_to_pb,
-)
-from server.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
-from server.engine import (
+from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
+from server.core.engine import (
     Admission,
     DrainingError,
     Engine,
@@ -37,7 +29,16 @@ from server.engine import (
     SentenceDone,
     TokensEvent,
 )
-from server.errors import (
+from server.core.runner import ModelSpec
+from server.edge.convert import (
+    ModelDescription,
+    TranslateJob,
+    model_info_to_pb,
+    parse_request,
+    partial_to_pb,
+    text_result_to_pb,
+)
+from server.edge.errors import (
     CallRecord,
     ResponseTooLarge,
     Unavailable,
@@ -46,10 +47,9 @@ from server.errors import (
     stream_call,
     unary_call,
 )
-from server.metrics import Metrics
+from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.runner import ModelSpec
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)

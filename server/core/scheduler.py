@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.config import default_output_limit
-from server.beam import Advance, BeamState, Hypothesis
-from server.runner import Candidates, EncodeItem, ModelSpec
+from server.core.beam import Advance, BeamState, Hypothesis
+from server.core.runner import Candidates, EncodeItem, ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""python -m export.parity --model-dir DIR [--limit N]: the fp32 export against PyTorch.
+"""python -m bench.parity --model-dir DIR [--limit N]: the fp32 export against PyTorch.
 
 Checks, in the order of the minGPT parity test: encoder outputs and per-step log-probabilities
 within 1e-4 (max abs; ten sources per direction, their reference translations teacher-forced to
@@ -28,10 +28,10 @@ from model.data import read_tsv
 from model.decode import beam_search, normalize
 from model.tokenizer import TextTokenizer
 from model.transformer import Transformer
-from server.offline import translate_ids
-from server.runner import EncodeItem
-from server.runtime import OnnxRunner
-from server.scheduler import output_limit
+from server.backend.runtime import OnnxRunner
+from server.core.offline import translate_ids
+from server.core.runner import EncodeItem
+from server.core.scheduler import output_limit
 
 TOLERANCE = 1e-4
 LOGIT_CASES_PER_DIRECTION = 10  # sources whose reference translations are teacher-forced step by step
@@ -153,7 +153,7 @@ Case = tuple[list[int], list[int]]  # source ids (tag + pieces + EOS), reference
 
 def parity_cases(tokenizer: TextTokenizer, limit: int | None) -> list[list[Case]]:
     """The first `limit` test pairs in each test-set direction the model translates (de->en, en->de)."""
-    from export.variants import tested_directions
+    from bench.variants import tested_directions
 
     pairs = read_tsv(TEST_FILE)[:limit]
     return [
@@ -172,14 +172,14 @@ def logit_cases(by_direction: list[list[Case]], per_direction: int) -> list[Case
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.parity", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.parity", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--max-len", type=int, default=0, help="generated tokens; 0 = the server's default")
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
-    from export.variants import model_tokenizer
+    from bench.variants import model_tokenizer
 
     every = parity_cases(model_tokenizer(args.model_dir), args.limit)
     by_direction = [[c for c in cases if fits(c, runner.spec.max_source_len)] for cases in every]

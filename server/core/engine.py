@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from server.metrics import Metrics, StepStats
-from server.runner import Candidates, Runner
-from server.scheduler import (
+from server.core.observer import EngineObserver, StepStats
+from server.core.offline import execute
+from server.core.runner import Candidates, Runner
+from server.core.scheduler import (
     INTERNAL_MESSAGE,
     Batch,
     DecodeOptions,
@@ -126,7 +127,7 @@ class Engine:
         self,
         runner: Runner,
         limits: EngineLimits | None = None,
-        metrics: Metrics | None = None,
+        metrics: EngineObserver | None = None,
         on_failure: Callable[[], None] | None = None,  # called once if the loop dies or is abandoned, on that thread
     ) -> None:
         limits = limits or EngineLimits(max_slots=runner.max_slots)
@@ -468,26 +469,9 @@ class Engine:
                     raise _Abandoned  # replaces the call's own outcome: nobody waits for it
 
     def _execute(self, batch: Batch) -> tuple[Candidates, float, float]:
-        """The runner calls of one iteration, in the order the batch requires, and their wall times:
-        the beam-row copies and the decoder step together, and the encoder apart. The beam update
-        that follows is the engine's own work, not the runner's, so it is not in either."""
-        started = time.perf_counter()
-        if batch.copy_sources:
-            self._runner.copy_slots(batch.copy_sources, batch.copy_destinations)
-        encode_s = 0.0
-        if batch.encode:
-            encode_started = time.perf_counter()
-            self._runner.encode(batch.encode)
-            encode_s = time.perf_counter() - encode_started
-        candidates = self._runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
-        step_s = time.perf_counter() - started - encode_s
-        expected = batch.candidate_shape(self._runner.spec.vocab_size)
-        if candidates.scores.shape != expected or candidates.ids.shape != expected:
-            raise RuntimeError(
-                f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
-                f" expected {expected}"
-            )
-        return candidates, step_s, encode_s
+        """The runner calls of one iteration (`server.core.offline.execute`, which offline decoding shares),
+        timed: the beam update that follows is the engine's own work, not the runner's."""
+        return execute(self._runner, batch)
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
         """Hand events to their owners; a final event retires the owner."""

@@ -1,4 +1,4 @@
-"""python -m export.length_penalty --model-dir DIR [--data data/valid.tsv] [--values 0.6,0.8,1.0,1.2] [--write]
+"""python -m bench.length_penalty --model-dir DIR [--data data/valid.tsv] [--values 0.6,0.8,1.0,1.2] [--write]
 
 BLEU of beam search at several length penalties (score / length ** penalty), both directions, through
 the fp32 export on CPU. Tune on the validation sentences, never on the test set.
@@ -7,8 +7,8 @@ With `--write`, each direction's default goes into `<model-dir>/decoding.json`, 
 it: the best penalty if it beats 1.0 by sacreBLEU's paired bootstrap test (Koehn 2004; 1,000
 resamples, p < 0.05), else 1.0. A few hundred validation sentences move BLEU by tenths from noise
 alone, and a default that only fits the noise would serve every request worse. The server uses the
-file for a request that sets no penalty (`server.metadata.read_length_penalties`), and
-`export.variants` scores the test set with it. Run it after each export of new weights: the file
+file for a request that sets no penalty (`model.directory.read_length_penalties`), and
+`bench.variants` scores the test set with it. Run it after each export of new weights: the file
 names the weights it was tuned on, and the server refuses a file tuned on others.
 """
 
@@ -25,12 +25,12 @@ import sacrebleu
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest, Result
 
-from export.variants import DIRECTIONS, TEST_FILE, translate_pairs
+from bench.variants import DIRECTIONS, TEST_FILE, translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
+from model.directory import DECODING_FILE, DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
 from model.tokenizer import Tokenizer
-from server.metadata import DECODING_FILE, DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
-from server.runtime import OnnxRunner
+from server.backend.runtime import OnnxRunner
 
 SIGNIFICANCE = 0.05  # a default other than 1.0 must beat 1.0 at this p-value
 BOOTSTRAP_SAMPLES = 1000
@@ -91,7 +91,7 @@ def parse_values(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.length_penalty", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.length_penalty", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--data", type=Path, default=Path("data/valid.tsv"))
     parser.add_argument("--values", default="0.6,0.8,1.0,1.2", help="comma-separated penalties")

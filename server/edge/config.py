@@ -12,13 +12,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from server.backend import KV_CACHES
+
 ENV_PREFIX = "TRANSLATE_"
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "model" / "shipped"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "model" / "shipped"
 VARIANTS = ("auto", "fp32", "int8", "fp16")
 PROVIDERS = ("auto", "cpu", "cuda")
-KV_CACHES = ("auto", "host", "device")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/main.py passes to grpc
+CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/edge/main.py passes to grpc
     "max_connection_age_s",
     "max_connection_age_grace_s",
     "max_connection_idle_s",

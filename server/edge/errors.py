@@ -20,8 +20,8 @@ from typing import Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from server.documents import TextLimitError
-from server.engine import (
+from server.core.documents import TextLimitError
+from server.core.engine import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
     EngineFailedError,
@@ -30,7 +30,7 @@ from server.engine import (
     QueueFullError,
     RequestFailed,
 )
-from server.metrics import Metrics
+from server.edge.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -36,16 +36,16 @@ from prometheus_client import CollectorRegistry
 
 from model.config import ModelConfig
 from model.tokenizer import TextTokenizer, open_tokenizer
-from server.config import ServerConfig, parse_config
-from server.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
-from server.documents import RequestLimits
-from server.engine import Engine, EngineLimits
-from server.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
-from server.metrics import Metrics, start_metrics_server
+from server.core.documents import RequestLimits
+from server.core.engine import Engine, EngineLimits
+from server.core.runner import ModelSpec, Runner
+from server.edge.config import ServerConfig, parse_config
+from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
+from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
+from server.edge.metrics import Metrics, start_metrics_server
+from server.edge.servicer import Backend, TranslatorServicer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from server.runner import ModelSpec, Runner
-from server.servicer import Backend, TranslatorServicer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,14 +94,14 @@ def load_model(config: ServerConfig) -> LoadedModel:
 
 def _open_model(config: ServerConfig) -> LoadedModel:
     # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
-    from server.metadata import (
+    from model.directory import (
         available_variants,
         choose_variant,
         direction_name,
         read_decoding_defaults,
         read_length_penalties,
     )
-    from server.runtime import OnnxRunner, open_runner
+    from server.backend.runtime import OnnxRunner, open_runner
 
     model_dir = config.model_dir
     provider = resolve_provider(config.provider)

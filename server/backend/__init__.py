@@ -1,0 +1,6 @@
+"""The onnxruntime backend: runners over the exported graphs, caches on the host or the device.
+
+This file imports nothing heavy, so the config can name the cache places without loading onnxruntime.
+"""
+
+KV_CACHES = ("auto", "host", "device")  # where the key/value caches live; auto: device memory on cuda

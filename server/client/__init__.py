@@ -1,0 +1,1 @@
+"""The `translate` command-line client."""

@@ -1,0 +1,1 @@
+"""The decoding core: scheduler, engine loop, beam search, documents; no grpc, onnxruntime or prometheus."""

@@ -1,0 +1,78 @@
+"""Offline decoding over the server's own Scheduler (no engine thread, no grpc): what the BLEU gate, parity
+and the benchmark's ONNX engine run, so that they measure the code that serves."""
+
+from __future__ import annotations
+
+import time
+
+from server.core.beam import Hypothesis
+from server.core.runner import Candidates, Runner
+from server.core.scheduler import (
+    Batch,
+    DecodeOptions,
+    EngineLimits,
+    RequestFailed,
+    Scheduler,
+    SentenceDone,
+)
+
+
+class OfflineDecodingError(RuntimeError):
+    """The scheduler failed the sources (a runner fault seen in its output)."""
+
+
+def execute(runner: Runner, batch: Batch) -> tuple[Candidates, float, float]:
+    """One iteration's runner calls in the order the batch requires: beam-row copies, encoding, the decoder
+    step; with their wall times (copies and step together, the encoder apart). The engine runs this too."""
+    started = time.perf_counter()
+    if batch.copy_sources:
+        runner.copy_slots(batch.copy_sources, batch.copy_destinations)
+    encode_s = 0.0
+    if batch.encode:
+        encode_started = time.perf_counter()
+        runner.encode(batch.encode)
+        encode_s = time.perf_counter() - encode_started
+    candidates = runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+    step_s = time.perf_counter() - started - encode_s
+    expected = batch.candidate_shape(runner.spec.vocab_size)
+    if candidates.scores.shape != expected or candidates.ids.shape != expected:
+        raise RuntimeError(
+            f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
+            f" expected {expected}"
+        )
+    return candidates, step_s, encode_s
+
+
+def translate_ids(
+    runner: Runner,
+    sources: list[list[int]],
+    beam_size: int,
+    length_penalty: float,
+    max_len: int | None,
+    num_hypotheses: int = 1,
+) -> list[list[Hypothesis]]:
+    """Each source's `num_hypotheses` best hypotheses, decoded as the server decodes them: one request
+    through a Scheduler over the runner's slots, continuously batched.
+
+    `max_len` caps generated tokens; None gives each source the server's default (`output_limit`).
+    """
+    if not sources:
+        return []
+    limits = EngineLimits(max_slots=runner.max_slots, max_queue_sentences=len(sources))
+    scheduler = Scheduler(runner.spec, limits)
+    options = DecodeOptions(
+        beam_size=beam_size, length_penalty=length_penalty, max_output_len=max_len or 0, num_hypotheses=num_hypotheses
+    )
+    scheduler.add(0, sources, options, deadline=None, now=0.0)
+    results: dict[int, list[Hypothesis]] = {}
+    while not scheduler.idle:
+        batch = scheduler.schedule(now=0.0)
+        events = list(batch.events)
+        if not batch.empty:
+            events += scheduler.update(batch, execute(runner, batch)[0])
+        for _, event in events:
+            if isinstance(event, SentenceDone):
+                results[event.sentence_index] = event.hypotheses
+            elif isinstance(event, RequestFailed):
+                raise OfflineDecodingError(event.message)
+    return [results[index] for index in range(len(sources))]
