@@ -28,7 +28,7 @@ from model.data import read_tsv
 from model.decode import beam_search, normalize
 from model.tokenizer import TextTokenizer
 from model.transformer import Transformer
-from server.backend.runtime import OnnxRunner
+from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
 from server.core.scheduler import output_limit
@@ -176,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--max-len", type=int, default=0, help="generated tokens; 0 = the server's default")
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="where the fp32 graphs run")
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
-    runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
+    runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64, provider=args.provider)
+    if runner.provider != PROVIDERS[args.provider]:  # onnxruntime falls back to CPU with a warning only
+        raise SystemExit(f"asked for the {args.provider} provider, onnxruntime gave {runner.provider}")
     from bench.variants import model_tokenizer
 
     every = parity_cases(model_tokenizer(args.model_dir), args.limit)

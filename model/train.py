@@ -1,17 +1,17 @@
 r"""Train the Transformer as in the paper, resumable, on CPU or CUDA.
 
-Label smoothing, Adam(0.9, 0.98) with linear warmup then inverse-square-root decay, token-count
-batches, dropout. A checkpoint is written every `--save-minutes` and at the end; `--resume` continues
-from the newest one exactly where it stopped (step, epoch, batch, RNG state). The last
-`--average` checkpoints are averaged into the shipped artifact by `--ship`.
+Label smoothing, Adam(0.9, 0.98) with linear warmup then inverse-square-root decay, an optional linear
+cooldown to zero, token-count batches, dropout. A checkpoint is written every `--save-minutes` and at
+the end; `--resume` continues from the newest one exactly where it stopped (step, epoch, batch, RNG
+state). `--ship` averages the last `--average` checkpoints into a model directory. `--recipe` runs a
+sequence of such commands in order (the shipped model's is `model/shipped/recipe.json`).
 
 Usage:
-    python -m model.train --data data --tokenizer model/shipped/tokenizer.model --run runs/base
-    python -m model.train ... --resume            # continue
-    python -m model.train --run runs/base --ship model/shipped   # average and export only
-    python -m model.train ... --init-from model/shipped --start-step 24700   # warm start, fresh optimiser
-    python -m model.train ... --init-from DIR --start-step N --cooldown-start N --cooldown-steps 1500 \
-        --sentence-repeats 6          # finish: anneal to zero with more weight on full sentences
+    python -m model.train --data data --run runs/base --resume   # start, or continue where it stopped
+    python -m model.train --run runs/base --ship model/shipped --average 4   # average and export only
+    python -m model.train ... --init-from model/shipped --start-step 105500  # warm start, fresh optimiser
+    python -m model.train ... --resume --cooldown-start 99500 --cooldown-steps 6000   # anneal to zero
+    python -m model.train --recipe model/shipped/recipe.json [--dry-run]     # the shipped model's schedule
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +67,8 @@ class TrainConfig:
     word_fraction: float = Mixture.word_fraction  # of one- and two-word entries, resampled each epoch
     cooldown_start: int = 0  # from this step the rate falls linearly to zero; 0: 1/sqrt decay to the end
     cooldown_steps: int = 0  # length of that fall
-    # > 0: each sentence repeat gets a sampled source segmentation (Resegmenter). Late in training it
-    # lowered the loss and BLEU together here (runs c16, c17: see the model card).
+    # > 0: each sentence repeat gets a sampled source segmentation (Resegmenter); docs/model.md has
+    # what it measured on the shipped model
     subword_alpha: float = 0.0
 
     @property
@@ -160,9 +161,7 @@ def ship(run: Path, out: Path, n_average: int, tokenizer: Path) -> None:
     if not paths:
         raise SystemExit(f"no checkpoints in {run}")
     cfg = ModelConfig.from_dict(json.loads((run / "model_config.json").read_text()))
-    if not cfg.tokenizer_sha256:  # a run from before the hash was recorded: it trained on --tokenizer
-        cfg = dataclasses.replace(cfg, tokenizer_sha256=file_sha256(tokenizer))
-        log.warning("%s records no tokenizer; recording %s, which --tokenizer says it trained on", run, tokenizer)
+    check_tokenizer(tokenizer, cfg.tokenizer_sha256)  # the artifact ships beside this tokenizer: it must be the run's
     model = Transformer(cfg)
     model.load_state_dict(average_checkpoints(paths))
     save_artifact(model, out)
@@ -214,8 +213,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        if "torch_rng" in state:  # checkpoints before it was saved resume with freshly seeded dropout
-            torch.set_rng_state(state["torch_rng"].cpu())
+        torch.set_rng_state(state["torch_rng"].cpu())  # dropout's masks continue, not replay
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
         log.info("resumed from %s (step %d, epoch %d)", paths[-1].name, self.step, self.epoch)
@@ -299,8 +297,12 @@ class Trainer:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m model.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--recipe", type=Path, help="run this recipe's commands in order (see Recipe); no other flag")
+    p.add_argument("--dry-run", action="store_true", help="with --recipe: log each command and run none")
     p.add_argument("--data", type=Path, default=Path("data"))
     p.add_argument("--tokenizer", type=Path, default=Path("model/shipped/tokenizer.model"))
     p.add_argument("--run", type=Path, default=Path("runs/base"))
@@ -323,7 +325,11 @@ def parse_args() -> argparse.Namespace:
     for name in TRAIN_FLAGS:
         default = getattr(TrainConfig, name)
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    return p.parse_args()
+    return p
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(**{name: getattr(args, name) for name in TRAIN_FLAGS})
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -355,9 +361,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     )
 
 
-def main() -> None:
-    args = parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+def run(args: argparse.Namespace) -> None:
+    """One training or shipping command."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.ship:
@@ -366,7 +371,7 @@ def main() -> None:
     if args.init_from and args.resume:
         raise SystemExit("--init-from starts a new run; --resume continues one: give one of them")
     mcfg = model_config(args)
-    tcfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_FLAGS})
+    tcfg = train_config(args)
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())
     (args.run / "train_config.json").write_text(json.dumps(tcfg.__dict__, indent=2))
@@ -376,6 +381,60 @@ def main() -> None:
     elif args.init_from:
         trainer.warm_start(args.init_from, args.start_step)
     trainer.run()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of a recipe: model.train flags, optionally stopped at `save_at` steps on the way."""
+
+    name: str
+    args: tuple[str, ...]  # model.train flags, the recipe's common ones first (of a repeated flag the last wins)
+    save_at: tuple[int, ...] = ()  # steps to stop and checkpoint at before the stage's end, for --average
+
+    def commands(self) -> list[list[str]]:
+        """The stage's commands: one per `save_at` step (each with --max-steps), then one to its end."""
+        return [[*self.args, "--max-steps", str(step)] for step in self.save_at] + [list(self.args)]
+
+
+def load_recipe(path: Path) -> list[Stage]:
+    """A recipe file: {"common": [flags for every command], "stages": [{"name", "args", "save_at"?}, ...]}."""
+    recipe = json.loads(path.read_text())
+    common = tuple(recipe.get("common", ()))
+    stages = [Stage(s["name"], tuple(s["args"]), tuple(s.get("save_at", ()))) for s in recipe["stages"]]
+    return [dataclasses.replace(stage, args=(*common, *stage.args)) for stage in stages]
+
+
+def newest_step(run_dir: Path) -> int:
+    paths = checkpoint_paths(run_dir)
+    return int(paths[-1].stem.split("_")[1]) if paths else 0
+
+
+def run_recipe(path: Path, dry_run: bool) -> None:
+    """Run a recipe's commands in order. Run again after an interruption, it skips what its run
+    directories already hold and resumes the command that was cut off (a warm start with checkpoints
+    in its directory resumes from them instead of starting over)."""
+    parser = build_parser()
+    for stage in load_recipe(path):
+        for argv in stage.commands():
+            args = parser.parse_args(argv)
+            done = 0 if args.ship else newest_step(args.run)
+            if not args.ship and done >= train_config(args).last_step:
+                log.info("%s: %s already holds step %d; skipped", stage.name, args.run, done)
+                continue
+            if args.init_from and done:
+                args.init_from, args.resume = None, True
+            log.info("%s: python -m model.train %s", stage.name, " ".join(argv))
+            if not dry_run:
+                run(args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.recipe:
+        run_recipe(args.recipe, args.dry_run)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

@@ -297,7 +297,7 @@ async def watch_for_a_stall(engine: Engine, limit_s: float) -> None:
 
 
 def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """grpc's HTTP/2 connection timers from the config (README, "Connections", says why each default).
+    """grpc's HTTP/2 connection timers from the config (docs/reliability.md, "Connections", says why each default).
 
     Age: GOAWAY after it (gRPC adds +-10% jitter), calls in flight get the grace; clients dial again and
     re-resolve, so replicas the autoscaler adds get traffic from clients already connected. Idle:

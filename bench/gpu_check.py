@@ -1,0 +1,120 @@
+"""python -m bench.gpu_check [--wheel-parts DIR] [--model-dir DIR] [--out DIR] [--limit N]
+
+The CUDA path verified end to end on a GPU node, in one command:
+
+1. onnxruntime with CUDA: the installed one, or an onnxruntime-gpu wheel carried in parts (`split -b 25m`;
+   --wheel-parts DIR, joined in name order) and installed with `pip --no-deps --target` into a folder put
+   first on the path of every later step. A `sitecustomize` there calls `onnxruntime.preload_dlls()`, which
+   loads the CUDA and cuDNN libraries that torch's wheels carry, in every step's interpreter.
+2. export: the fp32 and fp16 graphs of the model.
+3. parity on CUDA: `python -m bench.parity --provider cuda` (the fp32 graphs against PyTorch).
+4. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
+   that lets `--variant auto` serve fp16 there.
+5. the benchmark on CUDA (`python -m bench.run --device cuda`): device caches and IO binding, served and
+   offline, against CTranslate2 and PyTorch.
+
+Each step's output goes to --out, with summary.json; the exit status is 1 if any step failed. `--provider
+cpu` runs the same steps on the CPU provider, which is how tests check the command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STEPS = ("onnxruntime", "export", "parity", "gate", "bench")
+SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
+    import onnxruntime
+    onnxruntime.preload_dlls()
+except Exception as err:  # an onnxruntime without preload_dlls, or no such libraries: CUDA may still load
+    print(f"preload_dlls: {err}")
+"""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    returncode: int
+    seconds: float
+    log: str  # file under --out holding the step's output
+
+
+def install_wheel(parts: Path, site: Path) -> list[str]:
+    """The command that installs the wheel its parts join into (`X.whl.partaa`, ... -> `X.whl`)."""
+    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".whl" in p.name)
+    if not pieces:
+        raise SystemExit(f"no wheel parts (NAME.whl.*) in {parts}")
+    wheel = Path(tempfile.mkdtemp()) / (pieces[0].name.split(".whl")[0] + ".whl")
+    with wheel.open("wb") as out:
+        for piece in pieces:
+            out.write(piece.read_bytes())
+    return [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+
+
+def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
+    python, model = sys.executable, str(args.model_dir)
+    check = (
+        "import onnxruntime as ort, sys; print(ort.__version__, ort.get_available_providers()); "
+        f"sys.exit({args.provider!r} == 'cuda' and 'CUDAExecutionProvider' not in ort.get_available_providers())"
+    )
+    limit = ["--limit", str(args.limit)] if args.limit else []
+    commands = {
+        "onnxruntime": [python, "-c", check],
+        "export": [python, "-m", "export", "--model-dir", model, "--variants", "fp32,fp16"],
+        "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
+        "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
+        "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
+                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else [])],
+    }  # fmt: skip
+    if args.wheel_parts is not None:
+        commands = {"install": install_wheel(args.wheel_parts, site)} | commands
+    return {name: command for name, command in commands.items() if name == "install" or name in args.steps}
+
+
+def run_step(name: str, command: list[str], out: Path, env: dict[str, str]) -> StepResult:
+    log = out / f"{name}.log"
+    started = time.monotonic()
+    with log.open("w") as sink:
+        sink.write("$ " + " ".join(command) + "\n")
+        sink.flush()
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env, check=False)
+    return StepResult(name, done.returncode, round(time.monotonic() - started, 1), log.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wheel-parts", type=Path, default=None, help="folder of a split onnxruntime-gpu wheel")
+    parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"))
+    parser.add_argument("--out", type=Path, default=Path("gpu_check"))
+    parser.add_argument("--limit", type=int, default=0, help="first N test pairs for parity and the gate (0 = all)")
+    parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--steps", type=lambda s: s.split(","), default=list(STEPS), help=",".join(STEPS))
+    parser.add_argument("--quick", action="store_true", help="the benchmark's smoke-test size")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    site = args.out.resolve() / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    results = []
+    commands = step_commands(args, site)
+    for name, command in commands.items():
+        results.append(result := run_step(name, command, args.out, env))
+        print(f"{name}: {'ok' if result.returncode == 0 else 'FAILED'} in {result.seconds} s ({args.out / result.log})")
+        if result.returncode and name in ("install", "onnxruntime", "export"):  # later steps need these
+            break
+    passed = len(results) == len(commands) and all(r.returncode == 0 for r in results)
+    summary = {"provider": args.provider, "passed": passed, "steps": [asdict(r) for r in results]}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

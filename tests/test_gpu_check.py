@@ -1,0 +1,77 @@
+"""bench.gpu_check, the one command for a GPU node, checked here where no GPU is: its wheel install, its steps
+on the CPU provider, and its refusal to pass when onnxruntime has no CUDA."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+from bench.gpu_check import install_wheel, main
+
+
+def tiny_wheel(out: Path) -> Path:
+    """A valid pure-Python wheel of one module, `gpu_check_probe`."""
+    wheel = out / "gpu_check_probe-1.0-py3-none-any.whl"
+    files = {
+        "gpu_check_probe.py": b"ANSWER = 42\n",
+        "gpu_check_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpu_check_probe\nVersion: 1.0\n",
+        "gpu_check_probe-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in files.items()
+    ]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr(
+            "gpu_check_probe-1.0.dist-info/RECORD", "\n".join([*record, "gpu_check_probe-1.0.dist-info/RECORD,,"])
+        )
+    return wheel
+
+
+def test_a_wheel_in_parts_is_joined_and_installed_into_the_target(tmp_path: Path) -> None:
+    wheel = tiny_wheel(tmp_path)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    data = wheel.read_bytes()
+    for index, start in enumerate(range(0, len(data), 200)):  # as `split -b` names them: aa, ab, ...
+        (parts / f"{wheel.name}.part{chr(97 + index // 26)}{chr(97 + index % 26)}").write_bytes(
+            data[start : start + 200]
+        )
+    assert len(list(parts.iterdir())) > 1
+    site = tmp_path / "site"
+    subprocess.run(install_wheel(parts, site), check=True, capture_output=True)
+    assert (site / "gpu_check_probe.py").read_text() == "ANSWER = 42\n"
+
+
+def test_the_steps_run_and_are_summarised(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "out"
+    steps = "onnxruntime,export,parity"
+    assert (
+        main(["--provider", "cpu", "--model-dir", str(model), "--out", str(out), "--limit", "3", "--steps", steps]) == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"] and [s["name"] for s in summary["steps"]] == steps.split(",")
+    assert "parity: PASS" in (out / "parity.log").read_text()
+    assert (out / "site" / "sitecustomize.py").is_file()  # every step's interpreter preloads the CUDA libraries
+
+
+def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return  # a GPU node: the check is meant to pass there
+    out = tmp_path / "out"
+    assert main(["--model-dir", str(tiny_model_dir), "--out", str(out)]) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert not summary["passed"] and [s["name"] for s in summary["steps"]] == ["onnxruntime"]
