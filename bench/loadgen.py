@@ -39,6 +39,7 @@ class Query:
     text: str
     source_language: str
     target_language: str
+    model: str = ""  # the model to route to, by name; "" = the first serving the pair
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float, max
         options = translation_pb2.TranslationOptions(
             source_language=query.source_language,
             target_language=query.target_language,
+            model=query.model,
             beam_size=beam_size,
             length_penalty=1.0,
             max_output_len=max_output_len,

@@ -133,9 +133,9 @@ def export_tiny_onnx(model_dir: Path) -> Path:
 def onnx_model(model_dir: Path, max_slots: int = 8, kv_cache: str = "host") -> LoadedModel:
     """The real runtime (onnxruntime on CPU, caches in numpy or in OrtValues) over an exported model directory."""
     config = ServerConfig(
-        model_dir=model_dir, variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache
+        model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache
     )
-    return load_model(config)
+    return load_model(config, model_dir)
 
 
 @dataclass
@@ -190,8 +190,11 @@ def server_loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @contextmanager
-def running_server(model: LoadedModel, config: ServerConfig | None = None) -> Iterator[RunningServer]:
-    """A loaded, SERVING server on an ephemeral port; shut down (no grace) when the context exits."""
+def running_server(
+    model: LoadedModel | list[LoadedModel], config: ServerConfig | None = None
+) -> Iterator[RunningServer]:
+    """A loaded, SERVING server (of one model or several) on an ephemeral port; shut down (no grace) when the
+    context exits."""
     config = config or ServerConfig(port=0, host="localhost", metrics_port=-1)
     with server_loop() as loop:
         future = asyncio.run_coroutine_threadsafe(create_server(config, model, CollectorRegistry()), loop)
@@ -201,8 +204,9 @@ def running_server(model: LoadedModel, config: ServerConfig | None = None) -> It
             yield running
         finally:
             running.channel.close()
-            if isinstance(model.runner, GatedRunner):
-                model.runner.gate.set()
+            for each in model if isinstance(model, list) else [model]:
+                if isinstance(each.runner, GatedRunner):
+                    each.runner.gate.set()
             running.run(server.shutdown(0.0))
 
 
@@ -218,9 +222,14 @@ def request(texts: list[str], source: str = "de", target: str = "en", **options:
 
 
 def sample_value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    """A metric sample's value, 0 when the series does not exist yet."""
-    value = registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    """The sum of the samples `name` whose labels include `labels` (a server's series also carry `model`);
+    0 when there is none yet."""
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,20 @@ from pathlib import Path
 import pytest
 
 from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ServerConfig, parse_config
+from server.edge.main import model_directories
 
 
 def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
     config = parse_config([], {})
     assert config == ServerConfig()
-    assert (config.port, config.metrics_port, config.model_dir) == (50051, 9400, DEFAULT_MODEL_DIR)
+    assert (config.port, config.metrics_port, config.model_dirs, config.models_dir) == (50051, 9400, (), None)
+    assert model_directories(config) == [DEFAULT_MODEL_DIR]
     assert config.reflection and config.variant == "auto" and config.provider == "auto"
 
 
 def test_every_flag_parses() -> None:
-    argv = "--port 7 --metrics-port 8 --model-dir /m --variant int8 --provider cpu --max-slots 16 --max-queue 9"
+    argv = "--port 7 --metrics-port 8 --model-dir /m --model-dir /n --models-dir /all --variant int8 --provider cpu"
+    argv += " --max-slots 16 --max-queue 9"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
     argv += " --max-connection-age-grace-s 7 --max-connection-idle-s 90 --keepalive-time-s 45 --keepalive-timeout-s 5"
@@ -26,7 +29,8 @@ def test_every_flag_parses() -> None:
     assert config == ServerConfig(
         port=7,
         metrics_port=8,
-        model_dir=Path("/m"),
+        model_dirs=(Path("/m"), Path("/n")),
+        models_dir=Path("/all"),
         variant="int8",
         provider="cpu",
         kv_cache="device",
@@ -55,14 +59,14 @@ def test_environment_sets_values_and_flags_win() -> None:
         "TRANSLATE_PORT": "6000",
         "TRANSLATE_MAX_SLOTS": "12",
         "TRANSLATE_NO_REFLECTION": "true",
-        "TRANSLATE_MODEL_DIR": "/models/x",
+        "TRANSLATE_MODEL_DIR": "/models/x:/models/y",
         "TRANSLATE_LOG_LEVEL": "warning",
         "TRANSLATE_SHUTDOWN_DELAY_SECONDS": "7.5",
         "OTHER": "ignored",
     }
     config = parse_config(["--port", "6001"], env)
     assert (config.port, config.max_slots, config.reflection) == (6001, 12, False)
-    assert (config.model_dir, config.log_level) == (Path("/models/x"), "WARNING")
+    assert (config.model_dirs, config.log_level) == ((Path("/models/x"), Path("/models/y")), "WARNING")
     assert config.shutdown_delay_seconds == 7.5
     assert parse_config(["--shutdown-delay-seconds", "0"], env).shutdown_delay_seconds == 0.0
     assert parse_config([], {"TRANSLATE_NO_REFLECTION": "0"}).reflection

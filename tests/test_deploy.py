@@ -389,7 +389,7 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(panel title, PromQL) of every target, with Grafana's variables replaced so Prometheus can run it."""
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*")
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$model", ".*")
             yield panel["title"], expr
 
 
@@ -462,7 +462,9 @@ def test_k8s_manifests_validate_against_the_api_schema(version: str) -> None:
 
     target = kv.latest_version() if version == "latest" else version
     manifests = _manifests()
-    assert set(manifests) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert set(manifests) == {
+        "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "PersistentVolumeClaim"
+    }  # fmt: skip
     for kind, doc in manifests.items():
         try:
             kv.validate(doc, target, strict=True)
@@ -515,3 +517,19 @@ def test_production_configs_turn_reflection_off() -> None:
         assert "TRANSLATE_NO_REFLECTION=1" in runtime, dockerfile
     container = _manifests()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "TRANSLATE_NO_REFLECTION", "value": "1"} in container["env"]
+
+
+def test_the_deployments_serve_a_mounted_directory_of_models_beside_the_shipped_one() -> None:
+    """compose and Kubernetes mount model directories at /models (read-only) and serve each of them, besides
+    the shipped model the images bake in (TRANSLATE_MODEL_DIR)."""
+    translate = _compose_config("compose.yaml")["services"]["translate"]
+    assert translate["environment"]["TRANSLATE_MODELS_DIR"] == "/models"
+    assert any(v["target"] == "/models" and v.get("read_only") for v in translate["volumes"])
+    deployment = _manifests()["Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "TRANSLATE_MODELS_DIR", "value": "/models"} in container["env"]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    claim = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
+    assert claim["persistentVolumeClaim"]["claimName"] == _manifests()["PersistentVolumeClaim"]["metadata"]["name"]
+    for dockerfile in DOCKERFILES:
+        assert "TRANSLATE_MODEL_DIR=/app/model/shipped" in dockerfile.read_text()

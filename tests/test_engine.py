@@ -30,8 +30,9 @@ from server.core.engine import (
     SentenceDone,
 )
 from server.core.runner import Candidates, EncodeItem
-from server.edge.metrics import Metrics
+from server.edge.metrics import Metrics, ModelMetrics
 from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
+from tests.serving import sample_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ class GatedRunner(FakeRunner):
 def engine_factory() -> Iterator[Callable[..., Engine]]:
     engines: list[Engine] = []
 
-    def build(runner: FakeRunner, metrics: Metrics | None = None, **limits: int) -> Engine:
+    def build(runner: FakeRunner, metrics: ModelMetrics | None = None, **limits: int) -> Engine:
         engine = Engine(runner, EngineLimits(max_slots=runner.max_slots, **limits), metrics)
         engine.start()
         engines.append(engine)
@@ -327,20 +328,20 @@ def test_idle_engine_sleeps_and_wakes_on_submit(engine_factory: Callable[..., En
 def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Callable[..., Engine]) -> None:
     registry = CollectorRegistry()
     runner = FakeRunner(max_slots=4)
-    engine = engine_factory(runner, Metrics(registry))
+    engine = engine_factory(runner, Metrics(registry).for_model("tiny"))
     engine.warmup()
     assert runner.step_calls >= 1
     for series in ("translation_decode_step_duration_seconds", "translation_encode_duration_seconds"):
-        assert registry.get_sample_value(f"{series}_count") == 0, series
-    assert registry.get_sample_value("translation_queue_wait_seconds_count") == 0
-    assert registry.get_sample_value("translation_sentences_total", {"lang_pair": "de-en"}) is None
+        assert sample_value(registry, f"{series}_count") == 0, series
+    assert sample_value(registry, "translation_queue_wait_seconds_count") == 0
+    assert sample_value(registry, "translation_sentences_total", lang_pair="de-en") == 0
     warm_steps = runner.step_calls
     collector = Collector()
     engine.submit([src(12)], DecodeOptions(beam_size=1), collector)  # traffic after it is observed
     assert collector.wait() == RequestDone()
-    steps = registry.get_sample_value("translation_decode_step_duration_seconds_count")
+    steps = sample_value(registry, "translation_decode_step_duration_seconds_count")
     assert steps == runner.step_calls - warm_steps > 0
-    assert registry.get_sample_value("translation_queue_wait_seconds_count") == 1
+    assert sample_value(registry, "translation_queue_wait_seconds_count") == 1
 
 
 def test_a_stalled_runner_call_is_abandoned_and_its_thread_leaves_quietly_if_it_returns(

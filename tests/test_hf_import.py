@@ -230,3 +230,15 @@ def test_the_default_options_add_no_parameters() -> None:
     assert {"encoder_norm.weight", "decoder_norm.weight", "embed.weight"} <= names
     post = Transformer(ModelConfig(vocab_size=32, d_model=16, n_heads=2, d_ff=32, norm_placement="post"))
     assert not any(n.startswith(("encoder_norm", "decoder_norm")) for n in post.state_dict())
+
+
+def test_a_multilingual_model_translates_into_each_tagged_language(tmp_path: Path) -> None:
+    """>>xx<< tags in the vocabulary: one pair per tag, and the request's target language becomes the tag in
+    front of the source, as MarianTokenizer reads a text that starts with it."""
+    hf_dir = build_marian_dir(tmp_path / "hf", tags=(">>fr<<", ">>es<<"))
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours"), "--source-lang", "de"]) == 0
+    assert json.loads((tmp_path / "ours" / "languages.json").read_text()) == {"pairs": [["de", "es"], ["de", "fr"]]}
+    ours, theirs = MarianTokenizer(tmp_path / "ours"), marian_tokenizer(hf_dir)
+    for target in ("fr", "es"):
+        for de, _ in TINY_PAIRS[:5]:
+            assert ours.encode_source(de, target) == theirs(f">>{target}<< {de}").input_ids

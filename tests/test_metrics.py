@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from server.core.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
 from server.edge.metrics import Metrics, StepStats, start_metrics_server
 from tests.fakes import Collector, FakeRunner, reference_decode
+from tests.serving import sample_value
 
 
 @pytest.fixture
@@ -20,8 +21,7 @@ def registry() -> CollectorRegistry:
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    sample = registry.get_sample_value(name, labels)
-    return 0.0 if sample is None else sample
+    return sample_value(registry, name, **labels)
 
 
 def test_request_and_first_result(registry: CollectorRegistry) -> None:
@@ -50,14 +50,16 @@ def test_request_and_first_result(registry: CollectorRegistry) -> None:
 def test_model_info_and_capacity(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry)
     metrics.set_model_info("shipped", "int8", "CPUExecutionProvider", 18)
-    metrics.set_capacity(32)
+    metrics.for_model("shipped").set_capacity(32)
+    metrics.for_model("opus-mt-de-en").set_capacity(16)
     info = {"model": "shipped", "variant": "int8", "provider": "CPUExecutionProvider", "opset": "18"}
     assert value(registry, "translation_model_info", **info) == 1
-    assert value(registry, "translation_max_slots") == 32
+    assert value(registry, "translation_max_slots", model="shipped") == 32  # each engine's series by model
+    assert value(registry, "translation_max_slots", model="opus-mt-de-en") == 16
 
 
 def test_step_stats(registry: CollectorRegistry) -> None:
-    metrics = Metrics(registry)
+    metrics = Metrics(registry).for_model("shipped")
     stats = StepStats(
         duration_s=0.002,
         encode_duration_s=0.004,
@@ -97,7 +99,7 @@ def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
     and records nothing for an iteration whose runner raised."""
     runner = FakeRunner(max_slots=4)
     runner.fail_on_step = 0  # the first request's first step fails it (a lone request is not retried)
-    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry))
+    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry).for_model("tiny"))
     update = engine._scheduler.update
 
     def slow_update(*args: object, **kwargs: object) -> object:
@@ -122,7 +124,7 @@ def test_step_time_is_the_runners_alone_and_a_failed_step_is_not_one(
 
 def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
     runner = FakeRunner(max_slots=4)
-    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry))
+    engine = Engine(runner, EngineLimits(max_slots=4), Metrics(registry).for_model("tiny"))
     sources = [[5, 9, 10, 3], [5, 11, 12, 13, 14, 3], [5, 8, 3]]
     options = DecodeOptions(beam_size=2)
     finished = threading.Event()
@@ -154,7 +156,7 @@ def test_engine_reports_what_it_decoded(registry: CollectorRegistry) -> None:
 
 def test_sentence_done_output_tokens_count_the_best_hypothesis(registry: CollectorRegistry) -> None:
     runner = FakeRunner(max_slots=2)
-    engine = Engine(runner, EngineLimits(max_slots=2), Metrics(registry))
+    engine = Engine(runner, EngineLimits(max_slots=2), Metrics(registry).for_model("tiny"))
     done: list[SentenceDone] = []
     finished = threading.Event()
 
@@ -175,16 +177,16 @@ def test_sentence_done_output_tokens_count_the_best_hypothesis(registry: Collect
 
 def test_metrics_server_serves_the_registry(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry)
-    metrics.observe_request("Translate", "OK", "de-en", 0.01)
+    metrics.observe_request("Translate", "OK", "de-en", 0.01, model="shipped")
     port = start_metrics_server(0, registry, addr="127.0.0.1")
     assert port > 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         body = reply.read().decode()
-    assert 'translation_requests_total{code="OK",lang_pair="de-en",method="Translate"} 1.0' in body
+    assert 'translation_requests_total{code="OK",lang_pair="de-en",method="Translate",model="shipped"} 1.0' in body
 
 
 def test_failed_requests_count_their_unfinished_sentences_by_stage(registry: CollectorRegistry) -> None:
-    engine = Engine(FakeRunner(max_slots=2), EngineLimits(max_slots=2), Metrics(registry))
+    engine = Engine(FakeRunner(max_slots=2), EngineLimits(max_slots=2), Metrics(registry).for_model("tiny"))
     events: list[Event] = []
     expired = time.monotonic() - 1.0
     engine.submit([[5, 9, 3], [5, 8, 3], [5, 7, 3]], DecodeOptions(beam_size=1), events.append, expired, "de-en")

@@ -53,6 +53,12 @@ TRAFFIC: list[tuple[str, str, str, list[str]]] = [
     ("Translate", "en", "de", ["secret police", "console", "passion"]),
 ]
 BAD_PAIR = ("Translate", "de", "fr", ["Das Haus ist groß."])  # unknown language pair: INVALID_ARGUMENT
+# The server serves two models (the tiny one twice, under two names); these calls name the second.
+SECOND_MODEL = "second"
+SECOND_MODEL_TRAFFIC: list[tuple[str, str, str, list[str]]] = [
+    ("Translate", "en", "de", ["The house is big."]),
+    ("TranslateStream", "de", "en", ["Geheimpolizei"]),
+]
 
 
 def _free_port() -> int:
@@ -98,8 +104,11 @@ def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     from tests.serving import export_tiny_onnx
 
     model_dir = export_tiny_onnx(tiny_model_dir).parents[1]  # `python -m export` once per session, shared
+    second = tmp_path_factory.mktemp("models") / SECOND_MODEL
+    shutil.copytree(model_dir, second)
     grpc_port, metrics_port = _free_port(), _free_port()
     args = ["--port", str(grpc_port), "--metrics-port", str(metrics_port), "--model-dir", str(model_dir)]
+    args += ["--model-dir", str(second)]
     args += ["--host", "127.0.0.1", "--variant", "fp32", "--provider", "cpu", "--threads", "1", "--drain-seconds", "2"]
     log_path = tmp_path_factory.mktemp("logs") / "server.log"
     with log_path.open("wb") as log:
@@ -123,8 +132,8 @@ class Call:
     results: list[pb.TextResult]
 
 
-def _call(service: Service, method: str, source: str, target: str, texts: list[str]) -> Call:
-    options = pb.TranslationOptions(source_language=source, target_language=target)
+def _call(service: Service, method: str, source: str, target: str, texts: list[str], model: str = "") -> Call:
+    options = pb.TranslationOptions(source_language=source, target_language=target, model=model)
     request = pb.TranslateRequest(texts=texts, options=options)
     start = time.monotonic()
     with grpc.insecure_channel(service.grpc_address) as channel:
@@ -227,9 +236,12 @@ def traffic(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Itera
             assert call.code == grpc.StatusCode.OK and len(call.results) == len(texts), call
             calls.append(call)
             time.sleep(SCRAPE_INTERVAL_S)  # spread the requests over scrapes, so rate() sees them arrive
+        for method, source, target, texts in SECOND_MODEL_TRAFFIC:
+            calls.append(call := _call(service, method, source, target, texts, SECOND_MODEL))
+            assert call.code == grpc.StatusCode.OK and len(call.results) == len(texts), call
         rejected = _call(service, *BAD_PAIR)
         assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT, rejected
-        prometheus.wait_until("sum(translation_requests_total)", float(len(TRAFFIC) + 1))
+        prometheus.wait_until("sum(translation_requests_total)", float(len(calls) + 1))
         time.sleep(2 * SCRAPE_INTERVAL_S)  # a few more scrapes after the last request
         yield Traffic(prometheus, calls)
     finally:
@@ -257,6 +269,18 @@ def test_request_counters_match_the_traffic(traffic: Traffic) -> None:
             assert math.isnan(value) if sent == 0 else value == sent, (expr, value, sent)
     assert p.scalar('sum(translation_requests_total{code="INVALID_ARGUMENT"})') == 1
     assert math.isnan(p.scalar('sum(translation_requests_total{code!~"OK|INVALID_ARGUMENT"})'))
+
+
+def test_every_model_has_its_own_series(traffic: Traffic) -> None:
+    """Requests, sentences and the engine's gauges and steps per model; the refusal came before routing."""
+    p = traffic.prometheus
+    requests = p.by_label('sum by (model) (translation_requests_total{code="OK"})', "model")
+    first = next(name for name in requests if name != SECOND_MODEL)  # the first model directory's name
+    assert requests == {first: len(TRAFFIC), SECOND_MODEL: len(SECOND_MODEL_TRAFFIC)}, requests
+    assert p.by_label('sum by (model) (translation_requests_total{code="INVALID_ARGUMENT"})', "model") == {"": 1}
+    assert set(p.by_label("sum by (model) (translation_max_slots)", "model")) == {first, SECOND_MODEL}
+    steps = p.by_label("sum by (model) (translation_decode_step_duration_seconds_count)", "model")
+    assert steps.keys() == {first, SECOND_MODEL} and min(steps.values()) > 0, steps
 
 
 def test_latency_histogram_times_every_ok_request_and_no_refusal(traffic: Traffic) -> None:

@@ -321,12 +321,12 @@ def test_the_model_is_read_only_from_the_configured_directory(
     recording(server.backend.runtime, "make_session")
     recording(server.backend.runtime, "read_metadata")
     recording(server.edge.main, "open_tokenizer")  # its model directory
-    load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1))
+    load_model(ServerConfig(variant="fp32", provider="cpu", threads=1), tiny_model_dir)
     root = tiny_model_dir.resolve()
     assert len(opened) == 4  # metadata, encoder, decoder, tokenizer
     assert all(path.resolve().is_relative_to(root) for path in opened), opened
     opened.clear()
-    load_model(ServerConfig(model_dir=tiny_model_dir, variant="fp32", provider="cpu", threads=1, kv_cache="device"))
+    load_model(ServerConfig(variant="fp32", provider="cpu", threads=1, kv_cache="device"), tiny_model_dir)
     assert len(opened) == 8  # and the four kv_* graphs
     assert all(path.resolve().is_relative_to(root) for path in opened), opened
     with pytest.raises(ValueError, match="variant must be one of"):

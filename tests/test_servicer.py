@@ -633,7 +633,7 @@ def test_a_dead_engine_stops_the_process_non_zero_so_its_supervisor_restarts_it(
         assert process.wait(60) == 1
         assert process.stderr is not None
         last_line = process.stderr.read().strip().splitlines()[-1]
-        assert last_line.startswith("translate-server: the decoding engine died or hung"), last_line
+        assert last_line.startswith("translate-server: a decoding engine died or hung"), last_line
 
 
 def test_healthcheck_command_exits_zero_only_when_serving(served: RunningServer) -> None:
@@ -756,13 +756,13 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     from server.edge.main import load_model
 
     export_tiny_onnx(tiny_model_dir)
-    base = {"model_dir": tiny_model_dir, "variant": "fp32", "threads": 1}
+    base = {"variant": "fp32", "threads": 1}
     with pytest.raises(StartupError, match=r"fell back to CPUExecutionProvider.*--provider cpu"):
-        load_model(ServerConfig(provider="cuda", **base))  # type: ignore[arg-type]
+        load_model(ServerConfig(provider="cuda", **base), tiny_model_dir)  # type: ignore[arg-type]
     # This onnxruntime has no CUDA provider; one that lists it but cannot load it falls back the same way.
     available = onnxruntime.get_available_providers()
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
-    runner = load_model(ServerConfig(provider="auto", **base)).runner  # type: ignore[arg-type]
+    runner = load_model(ServerConfig(provider="auto", **base), tiny_model_dir).runner  # type: ignore[arg-type]
     assert isinstance(runner, OnnxRunner) and type(runner) is OnnxRunner  # host caches, not the device's
     assert runner.provider == "CPUExecutionProvider"
     assert "serving on the CPU" in caplog.text

@@ -30,6 +30,7 @@ from tests.serving import (
     onnx_model,
     request,
     running_server,
+    sample_value,
     server_config,
     wait_until,
 )
@@ -127,7 +128,7 @@ def run_load(served: RunningServer, seconds: float, clients: int) -> Load:
 
 
 def counter(served: RunningServer, name: str, **labels: str) -> float:
-    return served.registry.get_sample_value(name, labels) or 0.0
+    return sample_value(served.registry, name, **labels)
 
 
 def test_sustained_load_loses_nothing_counts_everything_and_does_not_leak(tiny_model_dir: Path) -> None:

@@ -91,8 +91,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
     parser.add_argument("--server", default="localhost:50051", help="HOST:PORT of translate-server")
-    parser.add_argument("--source", required=True, help="source language, e.g. de")
-    parser.add_argument("--target", required=True, help="target language, e.g. en")
+    parser.add_argument("--source", help="source language, e.g. de (required to translate)")
+    parser.add_argument("--target", help="target language, e.g. en (required to translate)")
+    parser.add_argument("--model", default="", help="the model to use where several serve the pair (--list-models)")
+    parser.add_argument("--list-models", action="store_true", help="print each served model and its pairs, then exit")
     parser.add_argument("--beam-size", type=_count(1), default=None, help="beam width (server default 4)")
     parser.add_argument(
         "--length-penalty",
@@ -121,7 +123,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
 def make_options(args: argparse.Namespace) -> pb.TranslationOptions:
     options = pb.TranslationOptions(
-        source_language=args.source, target_language=args.target, max_output_len=args.max_output_len
+        source_language=args.source, target_language=args.target, max_output_len=args.max_output_len, model=args.model
     )
     if args.beam_size is not None:
         options.beam_size = args.beam_size
@@ -170,6 +172,9 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
     try:
         with channel:
             stub = pb_grpc.TranslatorStub(channel)
+            if args.list_models:
+                list_models(stub, args.timeout, metadata, out)
+                return 0
             for chunk in chunks(texts, args.batch):
                 for translation in translate_chunk(stub, chunk, options, args.timeout, metadata):
                     out.write(_one_line(translation) + "\n")
@@ -185,6 +190,13 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
     finally:
         progress.close()
     return 0
+
+
+def list_models(stub: pb_grpc.TranslatorStub, timeout: float | None, metadata: Metadata, out: IO[str]) -> None:
+    """One line per served model: its name, its pairs, and how it runs."""
+    for model in stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=metadata).models:
+        pairs = ", ".join(f"{p.source}-{p.target}" for p in model.pairs)
+        out.write(f"{model.name}: {pairs} ({model.variant}, {model.provider})\n")
 
 
 def _one_line(text: str) -> str:
@@ -213,7 +225,12 @@ def decode_text(raw: bytes, where: str, errors: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser(os.environ).parse_args(argv)
+    parser = build_parser(os.environ)
+    args = parser.parse_args(argv)
+    if args.list_models:
+        sys.exit(run(args, [], sys.stdout, sys.stderr))
+    if not (args.source and args.target):
+        parser.error("--source and --target are required to translate")
     try:
         texts = read_texts(args, sys.stdin.buffer)
     except InputError as error:

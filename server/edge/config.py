@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -36,7 +37,10 @@ class ServerConfig:
     port: int = 50051  # gRPC port; 0 binds an ephemeral port (tests)
     metrics_port: int = 9400  # Prometheus /metrics HTTP port; 0 = ephemeral, -1 = no metrics server
     host: str = "[::]"  # address the gRPC and metrics servers bind to
-    model_dir: Path = DEFAULT_MODEL_DIR  # artifact dir: tokenizer.model + onnx/<variant>/
+    # The models to serve: each directory given (repeatable --model-dir), then every model directory inside
+    # models_dir; requests are routed by language pair (and model name). Neither given: the shipped model.
+    model_dirs: tuple[Path, ...] = ()
+    models_dir: Path | None = None
     variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
@@ -133,7 +137,16 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("port", int, "gRPC port (0 = ephemeral)")
     add("metrics-port", int, "Prometheus /metrics port (0 = ephemeral, -1 = off)")
     add("host", str, "bind address")
-    add("model-dir", Path, "model directory with tokenizer.model and onnx/<variant>/")
+    parser.add_argument(
+        "--model-dir",
+        dest="model_dirs",
+        type=Path,
+        action="append",
+        default=None,
+        help=f"a model directory to serve; repeatable ({env_name('model-dir')} takes several separated by "
+        f"{os.pathsep!r}); neither this nor --models-dir: the shipped model",
+    )
+    add("models-dir", Path, "serve every model directory (one with onnx/) inside this directory")
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
     add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
@@ -190,5 +203,9 @@ def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Serv
 
     Raises ValueError for a bad environment value; argparse exits with status 2 for a bad flag.
     """
-    args = build_parser(environ).parse_args(argv)
-    return ServerConfig(**vars(args))
+    values = vars(build_parser(environ).parse_args(argv))
+    raw_dirs = environ.get(env_name("model-dir"))
+    if values["model_dirs"] is None:  # no flag: the environment's list
+        values["model_dirs"] = [Path(d) for d in raw_dirs.split(os.pathsep) if d] if raw_dirs else []
+    values["model_dirs"] = tuple(values["model_dirs"])
+    return ServerConfig(**values)

@@ -178,4 +178,6 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
             name: model.default_length_penalty.get(name, DEFAULT_LENGTH_PENALTY)
             for name in (direction_name(s, t) for s, t in language_pairs(spec))
         },
+        default_beam_size=min(model.default_beam_size, limits.max_beam_size),
+        default_max_output_len=min(model.default_max_output_len, spec.max_target_len),
     )

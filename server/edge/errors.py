@@ -122,6 +122,7 @@ class CallRecord:
     """What a servicer method learns about its call that the metrics need."""
 
     lang_pair: str = ""  # set once the request's languages are validated
+    model: str = ""  # the model routed to, set with lang_pair
     first_result_s: float | None = None  # seconds from the call's start to its first result
     started: float = field(default_factory=time.monotonic)  # when the servicer got the call
 
@@ -217,7 +218,7 @@ async def _fail(
         logger.error("%s failed", method, exc_info=exc)
     _observe(metrics, method, call, code)
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
-        metrics.observe_rejected(method, reason)
+        metrics.observe_rejected(method, reason, call.model)
     await context.abort(code, message, trailing_metadata(exc))
 
 
@@ -239,6 +240,6 @@ def deadline_passed(remaining: float | None, elapsed: float) -> bool:
 def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:
     if metrics is None:
         return
-    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - call.started)
+    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - call.started, call.model)
     if call.first_result_s is not None:
-        metrics.observe_first_result(method, call.first_result_s)
+        metrics.observe_first_result(method, call.first_result_s, call.model)

@@ -39,7 +39,7 @@ from model.tokenizer import TextTokenizer, open_tokenizer
 from server.core.documents import RequestLimits
 from server.core.engine import Engine, EngineLimits
 from server.core.runner import ModelSpec, Runner
-from server.edge.config import ServerConfig, parse_config
+from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.edge.metrics import Metrics, start_metrics_server
@@ -53,6 +53,7 @@ T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
@@ -82,18 +83,44 @@ def resolve_provider(requested: str) -> str:
     return "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
 
 
-def load_model(config: ServerConfig) -> LoadedModel:
+def model_directories(config: ServerConfig) -> list[Path]:
+    """The directories to serve, in load order: each --model-dir, then every directory inside --models-dir
+    that holds an export (onnx/), by name; neither given: the shipped model. An empty --models-dir beside a
+    --model-dir is no error (an image's mount point with nothing mounted yet); with nothing to serve it is."""
+    directories = list(config.model_dirs)
+    if config.models_dir is None:
+        return directories or [DEFAULT_MODEL_DIR]
+    if not config.models_dir.is_dir():
+        raise StartupError(f"models directory {config.models_dir} does not exist")
+    found = sorted(d for d in config.models_dir.iterdir() if (d / "onnx").is_dir())
+    if not found and not directories:
+        raise StartupError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
+    if not found:
+        logger.warning("no model directory (one with onnx/) in %s", config.models_dir)
+    return directories + found
+
+
+def load_models(config: ServerConfig) -> list[LoadedModel]:
+    """Every configured model, each under its directory's name, which must be unique."""
+    models = [load_model(config, directory) for directory in model_directories(config)]
+    names = [m.description.name for m in models]
+    if duplicated := sorted({n for n in names if names.count(n) > 1}):
+        raise StartupError(f"two model directories share the name {duplicated}: rename one, names route requests")
+    return models
+
+
+def load_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
     """Open the configured variant of the exported model; StartupError naming the cause if it cannot."""
-    if not config.model_dir.is_dir():
-        raise StartupError(f"model directory {config.model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise StartupError(f"model directory {model_dir} does not exist")
     try:
-        return _open_model(config)
+        return _open_model(config, model_dir)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
-        raise StartupError(f"cannot load the model from {config.model_dir}: {type(err).__name__}: {err}") from err
+        raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
 
-def _open_model(config: ServerConfig) -> LoadedModel:
-    # Every file comes from config.model_dir: the variant is one of a fixed set of names, never a path.
+def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
+    # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
     from model.directory import (
         available_variants,
         choose_variant,
@@ -103,7 +130,6 @@ def _open_model(config: ServerConfig) -> LoadedModel:
     )
     from server.backend.runtime import OnnxRunner, open_runner
 
-    model_dir = config.model_dir
     provider = resolve_provider(config.provider)
 
     def open_on(provider: str) -> tuple[str, OnnxRunner]:
@@ -168,20 +194,21 @@ def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
 
 
 class TranslationServer:
-    """One grpc.aio server with the Translator, health and reflection services, and its engine."""
+    """One grpc.aio server with the Translator, health and reflection services, and one engine per model."""
 
     def __init__(self, config: ServerConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
-        # Loading, draining and stopping run on a thread of their own: asyncio's default pool also
-        # splits and tokenizes requests, and a drain queued behind that work would start late.
-        self._lifecycle = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle")
+        # Loading, draining and stopping run on threads of their own (one per engine, so that engines drain
+        # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
+        # behind that work would start late.
+        self._lifecycle = ThreadPoolExecutor(max_workers=MAX_LIFECYCLE_THREADS, thread_name_prefix="lifecycle")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
-        self.engine: Engine | None = None
-        self.engine_died = asyncio.Event()  # set when the engine's loop dies or hangs; `serve` then exits
-        self._watchdog: asyncio.Task[None] | None = None
+        self.engines: dict[str, Engine] = {}  # by model name, in load order
+        self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
+        self._watchdogs: list[asyncio.Task[None]] = []
         self.credentials = server_credentials(config)
         self.server = grpc.aio.server(
             interceptors=interceptors(config, self.metrics),
@@ -215,10 +242,22 @@ class TranslationServer:
         await self.server.start()
         return port
 
-    async def load(self, model: LoadedModel | None = None) -> None:
-        """Load (unless given) and warm up the model, then turn SERVING."""
-        if model is None:
-            model = await self._off_loop(load_model, self.config)
+    @property
+    def engine(self) -> Engine | None:
+        """The first model's engine (the only one of a single-model server)."""
+        return next(iter(self.engines.values()), None)
+
+    async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
+        """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
+        if models is None:
+            models = await self._off_loop(load_models, self.config)
+        loaded = [models] if isinstance(models, LoadedModel) else list(models)
+        backends = [await self._start_engine(model) for model in loaded]
+        self.servicer.attach(backends)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_engine(self, model: LoadedModel) -> Backend:
+        info = model.description
         slots = min(self.config.max_slots, model.runner.max_slots)
         limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
         loop = asyncio.get_running_loop()
@@ -227,22 +266,20 @@ class TranslationServer:
             asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
             loop.call_soon_threadsafe(self.engine_died.set)
 
-        engine = Engine(model.runner, limits, self.metrics, on_failure=engine_failed)
+        engine = Engine(model.runner, limits, self.metrics.for_model(info.name), on_failure=engine_failed)
         engine.start()
-        self.engine = engine
+        self.engines[info.name] = engine
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
-            raise StartupError(f"the model does not run: {err}") from err
+            raise StartupError(f"the model {info.name} does not run: {err}") from err
         if self.config.stall_seconds > 0:  # after warmup: a first call that builds kernels is not a hang
-            self._watchdog = asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds))
-        info = model.description
+            self._watchdogs.append(asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds)))
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
+        logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
+                    ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
-        backend = Backend(engine, model.runner.spec, model.tokenizer, info)
-        self.servicer.attach(backend, request_limits(self.config, slots))
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        logger.info("serving %s (%s, %s)", info.name, info.variant, info.provider)
+        return Backend(engine, model.runner.spec, model.tokenizer, info, request_limits(self.config, slots))
 
     async def shutdown(self, grace: float, delay: float = 0.0) -> bool:
         """NOT_SERVING, drain, then stop grpc; True if no in-flight work was cut off.
@@ -256,20 +293,25 @@ class TranslationServer:
         """
         started = time.monotonic()
         await self.health.enter_graceful_shutdown()
-        drained = True
-        join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
-        if self.engine is not None:
-            drained = await self._off_loop(self.engine.drain, grace)  # the watchdog still watches meanwhile
-            if not drained:  # fail what is left UNAVAILABLE through its handlers: sent and counted as such,
-                await self._off_loop(self.engine.stop, join_timeout)  # before grpc's stop could cancel them
+        engines = list(self.engines.values())
+        drains = await asyncio.gather(*(self._drain(engine, grace) for engine in engines))  # side by side
+        drained = all(drains)
         await asyncio.sleep(delay - (time.monotonic() - started))  # returns at once when the drain outlasted it
         await self.server.stop(max(0.0, grace - (time.monotonic() - started)) + MIN_STOP_GRACE_S)
-        if self.engine is not None:
-            await self._off_loop(self.engine.stop, join_timeout)  # joins the loop thread: off the event loop
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
+        await asyncio.gather(*(self._off_loop(e.stop, join_timeout) for e in engines))  # joins the loop threads
+        for watchdog in self._watchdogs:
+            watchdog.cancel()
         if not drained:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
+        return drained
+
+    async def _drain(self, engine: Engine, grace: float) -> bool:
+        """Finish the engine's work within `grace` (its watchdog still watches meanwhile); fail what is left
+        UNAVAILABLE through its handlers, sent and counted as such, before grpc's stop could cancel them."""
+        drained = await self._off_loop(engine.drain, grace)
+        if not drained:
+            await self._off_loop(engine.stop, self.config.stall_seconds or None)
         return drained
 
     async def _off_loop(self, function: Callable[..., T], *args: object) -> T:
@@ -369,9 +411,11 @@ def metrics_address(host: str) -> str:
 
 
 async def create_server(
-    config: ServerConfig, model: LoadedModel | None = None, registry: CollectorRegistry | None = None
+    config: ServerConfig,
+    model: LoadedModel | Sequence[LoadedModel] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> tuple[TranslationServer, int]:
-    """A started, loaded and warmed-up server and its bound port; `model` defaults to `config.model_dir`."""
+    """A started, loaded and warmed-up server and its bound port; `model` defaults to the configured ones."""
     server = TranslationServer(config, registry)
     port = await server.start()
     try:
@@ -382,8 +426,8 @@ async def create_server(
     return server, port
 
 
-async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to `config.model_dir`.
+async def serve(config: ServerConfig, model: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones.
 
     Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
     stopping the server either way.
@@ -417,7 +461,7 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
         await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
         dying.cancel()
         if server.engine_died.is_set():
-            failure = EngineDiedError("the decoding engine died or hung (logged above); restart the process")
+            failure = EngineDiedError("a decoding engine died or hung (logged above); restart the process")
     if failure is None:
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
         logger.info(
@@ -425,7 +469,9 @@ async def serve(config: ServerConfig, model: LoadedModel | None = None) -> None:
             config.drain_seconds, config.shutdown_delay_seconds,
         )  # fmt: skip
     stopping.cancel()
-    grace, delay = (0.0, 0.0) if failure else (config.drain_seconds, config.shutdown_delay_seconds)
+    # A dead engine has answered its own requests UNAVAILABLE; the other models' engines drain theirs.
+    grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
+    delay = 0.0 if failure is not None else config.shutdown_delay_seconds
     await server.shutdown(grace, delay)
     if failure is not None:
         raise failure

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from server.core.observer import StepStats
 
-__all__ = ["Metrics", "StepStats", "start_metrics_server"]
+__all__ = ["Metrics", "ModelMetrics", "StepStats", "start_metrics_server"]
 
 # Milliseconds to a minute: a single short sentence on a GPU up to a long document on a loaded CPU.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -32,62 +32,72 @@ class Metrics:
         self.registry = registry
         self.requests = Counter(
             "translation_requests_total",
-            "Finished RPCs by method, gRPC status code name and language pair.",
-            ["method", "code", "lang_pair"],
+            "Finished RPCs by method, gRPC status code name, language pair and model (empty before routing).",
+            ["method", "code", "lang_pair", "model"],
             registry=registry,
         )
         self.request_duration = Histogram(
             "translation_request_duration_seconds",
             "Latency of RPCs answered OK or cut off by their deadline, from receipt to the last response; fast"
             " refusals (queue full, bad input, no token) are only counted, in translation_requests_total.",
-            ["method", "lang_pair"],
+            ["method", "lang_pair", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.queue_wait = Histogram(
             "translation_queue_wait_seconds",
             "Time a sentence waited in the queue before it got slots.",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.first_result = Histogram(
             "translation_time_to_first_result_seconds",
             "Time from receipt to the first result sent (a sentence, or tokens when streaming).",
-            ["method"],
+            ["method", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.step_duration = Histogram(
             "translation_decode_step_duration_seconds",
             "Wall time of one decoder step call (with its beam-row copies; the encoder is apart).",
+            ["model"],
             buckets=STEP_BUCKETS,
             registry=registry,
         )
         self.encode_duration = Histogram(
             "translation_encode_duration_seconds",
             "Wall time of one encoder call over the sentences admitted in an iteration.",
+            ["model"],
             buckets=STEP_BUCKETS,
             registry=registry,
         )
         self.step_active_slots = Histogram(
             "translation_step_active_slots",
             "Rows (slots) stepped together in one decoder call: the batch size.",
+            ["model"],
             buckets=SLOT_BUCKETS,
             registry=registry,
         )
-        self.queue_depth = Gauge("translation_queue_depth", "Sentences waiting for slots.", registry=registry)
-        self.active_slots = Gauge("translation_active_slots", "Slots reserved by running sentences.", registry=registry)
-        self.max_slots = Gauge("translation_max_slots", "Slots the engine may use.", registry=registry)
+        self.queue_depth = Gauge(
+            "translation_queue_depth", "Sentences waiting for slots.", ["model"], registry=registry
+        )
+        self.active_slots = Gauge(
+            "translation_active_slots", "Slots reserved by running sentences.", ["model"], registry=registry
+        )
+        self.max_slots = Gauge(
+            "translation_max_slots", "Slots the model's engine may use.", ["model"], registry=registry
+        )
         self.input_tokens = Counter(
             "translation_input_tokens_total",
             "Source tokens of finished sentences, language tag and EOS included.",
-            ["lang_pair"],
+            ["lang_pair", "model"],
             registry=registry,
         )
         self.output_tokens = Counter(
             "translation_output_tokens_total",
             "Tokens of the best hypothesis of finished sentences, EOS excluded.",
-            ["lang_pair"],
+            ["lang_pair", "model"],
             registry=registry,
         )
         self.rejected = Counter(
@@ -95,22 +105,24 @@ class Metrics:
             "Calls the service answered RESOURCE_EXHAUSTED, by reason: `queue_full` (no room to queue the"
             " request: capacity is short) or `response_too_large` (a Translate answer over the message limit:"
             " the client's to fix). Each is also in translation_requests_total.",
-            ["method", "reason"],
+            ["method", "reason", "model"],
             registry=registry,
         )
-        self.sentences = Counter("translation_sentences_total", "Finished sentences.", ["lang_pair"], registry=registry)
+        self.sentences = Counter(
+            "translation_sentences_total", "Finished sentences.", ["lang_pair", "model"], registry=registry
+        )
         self.sentences_failed = Counter(
             "translation_sentences_failed_total",
             "Unfinished sentences of failed requests by reason (the gRPC status name) and stage: `queued`"
             " never got slots, `decoding` did. Queue waits only count sentences that got slots.",
-            ["lang_pair", "reason", "stage"],
+            ["lang_pair", "reason", "stage", "model"],
             registry=registry,
         )
         self.padding_efficiency = Histogram(
             "translation_padding_efficiency_ratio",
             "Real over padded tokens per runner call, by stage: `encode` (source padding of a batch of new"
             " sentences) and `decode` (attended cache span of a step's rows, each padded to the longest).",
-            ["stage"],
+            ["stage", "model"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
@@ -121,58 +133,74 @@ class Metrics:
             registry=registry,
         )
 
-    def observe_request(self, method: str, code: str, lang_pair: str, seconds: float) -> None:
+    def observe_request(self, method: str, code: str, lang_pair: str, seconds: float, model: str = "") -> None:
         """Count every finished call; time those that ran: answered OK, or cut off by their deadline (often
         the slowest, and left out they would cap the quantiles at the clients' deadlines). Refusals take
         milliseconds: timed, a flood of them would make latency look better exactly when it is worst."""
-        self.requests.labels(method=method, code=code, lang_pair=lang_pair).inc()
+        self.requests.labels(method=method, code=code, lang_pair=lang_pair, model=model).inc()
         if code in TIMED_CODES:
-            self.request_duration.labels(method=method, lang_pair=lang_pair).observe(seconds)
+            self.request_duration.labels(method=method, lang_pair=lang_pair, model=model).observe(seconds)
 
-    def observe_rejected(self, method: str, reason: str) -> None:
-        self.rejected.labels(method=method, reason=reason).inc()
+    def observe_rejected(self, method: str, reason: str, model: str = "") -> None:
+        self.rejected.labels(method=method, reason=reason, model=model).inc()
 
-    def observe_first_result(self, method: str, seconds: float) -> None:
-        self.first_result.labels(method=method).observe(seconds)
+    def observe_first_result(self, method: str, seconds: float, model: str = "") -> None:
+        self.first_result.labels(method=method, model=model).observe(seconds)
 
     def set_model_info(self, model: str, variant: str, provider: str, opset: int) -> None:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)
 
+    def for_model(self, model: str) -> ModelMetrics:
+        """The engine observer of one model: its series carry `model`."""
+        return ModelMetrics(self, model)
+
+
+class ModelMetrics:
+    """One model's engine series (server.core.observer.EngineObserver), labelled with the model's name."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics, self.model = metrics, model
+
     def set_capacity(self, max_slots: int) -> None:
-        self.max_slots.set(max_slots)
+        self.metrics.max_slots.labels(model=self.model).set(max_slots)
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        self.queue_depth.set(queue_depth)
-        self.active_slots.set(active_slots)
+        self.metrics.queue_depth.labels(model=self.model).set(queue_depth)
+        self.metrics.active_slots.labels(model=self.model).set(active_slots)
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:
         """Seconds each sentence waited for slots, reported once, when it first got them."""
+        histogram = self.metrics.queue_wait.labels(model=self.model)
         for wait in waits:
-            self.queue_wait.observe(wait)
+            histogram.observe(wait)
 
     def observe_step(self, stats: StepStats) -> None:
-        self.step_duration.observe(stats.duration_s)
+        m, model = self.metrics, self.model
+        m.step_duration.labels(model=model).observe(stats.duration_s)
         if stats.encode_real_tokens:
-            self.encode_duration.observe(stats.encode_duration_s)
+            m.encode_duration.labels(model=model).observe(stats.encode_duration_s)
         if stats.active_slots:
-            self.step_active_slots.observe(stats.active_slots)
+            m.step_active_slots.labels(model=model).observe(stats.active_slots)
         self.observe_queue_waits(stats.queue_waits_s)
         for stage, real, padded in (
             ("encode", stats.encode_real_tokens, stats.encode_padded_tokens),
             ("decode", stats.step_real_tokens, stats.step_padded_tokens),
         ):
             if padded:  # apart: decoder steps outnumber encoder calls, and one mean would hide the encoder
-                self.padding_efficiency.labels(stage=stage).observe(real / padded)
+                m.padding_efficiency.labels(stage=stage, model=model).observe(real / padded)
 
     def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
-        self.sentences.labels(lang_pair=lang_pair).inc()
-        self.input_tokens.labels(lang_pair=lang_pair).inc(input_tokens)
-        self.output_tokens.labels(lang_pair=lang_pair).inc(output_tokens)
+        m, labels = self.metrics, {"lang_pair": lang_pair, "model": self.model}
+        m.sentences.labels(**labels).inc()
+        m.input_tokens.labels(**labels).inc(input_tokens)
+        m.output_tokens.labels(**labels).inc(output_tokens)
 
     def observe_abandoned(self, lang_pair: str, reason: str, queued: int, decoding: int) -> None:
         for stage, count in (("queued", queued), ("decoding", decoding)):
             if count:
-                self.sentences_failed.labels(lang_pair=lang_pair, reason=reason, stage=stage).inc(count)
+                self.metrics.sentences_failed.labels(
+                    lang_pair=lang_pair, reason=reason, stage=stage, model=self.model
+                ).inc(count)
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:

@@ -40,6 +40,7 @@ from server.edge.convert import (
 )
 from server.edge.errors import (
     CallRecord,
+    InvalidRequest,
     ResponseTooLarge,
     Unavailable,
     cancelled_by_deadline,
@@ -58,28 +59,28 @@ _LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text wit
 
 @dataclass(frozen=True)
 class Backend:
-    """The loaded model the servicer translates with; absent until loading and warmup finish."""
+    """A loaded model the servicer translates with, and its engine."""
 
     engine: Engine
     spec: ModelSpec  # the runner's spec: languages and token limits
     tokenizer: TextTokenizer
     model: ModelDescription
+    limits: RequestLimits  # what its engine can take
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
     def __init__(self, limits: RequestLimits, metrics: Metrics | None = None) -> None:
-        self.limits = limits
+        self.limits = limits  # before loading: the documented limits, for refusals that need one
         self.metrics = metrics
-        self._backend: Backend | None = None
+        self._backends: list[Backend] = []
 
-    def attach(self, backend: Backend, limits: RequestLimits) -> None:
-        """Start serving with a loaded, warmed-up model, under `limits` (what its engine can take)."""
-        self.limits = limits
-        self._backend = backend
+    def attach(self, backends: list[Backend]) -> None:
+        """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order."""
+        self._backends = list(backends)
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        backend = self._require_backend()
+        backend = self._route(request.options)
         job = self._parse(request, backend, call)
         job = replace(job, options=replace(job.options, stream_tokens=False))
         results: list[TextTranslation] = []
@@ -88,18 +89,18 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 if isinstance(item, TextTranslation):
                     results.append(item)
         results.sort(key=lambda r: r.index)
-        return self._fits(pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results]))
+        return self._fits(pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results]), backend.limits)
 
     @stream_call("TranslateStream")
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        backend = self._require_backend()
+        backend = self._route(request.options)
         job = self._parse(request, backend, call)
         async with aclosing(self._translate(job, backend, context, call)) as items:
             async for item in items:
                 if isinstance(item, TextTranslation):
-                    yield self._fits(pb.TranslateStreamResponse(result=text_result_to_pb(item, job)))
+                    yield self._fits(pb.TranslateStreamResponse(result=text_result_to_pb(item, job)), backend.limits)
                 else:
                     yield pb.TranslateStreamResponse(partial=partial_to_pb(item))
 
@@ -107,38 +108,56 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def ListModels(
         self, request: pb.ListModelsRequest, context: Context, call: CallRecord
     ) -> pb.ListModelsResponse:
-        backend = self._require_backend()
-        spec = backend.spec
-        return pb.ListModelsResponse(models=[model_info_to_pb(backend.model, spec, self.limits)])
+        backends = self._require_backends()
+        return pb.ListModelsResponse(models=[model_info_to_pb(b.model, b.spec, b.limits) for b in backends])
 
-    def _fits(self, message: M) -> M:
+    def _fits(self, message: M, limits: RequestLimits) -> M:
         """The message, if grpc may send it; else a status we send and count (grpc would fail it after us)."""
-        if (size := message.ByteSize()) > self.limits.max_response_bytes:
+        if (size := message.ByteSize()) > limits.max_response_bytes:
             raise ResponseTooLarge(
-                f"the response would be {size:,} bytes, over the server's limit of {self.limits.max_response_bytes:,}"
+                f"the response would be {size:,} bytes, over the server's limit of {limits.max_response_bytes:,}"
                 " (each hypothesis repeats its text's whitespace): send fewer texts or hypotheses per request, "
                 "or use TranslateStream (one message per text)"
             )
         return message
 
-    def _least_sentences(self, texts: list[str]) -> int:
+    def _least_sentences(self, texts: list[str], limits: RequestLimits) -> int:
         """Sentences the request queues at least, counted at C speed before any splitting: one per text
         with a letter or a digit. None for a request over the sentence limit: splitting refuses it
         INVALID_ARGUMENT, which it must get rather than "queue full, retry" while the queue is busy."""
         least = sum(1 for text in texts if _LETTER_OR_DIGIT.search(text))
-        return least if least <= self.limits.max_sentences else 0
+        return least if least <= limits.max_sentences else 0
 
-    def _require_backend(self) -> Backend:
-        if self._backend is None:
+    def _require_backends(self) -> list[Backend]:
+        if not self._backends:
             raise Unavailable("the model is still loading; retry shortly")
-        engine = self._backend.engine
-        if engine.draining and not engine.failed:  # every new call, ListModels too, goes to another replica
-            raise DrainingError("the server is draining")  # (a failed engine refuses at admission, saying so)
-        return self._backend
+        # Every engine drains together: every new call, ListModels too, goes to another replica (a failed
+        # engine refuses at admission, saying so).
+        if any(b.engine.draining and not b.engine.failed for b in self._backends):
+            raise DrainingError("the server is draining")
+        return self._backends
+
+    def _route(self, options: pb.TranslationOptions) -> Backend:
+        """The model for the request: the first (in load order) serving its pair, among those of its name if
+        it names one. Without both languages, the first model, whose parsing says what is missing."""
+        backends = self._require_backends()
+        if options.model:
+            backends = [b for b in backends if b.model.name == options.model]
+            if not backends:
+                served = ", ".join(b.model.name for b in self._backends)
+                raise InvalidRequest(f"unknown model {options.model!r}; this server serves {served}")
+        pair = (options.source_language, options.target_language)
+        if not all(pair):
+            return backends[0]
+        serving = [b for b in backends if pair in b.spec.pairs]
+        if not serving:
+            offered = "; ".join(f"{b.model.name}: {', '.join(f'{s}-{t}' for s, t in b.spec.pairs)}" for b in backends)
+            raise InvalidRequest(f"unsupported language pair {pair[0]}-{pair[1]}; supported pairs: {offered}")
+        return serving[0]
 
     def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
-        job = parse_request(request, backend.spec, self.limits, backend.model)
-        call.lang_pair = job.lang_pair
+        job = parse_request(request, backend.spec, backend.limits, backend.model)
+        call.lang_pair, call.model = job.lang_pair, backend.model.name
         return job
 
     async def _translate(
@@ -150,14 +169,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         queue cannot take is refused before any splitting, and a drain that begins while the texts are
         still being split waits for this call instead of refusing it at submit.
         """
-        with backend.engine.admission(self._least_sentences(job.texts)) as admission:
+        with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
             texts = await asyncio.to_thread(  # splitting and tokenizing 2.5M characters must not block the loop
                 prepare_texts,
                 job.texts,
                 job.source_lang,
                 job.target_lang,
                 backend.tokenizer,
-                self.limits,
+                backend.limits,
                 backend.spec.max_source_len,
             )
             assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)

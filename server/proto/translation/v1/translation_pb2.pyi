@@ -62,6 +62,7 @@ class TranslationOptions(_message.Message):
     NUM_HYPOTHESES_FIELD_NUMBER: _builtins.int
     RETURN_SCORES_FIELD_NUMBER: _builtins.int
     STREAM_TOKENS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
     """Language of the texts: "de" or "en". Required."""
     target_language: _builtins.str
@@ -83,6 +84,10 @@ class TranslationOptions(_message.Message):
     """Fill `Hypothesis.score`. Default false."""
     stream_tokens: _builtins.bool
     """TranslateStream only: send partial output (see TranslateStream). Ignored by Translate."""
+    model: _builtins.str
+    """The model to translate with, by its ListModels name, where several serve the pair. Default: the
+    first model (in the server's load order) that serves source_language -> target_language.
+    """
     def __init__(
         self,
         *,
@@ -94,10 +99,11 @@ class TranslationOptions(_message.Message):
         num_hypotheses: _builtins.int | None = ...,
         return_scores: _builtins.bool = ...,
         stream_tokens: _builtins.bool = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "num_hypotheses", b"num_hypotheses"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "num_hypotheses", b"num_hypotheses", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__beam_size: _TypeAlias = _typing.Literal["beam_size"]  # noqa: Y015
     _WhichOneofArgType__beam_size: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size"]  # noqa: Y015
@@ -412,7 +418,7 @@ Global___Limits: _TypeAlias = Limits  # noqa: Y015
 
 @_typing.final
 class ModelInfo(_message.Message):
-    """Metadata of the served model."""
+    """Metadata of a served model."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -447,6 +453,8 @@ class ModelInfo(_message.Message):
     MODEL_SHA256_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     DEFAULT_LENGTH_PENALTY_FIELD_NUMBER: _builtins.int
+    DEFAULT_BEAM_SIZE_FIELD_NUMBER: _builtins.int
+    DEFAULT_MAX_OUTPUT_LEN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Model name (the model directory's name, e.g. "shipped")."""
     variant: _builtins.str
@@ -460,6 +468,14 @@ class ModelInfo(_message.Message):
     dtype: _builtins.str
     """Floating-point dtype of the variant's graph inputs and activations, e.g. "float32" (also for int8, whose
     weights are quantized but whose activations stay float32) or "float16".
+    """
+    default_beam_size: _builtins.int
+    """The beam width a request that sets none gets: the model's generation default (an imported model's
+    num_beams), else 4, at most limits.max_beam_size.
+    """
+    default_max_output_len: _builtins.int
+    """The output limit a request that sets none gets, in tokens: the model's generation default (an imported
+    model's max_length), or 0 for 3 x source tokens + 10.
     """
     @_builtins.property
     def languages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -498,10 +514,12 @@ class ModelInfo(_message.Message):
         model_sha256: _builtins.str = ...,
         dtype: _builtins.str = ...,
         default_length_penalty: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        default_beam_size: _builtins.int = ...,
+        default_max_output_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_length_penalty", b"default_length_penalty", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_beam_size", b"default_beam_size", "default_length_penalty", b"default_length_penalty", "default_max_output_len", b"default_max_output_len", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -516,7 +534,7 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInfo]:
-        """The served models; currently exactly one."""
+        """Every served model, in the order requests are routed (the first serving a pair takes it)."""
 
     def __init__(
         self,

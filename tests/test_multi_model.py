@@ -1,0 +1,147 @@
+"""One server, several models: each request routed by language pair (or model name) to its model's own engine,
+answered exactly as that model alone answers it; unknown pairs and names refused naming what is served;
+ListModels, the CLI and the metrics per model; a model whose engine dies fails only its own requests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from export.hf import main as import_main
+from server.edge.main import LoadedModel
+from tests.marian_tiny import build_marian_dir
+from tests.serving import (
+    KillableRunner,
+    export_tiny_onnx,
+    onnx_model,
+    request,
+    running_server,
+    sample_value,
+    status_of,
+    wait_until,
+)
+from tests.tiny import TINY_PAIRS
+
+OURS, MARIAN = "ours", "opus-tiny-de-en"  # model names: their directories' names
+GERMAN = [de for de, _ in TINY_PAIRS[:8]]
+ENGLISH = [en for _, en in TINY_PAIRS[:8]]
+# (source, target, model named in the request): what each mixed-load call asks, and who must answer it
+CALLS = [("de", "en", ""), ("en", "de", ""), ("de", "en", MARIAN), ("de", "en", OURS)]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tiny_exported_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(tiny_exported_dir, root / OURS)
+    hf = build_marian_dir(root / "hf")
+    assert import_main(["--model", str(hf), "--out", str(root / MARIAN)]) == 0
+    export_tiny_onnx(root / MARIAN)
+    return {OURS: root / OURS, MARIAN: root / MARIAN}
+
+
+def answers(model: LoadedModel | list[LoadedModel], calls: list[tuple[str, str, str]]) -> list[list[str]]:
+    """Each call's translations, the calls sent concurrently (8 at a time) on one server."""
+    texts = {"de": GERMAN, "en": ENGLISH}
+    with running_server(model) as served, ThreadPoolExecutor(8) as pool:
+
+        def translate(call: tuple[str, str, str]) -> list[str]:
+            source, target, name = call
+            reply = served.stub.Translate(request(texts[source], source, target, model=name, beam_size=2), timeout=60)
+            return [result.translation for result in reply.results]
+
+        return list(pool.map(translate, calls))
+
+
+def test_mixed_pairs_under_concurrent_load_are_answered_as_each_model_alone_answers(
+    model_dirs: dict[str, Path],
+) -> None:
+    ours_alone = answers(onnx_model(model_dirs[OURS]), [("de", "en", ""), ("en", "de", "")])
+    marian_alone = answers(onnx_model(model_dirs[MARIAN]), [("de", "en", "")])
+    expected = {CALLS[0]: ours_alone[0], CALLS[1]: ours_alone[1], CALLS[2]: marian_alone[0], CALLS[3]: ours_alone[0]}
+    calls = CALLS * 6
+    together = answers([onnx_model(model_dirs[OURS]), onnx_model(model_dirs[MARIAN])], calls)
+    for call, got in zip(calls, together, strict=True):
+        assert got == expected[call], call
+    assert ours_alone[0] != marian_alone[0]  # the two models really translate differently
+
+
+@pytest.fixture(scope="module")
+def two_models(model_dirs: dict[str, Path]) -> list[LoadedModel]:
+    return [onnx_model(model_dirs[OURS]), onnx_model(model_dirs[MARIAN])]
+
+
+def test_unknown_pairs_and_names_are_refused_naming_what_is_served(two_models: list[LoadedModel]) -> None:
+    with running_server(two_models) as served:
+        unknown_pair = status_of(lambda: served.stub.Translate(request(["Hallo."], "de", "fr")))
+        assert unknown_pair.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "de-fr" in unknown_pair.details and f"{MARIAN}: de-en" in unknown_pair.details
+        assert f"{OURS}: de-en, en-de" in unknown_pair.details
+        unknown_name = status_of(lambda: served.stub.Translate(request(["Hallo."], model="gpt")))
+        assert unknown_name.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'gpt'" in unknown_name.details and OURS in unknown_name.details and MARIAN in unknown_name.details
+        wrong_pair = status_of(lambda: served.stub.Translate(request(["Hello."], "en", "de", model=MARIAN)))
+        assert wrong_pair.code == grpc.StatusCode.INVALID_ARGUMENT and "en-de" in wrong_pair.details
+
+
+def test_list_models_the_cli_and_the_metrics_cover_every_model(two_models: list[LoadedModel]) -> None:
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    with running_server(two_models) as served:
+        listed = served.stub.ListModels(pb.ListModelsRequest()).models
+        assert [(m.name, [(p.source, p.target) for p in m.pairs]) for m in listed] == [
+            (OURS, [("de", "en"), ("en", "de")]),
+            (MARIAN, [("de", "en")]),
+        ]
+        # defaults: ours the server's, the import its generation config's (num_beams 4, max_length 24)
+        assert [(m.default_beam_size, m.default_max_output_len) for m in listed] == [(4, 0), (4, 23)]
+        cli = [sys.executable, "-m", "server.client.cli", "--server", served.address, "--list-models"]
+        lines = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+        assert [line.split(":")[0] for line in lines] == [OURS, MARIAN] and "de-en, en-de" in lines[0]
+        for name in (OURS, MARIAN):
+            served.stub.Translate(request(["Das Haus ist groß."], model=name))
+        registry = served.registry
+        for name in (OURS, MARIAN):
+            assert sample_value(registry, "translation_requests_total", method="Translate", code="OK", model=name) == 1
+            assert sample_value(registry, "translation_sentences_total", lang_pair="de-en", model=name) == 1
+            assert sample_value(registry, "translation_max_slots", model=name) > 0
+            assert sample_value(registry, "translation_decode_step_duration_seconds_count", model=name) > 0
+
+
+def test_a_model_whose_engine_dies_fails_only_its_own_requests(model_dirs: dict[str, Path]) -> None:
+    marian = onnx_model(model_dirs[MARIAN])
+    killable = KillableRunner(marian.runner)
+    models = [onnx_model(model_dirs[OURS]), LoadedModel(killable, marian.tokenizer, marian.description)]
+    with running_server(models) as served:
+        killable.kill.set()
+        dead = status_of(lambda: served.stub.Translate(request(["Das Haus ist groß."], model=MARIAN), timeout=30))
+        assert dead.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in dead.details
+        alive = served.stub.Translate(request(["Das Haus ist groß."], model=OURS), timeout=30)
+        assert alive.results[0].sentences == 1  # the other model's engine goes on answering
+        wait_until(served.server.engine_died.is_set)  # what makes `serve` drain the others and exit non-zero
+
+
+def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig
+    from server.edge.main import StartupError, load_models, model_directories
+
+    both = tmp_path / "models"
+    both.mkdir()
+    for name, directory in model_dirs.items():
+        (both / name).symlink_to(directory)
+    (both / "notes").mkdir()  # no onnx/: not a model
+    assert model_directories(ServerConfig()) == [DEFAULT_MODEL_DIR]
+    assert model_directories(ServerConfig(models_dir=both)) == [both / MARIAN, both / OURS]
+    assert model_directories(ServerConfig(model_dirs=(DEFAULT_MODEL_DIR,), models_dir=both / "notes")) == [
+        DEFAULT_MODEL_DIR
+    ]  # an empty mount point beside a model: no error
+    with pytest.raises(StartupError, match="nothing to serve"):
+        model_directories(ServerConfig(models_dir=both / "notes"))
+    config = ServerConfig(model_dirs=(model_dirs[OURS],), models_dir=both, variant="fp32", provider="cpu", threads=1)
+    with pytest.raises(StartupError, match=r"share the name \['ours'\]"):
+        load_models(config)
