@@ -64,11 +64,11 @@ class TranslationOptions(_message.Message):
     STREAM_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
-    """Language of the texts: "de" or "en". Required."""
+    """Language of the texts, e.g. "de": the source of one of the pairs ListModels reports. Required."""
     target_language: _builtins.str
-    """Language to translate into: "de" or "en", different from source_language. Required."""
+    """Language to translate into, e.g. "en": with source_language, a pair some served model has. Required."""
     beam_size: _builtins.int
-    """Beam width, 1..8; 1 is greedy search. Default 4 (or ListModels' max_beam_size if that is less)."""
+    """Beam width, 1..8; 1 is greedy search. Default: the model's default_beam_size (ListModels)."""
     length_penalty: _builtins.float
     """Length penalty alpha: hypotheses are ranked by score / length ** alpha; 0..2. Default: the
     model's value for the direction (ModelInfo.default_length_penalty), else 1.0.
