@@ -1,10 +1,10 @@
-"""python -m bench.multi_model [--model-dir DIR] [--threads N] [--seconds S] [--concurrency C]
+"""python -m bench.multi_model [--model-dir DIR] [--seconds S] [--concurrency C]
 
-How two models in one server share the cores: the same model served twice under two names (so both engines
-do the same work), under mixed load (every other request names the second), against the model served
-alone under the same total load. Each engine's onnxruntime session takes `--threads` intra-op threads:
-with two engines, `--threads` = cores / 2 keeps them from oversubscribing the cores. Prints one JSON
-record per layout: requests/s, target tokens/s, p50 and p99 latency.
+How engines share the cores, under the same closed-loop load (beam 4) in three layouts: one model with one
+engine of every core (`--engines 1`); one model with one single-threaded engine per core (the default on
+CPU), requests to the least loaded; and the same model served twice under two names, one engine each,
+every other request naming the second (two models on one node). Prints one JSON record per layout:
+requests/s, target tokens/s, p50 and p99 latency.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from pathlib import Path
 from bench.loadgen import Query, Summary, run_grpc
 from bench.run import free_port
 from model.data import read_tsv
+from server.edge.main import available_cores
 
 SECOND = "second"
 
 
-def serve(model_dirs: list[Path], threads: int, port: int) -> subprocess.Popen[bytes]:
-    """`translate-server` on loopback with these models, once SERVING."""
+def serve(model_dirs: list[Path], flags: list[str], port: int) -> subprocess.Popen[bytes]:
+    """`translate-server` on loopback with these models and flags, once SERVING."""
     command = [sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", "-1", "--threads", str(threads), "--log-level", "WARNING"]  # fmt: skip
+               "--metrics-port", "-1", "--log-level", "WARNING", *flags]  # fmt: skip
     for directory in model_dirs:
         command += ["--model-dir", str(directory)]
     process = subprocess.Popen(command)
@@ -44,9 +45,9 @@ def serve(model_dirs: list[Path], threads: int, port: int) -> subprocess.Popen[b
     return process
 
 
-def measure(model_dirs: list[Path], queries: list[Query], args: argparse.Namespace) -> Summary:
+def measure(model_dirs: list[Path], flags: list[str], queries: list[Query], args: argparse.Namespace) -> Summary:
     port = free_port()
-    process = serve(model_dirs, args.threads, port)
+    process = serve(model_dirs, flags, port)
     try:
         address = f"127.0.0.1:{port}"
         asyncio.run(run_grpc(address, queries[:8], beam_size=4, duration_s=2, concurrency=2))  # warm both
@@ -62,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.multi_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"), help="exported model to serve")
     parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of each engine's session")
     parser.add_argument("--seconds", type=float, default=30.0, help="measured load per layout")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     args = parser.parse_args(argv)
@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         mixed = [
             Query(q.text, q.source_language, q.target_language, SECOND if i % 2 else "") for i, q in enumerate(alone)
         ]
-        results = {
-            "one model": measure([args.model_dir], alone, args),
-            "two models, mixed load": measure([args.model_dir, second], mixed, args),
+        cores = available_cores()
+        layouts = {
+            f"one model, one engine of {cores} threads": ([args.model_dir], ["--engines", "1"], alone),
+            f"one model, {cores} engines of one thread": ([args.model_dir], ["--engines", str(cores)], alone),
+            "two models, one engine each, mixed load": ([args.model_dir, second], ["--engines", "1"], mixed),
         }
+        results = {name: measure(dirs, flags, queries, args) for name, (dirs, flags, queries) in layouts.items()}
     for layout, summary in results.items():
-        record = {"layout": layout, "threads_per_engine": args.threads} | asdict(summary)
+        record = {"layout": layout} | asdict(summary)
         print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in record.items()}))
     return 0
 

@@ -20,7 +20,7 @@ def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
 
 def test_every_flag_parses() -> None:
     argv = "--port 7 --metrics-port 8 --model-dir /m --model-dir /n --models-dir /all --variant int8 --provider cpu"
-    argv += " --max-slots 16 --max-queue 9"
+    argv += " --max-slots 16 --max-queue 9 --engines 2"
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
     argv += " --max-connection-age-grace-s 7 --max-connection-idle-s 90 --keepalive-time-s 45 --keepalive-timeout-s 5"
@@ -40,6 +40,7 @@ def test_every_flag_parses() -> None:
         shutdown_delay_seconds=3.0,
         stall_seconds=30.0,
         threads=3,
+        engines=2,
         spin_threads=True,
         reflection=False,
         log_level="DEBUG",

@@ -9,11 +9,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from export.hf import main as import_main
+from server.core.runner import Candidates, Runner
 from server.edge.main import LoadedModel
 from tests.marian_tiny import build_marian_dir
 from tests.serving import (
@@ -145,3 +147,59 @@ def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Pa
     config = ServerConfig(model_dirs=(model_dirs[OURS],), models_dir=both, variant="fp32", provider="cpu", threads=1)
     with pytest.raises(StartupError, match=r"share the name \['ours'\]"):
         load_models(config)
+
+
+@pytest.mark.parametrize(
+    ("cores", "models", "provider", "flags", "plan"),
+    [
+        (2, 1, "cpu", {}, (2, 1)),  # one single-threaded engine per core
+        (8, 2, "cpu", {}, (4, 1)),  # the cores split between the models
+        (2, 3, "cpu", {}, (1, 1)),  # more models than cores: one engine each, one thread
+        (2, 1, "cpu", {"threads": 2}, (1, 2)),  # threads asked for: as many engines as fit
+        (4, 1, "cpu", {"engines": 1}, (1, 0)),  # one engine alone: onnxruntime's default, every core
+        (16, 2, "cuda", {}, (1, 0)),  # one engine per model on a GPU
+    ],
+)
+def test_the_engine_plan_splits_the_cores(
+    cores: int, models: int, provider: str, flags: dict[str, Any], plan: tuple[int, int]
+) -> None:
+    from server.edge.config import ServerConfig
+    from server.edge.main import engine_plan
+
+    assert engine_plan(cores, models, provider, ServerConfig(**flags)) == plan
+
+
+class CountingRunner(KillableRunner):
+    """Counts the decoder steps it runs once `counting` is set (after warmup), to see which replica got work."""
+
+    def __init__(self, inner: Runner) -> None:
+        super().__init__(inner)
+        self.counting = False
+        self.steps = 0
+
+    def step(
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
+    ) -> Candidates:
+        self.steps += self.counting
+        return super().step(slots, tokens, positions, row_scores, k)
+
+
+def test_replicas_of_a_model_share_its_requests_and_answer_as_one(model_dirs: dict[str, Path]) -> None:
+    """Two engines of one model: concurrent requests spread over both (the least loaded takes each), the answers
+    are the model's, ListModels shows the model once and its gauges add up both engines."""
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    alone = answers(onnx_model(model_dirs[OURS]), [("de", "en", "")])[0]
+    replicas = [onnx_model(model_dirs[OURS]) for _ in range(2)]
+    counting = [CountingRunner(r.runner) for r in replicas]
+    models = [LoadedModel(c, r.tokenizer, r.description) for c, r in zip(counting, replicas, strict=True)]
+    with running_server(models) as served, ThreadPoolExecutor(8) as pool:
+        for c in counting:
+            c.counting = True  # after warmup
+        calls = list(pool.map(lambda _: served.stub.Translate(request(GERMAN, beam_size=2), timeout=60), range(16)))
+        assert all([r.translation for r in call.results] == alone for call in calls)
+        assert all(c.steps > 0 for c in counting), [c.steps for c in counting]
+        assert [m.name for m in served.stub.ListModels(pb.ListModelsRequest()).models] == [OURS]
+        slots = sum(r.runner.max_slots for r in replicas)
+        assert sample_value(served.registry, "translation_max_slots", model=OURS) == slots
+        assert len(served.server.engines) == 2

@@ -175,6 +175,12 @@ class Engine:
             return self._active_slots
 
     @property
+    def load(self) -> int:
+        """Work held: sentences queued or reserved by calls still being prepared, plus the slots in use."""
+        with self._cond:
+            return self._scheduled_queue + self._inbox_sentences + self._reserved_sentences + self._active_slots
+
+    @property
     def draining(self) -> bool:
         """True once `drain` (or `stop`) began: only calls admitted before it may still submit."""
         with self._cond:

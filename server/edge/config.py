@@ -55,7 +55,12 @@ class ServerConfig:
     # kernel, a deadlock): its requests fail UNAVAILABLE and the process exits non-zero. 0 = never. A full
     # iteration takes well under a second on a GPU and a few seconds at worst on a loaded CPU.
     stall_seconds: float = 60.0
-    threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's default (all cores)
+    # Engines (replicas) per model, each with its own scheduler and onnxruntime session; a request goes to the
+    # least loaded. 0 = one per core on CPU (the cores split between the models), one on CUDA.
+    engines: int = 0
+    # onnxruntime intra-op threads per engine; 0 = the cores divided among the engines (onnxruntime's default,
+    # every core, where one engine serves alone)
+    threads: int = 0
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
@@ -85,7 +90,7 @@ class ServerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         seconds = ("drain_seconds", "shutdown_delay_seconds", "stall_seconds", *CONNECTION_SECONDS)
-        for name in (*seconds, "threads", "max_concurrent_rpcs"):
+        for name in (*seconds, "threads", "engines", "max_concurrent_rpcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
@@ -155,7 +160,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
-    add("threads", int, "onnxruntime intra-op threads (0 = default)")
+    add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, one on CUDA)")
+    add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")
     add("max-connection-age-s", float, "close each client connection after this many seconds, gracefully (0 = never)")

@@ -101,12 +101,32 @@ def model_directories(config: ServerConfig) -> list[Path]:
 
 
 def load_models(config: ServerConfig) -> list[LoadedModel]:
-    """Every configured model, each under its directory's name, which must be unique."""
-    models = [load_model(config, directory) for directory in model_directories(config)]
-    names = [m.description.name for m in models]
+    """Every configured model, each under its directory's name, which must be unique, loaded once per engine
+    (`engine_plan`): replicas of a model share its name and are listed one after the other."""
+    directories = model_directories(config)
+    names = [d.resolve().name for d in directories]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
         raise StartupError(f"two model directories share the name {duplicated}: rename one, names route requests")
-    return models
+    engines, threads = engine_plan(available_cores(), len(directories), resolve_provider(config.provider), config)
+    logger.info("%d engine(s) per model, %s intra-op thread(s) each", engines, threads or "onnxruntime's default")
+    each = replace(config, threads=threads)
+    return [load_model(each, directory) for directory in directories for _ in range(engines)]
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, which taskset and cpusets narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
+    """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
+    than one engine with every core (docs/benchmarks.md, docs/service.md measure both): by default the cores are
+    split between the models' engines. On CUDA one engine per model, the GPU's own parallelism doing the rest."""
+    if provider != "cpu":
+        return config.engines or 1, config.threads
+    engines = config.engines or max(1, cores // (models * (config.threads or 1)))
+    threads = config.threads or (max(1, cores // (engines * models)) if engines * models > 1 else 0)
+    return engines, threads
 
 
 def load_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
@@ -206,7 +226,7 @@ class TranslationServer:
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
-        self.engines: dict[str, Engine] = {}  # by model name, in load order
+        self.engines: dict[str, Engine] = {}  # by "<model name>#<replica>", in load order
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._watchdogs: list[asyncio.Task[None]] = []
         self.credentials = server_credentials(config)
@@ -268,7 +288,8 @@ class TranslationServer:
 
         engine = Engine(model.runner, limits, self.metrics.for_model(info.name), on_failure=engine_failed)
         engine.start()
-        self.engines[info.name] = engine
+        replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
+        self.engines[f"{info.name}#{replica}"] = engine
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:

@@ -8,6 +8,7 @@ they aggregate across replicas.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -30,6 +31,8 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._gauges_lock = threading.Lock()  # engines report from their own threads
+        self._engine_gauges: dict[str, list[dict[str, int]]] = {}  # model -> each engine's gauge values
         self.requests = Counter(
             "translation_requests_total",
             "Finished RPCs by method, gRPC status code name, language pair and model (empty before routing).",
@@ -151,22 +154,33 @@ class Metrics:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)
 
     def for_model(self, model: str) -> ModelMetrics:
-        """The engine observer of one model: its series carry `model`."""
-        return ModelMetrics(self, model)
+        """The observer of one more engine of `model`: its series carry `model`; the gauges add up the model's
+        engines (replicas), each of which reports only its own queue, slots and capacity."""
+        with self._gauges_lock:
+            engines = self._engine_gauges.setdefault(model, [])
+            engines.append({"queue_depth": 0, "active_slots": 0, "max_slots": 0})
+            return ModelMetrics(self, model, len(engines) - 1)
+
+    def set_engine_gauges(self, model: str, engine: int, **values: int) -> None:
+        """One engine's gauge values; the series show the sum over the model's engines."""
+        with self._gauges_lock:
+            engines = self._engine_gauges[model]
+            engines[engine].update(values)
+            for name in values:
+                getattr(self, name).labels(model=model).set(sum(e[name] for e in engines))
 
 
 class ModelMetrics:
-    """One model's engine series (server.core.observer.EngineObserver), labelled with the model's name."""
+    """One engine's series (server.core.observer.EngineObserver), labelled with its model's name."""
 
-    def __init__(self, metrics: Metrics, model: str) -> None:
-        self.metrics, self.model = metrics, model
+    def __init__(self, metrics: Metrics, model: str, engine: int = 0) -> None:
+        self.metrics, self.model, self.engine = metrics, model, engine
 
     def set_capacity(self, max_slots: int) -> None:
-        self.metrics.max_slots.labels(model=self.model).set(max_slots)
+        self.metrics.set_engine_gauges(self.model, self.engine, max_slots=max_slots)
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        self.metrics.queue_depth.labels(model=self.model).set(queue_depth)
-        self.metrics.active_slots.labels(model=self.model).set(active_slots)
+        self.metrics.set_engine_gauges(self.model, self.engine, queue_depth=queue_depth, active_slots=active_slots)
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:
         """Seconds each sentence waited for slots, reported once, when it first got them."""

@@ -8,6 +8,7 @@ become statuses in `server.edge.errors`; nothing here catches an exception to ch
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 from collections.abc import AsyncGenerator
@@ -73,6 +74,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.limits = limits  # before loading: the documented limits, for refusals that need one
         self.metrics = metrics
         self._backends: list[Backend] = []
+        self._turn = itertools.count()  # round robin among equally loaded engines
 
     def attach(self, backends: list[Backend]) -> None:
         """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order."""
@@ -108,8 +110,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def ListModels(
         self, request: pb.ListModelsRequest, context: Context, call: CallRecord
     ) -> pb.ListModelsResponse:
-        backends = self._require_backends()
-        return pb.ListModelsResponse(models=[model_info_to_pb(b.model, b.spec, b.limits) for b in backends])
+        models = {b.model.name: b for b in self._require_backends()}  # a model's replicas: one entry
+        return pb.ListModelsResponse(models=[model_info_to_pb(b.model, b.spec, b.limits) for b in models.values()])
 
     def _fits(self, message: M, limits: RequestLimits) -> M:
         """The message, if grpc may send it; else a status we send and count (grpc would fail it after us)."""
@@ -144,16 +146,22 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         if options.model:
             backends = [b for b in backends if b.model.name == options.model]
             if not backends:
-                served = ", ".join(b.model.name for b in self._backends)
+                served = ", ".join(dict.fromkeys(b.model.name for b in self._backends))
                 raise InvalidRequest(f"unknown model {options.model!r}; this server serves {served}")
         pair = (options.source_language, options.target_language)
         if not all(pair):
             return backends[0]
         serving = [b for b in backends if pair in b.spec.pairs]
         if not serving:
-            offered = "; ".join(f"{b.model.name}: {', '.join(f'{s}-{t}' for s, t in b.spec.pairs)}" for b in backends)
+            models = {b.model.name: b.spec.pairs for b in backends}
+            offered = "; ".join(f"{name}: {', '.join(f'{s}-{t}' for s, t in pairs)}" for name, pairs in models.items())
             raise InvalidRequest(f"unsupported language pair {pair[0]}-{pair[1]}; supported pairs: {offered}")
-        return serving[0]
+        replicas = [b for b in serving if b.model.name == serving[0].model.name]
+        if len(replicas) == 1:
+            return replicas[0]
+        # The least loaded engine of the model; ties taken in turn, so a burst of idle-time calls spreads out.
+        start = next(self._turn) % len(replicas)
+        return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load)
 
     def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
         job = parse_request(request, backend.spec, backend.limits, backend.model)
