@@ -203,3 +203,15 @@ def test_replicas_of_a_model_share_its_requests_and_answer_as_one(model_dirs: di
         slots = sum(r.runner.max_slots for r in replicas)
         assert sample_value(served.registry, "translation_max_slots", model=OURS) == slots
         assert len(served.server.engines) == 2
+
+
+@pytest.mark.parametrize(("cpu_max", "cap"), [("max 100000", None), ("150000 100000", 2), ("50000 100000", 1)])
+def test_a_container_cpu_quota_caps_the_cores(tmp_path: Path, cpu_max: str, cap: int | None) -> None:
+    import os
+
+    from server.edge.main import available_cores
+
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    cores = len(os.sched_getaffinity(0))
+    assert available_cores(tmp_path / "cpu.max") == (cores if cap is None else min(cores, cap))
+    assert available_cores(tmp_path / "missing") == cores

@@ -113,9 +113,15 @@ def load_models(config: ServerConfig) -> list[LoadedModel]:
     return [load_model(each, directory) for directory in directories for _ in range(engines)]
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, which taskset and cpusets narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its affinity (taskset, cpusets), capped by a cgroup v2 CPU quota (a
+    container's --cpus, a Kubernetes CPU limit), which the affinity does not show."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, -(-int(quota) // int(period))))
 
 
 def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
