@@ -57,7 +57,7 @@ LAYER_NAMES = {  # transformers' name inside a layer -> ours
 }
 
 
-class ImportError_(Exception):
+class UnsupportedModel(Exception):
     """The source is not a Marian model this project can represent; reported as one line, exit status 2."""
 
 
@@ -75,7 +75,7 @@ def resolve(model: str) -> Source:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
-        raise ImportError_(
+        raise UnsupportedModel(
             f"{model} is not a directory; to fetch it from the hub: pip install 'translate-service[import]'"
         ) from exc
     patterns = ["*.json", "*.spm", "*.safetensors", "README.md"]
@@ -87,17 +87,19 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
-    """Our config for a MarianConfig dict; raises ImportError_ for what ours cannot represent."""
+    """Our config for a MarianConfig dict; raises UnsupportedModel for what ours cannot represent."""
     if hf.get("model_type") != "marian":
-        raise ImportError_(f"model_type is {hf.get('model_type')!r}; this importer reads Marian models only")
+        raise UnsupportedModel(f"model_type is {hf.get('model_type')!r}; this importer reads Marian models only")
     if set_flags := [flag for flag in UNSUPPORTED_IF_TRUE if hf.get(flag)]:
-        raise ImportError_(f"config sets {set_flags}, which this project's Transformer does not implement")
+        raise UnsupportedModel(f"config sets {set_flags}, which this project's Transformer does not implement")
     activation = ACTIVATIONS.get(hf.get("activation_function", ""))
     if activation is None:
-        raise ImportError_(f"activation_function {hf.get('activation_function')!r} is not one of {sorted(ACTIVATIONS)}")
+        raise UnsupportedModel(
+            f"activation_function {hf.get('activation_function')!r} is not one of {sorted(ACTIVATIONS)}"
+        )
     pairs = [("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")]
     if unequal := [f"{a} != {b}" for a, b in pairs if hf[a] != hf[b]]:
-        raise ImportError_(f"encoder and decoder differ in shape ({', '.join(unequal)}); not representable")
+        raise UnsupportedModel(f"encoder and decoder differ in shape ({', '.join(unequal)}); not representable")
     shared = hf.get("share_encoder_decoder_embeddings", True)
     target_vocab = hf["vocab_size"] if shared else hf.get("decoder_vocab_size") or hf["vocab_size"]
     return ModelConfig(
@@ -128,7 +130,7 @@ def load_weights(directory: Path) -> dict[str, torch.Tensor]:
         return load_file(str(directory / "model.safetensors"))
     if (directory / "pytorch_model.bin").is_file():
         return dict(torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True))
-    raise ImportError_(f"no model.safetensors or pytorch_model.bin in {directory}")
+    raise UnsupportedModel(f"no model.safetensors or pytorch_model.bin in {directory}")
 
 
 def layer_rename(side: str, rest: str) -> str:
@@ -136,7 +138,7 @@ def layer_rename(side: str, rest: str) -> str:
     index, module, param = _split_layer_key(rest)
     ours = LAYER_NAMES.get(module)
     if ours is None:
-        raise ImportError_(f"unknown {side} layer weight {rest!r}")
+        raise UnsupportedModel(f"unknown {side} layer weight {rest!r}")
     if side == "encoder" and module == "final_layer_norm":
         ours = "norm2"
     return f"{side}.{index}.{ours}{param}"
@@ -146,7 +148,7 @@ def _split_layer_key(rest: str) -> tuple[str, str, str]:
     """`layers.3.self_attn.q_proj.weight` -> ("3", "self_attn", ".q_proj.weight")."""
     match = re.fullmatch(r"layers\.(\d+)\.([a-z_]+\d?)((?:\.[qkv]_proj|\.out_proj)?\.(?:weight|bias))", rest)
     if match is None:
-        raise ImportError_(f"unknown layer weight {rest!r}")
+        raise UnsupportedModel(f"unknown layer weight {rest!r}")
     return match.group(1), match.group(2), match.group(3)
 
 
@@ -158,17 +160,17 @@ def convert_weights(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
     source = weights.pop("encoder.embed_tokens.weight", None)
     target = target if target is not None else shared
     if target is None:
-        raise ImportError_("no decoder or shared embedding table among the weights")
+        raise UnsupportedModel("no decoder or shared embedding table among the weights")
     ours: dict[str, torch.Tensor] = {"embed.weight": target}
     if cfg.src_vocab_size:
         if source is None:
-            raise ImportError_("no encoder embedding table among the weights of a model with two vocabularies")
+            raise UnsupportedModel("no encoder embedding table among the weights of a model with two vocabularies")
         ours["src_embed.weight"] = source
     elif source is not None and not torch.equal(source, target):
-        raise ImportError_("encoder and decoder embeddings differ although the config shares them")
+        raise UnsupportedModel("encoder and decoder embeddings differ although the config shares them")
     lm_head = weights.pop("lm_head.weight", None)
     if lm_head is not None and not torch.equal(lm_head, target):
-        raise ImportError_("lm_head is not tied to the decoder embedding; an untied output is not representable")
+        raise UnsupportedModel("lm_head is not tied to the decoder embedding; an untied output is not representable")
     bias = weights.pop("final_logits_bias", torch.zeros(1, cfg.vocab_size))
     ours["logits_bias"] = bias.reshape(cfg.vocab_size)
     for side in ("encoder", "decoder"):
@@ -176,7 +178,7 @@ def convert_weights(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
     for key, value in weights.items():
         side, _, rest = key.partition(".")
         if side not in ("encoder", "decoder"):
-            raise ImportError_(f"unknown weight {key!r}")
+            raise UnsupportedModel(f"unknown weight {key!r}")
         ours[layer_rename(side, rest)] = value
     return ours
 
@@ -187,7 +189,9 @@ def check_positions(saved: torch.Tensor | None, cfg: ModelConfig) -> None:
         return
     rebuilt = sinusoidal_positions(saved.size(0), cfg.d_model, cfg.position_layout)
     if not torch.allclose(saved, rebuilt, atol=1e-5):
-        raise ImportError_("embed_positions is not the [sin | cos] sinusoid table; learned positions are not supported")
+        raise UnsupportedModel(
+            "embed_positions is not the [sin | cos] sinusoid table; learned positions are not supported"
+        )
 
 
 def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[str, Any]) -> list[list[str]]:
@@ -198,7 +202,7 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
     if not (src and tgt) and (match := re.search(r"opus-mt-(?:tc-[a-z]+-)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)):
         src, tgt = src or match.group(1), tgt or match.group(2)
     if not (src and tgt):
-        raise ImportError_("cannot tell the languages; pass --source-lang and --target-lang")
+        raise UnsupportedModel("cannot tell the languages; pass --source-lang and --target-lang")
     vocab = read_vocab(source.directory / VOCAB_FILE)
     tags = sorted(m.group(1) for piece in vocab if (m := TAG.match(piece)))
     targets = tags if tags and not args.target_lang else [tgt]
@@ -208,13 +212,24 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
 def copy_tokenizer(directory: Path, out: Path) -> None:
     for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
         if not (directory / name).is_file():
-            raise ImportError_(f"missing {name} in {directory}")
+            raise UnsupportedModel(f"missing {name} in {directory}")
         shutil.copyfile(directory / name, out / name)
     if (directory / TARGET_VOCAB_FILE).is_file():
         shutil.copyfile(directory / TARGET_VOCAB_FILE, out / TARGET_VOCAB_FILE)
     vocab = read_vocab(out / VOCAB_FILE)
     if missing := [p for p in (EOS, UNK, PAD) if p not in vocab]:
-        raise ImportError_(f"{directory / VOCAB_FILE} lacks {missing}")
+        raise UnsupportedModel(f"{directory / VOCAB_FILE} lacks {missing}")
+
+
+def check_special_ids(out: Path, cfg: ModelConfig) -> None:
+    """The vocabularies' </s> and <pad> are the config's ids: sources are padded with the pad id and masked
+    where they hold it, so a real piece under that id would vanish from every source."""
+    vocabularies = [out / VOCAB_FILE] + ([out / TARGET_VOCAB_FILE] if (out / TARGET_VOCAB_FILE).is_file() else [])
+    for path in vocabularies:
+        vocab = read_vocab(path)
+        found = {"eos": vocab.get(EOS), "pad": vocab.get(PAD)}
+        if found != {"eos": cfg.eos_id, "pad": cfg.pad_id}:
+            raise UnsupportedModel(f"{path.name} gives </s>, <pad> ids {found}, the config {cfg.eos_id}, {cfg.pad_id}")
 
 
 def generation_defaults(directory: Path, hf: dict[str, Any], pairs: list[list[str]], weights: str) -> dict[str, Any]:
@@ -253,12 +268,13 @@ def import_model(args: argparse.Namespace) -> Path:
     source = resolve(args.model)
     hf = read_json(source.directory / CONFIG_FILE)
     if not hf:
-        raise ImportError_(f"no {CONFIG_FILE} in {source.directory}")
+        raise UnsupportedModel(f"no {CONFIG_FILE} in {source.directory}")
     cfg = model_config(hf, args.max_len)
     weights = convert_weights(load_weights(source.directory), cfg)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(source.directory, out)
+    check_special_ids(out, cfg)
     pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
     (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
     cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})
@@ -284,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         out = import_model(args)
-    except (ImportError_, KeyError) as exc:
+    except (UnsupportedModel, KeyError) as exc:
         print(f"export.hf: error: {exc}", file=sys.stderr)
         return 2
     print(f"imported {args.model} to {out}; next: python -m export --model-dir {out}")

@@ -113,6 +113,7 @@ def test_imported_artifact_records_languages_defaults_and_licence(imported: tupl
         ({"normalize_embedding": True}, "normalize_embedding"),
         ({"model_type": "bart"}, "Marian models only"),
         ({"decoder_ffn_dim": 8}, "encoder_ffn_dim != decoder_ffn_dim"),
+        ({"pad_token_id": 5}, "</s>, <pad> ids"),
     ],
 )
 def test_unrepresentable_models_fail_the_import_clearly(
