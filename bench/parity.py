@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.variants import model_tokenizer, tested_directions
 from model.artifact import load_artifact
 from model.data import read_tsv
 from model.decode import beam_search, normalize
@@ -153,8 +154,6 @@ Case = tuple[list[int], list[int]]  # source ids (tag + pieces + EOS), reference
 
 def parity_cases(tokenizer: TextTokenizer, limit: int | None) -> list[list[Case]]:
     """The first `limit` test pairs in each test-set direction the model translates (de->en, en->de)."""
-    from bench.variants import tested_directions
-
     pairs = read_tsv(TEST_FILE)[:limit]
     return [
         [(tokenizer.encode_source(getattr(p, s), t), tokenizer.encode_target(getattr(p, t))) for p in pairs]
@@ -182,8 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64, provider=args.provider)
     if runner.provider != PROVIDERS[args.provider]:  # onnxruntime falls back to CPU with a warning only
         raise SystemExit(f"asked for the {args.provider} provider, onnxruntime gave {runner.provider}")
-    from bench.variants import model_tokenizer
-
     every = parity_cases(model_tokenizer(args.model_dir), args.limit)
     by_direction = [[c for c in cases if fits(c, runner.spec.max_source_len)] for cases in every]
     if skipped := sum(map(len, every)) - sum(map(len, by_direction)):

@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
 LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
-KV_GRAPH_FILES = (KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 
 Feeds = dict[str, npt.NDArray[np.generic]]
 

@@ -8,7 +8,6 @@ they aggregate across replicas.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -23,6 +22,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TIMED_CODES = ("OK", "DEADLINE_EXCEEDED")  # calls whose duration is the latency a client saw from the service
+STAGES = ("encode", "decode")  # the runner calls padding efficiency is measured for
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -31,8 +31,6 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._gauges_lock = threading.Lock()  # engines report from their own threads
-        self._engine_gauges: dict[str, list[dict[str, int]]] = {}  # model -> each engine's gauge values
         self.requests = Counter(
             "translation_requests_total",
             "Finished RPCs by method, gRPC status code name, language pair and model (empty before routing).",
@@ -154,54 +152,58 @@ class Metrics:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)
 
     def for_model(self, model: str) -> ModelMetrics:
-        """The observer of one more engine of `model`: its series carry `model`; the gauges add up the model's
-        engines (replicas), each of which reports only its own queue, slots and capacity."""
-        with self._gauges_lock:
-            engines = self._engine_gauges.setdefault(model, [])
-            engines.append({"queue_depth": 0, "active_slots": 0, "max_slots": 0})
-            return ModelMetrics(self, model, len(engines) - 1)
-
-    def set_engine_gauges(self, model: str, engine: int, **values: int) -> None:
-        """One engine's gauge values; the series show the sum over the model's engines."""
-        with self._gauges_lock:
-            engines = self._engine_gauges[model]
-            engines[engine].update(values)
-            for name in values:
-                getattr(self, name).labels(model=model).set(sum(e[name] for e in engines))
+        """The observer of one more engine of `model`; its series carry `model`."""
+        return ModelMetrics(self, model)
 
 
 class ModelMetrics:
-    """One engine's series (server.core.observer.EngineObserver), labelled with its model's name."""
+    """One engine's series (server.core.observer.EngineObserver), labelled with its model's name. A model's
+    engines (replicas) share its gauges: each adds the change of its own value, so they show the sum."""
 
-    def __init__(self, metrics: Metrics, model: str, engine: int = 0) -> None:
-        self.metrics, self.model, self.engine = metrics, model, engine
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics, self.model = metrics, model
+        # Children resolved once: the engine reports its load and step every iteration
+        self._queue_depth, self._active_slots = (
+            metrics.queue_depth.labels(model=model),
+            metrics.active_slots.labels(model=model),
+        )
+        self._max_slots = metrics.max_slots.labels(model=model)
+        self._step_duration = metrics.step_duration.labels(model=model)
+        self._step_active_slots = metrics.step_active_slots.labels(model=model)
+        self._encode_duration = metrics.encode_duration.labels(model=model)
+        self._queue_wait = metrics.queue_wait.labels(model=model)
+        self._padding = {stage: metrics.padding_efficiency.labels(stage=stage, model=model) for stage in STAGES}
+        self._reported = {"queue_depth": 0, "active_slots": 0, "max_slots": 0}  # this engine's share of the gauges
 
     def set_capacity(self, max_slots: int) -> None:
-        self.metrics.set_engine_gauges(self.model, self.engine, max_slots=max_slots)
+        self._report("max_slots", self._max_slots, max_slots)
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        self.metrics.set_engine_gauges(self.model, self.engine, queue_depth=queue_depth, active_slots=active_slots)
+        self._report("queue_depth", self._queue_depth, queue_depth)
+        self._report("active_slots", self._active_slots, active_slots)
+
+    def _report(self, name: str, gauge: Gauge, value: int) -> None:
+        gauge.inc(value - self._reported[name])  # each engine reports from its own thread; inc is atomic
+        self._reported[name] = value
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:
         """Seconds each sentence waited for slots, reported once, when it first got them."""
-        histogram = self.metrics.queue_wait.labels(model=self.model)
         for wait in waits:
-            histogram.observe(wait)
+            self._queue_wait.observe(wait)
 
     def observe_step(self, stats: StepStats) -> None:
-        m, model = self.metrics, self.model
-        m.step_duration.labels(model=model).observe(stats.duration_s)
+        self._step_duration.observe(stats.duration_s)
         if stats.encode_real_tokens:
-            m.encode_duration.labels(model=model).observe(stats.encode_duration_s)
+            self._encode_duration.observe(stats.encode_duration_s)
         if stats.active_slots:
-            m.step_active_slots.labels(model=model).observe(stats.active_slots)
+            self._step_active_slots.observe(stats.active_slots)
         self.observe_queue_waits(stats.queue_waits_s)
         for stage, real, padded in (
             ("encode", stats.encode_real_tokens, stats.encode_padded_tokens),
             ("decode", stats.step_real_tokens, stats.step_padded_tokens),
         ):
             if padded:  # apart: decoder steps outnumber encoder calls, and one mean would hide the encoder
-                m.padding_efficiency.labels(stage=stage, model=model).observe(real / padded)
+                self._padding[stage].observe(real / padded)
 
     def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
         m, labels = self.metrics, {"lang_pair": lang_pair, "model": self.model}
