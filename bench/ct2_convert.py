@@ -25,6 +25,7 @@ from safetensors.numpy import load_file
 
 from model.artifact import TOKENIZER_FILE, WEIGHTS_FILE, load_config
 from model.config import ModelConfig
+from model.marian_tokenizer import TARGET_VOCAB_FILE, VOCAB_FILE, read_vocab
 from model.tokenizer import Tokenizer
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which our model uses
@@ -104,7 +105,15 @@ def build_spec(cfg: ModelConfig, w: Weights, vocabulary: list[str]) -> transform
 
 
 def piece_list(model_dir: Path) -> list[str]:
-    """Our SentencePiece pieces in id order: CTranslate2 token i is our id i."""
+    """The model's pieces in id order: CTranslate2 tokens are mapped to our ids through it.
+
+    An imported Marian model lists vocab.json's pieces by id; the benchmark needs one vocabulary for
+    both sides (OPUS-MT's shared layout)."""
+    if load_config(model_dir).tokenizer == "marian":
+        if (model_dir / TARGET_VOCAB_FILE).is_file():
+            raise ValueError(f"{model_dir} has separate source and target vocabularies; the benchmark needs one")
+        by_id = {i: piece for piece, i in read_vocab(model_dir / VOCAB_FILE).items()}
+        return [by_id[i] for i in range(len(by_id))]
     sp = Tokenizer(model_dir / TOKENIZER_FILE).sp
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
@@ -120,6 +129,14 @@ def convert(model_dir: Path, out_dir: Path, quantization: str = "float32") -> Pa
     spec.optimize(quantization=quantization)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(out_dir))
+    return out_dir
+
+
+def convert_transformers(hf_dir: Path, out_dir: Path, quantization: str = "float32") -> Path:
+    """CTranslate2's own converter on a transformers MarianMTModel directory (ct2-transformers-converter)."""
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(str(hf_dir)).convert(str(out_dir), quantization=quantization, force=True)
     return out_dir
 
 
@@ -139,6 +156,7 @@ def translate_ids(
         max_decoding_length=max_len,
         max_batch_size=max_batch_size,
         length_penalty=1.0,
+        min_decoding_length=0,  # EOS may come first, as in our decoder and transformers (CTranslate2's default: 1)
         return_end_token=False,
     )
     return [[index[t] for t in r.hypotheses[0]] for r in results]

@@ -39,6 +39,9 @@ class EngineSettings:
     threads: int  # intra-op threads for every engine
     max_len: int  # most generated tokens per sentence
     max_batch: int  # sentences per batch call
+    # An imported OPUS-MT model's transformers directory: CTranslate2 converts it with its own converter
+    # (ct2-transformers-converter), as its users do; None for our own models (bench.ct2_convert's spec).
+    hf_dir: Path | None = None
 
 
 class PyTorchEngine:
@@ -75,7 +78,7 @@ class CTranslate2Engine:
     def __init__(self, settings: EngineSettings, compute_type: str, work_dir: Path, workers: int = 1) -> None:
         import ctranslate2
 
-        from bench.ct2_convert import convert, piece_list
+        from bench.ct2_convert import convert, convert_transformers, piece_list
 
         if settings.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise Unavailable("CTranslate2 sees no CUDA device")
@@ -84,7 +87,14 @@ class CTranslate2Engine:
         if workers > 1 and (settings.device != "cpu" or settings.threads < workers):
             raise Unavailable(f"{workers} workers need the CPU and {workers}+ threads (at 1 thread: the plain layout)")
         self.name = f"ctranslate2-{compute_type}" + (f"-{workers}workers" if workers > 1 else "")
-        model_path = convert(settings.model_dir, work_dir / self.name, quantization=compute_type)
+        out = work_dir / self.name
+        if load_config(settings.model_dir).tokenizer == "marian":
+            if settings.hf_dir is None:
+                raise Unavailable("an imported model is compared with CTranslate2 converted from its transformers "
+                                  "directory: pass --hf-dir")  # fmt: skip
+            model_path = convert_transformers(settings.hf_dir, out, quantization=compute_type)
+        else:
+            model_path = convert(settings.model_dir, out, quantization=compute_type)
         self.translator = ctranslate2.Translator(
             str(model_path), device=settings.device, compute_type=compute_type, inter_threads=workers,
             intra_threads=max(1, settings.threads // workers),

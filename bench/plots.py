@@ -38,38 +38,49 @@ def _engine_rows(results: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _served_runs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The served variants that ran, by variant."""
+    return {variant: run for variant, run in results["served"].items() if "skipped" not in run}
+
+
 def _served_rows(results: dict[str, Any]) -> list[str]:
-    served = results["served"]
-    if "skipped" in served:
-        return [f"| served (gRPC) | skipped: {served['skipped']} | | | | | |"]
-    cells = []
-    for beam in BEAMS:
-        b = served[f"beam{beam}"]
-        single = b["single"]
-        cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
-    return [f"| served {served['variant']} (gRPC, end to end) | " + " | ".join(cells) + " |"]
+    rows = []
+    for variant, served in results["served"].items():
+        if "skipped" in served:
+            rows.append(f"| served {variant} (gRPC) | skipped: {served['skipped']} | | | | | |")
+            continue
+        cells = []
+        for beam in BEAMS:
+            b = served[f"beam{beam}"]
+            single = b["single"]
+            cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
+        layout = f"{served['engines']} engines x {served['threads_per_engine']} thread"
+        rows.append(f"| served {variant} (gRPC, end to end, {layout}) | " + " | ".join(cells) + " |")
+    return rows
 
 
 def _load_rows(results: dict[str, Any]) -> list[str]:
-    served = results["served"]
-    if "skipped" in served:
+    runs = _served_runs(results)
+    if not runs:
         return []
     rows = [
         "",
-        "Served path under load (beam 4 unless noted; closed = fixed concurrency, open = fixed offered rate):",
+        "Served path under load (closed = fixed concurrency, open = fixed offered rate):",
         "",
-        "| beam | mode | concurrency / offered req/s | achieved req/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | beam | mode | concurrency / offered req/s | achieved req/s | tokens/s | p50 ms | p95 ms | p99 ms "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for beam in BEAMS:
-        b = served[f"beam{beam}"]
-        for run in b["closed"] + b.get("open", []):
-            level = run["concurrency"] if run["mode"] == "closed" else _fmt(run["offered_rate"])
-            rows.append(
-                f"| {beam} | {run['mode']} | {level} | {_fmt(run['achieved_rps'])} | {_fmt(run['tokens_per_s'])} | "
-                f"{_fmt(run['p50_ms'], 0)} | {_fmt(run['p95_ms'], 0)} | {_fmt(run['p99_ms'], 0)} | "
-                f"{run['errors'] or 0} |"
-            )
+    for variant, served in runs.items():
+        for beam in BEAMS:
+            b = served[f"beam{beam}"]
+            for run in b["closed"] + b.get("open", []):
+                level = run["concurrency"] if run["mode"] == "closed" else _fmt(run["offered_rate"])
+                rows.append(
+                    f"| {variant} | {beam} | {run['mode']} | {level} | {_fmt(run['achieved_rps'])} | "
+                    f"{_fmt(run['tokens_per_s'])} | {_fmt(run['p50_ms'], 0)} | {_fmt(run['p95_ms'], 0)} | "
+                    f"{_fmt(run['p99_ms'], 0)} | {run['errors'] or 0} |"
+                )
     return rows
 
 
@@ -86,13 +97,25 @@ def _coverage_notes(results: dict[str, Any]) -> list[str]:
 
 
 def _ratio_rows(results: dict[str, Any]) -> list[str]:
-    rows = ["", "Ratios to CTranslate2 (throughput: higher is better; latency: lower is better):", ""]
-    rows += ["| baseline | beam | engine | throughput ratio | p50 latency ratio |", "|---|---|---|---|---|"]
-    for baseline, per_beam in results["ratios_to_ctranslate2"].items():
-        for key, per_engine in per_beam.items():
-            for name, r in per_engine.items():
+    rows = [
+        "",
+        "Ratios to CTranslate2 at the same precision, in its best layout for each measure (throughput: higher is"
+        " better; single-sentence p50 latency: lower is better):",
+        "",
+        "| precision | beam | CTranslate2 tokens/s (layout) | CTranslate2 p50 ms (layout) | ours | throughput ratio "
+        "| p50 latency ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for compute_type, per_beam in results["ratios_to_ctranslate2"].items():
+        for key, row in per_beam.items():
+            base = row["ctranslate2"]
+            for name, r in row.items():
+                if name == "ctranslate2":
+                    continue
                 rows.append(
-                    f"| {baseline} | {key[4:]} | {name} | {_fmt(r['throughput'], 2)} | {_fmt(r['latency_p50'], 2)} |"
+                    f"| {compute_type} | {key[4:]} | {_fmt(base['tokens_per_s'])} ({base['throughput_layout']}) | "
+                    f"{_fmt(base['p50_ms'])} ({base['latency_layout']}) | {name} | {_fmt(r['throughput'], 2)} | "
+                    f"{_fmt(r['latency_p50'], 2)} |"
                 )
     return rows
 
@@ -105,7 +128,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
         f"Device {s['device']}, {s['threads']} threads per engine, batch {s['max_batch']} sentences, "
-        f"max {s['max_len']} tokens, {results['sentences']} test sentences (both directions); "
+        f"max {s['max_len']} tokens, {results['sentences']} test sentences (the model's directions); "
         f"weights sha256 {results['model_sha256'][:12]}; wall {results['wall_s']:.0f} s"
         + (" (--quick: smoke-test budgets, not comparable numbers)" if s["quick"] else ""),
         "",
@@ -137,20 +160,16 @@ def _offline_lines(ax: Any, results: dict[str, Any], beam: int) -> None:
 
 
 def plot_throughput(results: dict[str, Any], out: Path) -> Path:
-    """Served tokens/s vs concurrency per beam, with offline engines as reference lines."""
+    """Served tokens/s vs concurrency per beam and variant, with offline engines as reference lines."""
     fig, axes = plt.subplots(1, len(BEAMS), figsize=(12, 4.5))
-    served = results["served"]
+    served = _served_runs(results)
     for ax, beam in zip(axes, BEAMS, strict=True):
         _offline_lines(ax, results, beam)
-        if f"beam{beam}" in served:
-            runs = served[f"beam{beam}"]["closed"]
-            ax.plot(
-                [r["concurrency"] for r in runs],
-                [r["tokens_per_s"] for r in runs],
-                "o-",
-                color="C0",
-                label="served (gRPC)",
-            )
+        for variant, run in served.items():
+            closed = run[f"beam{beam}"]["closed"]
+            x, y = [r["concurrency"] for r in closed], [r["tokens_per_s"] for r in closed]
+            style = {"color": "k" if variant == "int8" else "C0", "marker": "o" if variant == "int8" else "s"}
+            ax.plot(x, y, "-", **style, label=f"served {variant} (gRPC)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")  # engines differ by orders of magnitude
         ax.set_xlabel("concurrent requests")
@@ -165,15 +184,17 @@ def plot_throughput(results: dict[str, Any], out: Path) -> Path:
 
 
 def plot_latency(results: dict[str, Any], out: Path) -> Path:
-    """Served p50/p95/p99 latency vs offered request rate (open loop, beam 4)."""
+    """Served p50/p99 latency vs offered request rate (open loop, beam 4), per variant."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    runs = results["served"].get("beam4", {}).get("open", [])
-    for key in ("p50_ms", "p95_ms", "p99_ms"):
-        ax.plot([r["offered_rate"] for r in runs], [r[key] for r in runs], "o-", label=key.split("_")[0])
+    served = _served_runs(results)
+    for variant, run in served.items():
+        runs = run["beam4"].get("open", [])
+        for key in ("p50_ms", "p99_ms"):
+            ax.plot([r["offered_rate"] for r in runs], [r[key] for r in runs], "o-", label=f"{variant} {key[:3]}")
     ax.set_xlabel("offered requests / s (one sentence each)")
     ax.set_ylabel("latency ms")
     ax.set_title("served latency vs offered load, beam 4")
-    if runs:
+    if served:
         ax.legend()
     else:
         ax.text(0.5, 0.5, "served path skipped", ha="center", transform=ax.transAxes)

@@ -7,9 +7,13 @@ the same way for all. Single-request latency is a batch of one, sentence after s
 same first sentences for every engine and the served path. The served path starts `translate-server`
 on loopback and drives it with bench.loadgen: one request at a time (latency), closed loop at rising
 concurrency (throughput at saturation), open loop with Poisson arrivals at fractions of that rate
-(latency percentiles vs offered load). Every engine uses the same thread count.
+(latency percentiles vs offered load). Every engine uses the same thread count; the server spends it
+as one single-threaded engine per thread on CPU, its default layout. The served path runs once per
+precision CTranslate2 runs at, and the ratios compare equal precisions, CTranslate2 in its best layout.
 
 Usage: python -m bench.run --model-dir model/shipped --out bench/results [--quick] [--device cpu|cuda]
+An imported OPUS-MT model: add --hf-dir with the transformers directory it was imported from
+(bench.opus_size builds, imports, exports and measures one at opus-mt-de-en's shape).
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench import engines, loadgen
 from bench.loadgen import Query, p99, percentile
-from model.artifact import TOKENIZER_FILE, load_config, weights_sha256
-from model.tokenizer import Tokenizer
+from model.artifact import load_config, weights_sha256
+from model.tokenizer import open_tokenizer
 
 log = logging.getLogger("bench")
 BEAMS = (1, 4)
@@ -64,17 +68,19 @@ class Workload:
 
 
 def load_workload(model_dir: Path, tsv: Path, limit: int) -> Workload:
-    """The first `limit` test sentences (0 = all) that fit the model's source length."""
-    tok = Tokenizer(model_dir / TOKENIZER_FILE)
-    max_len = load_config(model_dir).max_len
+    """The first `limit` test sentences (0 = all) in the model's language pairs that fit its source length."""
+    config = load_config(model_dir)
+    tok = open_tokenizer(model_dir, config.tokenizer)
+    pairs = set(tok.pairs)
     kept = [
         (q, ids)
         for q in loadgen.load_queries(tsv)
-        if len(ids := tok.encode_source(q.text, q.target_language)) <= max_len
+        if (q.source_language, q.target_language) in pairs
+        and len(ids := tok.encode_source(q.text, q.target_language)) <= config.max_len
     ]
     kept = kept[: limit or None]
     if not kept:
-        raise ValueError(f"no sentence of {tsv} fits the model's {max_len} source tokens")
+        raise ValueError(f"no sentence of {tsv} in the pairs {sorted(pairs)} fits the model's {config.max_len} tokens")
     return Workload([ids for _, ids in kept], [q for q, _ in kept])
 
 
@@ -156,13 +162,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
+    """(engines, intra-op threads each) for the served path: on CPU one single-threaded engine per thread
+    of the budget (the server's own default on a node of that many cores, and CTranslate2's throughput
+    layout); on CUDA one engine."""
+    return (settings.threads, 1) if settings.device == "cpu" else (1, settings.threads)
+
+
 def start_server(settings: engines.EngineSettings, port: int, variant: str) -> subprocess.Popen[bytes]:
     """`translate-server` on loopback; returns once it reports SERVING."""
+    n_engines, threads = served_layout(settings)
     cmd = [
         sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
-        "--threads", str(settings.threads), "--max-queue", "100000", "--log-level", "WARNING",
-        # as many decoding rows as one offline batch of beam-4 sentences: the same work per step as the offline engines
+        "--engines", str(n_engines), "--threads", str(threads), "--max-queue", "100000", "--log-level", "WARNING",
+        # per engine, as many decoding rows as one offline batch of beam-4 sentences: the offline engines' work per step
         "--max-slots", str(settings.max_batch * 4),
     ]  # fmt: skip
     log.info("starting %s", shlex.join(cmd))
@@ -221,15 +235,26 @@ async def load_sweep(address: str, work: Workload, budget: Budget, max_len: int)
     return results
 
 
-def bench_served(settings: engines.EngineSettings, work: Workload, budget: Budget, variant: str) -> dict[str, Any]:
+def bench_served(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, variants: list[str]
+) -> dict[str, Any]:
+    """The served path per variant: one server each, started and stopped in turn."""
+    return {variant: bench_served_variant(settings, work, budget, variant) for variant in variants}
+
+
+def bench_served_variant(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, variant: str
+) -> dict[str, Any]:
     reason = served_unavailable(settings, variant)
     if reason:
-        log.warning("skipping the served path: %s", reason)
+        log.warning("skipping the served %s path: %s", variant, reason)
         return {"skipped": reason}
     port = free_port()
     proc = start_server(settings, port, variant)
+    n_engines, threads = served_layout(settings)
     try:
-        return {"variant": variant, **asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len))}
+        sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len))
+        return {"variant": variant, "engines": n_engines, "threads_per_engine": threads, **sweep}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -254,44 +279,65 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions}
 
 
-def ratios_to(offline: dict[str, Any], served: dict[str, Any], ct2: str) -> dict[str, Any]:
-    """Each engine's throughput and p50 latency relative to `ct2` (throughput: higher is better)."""
-    out: dict[str, Any] = {}
-    base = offline.get(ct2, {})
-    for key in (f"beam{beam}" for beam in BEAMS if f"beam{beam}" in base):
-        ref_tps, ref_p50 = base[key]["throughput"]["tokens_per_s"], base[key]["latency"]["p50_ms"]
-        row = {
-            name: {
-                "throughput": e[key]["throughput"]["tokens_per_s"] / ref_tps,
-                "latency_p50": e[key]["latency"]["p50_ms"] / ref_p50,
-            }
-            for name, e in offline.items()
-            if key in e and name != ct2
-        }
-        if key in served:
-            single = served[key]["single"]  # the offline engines' latency sentences, one request at a time
-            row["served"] = {
-                "throughput": served[key]["saturation_tokens_per_s"] / ref_tps,
-                "latency_p50": single["p50_ms"] / ref_p50,
-            }
-        out[key] = row
-    return out
+# CTranslate2 compute type -> our variant of the same precision
+SAME_PRECISION = {"float32": "fp32", "int8": "int8", "float16": "fp16"}
+
+
+def best_layout(offline: dict[str, Any], compute_type: str, key: str) -> dict[str, Any] | None:
+    """CTranslate2's best throughput and best p50 over its layouts (one worker, one worker per thread)."""
+    runs = {
+        name: offline[name][key]
+        for name in (f"ctranslate2-{compute_type}", f"ctranslate2-{compute_type}-workers")
+        if key in offline.get(name, {})
+    }
+    if not runs:
+        return None
+    fastest = max(runs, key=lambda name: runs[name]["throughput"]["tokens_per_s"])
+    quickest = min(runs, key=lambda name: runs[name]["latency"]["p50_ms"])
+    return {
+        "tokens_per_s": runs[fastest]["throughput"]["tokens_per_s"], "throughput_layout": fastest,
+        "p50_ms": runs[quickest]["latency"]["p50_ms"], "latency_layout": quickest,
+    }  # fmt: skip
 
 
 def ratios(offline: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
-    """Ratios against every CTranslate2 compute type that ran."""
-    return {name: ratios_to(offline, served, name) for name in offline if name.startswith("ctranslate2")}
+    """Ours against CTranslate2 at the same precision, CTranslate2 in its best layout for each measure:
+    throughput (higher is better) and single-sentence p50 latency (lower is better)."""
+    out: dict[str, Any] = {}
+    for compute_type, variant in SAME_PRECISION.items():
+        per_beam: dict[str, Any] = {}
+        for key in (f"beam{beam}" for beam in BEAMS):
+            base = best_layout(offline, compute_type, key)
+            if base is None:
+                continue
+            row: dict[str, Any] = {"ctranslate2": base}
+            ours = offline.get(f"onnx-{variant}", {})
+            if key in ours:
+                row[f"onnx-{variant}"] = {
+                    "throughput": ours[key]["throughput"]["tokens_per_s"] / base["tokens_per_s"],
+                    "latency_p50": ours[key]["latency"]["p50_ms"] / base["p50_ms"],
+                }
+            path = served.get(variant, {})
+            if key in path:
+                row[f"served-{variant}"] = {
+                    "throughput": path[key]["saturation_tokens_per_s"] / base["tokens_per_s"],
+                    "latency_p50": path[key]["single"]["p50_ms"] / base["p50_ms"],
+                }
+            per_beam[key] = row
+        if per_beam:
+            out[compute_type] = per_beam
+    return out
 
 
-def served_variant(requested: str, model_dir: Path, device: str) -> str:
-    """`auto`: the device's quantized variant when it is exported (int8 on CPU, fp16 on CUDA), else fp32."""
+def served_variants(requested: str, device: str) -> list[str]:
+    """`auto`: each precision CTranslate2 is measured at on the device (fp32 and int8 on CPU, fp32 and fp16 on CUDA)."""
     if requested != "auto":
-        return requested
-    preferred = "int8" if device == "cpu" else "fp16"
-    return preferred if (model_dir / "onnx" / preferred / "decoder_step.onnx").is_file() else "fp32"
+        return [v for v in requested.split(",") if v]
+    return ["fp32", "int8"] if device == "cpu" else ["fp32", "fp16"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, command: str = "") -> None:
+    """`command`: what to record as the measuring command, when a wrapper (bench.opus_size) calls this."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"))
     parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
@@ -301,21 +347,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32, help="sentences per offline batch")
     parser.add_argument("--max-len", type=int, default=128, help="most generated tokens per sentence")
     parser.add_argument("--sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
-    parser.add_argument("--served-variant", default="auto", help="variant the server loads")
+    parser.add_argument("--served-variants", default="auto", help="variants served in turn, e.g. fp32,int8")
+    parser.add_argument("--hf-dir", type=Path, help="an imported model's transformers directory (CTranslate2's source)")
     parser.add_argument("--quick", action="store_true", help="seconds instead of minutes (smoke test)")
+    parser.add_argument("--latency-requests", type=int, default=0, help="single-sentence requests (0 = the budget's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     budget = QUICK if args.quick else FULL
-    settings = engines.EngineSettings(args.model_dir, args.device, args.threads, args.max_len, args.batch)
+    if args.latency_requests:
+        budget = replace(budget, latency_requests=args.latency_requests)
+    settings = engines.EngineSettings(
+        args.model_dir, args.device, args.threads, args.max_len, args.batch, hf_dir=args.hf_dir
+    )
     work = load_workload(args.model_dir, args.data, args.sentences)
     started = time.perf_counter()
     offline = bench_offline(settings, work, budget)
-    served = bench_served(settings, work, budget, served_variant(args.served_variant, args.model_dir, args.device))
+    served = bench_served(settings, work, budget, served_variants(args.served_variants, args.device))
     results = {
-        "command": shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
-        "settings": {**asdict(settings), "model_dir": str(settings.model_dir), "quick": args.quick},
+        "settings": {
+            **asdict(settings),
+            "model_dir": str(settings.model_dir),
+            "hf_dir": str(args.hf_dir or ""),
+            "quick": args.quick,
+        },
         "model_sha256": weights_sha256(args.model_dir),
         "sentences": len(work.sources),
         "budget": asdict(budget),

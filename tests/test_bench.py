@@ -6,7 +6,9 @@ import asyncio
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import ctranslate2
 import grpc
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from bench.ct2_convert import convert, piece_list, translate_ids
+from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
 from model.artifact import load_artifact
 from model.decode import beam_search
@@ -211,3 +214,63 @@ def test_cache_shape_ab_refuses_timings_of_different_work(tiny_exported_dir: Pat
     sources = cache_shape.load_workload(tiny_exported_dir, Path("data/test.tsv"), 2).sources
     with pytest.raises(RuntimeError, match="growing chose other tokens than the slot cache at step 5"):
         measure(decoders, Case("fp32", 2, 4, 6), sources, repeats=1)
+
+
+def _offline(tps: float, p50: float) -> dict[str, Any]:
+    return {f"beam{b}": {"throughput": {"tokens_per_s": tps * b}, "latency": {"p50_ms": p50 * b}} for b in (1, 4)}
+
+
+def test_ratios_compare_equal_precisions_with_ctranslate2_in_its_best_layout() -> None:
+    """Throughput against CTranslate2's faster layout, latency against its quicker one, precision for precision."""
+    from bench.run import ratios
+
+    offline = {
+        "ctranslate2-float32": _offline(100, 10),  # the quicker layout for one sentence
+        "ctranslate2-float32-workers": _offline(200, 20),  # the faster one under load
+        "ctranslate2-int8": _offline(300, 5),
+        "onnx-fp32": _offline(50, 15),
+        "onnx-int8": _offline(150, 10),
+    }
+    served = {
+        "fp32": {f"beam{b}": {"saturation_tokens_per_s": 400.0 * b, "single": {"p50_ms": 12.0 * b}} for b in (1, 4)},
+        "int8": {"skipped": "no int8 export"},
+    }
+    result = ratios(offline, served)
+    beam1 = result["float32"]["beam1"]
+    assert beam1["ctranslate2"]["throughput_layout"] == "ctranslate2-float32-workers"
+    assert beam1["ctranslate2"]["latency_layout"] == "ctranslate2-float32"
+    assert beam1["served-fp32"] == pytest.approx({"throughput": 2.0, "latency_p50": 1.2})
+    assert beam1["onnx-fp32"] == pytest.approx({"throughput": 0.25, "latency_p50": 1.5})
+    int8 = result["int8"]["beam4"]
+    assert set(int8) == {"ctranslate2", "onnx-int8"}  # the skipped served int8 has no ratio
+    assert int8["onnx-int8"] == pytest.approx({"throughput": 0.5, "latency_p50": 2.0})
+
+
+def test_served_layout_is_one_single_threaded_engine_per_thread_on_cpu(tiny_model_dir: Path) -> None:
+    from bench.engines import EngineSettings
+    from bench.run import served_layout, served_variants
+
+    assert served_layout(EngineSettings(tiny_model_dir, "cpu", 2, 8, 4)) == (2, 1)
+    assert served_layout(EngineSettings(tiny_model_dir, "cuda", 2, 8, 4)) == (1, 2)
+    assert served_variants("auto", "cpu") == ["fp32", "int8"] and served_variants("fp32", "cpu") == ["fp32"]
+
+
+def test_ctranslate2_from_its_own_converter_decodes_an_import_as_our_model_does(tmp_path: Path) -> None:
+    """The OPUS-MT-size comparison's footing on a tiny random Marian model: CTranslate2 converts the transformers
+    directory itself and decodes the same ids as our import under PyTorch, greedy and beam 4."""
+    from bench.engines import CTranslate2Engine, EngineSettings, PyTorchEngine
+    from bench.marian_random import build_marian_dir
+    from export.hf import main as import_main
+    from model.marian_tokenizer import MarianTokenizer
+
+    hf_dir = build_marian_dir(tmp_path / "hf")
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours")]) == 0
+    settings = EngineSettings(tmp_path / "ours", "cpu", 1, 12, 4, hf_dir=hf_dir)
+    tok = MarianTokenizer(tmp_path / "ours")
+    sources = [tok.encode_source(de, "en") for de, _ in TINY_PAIRS[:8]]
+    ct2 = CTranslate2Engine(settings, "float32", tmp_path / "ct2")
+    reference = PyTorchEngine(settings)
+    for beam in (1, 4):
+        assert ct2.translate(sources, beam) == reference.translate(sources, beam)
+    with pytest.raises(Unavailable, match="--hf-dir"):
+        CTranslate2Engine(replace(settings, hf_dir=None), "float32", tmp_path / "ct2-none")

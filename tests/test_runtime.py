@@ -147,7 +147,8 @@ def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
         tokens = [int(t) for t in rng.integers(4, 60, len(slots))]
         host_out, device_out = (r.step_log_probs(slots, tokens, positions) for r in runners)
         np.testing.assert_allclose(device_out, host_out, rtol=0, atol=1e-5)
-        parents = [int(p) for p in rng.choice([0, 1, 2, 4], size=3)]  # copies within and across sources
+        encoded = [0, 1, 2, 4] if step >= 2 else [0, 1, 2]  # every stepped row has a source, as in serving
+        parents = [int(p) for p in rng.choice(encoded, size=3)]  # copies within and across sources
         for r in runners:
             r.copy_slots(parents, [0, 1, 2])
     host_runner, device_runner = runners

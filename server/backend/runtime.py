@@ -12,7 +12,9 @@ attention weights, and a weight of 0 times a stale NaN or inf is NaN. Without th
 whose activations overflowed would poison every later occupant of its slots.
 
 Two places for the caches, same bookkeeping and same results:
-- `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device.
+- `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device. Its
+  cross-attention feed is kept from step to step (`server.backend.cross_lanes`): only rows whose
+  source is new to the step are copied, not every row at every change of the batch.
 - `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
   export's weightless kv_* graphs through IO binding. On CUDA a step then transfers only token ids
   and positions in and each row's few best candidates out, never the caches.
@@ -40,6 +42,7 @@ from model.directory import (
     read_metadata,
 )
 from server.backend import KV_CACHES
+from server.backend.cross_lanes import CrossLanes
 from server.core.runner import Candidates, EncodeItem, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
 LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
+ROW_FEEDS = ("tokens", "positions", "past_keep", "row_scores")  # decoder inputs with one row per stepped row
 
 Feeds = dict[str, npt.NDArray[np.generic]]
 
@@ -247,7 +251,9 @@ class OnnxRunner:
     def _open_caches(self, variant_dir: Path) -> None:
         self.self_kv = [np.zeros(self.self_shape, self.dtype) for _ in range(2 * self.n_layers)]
         self.cross_kv = [np.zeros(self.cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
-        self._cross_feeds: Feeds = {}
+        meta = self.metadata
+        self.lanes = CrossLanes(2 * self.n_layers, self.max_slots, meta.n_heads, meta.head_dim, meta.max_source_len,
+                                self.dtype)  # fmt: skip
 
     def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
         """Run the encoder on (N, S) ids; slot `slots[j]` gets the cross keys/values of row `item_of_slot[j]`."""
@@ -258,18 +264,27 @@ class OnnxRunner:
     def _decode(
         self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
     ) -> list[np.ndarray]:
-        if (key := self._cross_key(rows, src_len)) != self._cross_gather_key:
-            cross = zip(self.cross_names, self.cross_kv, strict=True)
-            self._cross_feeds = {name: cache[rows, :, :src_len] for name, cache in cross}
-            self._cross_gather_key = key
+        """Step the rows in lane order (`CrossLanes`): the cross feed is kept from the last step, the rest is
+        permuted to match, and the outputs are put back in the caller's row order."""
+        lane_of_row = self.lanes.place(self.source_key[rows], rows, src_len, self._fetch_cross, self._fetch_mask)
+        order = np.argsort(lane_of_row)  # lane j steps the caller's row order[j]
+        rows, pos = rows[order], pos[order]
+        in_lanes = {name: feeds[name][order] for name in ROW_FEEDS}
+        cross_arrays, src_mask = self.lanes.feeds(rows.size)
+        cross = dict(zip(self.cross_names, cross_arrays, strict=True))
         past = {name: cache[rows, :, :past_len] for name, cache in zip(self.past_names, self.self_kv, strict=True)}
-        src_mask = self.src_mask[rows, :src_len]
-        outputs = self.decoder.run(
-            [*wanted, *self.new_names], feeds | past | self._cross_feeds | {"src_mask": src_mask}
-        )
+        extra = {"top_k": feeds["top_k"], "src_mask": src_mask}
+        outputs = self.decoder.run([*wanted, *self.new_names], in_lanes | extra | past | cross)
         for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
-        return list(outputs[: len(wanted)])
+        return [out[lane_of_row] for out in outputs[: len(wanted)]]
+
+    def _fetch_cross(self, slots: np.ndarray, lanes: np.ndarray, length: int) -> None:
+        for lane_array, cache in zip(self.lanes.arrays, self.cross_kv, strict=True):
+            lane_array[lanes] = cache[slots, :, :length]
+
+    def _fetch_mask(self, slots: np.ndarray, length: int) -> np.ndarray:
+        return self.src_mask[slots, :length]
 
     def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
         for cache in self.self_kv if kind == "self" else self.cross_kv:
