@@ -153,17 +153,25 @@ def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
     assert records[1].sent >= 0.25 and records[1].sent - records[1].start >= 0.2  # and the record says so
 
 
-def test_bench_pipeline_end_to_end_quick(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """--quick on the tiny model: results.json, results.md and both plots; CT2 agrees with PyTorch."""
+def test_bench_pipeline_end_to_end_quick(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    """--quick on the tiny model: results.json, results.md and both plots; CT2 agrees with PyTorch; the served
+    path runs once per precision with the server's CPU layout and is compared precision for precision."""
     from bench.run import main
 
     out = tmp_path / "results"
-    main(["--model-dir", str(tiny_model_dir), "--out", str(out), "--quick", "--sentences", "4", "--max-len", "6"])
+    main(["--model-dir", str(tiny_exported_dir), "--out", str(out), "--quick", "--sentences", "4", "--max-len", "6"])
     results = json.loads((out / "results.json").read_text())
     ct2 = results["offline"]["ctranslate2-float32"]["beam1"]
     assert ct2["throughput"]["sentences"] == 4 and ct2["throughput"]["tokens_per_s"] > 0
     assert ct2["agreement_with_pytorch"]["rate"] == 1.0
-    assert "ctranslate2-float32" in (out / "results.md").read_text()
+    for variant in ("fp32", "int8"):
+        served = results["served"][variant]
+        assert (served["engines"], served["threads_per_engine"]) == (2, 1)
+        assert served["beam4"]["saturation_tokens_per_s"] > 0
+        assert not any(run["errors"] for run in served["beam4"]["closed"])
+    assert set(results["ratios_to_ctranslate2"]["float32"]["beam1"]) == {"ctranslate2", "onnx-fp32", "served-fp32"}
+    markdown = (out / "results.md").read_text()
+    assert "ctranslate2-float32" in markdown and "served-int8" in markdown
     for png in ("throughput_vs_concurrency.png", "latency_vs_load.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
