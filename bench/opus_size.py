@@ -11,6 +11,7 @@ average). Sources are the test set's German side (de -> en, 667 sentences, 14.6 
 Single-sentence latency runs over the first 100 sentences (bench.run's default budget: 200).
 
 Everything built goes under --work (default: a temporary directory), nothing into the tree.
+`--shape tiny` runs the same pipeline on a tiny random model in about a minute (the test's smoke run).
 """
 
 from __future__ import annotations
@@ -23,21 +24,21 @@ import tempfile
 from pathlib import Path
 
 from bench import run
-from bench.marian_random import build_marian_dir
+from bench.marian_random import SHAPES, build_marian_dir
 
 log = logging.getLogger("bench")
 SHAPE = "opus-mt-de-en"
 
 
-def prepare(work: Path, variants: str = "fp32,int8") -> tuple[Path, Path]:
+def prepare(work: Path, variants: str = "fp32,int8", shape: str = SHAPE) -> tuple[Path, Path]:
     """(transformers directory, our exported model directory), built once under `work`."""
     from export.__main__ import main as export_main
     from export.hf import main as import_main
 
     hf_dir, model_dir = work / "hf", work / "model"
     if not (hf_dir / "model.safetensors").is_file():
-        log.info("building a random %s MarianMTModel in %s", SHAPE, hf_dir)
-        build_marian_dir(hf_dir, shape=SHAPE)
+        log.info("building a random %s MarianMTModel in %s", shape, hf_dir)
+        build_marian_dir(hf_dir, shape=shape)
     imported = (model_dir / "config.json").is_file()
     if not imported and import_main(["--model", str(hf_dir), "--out", str(model_dir)]) != 0:
         raise RuntimeError(f"importing {hf_dir} failed")
@@ -50,10 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results/opus-mt-de-en"))
     parser.add_argument("--work", type=Path, help="where the models are built (kept, and reused when present)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=SHAPE, help="tiny: the pipeline's smoke test")
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-opus-"))
-    hf_dir, model_dir = prepare(work)
+    hf_dir, model_dir = prepare(work, shape=args.shape)
     defaults = [] if "--max-len" in rest else ["--max-len", "16"]
     defaults += [] if "--latency-requests" in rest else ["--latency-requests", "100"]
     command = shlex.join(["python", "-m", "bench.opus_size", *(argv if argv is not None else sys.argv[1:])])

@@ -282,3 +282,19 @@ def test_ctranslate2_from_its_own_converter_decodes_an_import_as_our_model_does(
         assert ct2.translate(sources, beam) == reference.translate(sources, beam)
     with pytest.raises(Unavailable, match="--hf-dir"):
         CTranslate2Engine(replace(settings, hf_dir=None), "float32", tmp_path / "ct2-none")
+
+
+def test_opus_size_pipeline_builds_imports_exports_and_serves_an_opus_mt_model(tmp_path: Path) -> None:
+    """bench.opus_size end to end at the tiny shape: a transformers directory, its import and export, and
+    bench.run over it with CTranslate2 from its own converter and the server routing de -> en to it."""
+    from bench.opus_size import main
+
+    out = tmp_path / "results"
+    main(["--shape", "tiny", "--work", str(tmp_path / "work"), "--out", str(out), "--quick", "--sentences", "4"])
+    results = json.loads((out / "results.json").read_text())
+    assert results["command"].startswith("python -m bench.opus_size --shape tiny")
+    assert results["settings"]["max_len"] == 16 and results["sentences"] == 4
+    assert results["offline"]["ctranslate2-float32"]["beam1"]["agreement_with_pytorch"]["rate"] == 1.0
+    for variant in ("fp32", "int8"):
+        closed = results["served"][variant]["beam1"]["closed"]
+        assert closed and all(run["ok"] == run["requests"] > 0 for run in closed)
