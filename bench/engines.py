@@ -58,12 +58,15 @@ class PyTorchEngine:
         self.name = "pytorch-eager"
         self.model = load_artifact(settings.model_dir, settings.device)
         self.max_len = settings.max_len
+        self.device = torch.device(settings.device)
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
         from model.decode import beam_search
 
-        # The reference decoder has no batch dimension: it is the spec, not a server.
-        return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
+        # The reference decoder has no batch dimension: it is the spec, not a server. Its tensors are made
+        # on the default device, which is the model's here.
+        with self.device:
+            return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
 
 
 class CTranslate2Engine:
@@ -76,7 +79,10 @@ class CTranslate2Engine:
     """
 
     def __init__(self, settings: EngineSettings, compute_type: str, work_dir: Path, workers: int = 1) -> None:
-        import ctranslate2
+        try:
+            import ctranslate2
+        except ImportError as err:
+            raise Unavailable(f"ctranslate2 is not installed ({err})") from err
 
         from bench.ct2_convert import convert, convert_transformers, piece_list
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -47,15 +48,18 @@ class StepResult:
 
 
 def install_wheel(parts: Path, site: Path) -> list[str]:
-    """The command that installs the wheel its parts join into (`X.whl.partaa`, ... -> `X.whl`)."""
-    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".whl" in p.name)
+    """The command that installs the wheel its parts join into (`X.whl.partaa`, ... -> `X.whl`), with every
+    whole wheel beside them (`Y.whl`: the serving dependencies the node lacks, e.g. grpcio-reflection)."""
+    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".whl." in p.name)
     if not pieces:
         raise SystemExit(f"no wheel parts (NAME.whl.*) in {parts}")
     wheel = Path(tempfile.mkdtemp()) / (pieces[0].name.split(".whl")[0] + ".whl")
     with wheel.open("wb") as out:
         for piece in pieces:
             out.write(piece.read_bytes())
-    return [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+    whole = sorted(str(p) for p in parts.iterdir() if p.is_file() and p.name.endswith(".whl"))
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site)]
+    return [*pip, str(wheel), *whole]
 
 
 def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
@@ -71,7 +75,7 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
-                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else [])],
+                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *args.bench_args],
     }  # fmt: skip
     if args.wheel_parts is not None:
         commands = {"install": install_wheel(args.wheel_parts, site)} | commands
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--steps", type=lambda s: s.split(","), default=list(STEPS), help=",".join(STEPS))
     parser.add_argument("--quick", action="store_true", help="the benchmark's smoke-test size")
+    parser.add_argument("--bench-args", type=shlex.split, default=[], help="more bench.run options, one string")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     site = args.out.resolve() / "site"

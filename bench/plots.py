@@ -97,6 +97,8 @@ def _coverage_notes(results: dict[str, Any]) -> list[str]:
 
 
 def _ratio_rows(results: dict[str, Any]) -> list[str]:
+    if not results["ratios_to_ctranslate2"]:
+        return ["", "Ratios to CTranslate2: none, CTranslate2 was not measured on this machine (see the skipped rows)."]
     rows = [
         "",
         "Ratios to CTranslate2 at the same precision, in its best layout for each measure (throughput: higher is"
@@ -125,7 +127,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     s = results["settings"]
     header = [
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; "
+        f"Machine: {m['cpu']}, {m['cores']} cores{', ' + m['gpu'] if m.get('gpu') else ''}, {m['platform']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
         f"Device {s['device']}, {s['threads']} threads per engine, batch {s['max_batch']} sentences, "
         f"max {s['max_len']} tokens, {results['sentences']} test sentences (the model's directions); "

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -266,17 +268,26 @@ def machine() -> dict[str, Any]:
     if cpuinfo.is_file():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
         cpu = names[0] if names else cpu
-    import ctranslate2
-    import torch
-
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "ctranslate2": ctranslate2.__version__}
-    try:
+    versions = {"python": platform.python_version()}
+    for package in ("torch", "ctranslate2"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    try:  # the module that runs, which on a GPU node may be an onnxruntime-gpu put first on the path
         import onnxruntime
 
-        versions["onnxruntime"] = onnxruntime.__version__
+        cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+        versions["onnxruntime"] = onnxruntime.__version__ + (" (CUDA)" if cuda else "")
     except ImportError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions}
+    found = {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            found["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return found
 
 
 # CTranslate2 compute type -> our variant of the same precision
@@ -351,12 +362,18 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--hf-dir", type=Path, help="an imported model's transformers directory (CTranslate2's source)")
     parser.add_argument("--quick", action="store_true", help="seconds instead of minutes (smoke test)")
     parser.add_argument("--latency-requests", type=int, default=0, help="single-sentence requests (0 = the budget's)")
+    parser.add_argument("--offline-s", type=float, default=0, help="seconds per engine and beam (0 = budget's)")
+    parser.add_argument("--load-s", type=float, default=0, help="seconds per loadgen run (0 = the budget's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     budget = QUICK if args.quick else FULL
     if args.latency_requests:
         budget = replace(budget, latency_requests=args.latency_requests)
+    if args.offline_s:
+        budget = replace(budget, offline_s=args.offline_s)
+    if args.load_s:
+        budget = replace(budget, load_s=args.load_s)
     settings = engines.EngineSettings(
         args.model_dir, args.device, args.threads, args.max_len, args.batch, hf_dir=args.hf_dir
     )

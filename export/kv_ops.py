@@ -27,6 +27,9 @@ from onnx import TensorProto, helper
 from model.directory import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
 
 KV_OPS_OPSET = 18
+# The IR version opset 18 came with: a newer onnx package would stamp its own (IR 14 with onnx 1.23), which
+# onnxruntime releases older than that package refuse to load.
+KV_OPS_IR_VERSION = 8
 FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
@@ -83,7 +86,9 @@ def _int_info(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
 
 def _model(b: _Builder, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
     graph = helper.make_graph(b.nodes, name, inputs, outputs, initializer=b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", KV_OPS_OPSET)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", KV_OPS_OPSET)], ir_version=KV_OPS_IR_VERSION
+    )
     onnx.checker.check_model(model, full_check=True)
     return model
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -252,6 +253,29 @@ def test_ratios_compare_equal_precisions_with_ctranslate2_in_its_best_layout() -
     int8 = result["int8"]["beam4"]
     assert set(int8) == {"ctranslate2", "onnx-int8"}  # the skipped served int8 has no ratio
     assert int8["onnx-int8"] == pytest.approx({"throughput": 0.5, "latency_p50": 2.0})
+
+
+def test_a_node_without_ctranslate2_is_measured_with_its_rows_skipped(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU node may lack CTranslate2 (or a build for its CUDA): its engines are skipped with the reason,
+    the machine record omits it, and the report says no ratio was measured instead of an empty table."""
+    from bench import engines
+    from bench.plots import _ratio_rows
+    from bench.run import machine
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
+    with pytest.raises(Unavailable, match="ctranslate2 is not installed"):
+        engines.create("ctranslate2-float32", engines.EngineSettings(tiny_model_dir, "cpu", 1, 8, 4))
+    monkeypatch.setattr("importlib.metadata.version", _not_installed)
+    assert "ctranslate2" not in machine()["versions"]
+    assert "not measured" in "\n".join(_ratio_rows({"ratios_to_ctranslate2": {}}))
+
+
+def _not_installed(name: str) -> str:
+    import importlib.metadata
+
+    raise importlib.metadata.PackageNotFoundError(name)
 
 
 def test_served_layout_is_one_single_threaded_engine_per_thread_on_cpu(tiny_model_dir: Path) -> None:

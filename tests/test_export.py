@@ -43,6 +43,18 @@ def test_all_variants_exported_without_if(exported: Path) -> None:
             assert "If" not in {n.op_type for n in graph.graph.node}
 
 
+ORT_FLOOR_IR_VERSION = 10  # the newest ONNX IR that onnxruntime 1.20 (pyproject's floor) loads
+
+
+def test_every_graph_loads_in_the_oldest_onnxruntime_we_support(exported: Path) -> None:
+    """A newer onnx package stamps its own IR version on graphs it builds (IR 14 with onnx 1.23), which
+    older onnxruntime releases refuse: every exported graph keeps to the IR that the floor reads."""
+    graphs = sorted((exported / "onnx").glob("*/*.onnx"))
+    assert len(graphs) >= 18  # 3 variants x (encoder, decoder step, 4 cache graphs)
+    for path in graphs:
+        assert onnx.load(str(path), load_external_data=False).ir_version <= ORT_FLOOR_IR_VERSION, path
+
+
 def test_metadata_records_source(exported: Path) -> None:
     meta = read_metadata(exported / "onnx" / "fp16")
     assert meta.variant == "fp16" and meta.dtype == "float16" and meta.opset == 18

@@ -14,15 +14,15 @@ from pathlib import Path
 from bench.gpu_check import install_wheel, main
 
 
-def tiny_wheel(out: Path) -> Path:
-    """A valid pure-Python wheel of one module, `gpu_check_probe`."""
-    wheel = out / "gpu_check_probe-1.0-py3-none-any.whl"
+def tiny_wheel(out: Path, module: str = "gpu_check_probe", source: str = "ANSWER = 42\n") -> Path:
+    """A valid pure-Python wheel of one module."""
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / f"{module}-1.0-py3-none-any.whl"
+    info = f"{module}-1.0.dist-info"
     files = {
-        "gpu_check_probe.py": b"ANSWER = 42\n",
-        "gpu_check_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpu_check_probe\nVersion: 1.0\n",
-        "gpu_check_probe-1.0.dist-info/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
+        f"{module}.py": source.encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = [
         f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
@@ -31,9 +31,7 @@ def tiny_wheel(out: Path) -> Path:
     with zipfile.ZipFile(wheel, "w") as archive:
         for name, data in files.items():
             archive.writestr(name, data)
-        archive.writestr(
-            "gpu_check_probe-1.0.dist-info/RECORD", "\n".join([*record, "gpu_check_probe-1.0.dist-info/RECORD,,"])
-        )
+        archive.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]))
     return wheel
 
 
@@ -47,9 +45,12 @@ def test_a_wheel_in_parts_is_joined_and_installed_into_the_target(tmp_path: Path
             data[start : start + 200]
         )
     assert len(list(parts.iterdir())) > 1
+    beside = tiny_wheel(tmp_path / "beside", "gpu_check_beside", "ANSWER = 7\n")  # a whole wheel next to the parts
+    shutil.copy(beside, parts / beside.name)
     site = tmp_path / "site"
     subprocess.run(install_wheel(parts, site), check=True, capture_output=True)
     assert (site / "gpu_check_probe.py").read_text() == "ANSWER = 42\n"
+    assert (site / "gpu_check_beside.py").read_text() == "ANSWER = 7\n"
 
 
 def test_the_steps_run_and_are_summarised(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from model.artifact import load_artifact
 from model.directory import MetadataError
-from server.backend.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, open_runner
+from server.backend.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, make_session, open_runner
 from server.core.beam import row_candidates
 from server.core.runner import EncodeItem
 
@@ -198,6 +198,21 @@ def test_spin_setting_reaches_every_session(model_dir: Path, spin: bool) -> None
     for session in sessions:
         entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if spin else "0")
+
+
+def test_cuda_sessions_compute_float32_without_tf32(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF32 (onnxruntime's CUDA default) moves fp32 log-probs by ~4e-3, beyond parity: a CUDA session turns
+    it off, and keeps the CPU provider behind it."""
+    asked: dict[str, object] = {}
+
+    def capture(path: str, sess_options: ort.SessionOptions, providers: list[object]) -> None:
+        asked["providers"] = providers
+
+    monkeypatch.setattr(ort, "InferenceSession", capture)
+    make_session(model_dir / "onnx" / "fp32" / "encoder.onnx", "cuda", 1)
+    assert asked["providers"] == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    make_session(model_dir / "onnx" / "fp32" / "encoder.onnx", "cpu", 1)
+    assert asked["providers"] == ["CPUExecutionProvider"]
 
 
 def test_the_graph_ranks_candidates_as_the_reference_does(runner: OnnxRunner) -> None:

@@ -48,6 +48,7 @@ from server.core.runner import Candidates, EncodeItem, ModelSpec
 log = logging.getLogger(__name__)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CUDA_OPTIONS = {"use_tf32": "0"}
 CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
 LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
 ROW_FEEDS = ("tokens", "positions", "past_keep", "row_scores")  # decoder inputs with one row per stepped row
@@ -67,7 +68,12 @@ def make_session(path: Path, provider: str, intra_op_threads: int, spin_threads:
     options.intra_op_num_threads = intra_op_threads  # 0 = onnxruntime's default (all cores)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_threads else "0")
     wanted = PROVIDERS[provider]
-    providers = [wanted, "CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [wanted]
+    providers: list[str | tuple[str, dict[str, str]]] = [wanted]
+    if wanted == "CUDAExecutionProvider":
+        # float32 graphs compute in float32: TF32 tensor cores (onnxruntime's CUDA default) round matmul
+        # inputs to 10 mantissa bits and move log-probs by ~4e-3, beyond parity with PyTorch; fp16 is the
+        # fast variant there.
+        providers = [(wanted, CUDA_OPTIONS), "CPUExecutionProvider"]
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 
