@@ -171,15 +171,19 @@ async def closed_loop(
     return records
 
 
-def grpc_sender(channel: grpc.aio.Channel, beam_size: int, timeout_s: float, max_output_len: int = 0) -> Sender:
-    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default).
+def grpc_sender(
+    channels: Sequence[grpc.aio.Channel], beam_size: int, timeout_s: float, max_output_len: int = 0
+) -> Sender:
+    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default),
+    the requests taking the channels in turn.
 
     The length penalty is sent, 1.0, as the offline engines decode: the server's default may be tuned per
     direction (decoding.json), and a comparison must decode the same search on both sides.
     """
-    stub = translation_pb2_grpc.TranslatorStub(channel)
+    stubs = itertools.cycle([translation_pb2_grpc.TranslatorStub(channel) for channel in channels])
 
     async def send(query: Query) -> int:
+        stub = next(stubs)
         options = translation_pb2.TranslationOptions(
             source_language=query.source_language,
             target_language=query.target_language,
@@ -204,18 +208,28 @@ async def run_grpc(
     concurrency: int = 0,
     max_output_len: int = 0,
     max_requests: int = 0,
+    channels: int = 1,
 ) -> Summary:
-    """One open-loop (rate > 0) or closed-loop (concurrency > 0, at most `max_requests` if set) run."""
+    """One open-loop (rate > 0) or closed-loop (concurrency > 0, at most `max_requests` if set) run, over
+    `channels` connections (a server of several processes on one port spreads connections, not calls)."""
     if (rate > 0) == (concurrency > 0):
         raise ValueError("give exactly one of rate or concurrency")
-    async with grpc.aio.insecure_channel(address) as channel:
-        await asyncio.wait_for(channel.channel_ready(), timeout=30)
-        send = grpc_sender(channel, beam_size, timeout_s=max(30.0, 4 * duration_s), max_output_len=max_output_len)
+    opened = open_channels(address, channels)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in opened)), timeout=30)
+        send = grpc_sender(opened, beam_size, timeout_s=max(30.0, 4 * duration_s), max_output_len=max_output_len)
         if rate > 0:
             records = await open_loop(send, queries, send_times(rate, duration_s))
             return summarize(records, "open", offered_rate=rate)
         records = await closed_loop(send, queries, concurrency, duration_s, max_requests)
         return summarize(records, "closed", concurrency=concurrency)
+    finally:
+        await asyncio.gather(*(c.close(None) for c in opened))
+
+
+def open_channels(address: str, count: int) -> list[grpc.aio.Channel]:
+    """`count` channels with a connection each: grpc otherwise shares one subchannel among equal channels."""
+    return [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
 
 
 def load_queries(tsv: Path) -> list[Query]:
@@ -235,14 +249,18 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load")
     parser.add_argument("--max-output-len", type=int, default=0, help="tokens per sentence; 0 = the server's default")
+    parser.add_argument("--channels", type=int, default=1, help="connections the requests take in turn")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
     mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
     args = parser.parse_args()
     queries = load_queries(args.data)
     summary = asyncio.run(
-        run_grpc(args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len)
-    )
+        run_grpc(
+            args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len,
+            channels=args.channels,
+        )
+    )  # fmt: skip
     print(json.dumps(asdict(summary), indent=2))
 
 

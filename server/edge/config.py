@@ -61,6 +61,11 @@ class ServerConfig:
     # onnxruntime intra-op threads per engine; 0 = the cores divided among the engines (onnxruntime's default,
     # every core, where one engine serves alone)
     threads: int = 0
+    # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
+    # with its engines on its share of the cores; a parent process supervises them and serves their metrics
+    # together. Engines in one process share its interpreter; processes do not (docs/service.md measures both).
+    processes: int = 1
+    reuse_port: bool = False  # bind the port with SO_REUSEPORT; set by the parent for its server processes
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
@@ -86,13 +91,15 @@ class ServerConfig:
         _check_choice("provider", self.provider, PROVIDERS)
         _check_choice("kv_cache", self.kv_cache, KV_CACHES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
-        for name in ("max_slots", "max_queue", "max_message_bytes"):
+        for name in ("max_slots", "max_queue", "max_message_bytes", "processes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         seconds = ("drain_seconds", "shutdown_delay_seconds", "stall_seconds", *CONNECTION_SECONDS)
         for name in (*seconds, "threads", "engines", "max_concurrent_rpcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.processes > 1 and self.port == 0:
+            raise ValueError("processes > 1 share one port: give a fixed port, not 0 (each would bind its own)")
         if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
             raise ValueError(f"keepalive_timeout_s must be > 0, got {self.keepalive_timeout_s}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -162,6 +169,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
     add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, one on CUDA)")
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
+    add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("max-message-bytes", int, "gRPC message size limit in bytes")
     add("max-connection-age-s", float, "close each client connection after this many seconds, gracefully (0 = never)")

@@ -54,6 +54,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "transl
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
 MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
+LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
@@ -241,7 +242,9 @@ class TranslationServer:
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
-                ("grpc.so_reuseport", 0),  # else a second instance on the same port starts and shares the traffic
+                # Off, a second instance on the same port fails to start instead of sharing the traffic; on only
+                # for the server processes of one `--processes` parent (server/edge/replicas.py).
+                ("grpc.so_reuseport", int(config.reuse_port)),
                 *connection_options(config),
             ],
             maximum_concurrent_rpcs=max_concurrent_rpcs(config),
@@ -453,8 +456,13 @@ async def create_server(
     return server, port
 
 
-async def serve(config: ServerConfig, model: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones.
+async def serve(
+    config: ServerConfig,
+    model: LoadedModel | Sequence[LoadedModel] | None = None,
+    on_serving: Callable[[], None] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones;
+    `on_serving` is called once every model is loaded and health says SERVING.
 
     Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
     stopping the server either way.
@@ -484,6 +492,8 @@ async def serve(config: ServerConfig, model: LoadedModel | Sequence[LoadedModel]
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = loading.exception() if loading.done() else None
     if loading.done() and failure is None:  # serving: until a signal or the engine's death
+        if on_serving is not None:
+            on_serving()
         dying = asyncio.create_task(server.engine_died.wait())
         await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
         dying.cancel()
@@ -509,14 +519,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = parse_config(argv, os.environ)
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    if config.processes > 1:
+        from server.edge.replicas import run_replicas
+
+        sys.exit(run_replicas(config))
     run(config)
 
 
-def run(config: ServerConfig, model: LoadedModel | None = None) -> None:
+def run(config: ServerConfig, model: LoadedModel | None = None, on_serving: Callable[[], None] | None = None) -> None:
     """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
     try:
-        asyncio.run(serve(config, model))
+        asyncio.run(serve(config, model, on_serving))
     except (StartupError, EngineDiedError) as err:
         logger.debug("the server stopped", exc_info=err)
         sys.exit(f"translate-server: {err}")

@@ -11,10 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from server.core.observer import StepStats
 
-__all__ = ["Metrics", "ModelMetrics", "StepStats", "start_metrics_server"]
+__all__ = [
+    "Metrics",
+    "ModelMetrics",
+    "StepStats",
+    "forget_process",
+    "start_metrics_server",
+    "start_multiprocess_metrics_server",
+]
 
 # Milliseconds to a minute: a single short sentence on a GPU up to a long document on a loaded CPU.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -81,13 +89,25 @@ class Metrics:
             registry=registry,
         )
         self.queue_depth = Gauge(
-            "translation_queue_depth", "Sentences waiting for slots.", ["model"], registry=registry
+            "translation_queue_depth",
+            "Sentences waiting for slots.",
+            ["model"],
+            registry=registry,
+            multiprocess_mode="livesum",  # --processes: the sum over the live server processes
         )
         self.active_slots = Gauge(
-            "translation_active_slots", "Slots reserved by running sentences.", ["model"], registry=registry
+            "translation_active_slots",
+            "Slots reserved by running sentences.",
+            ["model"],
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.max_slots = Gauge(
-            "translation_max_slots", "Slots the model's engine may use.", ["model"], registry=registry
+            "translation_max_slots",
+            "Slots the model's engines may use.",
+            ["model"],
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.input_tokens = Counter(
             "translation_input_tokens_total",
@@ -132,6 +152,7 @@ class Metrics:
             "The served model; always 1.",
             ["model", "variant", "provider", "opset"],
             registry=registry,
+            multiprocess_mode="livemax",
         )
 
     def observe_request(self, method: str, code: str, lang_pair: str, seconds: float, model: str = "") -> None:
@@ -217,6 +238,19 @@ class ModelMetrics:
                 self.metrics.sentences_failed.labels(
                     lang_pair=lang_pair, reason=reason, stage=stage, model=self.model
                 ).inc(count)
+
+
+def start_multiprocess_metrics_server(port: int, path: str, addr: str = "0.0.0.0") -> int:
+    """Serve `/metrics` summed over the server processes that write their series under `path` (prometheus
+    client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=path)
+    return start_metrics_server(port, registry, addr)
+
+
+def forget_process(pid: int, path: str) -> None:
+    """Drop an exited process's live gauges (queue depth, slots) from the sums; its counters stay."""
+    mark_process_dead(pid, path)
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:

@@ -1,0 +1,208 @@
+"""`translate-server --processes N`: N server processes on one port, supervised by this parent process.
+
+Each server process is a whole server (health, drain, stall watchdog, its engines) whose port is bound with
+SO_REUSEPORT, so the kernel hands each new client connection to one of them. A client's calls follow its
+connection (gRPC keeps one per channel), and `--max-connection-age-s` has clients reconnect, and spread
+again, every few minutes. The parent:
+
+- refuses a port another server holds, then spawns the processes, each with the parsed config and its share
+  of the cores (`replica_config`);
+- serves /metrics for all of them: prometheus-client's multiprocess mode, every process writing its series
+  to files in a private directory that the parent's collector sums (gauges over live processes only);
+- on SIGTERM/SIGINT passes SIGTERM to every process, which drains as a single server does, and exits once
+  all have: 0 if every one drained cleanly, else 1;
+- restarts a process that dies while serving (its engine died or hung, its own requests already answered
+  UNAVAILABLE) up to RESTART_LIMIT times in RESTART_WINDOW_S; more often, or a process that fails to start
+  (a bad model directory fails in every one), stops all and exits 1 for the orchestrator to act on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from multiprocessing.context import SpawnProcess
+from multiprocessing.synchronize import Event as ProcessEvent
+from types import FrameType
+
+from server.edge.config import ServerConfig
+from server.edge.main import (
+    LOG_FORMAT,
+    StartupError,
+    available_cores,
+    engine_plan,
+    metrics_address,
+    model_directories,
+    resolve_provider,
+    run,
+)
+from server.edge.metrics import forget_process, start_multiprocess_metrics_server
+
+logger = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # where prometheus-client's multiprocess mode keeps its files
+RESTART_LIMIT = 3  # restarts within the window before the parent gives up
+RESTART_WINDOW_S = 300.0
+PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
+POLL_S = 0.2  # how often the parent looks at its signals while no process exits
+
+
+@dataclass
+class ServerProcess:
+    """One spawned server and the event it sets once it serves."""
+
+    index: int
+    process: SpawnProcess
+    serving: ProcessEvent
+
+
+def replica_config(config: ServerConfig) -> ServerConfig:
+    """A server process's config: one process's share of the cores split among its engines as a single server
+    would split them all, its threads explicit (0, onnxruntime's every core, would oversubscribe), the port
+    shared, and no metrics server of its own."""
+    cores = max(1, available_cores() // config.processes)
+    engines, threads = engine_plan(cores, len(model_directories(config)), resolve_provider(config.provider), config)
+    return replace(config, processes=1, reuse_port=True, metrics_port=-1, engines=engines, threads=threads or cores)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """StartupError if a server already listens on the port: its SO_REUSEPORT-less bind would fail, but a
+    server that shares the port would take half of this one's connections without a word."""
+    address = metrics_address(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
+        try:
+            probe.bind((address, port))
+        except OSError as err:
+            raise StartupError(f"could not bind {host}:{port}: {err.strerror} (is another server running?)") from err
+
+
+def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> None:
+    """A server process's entry point (spawned: a fresh interpreter that reads MULTIPROC_ENV at import)."""
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    stop_with_parent(parent)
+    run(config, on_serving=serving.set)
+
+
+def stop_with_parent(parent: int) -> None:
+    """Ask Linux for SIGTERM when the parent dies (killed, it cannot stop us), so that no server process
+    keeps the port alone; it then drains as on any SIGTERM. Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Supervisor:
+    """Starts the server processes, restarts one that dies while serving, and stops them all on a signal."""
+
+    def __init__(self, config: ServerConfig, metrics_dir: str) -> None:
+        self.config = config
+        self.metrics_dir = metrics_dir
+        self.context = multiprocessing.get_context("spawn")
+        self.stopping = threading.Event()
+        self.failure: str | None = None
+        self.restarts: deque[float] = deque()
+
+    def start(self, index: int) -> ServerProcess:
+        serving = self.context.Event()
+        process = self.context.Process(
+            target=serve_replica, args=(self.config, serving, os.getpid()), name=f"translate-server-{index}"
+        )
+        process.start()
+        logger.info("server process %d started (pid %s)", index, process.pid)
+        return ServerProcess(index, process, serving)
+
+    def stop_all(self, running: dict[int, ServerProcess]) -> None:
+        for server in running.values():
+            if server.process.is_alive() and server.process.pid is not None:
+                os.kill(server.process.pid, signal.SIGTERM)
+
+    def run(self, count: int) -> int:
+        running = {index: self.start(index) for index in range(count)}
+        told_to_stop = False
+        while running:
+            if self.stopping.is_set() and not told_to_stop:
+                logger.info("stopping %d server process(es): each drains its requests", len(running))
+                self.stop_all(running)
+                told_to_stop = True
+            multiprocessing.connection.wait([s.process.sentinel for s in running.values()], timeout=POLL_S)
+            for server in [s for s in running.values() if not s.process.is_alive()]:
+                del running[server.index]
+                self.ended(server, running)
+        if self.failure is not None:
+            logger.error("%s", self.failure)
+            return 1
+        return 0
+
+    def ended(self, server: ServerProcess, running: dict[int, ServerProcess]) -> None:
+        """Account for a server process that exited: restart it, or stop everything."""
+        server.process.join()
+        if server.process.pid is not None:
+            forget_process(server.process.pid, self.metrics_dir)
+        code = server.process.exitcode
+        if self.stopping.is_set():
+            if code != 0:
+                self.failure = self.failure or f"server process {server.index} exited with {code} while stopping"
+            return
+        if not server.serving.is_set():
+            self.give_up(f"server process {server.index} failed to start (exit code {code}; its log says why)")
+            return
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
+            self.restarts.popleft()
+        if len(self.restarts) >= RESTART_LIMIT:
+            self.give_up(f"server processes died {len(self.restarts) + 1} times in {RESTART_WINDOW_S:.0f} s")
+            return
+        self.restarts.append(now)
+        logger.warning("server process %d exited with %s while serving: starting it again", server.index, code)
+        running[server.index] = self.start(server.index)
+
+    def give_up(self, reason: str) -> None:
+        self.failure = reason
+        self.stopping.set()
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping.set()
+
+
+def run_replicas(config: ServerConfig) -> int | str:
+    """Serve with `config.processes` server processes until stopped; the exit status, or a one-line reason."""
+    try:
+        check_port_free(config.host, config.port)
+        child = replica_config(config)
+    except StartupError as err:
+        return f"translate-server: {err}"
+    metrics_dir = tempfile.mkdtemp(prefix="translate-metrics-")
+    os.environ[MULTIPROC_ENV] = metrics_dir  # inherited by every spawned process
+    supervisor = Supervisor(child, metrics_dir)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, supervisor.on_signal)
+    try:
+        if config.metrics_port >= 0:
+            try:
+                port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, metrics_address(config.host))
+            except OSError as err:
+                return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
+            logger.info("metrics of all server processes on :%d/metrics", port)
+        logger.info(
+            "%d server processes on %s:%d, %d engine(s) of %d thread(s) per model in each",
+            config.processes, config.host, config.port, child.engines, child.threads,
+        )  # fmt: skip
+        return supervisor.run(config.processes)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

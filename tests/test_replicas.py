@@ -1,0 +1,234 @@
+"""`translate-server --processes N`: server processes sharing one port under a supervising parent, on the
+tiny exported model: metrics summed over the processes, a dead process started again while the others serve,
+SIGTERM draining every process without losing a call, and startup failures stopping everything loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.loadgen import open_channels
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from tests.serving import ROOT, request, wait_until
+
+MAX_SLOTS = 8
+TEXTS = ["Ich habe keine Zeit.", "Wo ist der Bahnhof?", "Das Haus ist groß.", "Guten Morgen."]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class Served:
+    process: subprocess.Popen[str]
+    address: str
+    metrics_url: str
+    log: Path
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples `name` whose labels include `labels`, as the parent serves them."""
+        try:
+            text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        except OSError:
+            return -1.0
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+    def children(self) -> list[int]:
+        """The server processes (not multiprocessing's resource tracker beside them)."""
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        pids = [int(pid) for pid in path.read_text().split()] if path.exists() else []
+        return [pid for pid in pids if b"spawn_main" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it has just exited
+        return b""
+
+
+@contextmanager
+def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
+    """`translate-server --processes 2` on loopback, once both processes serve (their slots summed)."""
+    port, metrics_port = free_port(), free_port()
+    log = tmp_path / "server.log"
+    command = [
+        sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-port", str(metrics_port), "--model-dir", str(model_dir), "--variant", "fp32",
+        "--max-slots", str(MAX_SLOTS), "--shutdown-delay-seconds", "0.2", *flags,
+    ]  # fmt: skip
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    served = Served(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
+    try:
+        wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
+        assert process.poll() is None, log.read_text()[-3000:]
+        yield served
+    finally:
+        if process.poll() is None:
+            process.kill()  # its server processes follow it (they ask for SIGTERM when their parent dies)
+        process.wait(30)
+
+
+async def translate_over(address: str, channels: int, calls: int, **options: int) -> list[grpc.StatusCode]:
+    """`calls` Translate calls spread over `channels` connections at once; each call's status."""
+    opened = open_channels(address, channels)
+    stubs = [pb_grpc.TranslatorStub(channel) for channel in opened]
+
+    async def one(index: int) -> grpc.StatusCode:
+        try:
+            reply = await stubs[index % channels].Translate(request(TEXTS, "de", "en", **options), timeout=60)
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        assert len(reply.results) == len(TEXTS) and all(r.translation for r in reply.results)
+        return grpc.StatusCode.OK
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(calls))))
+    finally:
+        await asyncio.gather(*(channel.close(None) for channel in opened))
+
+
+def test_processes_share_the_port_and_their_metrics_are_summed(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    with replicas(tiny_exported_dir, tmp_path) as served:
+        assert len(served.children()) == 2
+        assert served.metric("translation_model_info", variant="fp32") == 1  # the same model in both: one series
+        codes = asyncio.run(translate_over(served.address, channels=8, calls=40))
+        assert codes == [grpc.StatusCode.OK] * 40
+        wait_until(lambda: served.metric("translation_requests_total", code="OK", method="Translate") == 40, 10)
+        assert served.metric("translation_sentences_total") == 40 * len(TEXTS)
+        assert served.metric("translation_active_slots") == 0
+
+
+def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    with replicas(tiny_exported_dir, tmp_path) as served:
+        killed = served.children()[0]
+        subprocess.run(["kill", "-9", str(killed)], check=True)
+        wait_until(lambda: served.metric("translation_max_slots") == MAX_SLOTS, 30)  # a dead process's gauges go
+        wait_until(lambda: served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
+        assert killed not in served.children() and len(served.children()) == 2
+        assert asyncio.run(translate_over(served.address, channels=8, calls=16)) == [grpc.StatusCode.OK] * 16
+        assert "while serving: starting it again" in served.log.read_text()
+
+
+def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    with replicas(tiny_exported_dir, tmp_path, "--drain-seconds", "30") as served:
+
+        async def calls_then_sigterm() -> list[grpc.StatusCode]:
+            in_flight = asyncio.ensure_future(
+                translate_over(served.address, channels=8, calls=48, max_output_len=64, beam_size=4)
+            )
+            wait = time.monotonic() + 10
+            while served.metric("translation_active_slots") <= 0 and time.monotonic() < wait:
+                await asyncio.sleep(0.01)
+            served.process.send_signal(signal.SIGTERM)
+            return await in_flight
+
+        codes = asyncio.run(calls_then_sigterm())
+        assert served.process.wait(60) == 0
+        assert codes == [grpc.StatusCode.OK] * 48  # every call sent before the signal was answered
+        assert served.children() == []
+        assert "stopping 2 server process(es)" in served.log.read_text()
+
+
+def test_server_processes_stop_when_their_parent_is_killed(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves the parent no time to stop them: they ask Linux for SIGTERM on its death and drain."""
+    with replicas(tiny_exported_dir, tmp_path) as served:
+        children = served.children()
+        served.process.kill()
+        served.process.wait(10)
+        wait_until(lambda: not any(_cmdline(pid) for pid in children), 60)
+
+
+def test_a_process_that_cannot_start_stops_the_server_with_the_reason(tmp_path: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-port", "-1", "--model-dir", str(tmp_path / "missing"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1
+    assert "failed to start" in done.stderr and "does not exist" in done.stderr
+
+
+def test_a_port_another_server_holds_is_refused(tiny_exported_dir: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        command = [
+            sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", "-1", "--model-dir", str(tiny_exported_dir),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1 and "could not bind" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["--processes", "0"], ["--processes", "2", "--port", "0"]])
+def test_processes_need_one_or_more_and_a_fixed_port(argv: list[str]) -> None:
+    from server.edge.config import parse_config
+
+    with pytest.raises(ValueError, match="processes"):
+        parse_config(argv, {})
+
+
+@dataclass
+class _ExitedProcess:
+    """What the supervisor reads of a server process that has exited."""
+
+    pid: int
+    exitcode: int = 1
+
+    def join(self) -> None:
+        pass
+
+
+class _Served:
+    def __init__(self, serving: bool) -> None:
+        self._serving = serving
+
+    def is_set(self) -> bool:
+        return self._serving
+
+
+def test_a_process_dying_again_and_again_stops_the_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Up to RESTART_LIMIT restarts within the window, then the parent gives up (exit 1) rather than loop."""
+    from server.edge import replicas as module
+    from server.edge.config import ServerConfig
+
+    supervisor = module.Supervisor(ServerConfig(), str(tmp_path))
+    started: list[int] = []
+
+    def start(index: int) -> str:
+        started.append(index)
+        return f"server {index}"
+
+    monkeypatch.setattr(supervisor, "start", start)
+    running: dict[int, object] = {}
+    for attempt in range(module.RESTART_LIMIT + 1):
+        dead = module.ServerProcess(0, _ExitedProcess(1000 + attempt), _Served(True))  # type: ignore[arg-type]
+        supervisor.ended(dead, running)  # type: ignore[arg-type]
+    assert started == [0] * module.RESTART_LIMIT
+    assert supervisor.stopping.is_set() and supervisor.failure is not None and "died 4 times" in supervisor.failure
