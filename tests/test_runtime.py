@@ -88,14 +88,72 @@ def poison(runner: OnnxRunner, slot: int, self_len: int, cross_len: int) -> None
                 cache[slot, :, :length] = np.nan
 
 
-def test_a_slot_left_with_nan_is_clean_for_its_next_sentence(model_dir: Path, runner: OnnxRunner) -> None:
-    """Masked entries are multiplied by a weight of 0, and 0 x NaN = NaN: a freed slot must be zeroed."""
+def test_a_slot_left_with_nan_is_clean_for_its_next_sentence(model_dir: Path) -> None:
+    """Masked entries are multiplied by a weight of 0, and 0 x NaN = NaN: a freed slot must be zeroed. The
+    device runner zeroes every slot a new sentence takes, whatever it holds."""
+    runner = open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache="device")
     long_source, short_source, neighbour = SOURCES[2], SOURCES[1], SOURCES[0]  # 7, 4 and 5 tokens
     runner.encode([EncodeItem(long_source, [0]), EncodeItem(neighbour, [1])])
     for i in range(6):
         runner.step_log_probs([0, 1], [40 + i, 50 + i], [i, i])
     poison(runner, slot=0, self_len=6, cross_len=len(long_source))
     runner.encode([EncodeItem(short_source, [0])])  # a new sentence takes the failed one's slot
+    assert_exact_beside_a_row_further_on(model_dir, runner, short_source)
+
+
+class NaNOutputs:
+    """A session whose outputs come back NaN while `on`: what a request whose activations overflow
+    gets from the real graphs."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session, self.on = session, False
+
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self.session.run(names, feeds)
+        return [np.full_like(out, np.nan) if self.on and out.dtype.kind == "f" else out for out in outputs]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.session, name)
+
+
+def test_the_host_runner_zeroes_a_slot_only_after_a_nan_went_into_it(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host runner checks every block it writes into its caches: a slot that got a NaN is zeroed for
+    its next sentence, which then decodes exactly; a slot that held a healthy sentence is not zeroed
+    (stale finite values are masked to exactly 0)."""
+    runner = open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache="host")
+    zeroed: list[tuple[str, list[int]]] = []
+    real_zero = runner._zero
+
+    def zero(kind: str, slots: np.ndarray, length: int) -> None:
+        zeroed.append((kind, slots.tolist()))
+        real_zero(kind, slots, length)
+
+    monkeypatch.setattr(runner, "_zero", zero)
+    encoder, decoder = NaNOutputs(runner.encoder), NaNOutputs(runner.decoder)
+    monkeypatch.setattr(runner, "encoder", encoder)
+    monkeypatch.setattr(runner, "decoder", decoder)
+    long_source, short_source, neighbour = SOURCES[2], SOURCES[1], SOURCES[0]  # 7, 4 and 5 tokens
+    runner.encode([EncodeItem(neighbour, [1]), EncodeItem(long_source, [2])])
+    for i in range(6):
+        runner.step_log_probs([1, 2], [50 + i, 40 + i], [i, i])
+    runner.encode([EncodeItem(short_source, [2])])  # a healthy sentence's slot: nothing to zero
+    assert zeroed == []
+    encoder.on = decoder.on = True  # slot 0's sentence overflows: NaN in its cross and self caches
+    runner.encode([EncodeItem(long_source, [0])])
+    for i in range(6):
+        runner.step_log_probs([0], [40 + i], [i])
+    encoder.on = decoder.on = False
+    assert runner.non_finite.tolist() == [True] + [False] * 7
+    runner.encode([EncodeItem(short_source, [0])])  # a new sentence takes the failed one's slot
+    assert zeroed == [("self", [0]), ("cross", [0])]
+    assert_exact_beside_a_row_further_on(model_dir, runner, short_source)
+
+
+def assert_exact_beside_a_row_further_on(model_dir: Path, runner: OnnxRunner, short_source: list[int]) -> None:
+    """Slot 0's new sentence decodes as the reference does beside slot 1 six positions further on, so the
+    step reads slot 0 past its own span (masked)."""
     target = [2, 60, 61]
     for j, token in enumerate(target):  # beside a row further on: reads slot 0 past its own span, masked
         both = runner.step_log_probs([0, 1], [token, 56 + j], [j, 6 + j])

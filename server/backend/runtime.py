@@ -6,10 +6,12 @@ gathers the rows' slots up to the longest position in the batch and a per-row `p
 rows at different steps share one graph call; the graph returns only the new key/value row, which
 is written back at each row's own position.
 
-A slot is zeroed past what its new sentence writes when the sentence takes it (`encode`): a step reads
-every row up to the batch's longest span and masks what lies past the row's own, but masking zeroes
-attention weights, and a weight of 0 times a stale NaN or inf is NaN. Without the cleaning, one request
-whose activations overflowed would poison every later occupant of its slots.
+A step reads every row up to the batch's longest span and masks what lies past the row's own, but masking
+zeroes attention weights, and a weight of 0 times a stale NaN or inf is NaN: without cleaning, one request
+whose activations overflowed would poison every later occupant of its slots. Stale finite values are
+harmless (0 x finite = 0), so the host runner checks what it writes into its caches and zeroes a slot,
+when a new sentence takes it, only if a NaN or inf went in; the device runner cannot look without copying
+its caches back, so it zeroes every slot past what its new sentence writes.
 
 Two places for the caches, same bookkeeping and same results:
 - `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device. Its
@@ -141,6 +143,8 @@ class OnnxRunner:
         # next sentence to take the slot must zero (see the module docstring).
         self.self_written = np.zeros(max_slots, dtype=np.int64)
         self.cross_written = np.zeros(max_slots, dtype=np.int64)
+        # Slots a NaN or inf was written into since they were last cleaned (the host runner's checks).
+        self.non_finite = np.zeros(max_slots, dtype=bool)
         self._next_source_key = 0
         self._cross_version = 0  # bumped whenever a slot's cross cache or source mask changes
         self._cross_gather_key: tuple[bytes, int, int] | None = None
@@ -216,6 +220,7 @@ class OnnxRunner:
         if not src.size:
             return
         filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read unmasked
+        self.non_finite[dst] |= self.non_finite[src]
         if filled:
             self._move("self", src, dst, filled)
             self.self_written[dst] = np.maximum(self.self_written[dst], filled)
@@ -232,15 +237,33 @@ class OnnxRunner:
         self.source_key[dst] = self.source_key[src]
 
     def _clean(self, slots: npt.NDArray[np.int64], source_len: int) -> None:
-        """Zero what earlier sentences left in `slots`, before a new one (encoded to `source_len`) takes them."""
-        stale = int(self.self_written[slots].max())
-        if stale:
-            self._zero("self", slots, stale)
-        stale = int(self.cross_written[slots].max())
-        if stale > source_len:  # the first source_len entries are about to be overwritten anyway
-            self._zero("cross", slots, stale)
+        """Zero what earlier sentences left in `slots` that could poison a new one (encoded to `source_len`)."""
+        dirty = self._slots_to_zero(slots)
+        if dirty.size:
+            stale = int(self.self_written[dirty].max())
+            if stale:
+                self._zero("self", dirty, stale)
+            stale = int(self.cross_written[dirty].max())
+            if stale > source_len:  # the first source_len entries are about to be overwritten anyway
+                self._zero("cross", dirty, stale)
         self.self_written[slots] = 0
         self.cross_written[slots] = source_len
+        self.non_finite[slots] = False
+
+    def _slots_to_zero(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Host caches: only slots a NaN or inf went into (their writes are checked)."""
+        return slots[self.non_finite[slots]]
+
+    def _mark_non_finite(
+        self, slots: np.ndarray, blocks: list[np.ndarray], row_of_slot: np.ndarray | None = None
+    ) -> None:
+        """Flag each slot whose written rows hold a NaN or inf: slots[i] got row i of every block (one per
+        cache), or row row_of_slot[i]."""
+        for block in blocks:
+            if np.isfinite(block).all():
+                continue
+            bad_rows = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)  # rare: find the rows only now
+            self.non_finite[slots[bad_rows if row_of_slot is None else bad_rows[row_of_slot]]] = True
 
     def _cross_key(self, rows: npt.NDArray[np.int64], src_len: int) -> tuple[bytes, int, int]:
         """What the gathered cross keys/values depend on; the last gather is reused while it is the same.
@@ -266,6 +289,7 @@ class OnnxRunner:
         outputs = self.encoder.run(None, {"src_ids": ids, "src_mask": mask})  # 2L x (N, H, S, Dh)
         for cache, out in zip(self.cross_kv, outputs, strict=True):
             cache[slots, :, : ids.shape[1]] = out[item_of_slot]
+        self._mark_non_finite(slots, outputs, item_of_slot)
 
     def _decode(
         self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
@@ -283,6 +307,7 @@ class OnnxRunner:
         outputs = self.decoder.run([*wanted, *self.new_names], in_lanes | extra | past | cross)
         for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
+        self._mark_non_finite(rows, outputs[len(wanted) :])  # (B, H, 1, Dh) each
         return [out[lane_of_row] for out in outputs[: len(wanted)]]
 
     def _fetch_cross(self, slots: np.ndarray, lanes: np.ndarray, length: int) -> None:
@@ -322,6 +347,10 @@ class DeviceCacheRunner(OnnxRunner):
         self.cross_kv = [self._zeros(self.cross_shape) for _ in range(2 * self.n_layers)]
         self._cross_values: list[ort.OrtValue] = []
         self._zero_blocks: dict[int, ort.OrtValue] = {}  # by power-of-two length: no upload per encode
+
+    def _slots_to_zero(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Device caches are not read back to be checked: every slot is zeroed past its new sentence."""
+        return slots
 
     def _zeros(self, shape: tuple[int, ...]) -> ort.OrtValue:
         # Device id 0 everywhere: the server drives one GPU per process (one container per GPU).
