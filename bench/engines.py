@@ -58,15 +58,12 @@ class PyTorchEngine:
         self.name = "pytorch-eager"
         self.model = load_artifact(settings.model_dir, settings.device)
         self.max_len = settings.max_len
-        self.device = torch.device(settings.device)
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
         from model.decode import beam_search
 
-        # The reference decoder has no batch dimension: it is the spec, not a server. Its tensors are made
-        # on the default device, which is the model's here.
-        with self.device:
-            return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
+        # The reference decoder has no batch dimension: it is the spec, not a server.
+        return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
 
 
 class CTranslate2Engine:

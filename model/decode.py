@@ -43,7 +43,7 @@ class CachedDecoder:
         self.src_mask = src != model.cfg.pad_id
         self.cross = model.cross_kv(model.encode(src, self.src_mask))
         n_layers, cfg = len(model.decoder), model.cfg
-        empty = torch.zeros(1, cfg.n_heads, 0, cfg.head_dim)
+        empty = torch.zeros(1, cfg.n_heads, 0, cfg.head_dim, device=src.device)
         self.k = [empty] * n_layers
         self.v = [empty] * n_layers
         self.rows = 1
@@ -52,8 +52,8 @@ class CachedDecoder:
         """tokens (R,) for the current rows -> log-probs (R, V); caches grow by one position."""
         rows = tokens.size(0)
         cross = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.cross]
-        keep = torch.ones(rows, self.k[0].size(2), dtype=torch.bool)
-        positions = torch.full((rows,), step, dtype=torch.long)
+        keep = torch.ones(rows, self.k[0].size(2), dtype=torch.bool, device=tokens.device)
+        positions = torch.full((rows,), step, dtype=torch.long, device=tokens.device)
         logits, new_k, new_v = self.model.decode_step(
             tokens, positions, self.k, self.v, keep, cross, self.src_mask.expand(rows, -1)
         )
@@ -83,14 +83,15 @@ def beam_search(
     cfg = model.cfg
     if beam_size < 1 or max_len < 1:
         raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size} and {max_len}")
-    decoder = CachedDecoder(model, torch.tensor([src_ids], dtype=torch.long))
+    device = next(model.parameters()).device  # every tensor of the search where the model is
+    decoder = CachedDecoder(model, torch.tensor([src_ids], dtype=torch.long, device=device))
     live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
     finished: list[Hypothesis] = []
     new_live: list[tuple[tuple[int, ...], float]] = []
-    last = torch.tensor([cfg.bos_id])
+    last = torch.tensor([cfg.bos_id], device=device)
     for step in range(max_len):
         logp = decoder.step(last, step)  # (R, V)
-        scores = torch.tensor([s for _, s in live]).unsqueeze(1) + logp
+        scores = torch.tensor([s for _, s in live], device=device).unsqueeze(1) + logp
         flat = scores.view(-1)
         k = min(2 * beam_size, flat.numel())
         # stable descending order: equal scores keep the lower flat index first
@@ -113,8 +114,8 @@ def beam_search(
         if len(finished) >= beam_size or step + 1 == max_len:
             break
         live = new_live
-        decoder.reorder(torch.tensor(parents))
-        last = torch.tensor([t[-1] for t, _ in live])
+        decoder.reorder(torch.tensor(parents, device=device))
+        last = torch.tensor([t[-1] for t, _ in live], device=device)
     if len(finished) < beam_size:
         finished.extend(Hypothesis(t, s, normalize(s, len(t), length_penalty)) for t, s in new_live)
     return sorted(finished, key=lambda h: -h.normalized)  # sorted() is stable: ties keep finish order

@@ -21,18 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import open_channels
+from bench.run import free_port
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import ROOT, request, wait_until
 
 MAX_SLOTS = 8
 TEXTS = ["Ich habe keine Zeit.", "Wo ist der Bahnhof?", "Das Haus ist groß.", "Guten Morgen."]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
