@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -146,11 +148,13 @@ def token_batches(examples: list[Example], max_tokens: int, rng: random.Random) 
 
 
 def pad(rows: list[tuple[int, ...]]) -> Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
+    """(len(rows), longest) ids, PAD on the right; filled in numpy (a torch call per row costs ~4x)."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    out = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum())
+    )
+    return torch.from_numpy(out)
 
 
 def collate(batch: list[Example], device: torch.device) -> Batch:

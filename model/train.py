@@ -22,16 +22,18 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from model.artifact import CONFIG_FILE, load_artifact, load_config, save_artifact
+from model.artifact import CONFIG_FILE, TOKENIZER_FILE, load_artifact, load_config, save_artifact
 from model.batching import (
     Batch,
     Mixture,
@@ -70,6 +72,11 @@ class TrainConfig:
     # > 0: each sentence repeat gets a sampled source segmentation (Resegmenter); docs/model.md has
     # what it measured on the shipped model
     subword_alpha: float = 0.0
+    bf16: bool = False  # CUDA: forward and backward under bfloat16 autocast (weights and Adam stay fp32)
+    # > 0: fit the schedule to this many minutes of wall time: after CALIBRATION_STEPS the measured step
+    # time fixes max_steps, and the last `budget_cooldown` of the steps fall linearly to zero
+    budget_minutes: float = 0.0
+    budget_cooldown: float = 0.25
 
     @property
     def last_step(self) -> int:
@@ -95,7 +102,17 @@ TRAIN_FLAGS = (
     "cooldown_start",
     "cooldown_steps",
     "subword_alpha",
+    "bf16",
+    "budget_minutes",
+    "budget_cooldown",
 )
+
+# --budget-minutes times steps CALIBRATION_SKIP to CALIBRATION_SKIP + CALIBRATION_STEPS of the process
+# (the first ones pay for kernel selection) and plans with BUDGET_MARGIN of the rest: validation,
+# checkpoints and each epoch's batching take time that the calibration steps do not see
+CALIBRATION_SKIP = 20
+CALIBRATION_STEPS = 100
+BUDGET_MARGIN = 0.9
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -112,6 +129,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def paper_lr(step: int, cfg: TrainConfig) -> float:
     step = max(step, 1)
     return cfg.peak_lr * min(step / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / step))
+
+
+def fit_to_budget(
+    cfg: TrainConfig, first_step: int, step: int, seconds_per_step: float, seconds_left: float
+) -> TrainConfig:
+    """The schedule that ends, cooldown included, when the budget does at the measured step time; the
+    cooldown is a share of this process's steps (`first_step` on), so a resumed run anneals its own cycle."""
+    last = step + max(1, int(BUDGET_MARGIN * seconds_left / seconds_per_step))
+    cooldown = max(1, int(cfg.budget_cooldown * (last - first_step)))
+    return dataclasses.replace(cfg, max_steps=last, cooldown_start=last - cooldown, cooldown_steps=cooldown)
 
 
 def loss_of(model: Transformer, batch: Batch, smoothing: float) -> torch.Tensor:
@@ -165,6 +192,9 @@ def ship(run: Path, out: Path, n_average: int, tokenizer: Path) -> None:
     model = Transformer(cfg)
     model.load_state_dict(average_checkpoints(paths))
     save_artifact(model, out)
+    beside = out / TOKENIZER_FILE
+    if not (beside.exists() and beside.samefile(tokenizer)):  # the directory serves and evaluates on its own
+        shutil.copyfile(tokenizer, beside)
     log.info("averaged %s into %s", [p.name for p in paths], out)
 
 
@@ -177,7 +207,11 @@ class Trainer:
         self.device = torch.device(args.device)
         torch.manual_seed(tcfg.seed)
         self.model = Transformer(mcfg).to(self.device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9)
+        fused = self.device.type == "cuda"  # one kernel for all parameters instead of several per tensor
+        self.opt = torch.optim.Adam(
+            self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9, fused=fused or None
+        )
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tcfg.bf16)
         tok = Tokenizer(args.tokenizer)
         train_pairs = read_tsv(args.data / "train.tsv")
         self.train_examples = make_examples(train_pairs, tok, mcfg.max_len)
@@ -239,16 +273,33 @@ class Trainer:
         with (self.run_dir / "log.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def train_step(self, batch: Batch) -> float:
+    def train_step(self, batch: Batch) -> Tensor:
+        """One update; returns the loss per token as a tensor (reading it waits for the device)."""
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step + 1, self.tcfg)
-        loss = loss_of(self.model, batch, self.tcfg.label_smoothing)
+        with self.autocast:
+            loss = loss_of(self.model, batch, self.tcfg.label_smoothing)
         self.opt.zero_grad(set_to_none=True)
         (loss / batch.n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.step += 1
-        return float(loss.detach()) / batch.n_tokens
+        return loss.detach() / batch.n_tokens
+
+    def fit_budget(self, first_step: int, step_seconds: float, seconds_left: float) -> None:
+        self.tcfg = fit_to_budget(self.tcfg, first_step, self.step, step_seconds, seconds_left)
+        (self.run_dir / "train_config.json").write_text(json.dumps(self.tcfg.__dict__, indent=2))
+        log.info(
+            "budget: %.1f ms per step, %d steps in all, cooldown from %d",
+            step_seconds * 1000,
+            self.tcfg.max_steps,
+            self.tcfg.cooldown_start,
+        )
+
+    def synchronized_time(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.time()
 
     def checkpoint(self, tokens_per_s: float, train_loss: float) -> None:
         vloss = validation_loss(self.model, self.valid)
@@ -276,22 +327,33 @@ class Trainer:
     def run(self) -> None:
         self.model.train()
         start = last_save = time.time()
-        tokens, loss_sum, loss_n = 0, 0.0, 0
+        minutes = self.tcfg.budget_minutes or self.tcfg.max_minutes
+        first_step = self.step
+        calibrate_from, calibrate_to = first_step + CALIBRATION_SKIP, first_step + CALIBRATION_SKIP + CALIBRATION_STEPS
+        calibration_start = start
+        tokens, loss_sum, loss_n = 0, torch.zeros((), device=self.device), 0
         while self.step < self.tcfg.last_step:
             batches = self.epoch_batches()
             bar = tqdm(batches[self.batch_in_epoch :], desc=f"epoch {self.epoch}", mininterval=30)
             for examples in bar:
                 batch = collate(examples, self.device)
-                loss_sum += self.train_step(batch)
+                loss_sum += self.train_step(batch)  # stays on the device: no wait per step
                 loss_n += 1
                 tokens += batch.n_tokens
                 self.batch_in_epoch += 1
+                if self.tcfg.budget_minutes and self.step in (calibrate_from, calibrate_to):
+                    now = self.synchronized_time()
+                    if self.step == calibrate_from:
+                        calibration_start = now
+                    else:
+                        seconds_left = minutes * 60 - (now - start)
+                        self.fit_budget(first_step, (now - calibration_start) / CALIBRATION_STEPS, seconds_left)
                 now = time.time()
-                bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", step=self.step, refresh=False)
-                out_of_time = now - start > self.tcfg.max_minutes * 60 or self.step >= self.tcfg.last_step
+                bar.set_postfix(step=self.step, refresh=False)
+                out_of_time = now - start > minutes * 60 or self.step >= self.tcfg.last_step
                 if now - last_save > self.tcfg.save_minutes * 60 or out_of_time:
-                    self.checkpoint(tokens / (now - last_save), loss_sum / loss_n)
-                    last_save, tokens, loss_sum, loss_n = time.time(), 0, 0.0, 0
+                    self.checkpoint(tokens / (now - last_save), float(loss_sum) / loss_n)
+                    last_save, tokens, loss_sum, loss_n = time.time(), 0, torch.zeros_like(loss_sum), 0
                 if out_of_time:
                     return
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
@@ -324,7 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name.replace('_', '-')}", type=field_type, default=getattr(ModelConfig, name))
     for name in TRAIN_FLAGS:
         default = getattr(TrainConfig, name)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        if isinstance(default, bool):
+            p.add_argument(f"--{name.replace('_', '-')}", action="store_true")
+        else:
+            p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     return p
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import random
 import subprocess
 import sys
@@ -13,14 +14,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from model import train as train_module
 from model.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
-from model.batching import Example, Resegmenter, collate, epoch_examples, make_examples, token_batches
+from model.batching import Example, Resegmenter, collate, epoch_examples, make_examples, pad, token_batches
 from model.config import ModelConfig
 from model.data import Pair, is_sentence, write_tsv
 from model.decode import greedy
 from model.overfit import memorisation_gap
 from model.tokenizer import Tokenizer, file_sha256
-from model.train import TrainConfig, Trainer, average_checkpoints, loss_of, lr_at, model_config, save_checkpoint
+from model.train import (
+    TrainConfig,
+    Trainer,
+    average_checkpoints,
+    build_parser,
+    fit_to_budget,
+    loss_of,
+    lr_at,
+    model_config,
+    save_checkpoint,
+    train_config,
+)
 from model.transformer import make_model
 from tests.tiny import TINY_PAIRS
 
@@ -119,6 +132,58 @@ def test_token_batches_respect_budget() -> None:
     batches = token_batches(examples, 200, rng)
     assert sum(len(b) for b in batches) == 300
     assert all(len(b) * max(len(e.src) + len(e.tgt) + 1 for e in b) <= 200 for b in batches if len(b) > 1)
+
+
+def test_pad_right_pads_rows_of_any_length() -> None:
+    rows = [(5, 6, 7), (8,), (9, 10), (11, 12, 13)]
+    expected = torch.tensor([[5, 6, 7], [8, 0, 0], [9, 10, 0], [11, 12, 13]])
+    assert torch.equal(pad(rows), expected)
+    assert torch.equal(pad([(4,)]), torch.tensor([[4]]))
+
+
+def test_a_budget_fits_the_last_step_and_a_cooldown_of_this_processes_steps() -> None:
+    cfg = TrainConfig(budget_minutes=2.0, budget_cooldown=0.25)
+    fresh = fit_to_budget(cfg, first_step=0, step=120, seconds_per_step=0.1, seconds_left=100.0)
+    assert fresh.max_steps == 120 + int(train_module.BUDGET_MARGIN * 1000)
+    assert fresh.cooldown_steps == int(0.25 * fresh.max_steps)
+    assert fresh.cooldown_start + fresh.cooldown_steps == fresh.max_steps == fresh.last_step
+    resumed = fit_to_budget(cfg, first_step=10_000, step=10_120, seconds_per_step=0.1, seconds_left=100.0)
+    assert resumed.max_steps == fresh.max_steps + 10_000
+    assert resumed.cooldown_steps == fresh.cooldown_steps  # a share of its own cycle, not of all steps
+    assert lr_at(resumed.max_steps, resumed) == 0.0 < lr_at(resumed.cooldown_start, resumed)
+
+
+def test_bf16_and_the_budget_are_flags_saved_in_the_train_config() -> None:
+    args = build_parser().parse_args(["--bf16", "--budget-minutes", "9.5"])
+    assert train_config(args) == TrainConfig(bf16=True, budget_minutes=9.5)
+    assert train_config(build_parser().parse_args([])).bf16 is False
+
+
+def test_a_budget_run_trains_under_bf16_and_ends_on_its_fitted_schedule(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train_module, "CALIBRATION_SKIP", 1)
+    monkeypatch.setattr(train_module, "CALIBRATION_STEPS", 2)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data / f"{name}.tsv")
+    args = argparse.Namespace(run=tmp_path / "run", device="cpu", tokenizer=tiny_model_dir / TOKENIZER_FILE, data=data)
+    args.run.mkdir()
+    trainer = Trainer(args, load_config(tiny_model_dir), TrainConfig(max_tokens=60, bf16=True, budget_minutes=0.02))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.run()
+    fitted = trainer.tcfg
+    assert fitted.max_steps > 3 and fitted.cooldown_start + fitted.cooldown_steps == fitted.max_steps
+    assert json.loads((args.run / "train_config.json").read_text()) == dataclasses.asdict(fitted)
+    assert 3 < trainer.step <= fitted.max_steps  # the step cap, or the wall-time cap just before it
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+    (args.run / "model_config.json").write_text(load_config(tiny_model_dir).to_json())  # as model.train's run() does
+    shipped = tmp_path / "shipped"
+    train_module.ship(args.run, shipped, n_average=2, tokenizer=args.tokenizer)
+    assert (shipped / TOKENIZER_FILE).read_bytes() == args.tokenizer.read_bytes()
+    assert load_artifact(shipped).cfg == load_config(tiny_model_dir)
 
 
 def test_tiny_model_overfits_a_few_pairs() -> None:
