@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.splitter import join, split, translatable
+from model.data import read_tsv
+from server.core.splitter import _LINE_BREAK, _one_sentence, _pysbd_cuts, join, split, translatable
 
 WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "z.B.", "Dr.", "3.5", "e.g.", "U.S.", "Nein", "ok", "«Ja»"])
 PUNCT = st.sampled_from([".", "!", "?", "...", ":", ";", ",", ""])
@@ -75,3 +77,32 @@ def test_concurrent_splits_do_not_see_each_others_text() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         together = list(pool.map(lambda text: split(text, "de").pieces, texts * 10))
     assert together == alone * 10
+
+
+# One line of words without anything pysbd cuts at inside it, and any last character.
+ONE_LINE_WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "3", "a", "B", "Nein,", "«Ja»", "(so", "so)", "-", "—"])
+ONE_LINE_SPACE = st.sampled_from([" ", "  ", "\t", "\u00a0", ""])
+LAST = st.sampled_from(["", ".", "!", "?", "…", ":", '"', "»", ")", "a", "1"])
+ONE_LINE = st.tuples(
+    ONE_LINE_SPACE,
+    st.lists(st.tuples(ONE_LINE_WORDS, ONE_LINE_SPACE), min_size=1, max_size=20),
+    LAST,
+    ONE_LINE_SPACE,
+).map(lambda p: p[0] + "".join(w + s for w, s in p[1]).rstrip() + p[2] + p[3])
+
+
+@settings(max_examples=400, deadline=None)
+@given(line=st.one_of(ONE_LINE, st.text(max_size=80).filter(lambda t: not _LINE_BREAK.search(t))),
+       language=st.sampled_from(["de", "en"]))  # fmt: skip
+def test_a_line_passed_over_pysbd_is_one_sentence_to_pysbd(line: str, language: str) -> None:
+    if _one_sentence(line):
+        assert _pysbd_cuts(line, language) == [len(line.rstrip())]
+
+
+def test_the_test_sets_sentences_mostly_skip_pysbd_and_split_as_pysbd_would() -> None:
+    pairs = read_tsv(Path("data/test.tsv"))
+    lines = [(p.de, "de") for p in pairs] + [(p.en, "en") for p in pairs]
+    skipped = [(line, language) for line, language in lines if _one_sentence(line)]
+    assert len(skipped) > len(lines) / 2
+    for line, language in skipped:
+        assert _pysbd_cuts(line, language) == [len(line.rstrip())], line
