@@ -22,6 +22,7 @@ from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
 from server.core.engine import RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
+from server.edge import servicer as servicer_module
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
 from server.edge.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
@@ -108,6 +109,26 @@ def test_translate_answers_every_text_in_order_like_the_offline_decoder(
     assert [r.sentences for r in reply.results] == [1, 3, 0, 1, 0, 1]
     assert reply.results[1].translation.count("\n") == 1  # the line break survives translation
     assert not reply.results[0].hypotheses  # n-best only when asked for
+
+
+def test_short_requests_are_prepared_on_the_loop_and_long_ones_in_a_worker_thread(
+    served: RunningServer, model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[int] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(func: Callable[[], object]) -> object:
+        hops.append(1)
+        return await to_thread(func)
+
+    monkeypatch.setattr(servicer_module.asyncio, "to_thread", counted)
+    short = "Das Haus ist groß."
+    long = " ".join([short] * (servicer_module.INLINE_PREPARE_CHARS // len(short) + 1))
+    assert len(short) <= servicer_module.INLINE_PREPARE_CHARS < len(long)
+    assert served.stub.Translate(request([short])).results[0].translation == expected_hypotheses(model, short)[0][0]
+    assert not hops
+    assert served.stub.Translate(request([long])).results[0].translation == expected_hypotheses(model, long)[0][0]
+    assert hops == [1]
 
 
 def test_blank_texts_come_back_unchanged_without_running_the_model(served: RunningServer, model: LoadedModel) -> None:
@@ -425,7 +446,10 @@ def test_health_is_not_serving_until_loaded_then_serving(model: LoadedModel) -> 
         running.run(server.shutdown(0.0))
 
 
-def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized(tiny_model_dir: Path) -> None:
+def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(servicer_module, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
     with running_server(LoadedModel(base.runner, held, base.description), config(max_queue=2)) as served:
@@ -501,7 +525,10 @@ class HeldTokenizer(Tokenizer):
         return super().encode_source(text, target_lang)
 
 
-def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(tiny_model_dir: Path) -> None:
+def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(servicer_module, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
     with running_server(LoadedModel(base.runner, held, base.description), config()) as served:
