@@ -221,6 +221,7 @@ class Trainer:
         valid = make_examples(read_tsv(args.data / "valid.tsv"), tok, mcfg.max_len)
         self.valid = evaluation_batches(valid, self.device)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.calibration_start = 0.0  # --budget-minutes: when the timed steps began
         log.info(
             "model %s parameters, %d training examples", f"{count_parameters(self.model):,}", len(self.train_examples)
         )
@@ -286,6 +287,16 @@ class Trainer:
         self.step += 1
         return loss.detach() / batch.n_tokens
 
+    def time_the_budget(self, first_step: int, start: float, minutes: float) -> None:
+        """--budget-minutes: note the time at the first calibration step, fit the schedule at the last."""
+        if self.step == first_step + CALIBRATION_SKIP:
+            self.calibration_start = self.synchronized_time()
+        elif self.step == first_step + CALIBRATION_SKIP + CALIBRATION_STEPS:
+            now = self.synchronized_time()
+            self.fit_budget(
+                first_step, (now - self.calibration_start) / CALIBRATION_STEPS, minutes * 60 - (now - start)
+            )
+
     def fit_budget(self, first_step: int, step_seconds: float, seconds_left: float) -> None:
         self.tcfg = fit_to_budget(self.tcfg, first_step, self.step, step_seconds, seconds_left)
         (self.run_dir / "train_config.json").write_text(json.dumps(self.tcfg.__dict__, indent=2))
@@ -329,8 +340,6 @@ class Trainer:
         start = last_save = time.time()
         minutes = self.tcfg.budget_minutes or self.tcfg.max_minutes
         first_step = self.step
-        calibrate_from, calibrate_to = first_step + CALIBRATION_SKIP, first_step + CALIBRATION_SKIP + CALIBRATION_STEPS
-        calibration_start = start
         tokens, loss_sum, loss_n = 0, torch.zeros((), device=self.device), 0
         while self.step < self.tcfg.last_step:
             batches = self.epoch_batches()
@@ -341,13 +350,8 @@ class Trainer:
                 loss_n += 1
                 tokens += batch.n_tokens
                 self.batch_in_epoch += 1
-                if self.tcfg.budget_minutes and self.step in (calibrate_from, calibrate_to):
-                    now = self.synchronized_time()
-                    if self.step == calibrate_from:
-                        calibration_start = now
-                    else:
-                        seconds_left = minutes * 60 - (now - start)
-                        self.fit_budget(first_step, (now - calibration_start) / CALIBRATION_STEPS, seconds_left)
+                if self.tcfg.budget_minutes:
+                    self.time_the_budget(first_step, start, minutes)
                 now = time.time()
                 bar.set_postfix(step=self.step, refresh=False)
                 out_of_time = now - start > minutes * 60 or self.step >= self.tcfg.last_step
