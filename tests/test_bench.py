@@ -20,7 +20,9 @@ import torch
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
+from bench.train_rate import build_parser, step_rates
 from model.artifact import load_artifact
+from model.data import Pair, write_tsv
 from model.decode import beam_search
 from model.tokenizer import Tokenizer
 from tests.tiny import TINY_PAIRS
@@ -322,3 +324,15 @@ def test_opus_size_pipeline_builds_imports_exports_and_serves_an_opus_mt_model(t
     for variant in ("fp32", "int8"):
         closed = results["served"][variant]["beam1"]["closed"]
         assert closed and all(run["ok"] == run["requests"] > 0 for run in closed)
+
+
+def test_train_rate_times_each_shape_and_batch_size(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "valid"):
+        write_tsv([Pair(de, en) for de, en in TINY_PAIRS] * 20, data / f"{name}.tsv")
+    argv = ["--data", str(data), "--model-dir", str(tiny_model_dir), "--run", str(tmp_path / "run"), "--device", "cpu",
+            "--layers", "1,2", "--max-tokens", "60,120", "--steps", "2", "--bf16"]  # fmt: skip
+    rates = step_rates(build_parser().parse_args(argv))
+    assert [(r.layers, r.max_tokens) for r in rates] == [(1, 60), (1, 120), (2, 60), (2, 120)]
+    assert all(r.ms_per_step > 0 and r.target_tokens_per_s > 0 for r in rates)
