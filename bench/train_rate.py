@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from model.artifact import load_config
+from model.artifact import TOKENIZER_FILE, load_config
 from model.batching import collate, epoch_examples, token_batches
 from model.train import TrainConfig, Trainer
 
@@ -34,15 +33,10 @@ class StepRate:
     target_tokens_per_s: float
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def step_rates(args: argparse.Namespace) -> list[StepRate]:
     """Time `args.steps` updates for each layer count and batch size, the shipped model's other settings."""
     base = load_config(args.model_dir)
-    trainer_args = argparse.Namespace(run=args.run, device=args.device, tokenizer=args.model_dir / "tokenizer.model",
+    trainer_args = argparse.Namespace(run=args.run, device=args.device, tokenizer=args.model_dir / TOKENIZER_FILE,
                                       data=args.data)  # fmt: skip
     args.run.mkdir(parents=True, exist_ok=True)
     rates = []
@@ -54,15 +48,13 @@ def step_rates(args: argparse.Namespace) -> list[StepRate]:
             batches = token_batches(examples, max_tokens, random.Random(0))
             for examples_of_batch in batches[:WARMUP_STEPS]:
                 trainer.train_step(collate(examples_of_batch, trainer.device))
-            synchronize(trainer.device)
-            start, tokens = time.perf_counter(), 0
+            start, tokens = trainer.synchronized_time(), 0
             timed = batches[WARMUP_STEPS : WARMUP_STEPS + args.steps]
             for examples_of_batch in timed:
                 batch = collate(examples_of_batch, trainer.device)
                 tokens += batch.n_tokens
                 trainer.train_step(batch)
-            synchronize(trainer.device)
-            seconds = time.perf_counter() - start
+            seconds = trainer.synchronized_time() - start
             rates.append(StepRate(layers, max_tokens, seconds / len(timed) * 1000, tokens / seconds))
             print(f"{layers}+{layers} layers, {max_tokens:>6} tokens per batch: {rates[-1].ms_per_step:7.1f} ms per "
                   f"step, {rates[-1].target_tokens_per_s:9.0f} target tokens/s", flush=True)  # fmt: skip

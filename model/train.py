@@ -141,6 +141,10 @@ def fit_to_budget(
     return dataclasses.replace(cfg, max_steps=last, cooldown_start=last - cooldown, cooldown_steps=cooldown)
 
 
+def write_train_config(run: Path, cfg: TrainConfig) -> None:
+    (run / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+
+
 def loss_of(model: Transformer, batch: Batch, smoothing: float) -> torch.Tensor:
     logits = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
     return F.cross_entropy(
@@ -207,10 +211,9 @@ class Trainer:
         self.device = torch.device(args.device)
         torch.manual_seed(tcfg.seed)
         self.model = Transformer(mcfg).to(self.device)
-        fused = self.device.type == "cuda"  # one kernel for all parameters instead of several per tensor
-        self.opt = torch.optim.Adam(
-            self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9, fused=fused or None
-        )
+        # CUDA: one fused kernel for all parameters instead of several per tensor; None keeps torch's default
+        fused = True if self.device.type == "cuda" else None
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=tcfg.peak_lr, betas=(0.9, 0.98), eps=1e-9, fused=fused)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tcfg.bf16)
         tok = Tokenizer(args.tokenizer)
         train_pairs = read_tsv(args.data / "train.tsv")
@@ -299,7 +302,7 @@ class Trainer:
 
     def fit_budget(self, first_step: int, step_seconds: float, seconds_left: float) -> None:
         self.tcfg = fit_to_budget(self.tcfg, first_step, self.step, step_seconds, seconds_left)
-        (self.run_dir / "train_config.json").write_text(json.dumps(self.tcfg.__dict__, indent=2))
+        write_train_config(self.run_dir, self.tcfg)
         log.info(
             "budget: %.1f ms per step, %d steps in all, cooldown from %d",
             step_seconds * 1000,
@@ -443,7 +446,7 @@ def run(args: argparse.Namespace) -> None:
     tcfg = train_config(args)
     args.run.mkdir(parents=True, exist_ok=True)
     (args.run / "model_config.json").write_text(mcfg.to_json())
-    (args.run / "train_config.json").write_text(json.dumps(tcfg.__dict__, indent=2))
+    write_train_config(args.run, tcfg)
     trainer = Trainer(args, mcfg, tcfg)
     if args.resume:
         trainer.resume()
