@@ -128,21 +128,29 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_export
 
 
 def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    CALLS = 48
     with replicas(tiny_exported_dir, tmp_path, "--drain-seconds", "30") as served:
 
         async def calls_then_sigterm() -> list[grpc.StatusCode]:
             in_flight = asyncio.ensure_future(
-                translate_over(served.address, channels=8, calls=48, max_output_len=64, beam_size=4)
+                translate_over(served.address, channels=8, calls=CALLS, max_output_len=64, beam_size=4)
             )
-            wait = time.monotonic() + 10
-            while served.metric("translation_active_slots") <= 0 and time.monotonic() < wait:
+            # SIGTERM once the servers hold every call (in flight, or already answered): a call still on
+            # its way when the signal lands is rightly refused UNAVAILABLE, and is not what this tests
+            wait = time.monotonic() + 60
+            while (held := await asyncio.to_thread(received)) < CALLS and time.monotonic() < wait:
                 await asyncio.sleep(0.01)
+            assert held >= CALLS, f"the servers received {held} of {CALLS} calls"
             served.process.send_signal(signal.SIGTERM)
             return await in_flight
 
+        def received() -> float:
+            answered = served.metric("translation_requests_total", method="Translate")
+            return served.metric("translation_requests_in_flight", method="Translate") + answered
+
         codes = asyncio.run(calls_then_sigterm())
         assert served.process.wait(60) == 0
-        assert codes == [grpc.StatusCode.OK] * 48  # every call sent before the signal was answered
+        assert codes == [grpc.StatusCode.OK] * CALLS  # every call received before the signal was answered
         assert served.children() == []
         assert "stopping 2 server process(es)" in served.log.read_text()
 

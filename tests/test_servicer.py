@@ -277,9 +277,11 @@ def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path
         error = status_of(refused.result)
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "queue is full" in error.details
+        assert in_flight(served, "Translate") == len(accepted)  # the refused call is answered, the rest held
         gated.gate.set()
         assert [f.result(30).results[0].sentences for f in accepted] == [1] * len(accepted)
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
+        wait_until(lambda: in_flight(served, "Translate") == 0)
         assert (
             sample_value(
                 served.registry,
@@ -356,6 +358,7 @@ def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path, time
         gated.close_gate()
         stream = served.stub.TranslateStream(request(["Das Haus ist groß."], beam_size=4), timeout=timeout)
         gated.wait_for_step()
+        assert in_flight(served, "TranslateStream") == 1
         stream.cancel()  # well before any deadline: a cancel, not a deadline
         # the cancel travels to the engine asynchronously: let it arrive before the held step ends,
         # or the sentence may finish first and rightly count as translated
@@ -375,6 +378,11 @@ def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path, time
             )
         )
         assert sample_value(served.registry, "translation_sentences_total", lang_pair="de-en") == 0
+        assert in_flight(served, "TranslateStream") == 0
+
+
+def in_flight(served: RunningServer, method: str) -> float:
+    return sample_value(served.registry, "translation_requests_in_flight", method=method)
 
 
 def test_a_failing_batch_is_internal_without_details_and_the_server_carries_on(tiny_model_dir: Path) -> None:

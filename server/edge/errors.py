@@ -153,12 +153,14 @@ def unary_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-            call = CallRecord()
+            call = _start(self.metrics, method)
             try:
                 response = await fn(self, request, context, call)
             except BaseException as exc:
                 await _fail(self.metrics, method, call, context, exc)
                 raise  # unreachable for Exception: _fail aborts the call
+            finally:
+                _end(self.metrics, method)
             call.first_result_s = time.monotonic() - call.started
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
             return response
@@ -180,7 +182,7 @@ def stream_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
-            call = CallRecord()
+            call = _start(self.metrics, method)
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
                 async with contextlib.aclosing(fn(self, request, context, call)) as responses:
@@ -191,6 +193,8 @@ def stream_call(
             except BaseException as exc:
                 await _fail(self.metrics, method, call, context, exc)
                 raise
+            finally:
+                _end(self.metrics, method)
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
 
         return wrapper
@@ -235,6 +239,17 @@ def deadline_passed(remaining: float | None, elapsed: float) -> bool:
         return False
     timeout = remaining + elapsed  # the deadline as the server first saw it
     return remaining <= min(DEADLINE_SLACK_S, timeout / 10) + timeout / 90
+
+
+def _start(metrics: Metrics | None, method: str) -> CallRecord:
+    if metrics is not None:
+        metrics.call_started(method)
+    return CallRecord()
+
+
+def _end(metrics: Metrics | None, method: str) -> None:
+    if metrics is not None:
+        metrics.call_ended(method)
 
 
 def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:

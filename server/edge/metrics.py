@@ -45,6 +45,13 @@ class Metrics:
             ["method", "code", "lang_pair", "model"],
             registry=registry,
         )
+        self.in_flight = Gauge(
+            "translation_requests_in_flight",
+            "RPCs received by the service and not yet answered, by method.",
+            ["method"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.request_duration = Histogram(
             "translation_request_duration_seconds",
             "Latency of RPCs answered OK or cut off by their deadline, from receipt to the last response; fast"
@@ -162,6 +169,12 @@ class Metrics:
         self.requests.labels(method=method, code=code, lang_pair=lang_pair, model=model).inc()
         if code in TIMED_CODES:
             self.request_duration.labels(method=method, lang_pair=lang_pair, model=model).observe(seconds)
+
+    def call_started(self, method: str) -> None:
+        self.in_flight.labels(method=method).inc()
+
+    def call_ended(self, method: str) -> None:
+        self.in_flight.labels(method=method).dec()
 
     def observe_rejected(self, method: str, reason: str, model: str = "") -> None:
         self.rejected.labels(method=method, reason=reason, model=model).inc()
