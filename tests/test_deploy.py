@@ -49,7 +49,13 @@ HISTOGRAMS = [
     "translation_step_active_slots",
     "translation_padding_efficiency_ratio",
 ]
-GAUGES = ["translation_queue_depth", "translation_active_slots", "translation_max_slots", "translation_model_info"]
+GAUGES = [
+    "translation_queue_depth",
+    "translation_active_slots",
+    "translation_max_slots",
+    "translation_model_info",
+    "translation_requests_in_flight",
+]
 EXPORTED = set(COUNTERS) | set(GAUGES) | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
 METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
 # What the dashboard must show (issue 5): each entry is a metric some panel has to query.
@@ -61,6 +67,7 @@ DASHBOARD_MUST_SHOW = {
     "sentences that failed in the queue": "translation_sentences_failed_total",
     "time to first result": "translation_time_to_first_result_seconds_bucket",
     "queue depth": "translation_queue_depth",
+    "calls in flight": "translation_requests_in_flight",
     "active slots": "translation_active_slots",
     "tokens per second": "translation_output_tokens_total",
     "padding efficiency": "translation_padding_efficiency_ratio_sum",
