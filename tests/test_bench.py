@@ -20,6 +20,8 @@ import torch
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
+from bench.step_time import build_parser as step_time_parser
+from bench.step_time import step_times
 from bench.train_rate import build_parser, step_rates
 from model.artifact import load_artifact
 from model.data import Pair, write_tsv
@@ -336,3 +338,13 @@ def test_train_rate_times_each_shape_and_batch_size(tiny_model_dir: Path, tmp_pa
     rates = step_rates(build_parser().parse_args(argv))
     assert [(r.layers, r.max_tokens) for r in rates] == [(1, 60), (1, 120), (2, 60), (2, 120)]
     assert all(r.ms_per_step > 0 and r.target_tokens_per_s > 0 for r in rates)
+
+
+def test_step_time_times_each_graph_batch_size_and_parallel_copies(tiny_exported_dir: Path) -> None:
+    argv = ["--variant-dir", str(tiny_exported_dir / "onnx/int8"), "--rows", "1,3", "--past", "2", "--source", "5",
+            "--parallel", "1,2", "--calls", "2"]  # fmt: skip
+    times = step_times(step_time_parser().parse_args(argv))
+    assert [(t.graph, t.rows, t.parallel) for t in times] == [
+        (graph, rows, parallel) for graph in ("decoder_step", "encoder") for rows in (1, 3) for parallel in (1, 2)
+    ]
+    assert all(t.ms_per_call > 0 for t in times)
