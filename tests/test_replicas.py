@@ -27,6 +27,7 @@ from tests.serving import ROOT, request, wait_until
 
 MAX_SLOTS = 8
 TEXTS = ["Ich habe keine Zeit.", "Wo ist der Bahnhof?", "Das Haus ist groß.", "Guten Morgen."]
+DRAIN_CALLS = 48  # the calls the servers hold when SIGTERM arrives
 
 
 @dataclass(frozen=True)
@@ -128,19 +129,18 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_export
 
 
 def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Path, tmp_path: Path) -> None:
-    CALLS = 48
     with replicas(tiny_exported_dir, tmp_path, "--drain-seconds", "30") as served:
 
         async def calls_then_sigterm() -> list[grpc.StatusCode]:
             in_flight = asyncio.ensure_future(
-                translate_over(served.address, channels=8, calls=CALLS, max_output_len=64, beam_size=4)
+                translate_over(served.address, channels=8, calls=DRAIN_CALLS, max_output_len=64, beam_size=4)
             )
             # SIGTERM once the servers hold every call (in flight, or already answered): a call still on
             # its way when the signal lands is rightly refused UNAVAILABLE, and is not what this tests
             wait = time.monotonic() + 60
-            while (held := await asyncio.to_thread(received)) < CALLS and time.monotonic() < wait:
+            while (held := await asyncio.to_thread(received)) < DRAIN_CALLS and time.monotonic() < wait:
                 await asyncio.sleep(0.01)
-            assert held >= CALLS, f"the servers received {held} of {CALLS} calls"
+            assert held >= DRAIN_CALLS, f"the servers received {held} of {DRAIN_CALLS} calls"
             served.process.send_signal(signal.SIGTERM)
             return await in_flight
 
@@ -150,7 +150,7 @@ def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Pat
 
         codes = asyncio.run(calls_then_sigterm())
         assert served.process.wait(60) == 0
-        assert codes == [grpc.StatusCode.OK] * CALLS  # every call received before the signal was answered
+        assert codes == [grpc.StatusCode.OK] * DRAIN_CALLS  # every call received before the signal was answered
         assert served.children() == []
         assert "stopping 2 server process(es)" in served.log.read_text()
 

@@ -159,11 +159,23 @@ def test_bf16_and_the_budget_are_flags_saved_in_the_train_config() -> None:
     assert train_config(build_parser().parse_args([])).bf16 is False
 
 
+class SteppingClock:
+    """A stand-in for the `time` module whose clock moves `tick` seconds at every reading."""
+
+    def __init__(self, tick: float) -> None:
+        self.tick, self.now = tick, 0.0
+
+    def time(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 def test_a_budget_run_trains_under_bf16_and_ends_on_its_fitted_schedule(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(train_module, "CALIBRATION_SKIP", 1)
     monkeypatch.setattr(train_module, "CALIBRATION_STEPS", 2)
+    monkeypatch.setattr(train_module, "time", SteppingClock(0.05))  # the same schedule on a fast or loaded machine
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train", "valid"):
