@@ -1,8 +1,4 @@
-"""HTTP/2 connection timers: the config reaches grpc, and idle, aged and silently dead connections end as documented.
-
-The age itself (GOAWAY, then the client dials again) is proven in
-test_servicer.py::test_connections_are_closed_gracefully_after_their_maximum_age.
-"""
+"""HTTP/2 connection timers: the config reaches grpc, and idle, aged and silently dead connections end as documented."""
 
 from __future__ import annotations
 
