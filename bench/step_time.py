@@ -5,14 +5,20 @@ random feeds, with no scheduler, cache gathers or gRPC around them: what a serve
 onnxruntime had the core to itself. `--parallel 1,2` also runs that many copies at once, each on its own
 thread of this process, as the server's engine threads do; compared with the server's own step time
 (`translation_decode_step_duration_seconds`) it says how much serving adds around onnxruntime.
+`--profile` adds, per graph and batch size, onnxruntime's profile of one more run: each operator type's
+share of the kernel time.
 
 Usage:
     python -m bench.step_time --variant-dir model/shipped/onnx/int8 --rows 1,8,32 --past 20 --source 16 --parallel 1,2
+    python -m bench.step_time --variant-dir model/shipped/onnx/int8 --rows 1,64 --parallel 1 --profile
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -81,6 +87,27 @@ def time_calls(path: Path, dims: dict[str, int], calls: int, parallel: int) -> f
     return sum(results) / len(results)
 
 
+def operator_shares(path: Path, dims: dict[str, int], calls: int) -> dict[str, float]:
+    """Each operator type's share of the kernel time over `calls` profiled calls, largest first."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as scratch:
+        options.profile_file_prefix = str(Path(scratch) / "profile")
+        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        feeds = random_feeds(session, dims)
+        for _ in range(calls):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    kernel_us: collections.Counter[str] = collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            kernel_us[event["args"]["op_name"]] += event["dur"]
+    total = sum(kernel_us.values())
+    return {op: us / total for op, us in kernel_us.most_common()}
+
+
 def step_times(args: argparse.Namespace) -> list[StepTime]:
     times = []
     for graph in args.graphs:
@@ -92,6 +119,9 @@ def step_times(args: argparse.Namespace) -> list[StepTime]:
                 past = f"past {args.past}, " if graph == "decoder_step" else ""
                 shape = f"{rows:>3} rows, {past}source {args.source}"
                 print(f"{graph:>12}: {shape}, {parallel} at once: {ms:7.3f} ms per call", flush=True)
+            if args.profile:
+                shares = operator_shares(args.variant_dir / f"{graph}.onnx", dims, args.calls)
+                print("   " + ", ".join(f"{op} {share:.0%}" for op, share in shares.items() if share >= 0.02))
     return times
 
 
@@ -108,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", type=int, default=16, help="source tokens")
     parser.add_argument("--parallel", type=_ints, default=[1, 2], help="copies at once, on threads of this process")
     parser.add_argument("--calls", type=int, default=200, help="timed calls per copy")
+    parser.add_argument("--profile", action="store_true", help="also print each operator type's share of a run")
     return parser
 
 

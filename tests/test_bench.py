@@ -21,7 +21,7 @@ from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
 from bench.step_time import build_parser as step_time_parser
-from bench.step_time import step_times
+from bench.step_time import operator_shares, step_times
 from bench.train_rate import build_parser, step_rates
 from model.artifact import load_artifact
 from model.data import Pair, write_tsv
@@ -348,3 +348,9 @@ def test_step_time_times_each_graph_batch_size_and_parallel_copies(tiny_exported
         (graph, rows, parallel) for graph in ("decoder_step", "encoder") for rows in (1, 3) for parallel in (1, 2)
     ]
     assert all(t.ms_per_call > 0 for t in times)
+
+
+def test_step_time_profile_splits_a_step_among_its_operator_types(tiny_exported_dir: Path) -> None:
+    shares = operator_shares(tiny_exported_dir / "onnx/fp32/decoder_step.onnx", {"B": 2, "P": 3, "S": 4, "K": 1}, 3)
+    assert sum(shares.values()) == pytest.approx(1.0) and "MatMul" in shares
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
