@@ -89,17 +89,44 @@ def call_once(stub: pb_grpc.TranslatorStub, rng: random.Random) -> Call:
     return Call(method, f"{source}-{target}", beam, texts, "OK", tuple(r.translation for r in by_index), sentences)
 
 
+class Tally:
+    """What the clients saw, kept as running totals: the harness shares the server's process, so it must
+    not hold every call, or its own growth would read as the server's. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.codes: Counter[str] = Counter()
+        self.per_series: Counter[tuple[str, str]] = Counter()  # OK calls by (method, lang_pair)
+        self.sentences: Counter[str] = Counter()  # by lang_pair
+        self.answers: dict[tuple[str, int, str], set[str]] = {}  # (lang_pair, beam, text) -> translations
+        self.texts = 0
+
+    def add(self, call: Call) -> None:
+        with self._lock:
+            self.codes[call.code] += 1
+            if call.code != "OK":
+                return
+            self.per_series[(call.method, call.lang_pair)] += 1
+            self.sentences[call.lang_pair] += call.sentences
+            self.texts += len(call.texts)
+            for text, translation in zip(call.texts, call.translations, strict=True):
+                self.answers.setdefault((call.lang_pair, call.beam, text), set()).add(translation)
+
+    @property
+    def calls(self) -> int:
+        return sum(self.codes.values())
+
+
 @dataclass
 class Load:
-    calls: list[Call]
+    tally: Tally
     rss: list[tuple[float, float]]  # (seconds since start, MiB)
     seconds: float
 
 
 def run_load(served: RunningServer, seconds: float, clients: int) -> Load:
-    calls: list[Call] = []
+    tally = Tally()
     rss: list[tuple[float, float]] = []
-    lock = threading.Lock()
     started = time.monotonic()
     end = started + seconds
     done = threading.Event()
@@ -107,9 +134,7 @@ def run_load(served: RunningServer, seconds: float, clients: int) -> Load:
     def client(seed: int) -> None:
         rng = random.Random(seed)
         while time.monotonic() < end:
-            outcome = call_once(served.stub, rng)
-            with lock:
-                calls.append(outcome)
+            tally.add(call_once(served.stub, rng))
 
     def sampler() -> None:
         while not done.wait(SAMPLE_EVERY_S):
@@ -124,7 +149,7 @@ def run_load(served: RunningServer, seconds: float, clients: int) -> Load:
         thread.join()
     done.set()
     watcher.join()
-    return Load(calls, rss, time.monotonic() - started)
+    return Load(tally, rss, time.monotonic() - started)
 
 
 def counter(served: RunningServer, name: str, **labels: str) -> float:
@@ -140,22 +165,16 @@ def test_sustained_load_loses_nothing_counts_everything_and_does_not_leak(tiny_m
         assert engine is not None
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)  # nothing left behind
 
-        codes = Counter(c.code for c in load.calls)
-        assert codes == {"OK": len(load.calls)}, f"every call succeeds under this load: {codes}"
-        answers: dict[tuple[str, int, str], set[str]] = {}
-        for c in load.calls:
-            for text, translation in zip(c.texts, c.translations, strict=True):
-                answers.setdefault((c.lang_pair, c.beam, text), set()).add(translation)
-        crossed = {key: got for key, got in answers.items() if len(got) > 1}
+        tally = load.tally
+        assert tally.codes == {"OK": tally.calls}, f"every call succeeds under this load: {tally.codes}"
+        crossed = {key: got for key, got in tally.answers.items() if len(got) > 1}
         assert not crossed, f"a text got different translations: another client's answer? {crossed}"
 
-        per_series = Counter((c.method, c.lang_pair) for c in load.calls)
-        for (method, pair), seen in per_series.items():
+        for (method, pair), seen in tally.per_series.items():
             served_count = counter(served, "translation_requests_total", method=method, code="OK", lang_pair=pair)
             assert served_count == seen, (method, pair)
         for pair in ("de-en", "en-de"):
-            sentences = sum(c.sentences for c in load.calls if c.lang_pair == pair)
-            assert counter(served, "translation_sentences_total", lang_pair=pair) == sentences
+            assert counter(served, "translation_sentences_total", lang_pair=pair) == tally.sentences[pair]
 
     report = soak_report(load)
     print(f"\nsoak: {json.dumps(report)}")
@@ -171,18 +190,18 @@ def soak_report(load: Load) -> dict[str, float]:
     final = [m for t, m in load.rss if t >= 0.9 * load.seconds]
     after_warmup = statistics.median(settled or [load.rss[0][1]])
     at_end = statistics.median(final or [load.rss[-1][1]])
-    texts = sum(len(c.texts) for c in load.calls)
+    tally = load.tally
     return {
         "seconds": round(load.seconds, 1),
         "clients": SOAK_CLIENTS,
-        "requests": len(load.calls),
-        "texts": texts,
-        "sentences": sum(c.sentences for c in load.calls),
-        "requests_per_s": round(len(load.calls) / load.seconds, 1),
+        "requests": tally.calls,
+        "texts": tally.texts,
+        "sentences": sum(tally.sentences.values()),
+        "requests_per_s": round(tally.calls / load.seconds, 1),
         "rss_start_mib": round(load.rss[0][1], 1),
         "rss_after_warmup_mib": round(after_warmup, 1),
         "rss_end_mib": round(at_end, 1),
         "rss_peak_mib": round(max(m for _, m in load.rss), 1),
         "rss_growth_mib": round(at_end - after_warmup, 1),
-        "streamed_requests": sum(c.method == "TranslateStream" for c in load.calls),
+        "streamed_requests": sum(n for (method, _), n in tally.per_series.items() if method == "TranslateStream"),
     }
