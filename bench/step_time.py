@@ -5,8 +5,8 @@ random feeds, with no scheduler, cache gathers or gRPC around them: what a serve
 onnxruntime had the core to itself. `--parallel 1,2` also runs that many copies at once, each on its own
 thread of this process, as the server's engine threads do; compared with the server's own step time
 (`translation_decode_step_duration_seconds`) it says how much serving adds around onnxruntime.
-`--profile` adds, per graph and batch size, onnxruntime's profile of one more run: each operator type's
-share of the kernel time.
+`--profile` adds, per graph and batch size, onnxruntime's profile of `--calls` more calls on one thread:
+each operator type's share of the kernel time.
 
 Usage:
     python -m bench.step_time --variant-dir model/shipped/onnx/int8 --rows 1,8,32 --past 20 --source 16 --parallel 1,2
@@ -112,7 +112,7 @@ def step_times(args: argparse.Namespace) -> list[StepTime]:
     times = []
     for graph in args.graphs:
         for rows in args.rows:
-            dims = {"B": rows, "P": args.past, "S": args.source, "K": 1, "N": rows}
+            dims = {"B": rows, "P": args.past, "S": args.source, "K": 1}
             for parallel in args.parallel:
                 ms = time_calls(args.variant_dir / f"{graph}.onnx", dims, args.calls, parallel)
                 times.append(StepTime(graph, rows, parallel, ms))
