@@ -34,9 +34,9 @@ from server.proto.translation.v1 import translation_pb2, translation_pb2_grpc
 
 @dataclass(frozen=True)
 class Query:
-    """One text to translate."""
+    """The texts of one request, all in one direction."""
 
-    text: str
+    texts: tuple[str, ...]
     source_language: str
     target_language: str
     model: str = ""  # the model to route to, by name; "" = the first serving the pair
@@ -174,7 +174,7 @@ async def closed_loop(
 def grpc_sender(
     channels: Sequence[grpc.aio.Channel], beam_size: int, timeout_s: float, max_output_len: int = 0
 ) -> Sender:
-    """A Sender calling Translator.Translate with one text per request (max_output_len 0: the server's default),
+    """A Sender calling Translator.Translate with each query's texts (max_output_len 0: the server's default),
     the requests taking the channels in turn.
 
     The length penalty is sent, 1.0, as the offline engines decode: the server's default may be tuned per
@@ -192,7 +192,7 @@ def grpc_sender(
             length_penalty=1.0,
             max_output_len=max_output_len,
         )
-        request = translation_pb2.TranslateRequest(texts=[query.text], options=options)
+        request = translation_pb2.TranslateRequest(texts=list(query.texts), options=options)
         response = await stub.Translate(request, timeout=timeout_s)
         return sum(r.output_tokens for r in response.results)
 
@@ -232,13 +232,16 @@ def open_channels(address: str, count: int) -> list[grpc.aio.Channel]:
     return [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
 
 
-def load_queries(tsv: Path) -> list[Query]:
-    """Both directions of every test pair, interleaved."""
+def load_queries(tsv: Path, texts_per_request: int = 1) -> list[Query]:
+    """Both directions of every test pair, interleaved: each query the next `texts_per_request` sentences of
+    its direction."""
     from model.data import read_tsv
 
+    pairs = read_tsv(tsv)
     queries: list[Query] = []
-    for pair in read_tsv(tsv):
-        queries += [Query(pair.de, "de", "en"), Query(pair.en, "en", "de")]
+    for start in range(0, len(pairs), texts_per_request):
+        chunk = pairs[start : start + texts_per_request]
+        queries += [Query(tuple(p.de for p in chunk), "de", "en"), Query(tuple(p.en for p in chunk), "en", "de")]
     return queries
 
 
@@ -250,11 +253,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load")
     parser.add_argument("--max-output-len", type=int, default=0, help="tokens per sentence; 0 = the server's default")
     parser.add_argument("--channels", type=int, default=1, help="connections the requests take in turn")
+    parser.add_argument("--texts-per-request", type=int, default=1, help="sentences of one direction per request")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
     mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
     args = parser.parse_args()
-    queries = load_queries(args.data)
+    queries = load_queries(args.data, args.texts_per_request)
     summary = asyncio.run(
         run_grpc(
             args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len,

@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     args = parser.parse_args(argv)
     pairs = read_tsv(args.data)
-    alone = [Query(p.de, "de", "en") for p in pairs]
+    alone = [Query((p.de,), "de", "en") for p in pairs]
     with tempfile.TemporaryDirectory() as tmp:
         second = Path(tmp) / SECOND
         shutil.copytree(args.model_dir, second, symlinks=True)
         mixed = [
-            Query(q.text, q.source_language, q.target_language, SECOND if i % 2 else "") for i, q in enumerate(alone)
+            Query(q.texts, q.source_language, q.target_language, SECOND if i % 2 else "") for i, q in enumerate(alone)
         ]
         cores = available_cores()
         layouts = {

@@ -78,7 +78,7 @@ def load_workload(model_dir: Path, tsv: Path, limit: int) -> Workload:
         (q, ids)
         for q in loadgen.load_queries(tsv)
         if (q.source_language, q.target_language) in pairs
-        and len(ids := tok.encode_source(q.text, q.target_language)) <= config.max_len
+        and len(ids := tok.encode_source(q.texts[0], q.target_language)) <= config.max_len
     ]
     kept = kept[: limit or None]
     if not kept:

@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +93,27 @@ def test_send_times_are_poisson_arrivals_at_rate_and_repeatable() -> None:
         send_times(rate=0, duration_s=1)
 
 
+def test_queries_take_consecutive_sentences_of_one_direction(tmp_path: Path) -> None:
+    from bench.loadgen import load_queries
+
+    tsv = tmp_path / "pairs.tsv"
+    write_tsv([Pair(f"de{i}", f"en{i}") for i in range(5)], tsv)
+    assert [q.texts for q in load_queries(tsv)][:4] == [("de0",), ("en0",), ("de1",), ("en1",)]
+    grouped = load_queries(tsv, texts_per_request=2)
+    assert [(q.texts, q.source_language) for q in grouped] == [
+        (("de0", "de1"), "de"), (("en0", "en1"), "en"), (("de2", "de3"), "de"), (("en2", "en3"), "en"),
+        (("de4",), "de"), (("en4",), "en"),
+    ]  # fmt: skip
+
+
 def test_a_capped_closed_loop_sends_exactly_the_first_queries_in_order() -> None:
     sent: list[str] = []
 
     async def send(query: Query) -> int:
-        sent.append(query.text)
+        sent.append(query.texts[0])
         return 1
 
-    queries = [Query(str(i), "de", "en") for i in range(10)]
+    queries = [Query((str(i),), "de", "en") for i in range(10)]
     records = asyncio.run(closed_loop(send, queries, concurrency=1, duration_s=60, max_requests=4))
     assert sent == ["0", "1", "2", "3"] and len(records) == 4
 
@@ -127,15 +141,15 @@ def test_open_loop_offers_fixed_rate_and_records_failures() -> None:
     calls: list[str] = []
 
     async def send(query: Query) -> int:
-        calls.append(query.text)
+        calls.append(query.texts[0])
         await asyncio.sleep(0.2)  # slower than the 0.05 s between sends
-        if query.text == "bad":
+        if query.texts == ("bad",):
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down", None
             )
         return 3
 
-    queries = [Query("good", "de", "en"), Query("bad", "de", "en")]
+    queries = [Query(("good",), "de", "en"), Query(("bad",), "de", "en")]
     records = asyncio.run(open_loop(send, queries, [i * 0.05 for i in range(10)]))  # 20 per second for 0.5 s
     assert len(records) == 10 and len(calls) == 10
     assert sorted(r.code for r in records) == ["OK"] * 5 + ["UNAVAILABLE"] * 5
@@ -147,11 +161,11 @@ def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
     """A client that falls behind its schedule must not hide the delay (coordinated omission)."""
 
     async def send(query: Query) -> int:
-        if query.text == "stall":
+        if query.texts == ("stall",):
             time.sleep(0.3)  # blocks the client's event loop: the next requests leave late
         return 1
 
-    queries = [Query("stall", "de", "en"), Query("fast", "de", "en")]
+    queries = [Query(("stall",), "de", "en"), Query(("fast",), "de", "en")]
     records = asyncio.run(open_loop(send, queries, [0.0, 0.05, 0.1, 0.15]))
     assert [r.start for r in records] == pytest.approx([0.0, 0.05, 0.1, 0.15], abs=0.02)
     assert records[1].latency >= 0.2  # due at 0.05 s, could only leave after the stall ended at 0.3 s
@@ -186,11 +200,19 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
     from bench.loadgen import run_grpc
     from tests.serving import fake_model, running_server
 
-    queries = [Query(de, "de", "en") for de, _ in TINY_PAIRS[:6]]
+    queries = [Query((de,), "de", "en") for de, _ in TINY_PAIRS[:6]]
+    batched = [Query(tuple(de for de, _ in TINY_PAIRS[i : i + 3]), "de", "en") for i in (0, 3)]
     with running_server(fake_model(tiny_model_dir, max_slots=8)) as server:
         closed = asyncio.run(run_grpc(server.address, queries, beam_size=2, duration_s=0.5, concurrency=4))
         opened = asyncio.run(run_grpc(server.address, queries, beam_size=1, duration_s=0.5, rate=20))
+        one_by_one = partial(run_grpc, server.address, beam_size=1, duration_s=60, concurrency=1)
+        alone = asyncio.run(one_by_one(queries, max_requests=6))
+        together = asyncio.run(one_by_one(batched, max_requests=2))
     assert closed.ok == closed.requests > 4 and not closed.errors and closed.tokens_per_s > 0
+    # the same six sentences, one or three per request: every text of a request is translated and counted
+    assert (alone.ok, together.ok) == (6, 2)
+    tokens = [summary.tokens_per_s * summary.elapsed_s for summary in (alone, together)]
+    assert tokens[0] > 0 and tokens[1] == pytest.approx(tokens[0])
     offered = len(send_times(rate=20, duration_s=0.5))  # Poisson arrivals: about 10
     assert (opened.requests, opened.ok, opened.errors) == (offered, offered, {})
     assert opened.p50_ms <= opened.p95_ms
