@@ -153,14 +153,15 @@ def unary_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-            call = _start(self.metrics, method)
+            call = CallRecord()
+            _count_in_flight(self.metrics, method, +1)
             try:
                 response = await fn(self, request, context, call)
             except BaseException as exc:
                 await _fail(self.metrics, method, call, context, exc)
                 raise  # unreachable for Exception: _fail aborts the call
             finally:
-                _end(self.metrics, method)
+                _count_in_flight(self.metrics, method, -1)
             call.first_result_s = time.monotonic() - call.started
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
             return response
@@ -182,7 +183,8 @@ def stream_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
-            call = _start(self.metrics, method)
+            call = CallRecord()
+            _count_in_flight(self.metrics, method, +1)
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
                 async with contextlib.aclosing(fn(self, request, context, call)) as responses:
@@ -194,7 +196,7 @@ def stream_call(
                 await _fail(self.metrics, method, call, context, exc)
                 raise
             finally:
-                _end(self.metrics, method)
+                _count_in_flight(self.metrics, method, -1)
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
 
         return wrapper
@@ -241,15 +243,9 @@ def deadline_passed(remaining: float | None, elapsed: float) -> bool:
     return remaining <= min(DEADLINE_SLACK_S, timeout / 10) + timeout / 90
 
 
-def _start(metrics: Metrics | None, method: str) -> CallRecord:
+def _count_in_flight(metrics: Metrics | None, method: str, change: int) -> None:
     if metrics is not None:
-        metrics.call_started(method)
-    return CallRecord()
-
-
-def _end(metrics: Metrics | None, method: str) -> None:
-    if metrics is not None:
-        metrics.call_ended(method)
+        metrics.count_in_flight(method, change)
 
 
 def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:

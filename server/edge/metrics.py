@@ -170,11 +170,9 @@ class Metrics:
         if code in TIMED_CODES:
             self.request_duration.labels(method=method, lang_pair=lang_pair, model=model).observe(seconds)
 
-    def call_started(self, method: str) -> None:
-        self.in_flight.labels(method=method).inc()
-
-    def call_ended(self, method: str) -> None:
-        self.in_flight.labels(method=method).dec()
+    def count_in_flight(self, method: str, change: int) -> None:
+        """A call of `method` began (+1) or ended (-1)."""
+        self.in_flight.labels(method=method).inc(change)
 
     def observe_rejected(self, method: str, reason: str, model: str = "") -> None:
         self.rejected.labels(method=method, reason=reason, model=model).inc()
