@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
+from server.backend.engine_process import ModelProcess
 from server.core.runner import Candidates, EncodeItem, ModelSpec, Runner
 from server.edge.config import ServerConfig
 from server.edge.convert import ModelDescription
@@ -128,6 +129,12 @@ def export_tiny_onnx(model_dir: Path) -> Path:
         command = [sys.executable, "-m", "export", "--model-dir", str(model_dir), "--variants", "fp32"]
         subprocess.run(command, check=True, capture_output=True, timeout=600)
     return variant_dir
+
+
+def runner_of(model: LoadedModel) -> Runner:
+    """The model's runner, which tests that wrap or drive it directly open in the server's own process."""
+    assert not isinstance(model.runner, ModelProcess), "this test needs the runner in its own process"
+    return model.runner
 
 
 def onnx_model(model_dir: Path, max_slots: int = 8, kv_cache: str = "host") -> LoadedModel:
@@ -303,7 +310,7 @@ def main() -> None:
     args, server_flags = parser.parse_known_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     base = fake_model(args.tokenizer_dir)
-    runner = KillableRunner(base.runner, args.step_delay)
+    runner = KillableRunner(runner_of(base), args.step_delay)
     signal.signal(signal.SIGUSR1, lambda *_: runner.kill.set())  # the next decoder step kills the engine's loop
     model = LoadedModel(runner, base.tokenizer, base.description)
     defaults = ["--port", "0", "--host", "localhost", "--metrics-port", "-1", "--drain-seconds", "30"]

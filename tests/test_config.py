@@ -24,7 +24,7 @@ def test_every_flag_parses() -> None:
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
     argv += " --max-connection-age-grace-s 7 --max-connection-idle-s 90 --keepalive-time-s 45 --keepalive-timeout-s 5"
-    argv += " --min-ping-interval-s 2.5 --shutdown-delay-seconds 3"
+    argv += " --min-ping-interval-s 2.5 --shutdown-delay-seconds 3 --engine-processes"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -42,6 +42,7 @@ def test_every_flag_parses() -> None:
         threads=3,
         engines=2,
         spin_threads=True,
+        engine_processes=True,
         reflection=False,
         log_level="DEBUG",
         host="127.0.0.1",
@@ -74,6 +75,9 @@ def test_environment_sets_values_and_flags_win() -> None:
     assert parse_config([], {"TRANSLATE_SPIN_THREADS": "yes"}).spin_threads
     assert not parse_config([], {}).spin_threads
     assert not parse_config(["--no-spin-threads"], {"TRANSLATE_SPIN_THREADS": "1"}).spin_threads
+    assert parse_config([], {"TRANSLATE_ENGINE_PROCESSES": "on"}).engine_processes
+    assert not parse_config([], {}).engine_processes
+    assert not parse_config(["--no-engine-processes"], {"TRANSLATE_ENGINE_PROCESSES": "1"}).engine_processes
 
 
 CONNECTION_FLAGS = [

@@ -20,6 +20,7 @@ from tests.serving import (
     RunningServer,
     fake_model,
     request,
+    runner_of,
     running_server,
     sample_value,
     server_config,
@@ -80,7 +81,7 @@ def test_a_connection_past_its_idle_time_or_age_is_closed_and_the_next_call_dial
 
 def test_a_call_in_flight_when_its_connection_ages_out_finishes_within_the_grace(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     config = server_config(max_connection_age_s=0.3, max_connection_age_grace_s=30)
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config) as served:
         states: list[grpc.ChannelConnectivity] = []
@@ -138,7 +139,7 @@ def silent_proxy(served: RunningServer) -> Iterator[SilentProxy]:
 def test_keepalive_finds_a_client_gone_silent_and_cancels_its_call(tiny_model_dir: Path) -> None:
     """The server's ping goes unanswered: it closes the connection and cancels the call, freeing its slots."""
     base = fake_model(tiny_model_dir)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     config = server_config(keepalive_time_s=0.3, keepalive_timeout_s=0.5)
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config) as served:
         engine = served.server.engine

@@ -23,6 +23,7 @@ from tests.serving import (
     export_tiny_onnx,
     onnx_model,
     request,
+    runner_of,
     running_server,
     sample_value,
     status_of,
@@ -117,7 +118,7 @@ def test_list_models_the_cli_and_the_metrics_cover_every_model(two_models: list[
 
 def test_a_model_whose_engine_dies_fails_only_its_own_requests(model_dirs: dict[str, Path]) -> None:
     marian = onnx_model(model_dirs[MARIAN])
-    killable = KillableRunner(marian.runner)
+    killable = KillableRunner(runner_of(marian))
     models = [onnx_model(model_dirs[OURS]), LoadedModel(killable, marian.tokenizer, marian.description)]
     with running_server(models) as served:
         killable.kill.set()
@@ -191,7 +192,7 @@ def test_replicas_of_a_model_share_its_requests_and_answer_as_one(model_dirs: di
 
     alone = answers(onnx_model(model_dirs[OURS]), [("de", "en", "")])[0]
     replicas = [onnx_model(model_dirs[OURS]) for _ in range(2)]
-    counting = [CountingRunner(r.runner) for r in replicas]
+    counting = [CountingRunner(runner_of(r)) for r in replicas]
     models = [LoadedModel(c, r.tokenizer, r.description) for c, r in zip(counting, replicas, strict=True)]
     with running_server(models) as served, ThreadPoolExecutor(8) as pool:
         for c in counting:

@@ -52,6 +52,7 @@ from tests.serving import (
     fake_model,
     health_status,
     request,
+    runner_of,
     running_server,
     sample_value,
     server_loop,
@@ -69,7 +70,7 @@ HOUSE, POLICE, CONSOLE = "Das Haus ist groß.", "Geheimpolizei", "Steuerpult"
 
 def gated(tiny_model_dir: Path, max_slots: int, runner: FakeRunner | None = None) -> tuple[LoadedModel, GatedRunner]:
     base = fake_model(tiny_model_dir, max_slots=max_slots)
-    gate = GatedRunner(runner if runner is not None else base.runner)
+    gate = GatedRunner(runner if runner is not None else runner_of(base))
     return LoadedModel(gate, base.tokenizer, base.description), gate
 
 

@@ -40,6 +40,7 @@ from tests.serving import (
     health_status,
     onnx_model,
     request,
+    runner_of,
     running_server,
     sample_value,
     server_loop,
@@ -254,7 +255,7 @@ def test_bad_requests_are_invalid_argument_with_a_helpful_message(served: Runnin
 def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path) -> None:
     max_queue = 3
     base = fake_model(tiny_model_dir, max_slots=1)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     with running_server(
         LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1, max_queue=max_queue)
     ) as served:
@@ -299,7 +300,7 @@ def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path
 @pytest.mark.parametrize("where", ["decoding", "queued"])
 def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> None:
     base = fake_model(tiny_model_dir, max_slots=1)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1)) as served:
         engine = served.server.engine
         assert engine is not None
@@ -351,7 +352,7 @@ def test_a_cancellation_at_the_deadline_is_the_deadline(remaining: float | None,
 @pytest.mark.parametrize("timeout", [None, 1.0])
 def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path, timeout: float | None) -> None:
     base = fake_model(tiny_model_dir, max_slots=4)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=4)) as served:
         engine = served.server.engine
         assert engine is not None
@@ -473,7 +474,7 @@ def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized
 
 def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config()) as served:
         gated.close_gate()
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei"]))
@@ -492,7 +493,7 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
 
 def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
-    gated = GatedRunner(base.runner)
+    gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_concurrent_rpcs=1)) as served:
         gated.close_gate()
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß."]))
@@ -553,7 +554,7 @@ def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(
 
 def test_when_the_drain_grace_runs_out_the_rest_fails_unavailable_and_is_counted_so(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
-    slow = GatedRunner(base.runner, delay=1.0)  # every step 1 s: the request outlasts the grace
+    slow = GatedRunner(runner_of(base), delay=1.0)  # every step 1 s: the request outlasts the grace
     with running_server(LoadedModel(slow, base.tokenizer, base.description), config()) as served:
         slow.close_gate()  # forget the warmup's steps
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß.", "Geheimpolizei", "Steuerpult"]))

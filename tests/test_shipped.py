@@ -21,7 +21,7 @@ from model.data import read_tsv
 from model.directory import choose_variant
 from model.tokenizer import Tokenizer
 from server.core.offline import translate_ids
-from tests.serving import export_tiny_onnx, onnx_model, request, running_server
+from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
 
 pytestmark = pytest.mark.shipped
 
@@ -55,7 +55,7 @@ def test_served_translation_equals_offline_decoding(
         reply = served.stub.Translate(request(texts, source=source, target=target, beam_size=4))
     sources = [tok.encode_source(t, target) for t in texts]
     penalty = model.description.default_length_penalty[f"{source}-{target}"]  # decoding.json's, as served
-    offline = translate_ids(model.runner, sources, 4, penalty, None)  # the server's default output limit
+    offline = translate_ids(runner_of(model), sources, 4, penalty, None)  # the server's default output limit
     assert [r.translation for r in reply.results] == [tok.decode(list(h[0].tokens)) for h in offline]
     assert all(r.translation.strip() for r in reply.results)
 
@@ -65,7 +65,7 @@ def test_shipped_model_translates_short_held_out_sentences(exported_shipped: Pat
     model = onnx_model(exported_shipped, max_slots=64)
     tok = Tokenizer(exported_shipped / TOKENIZER_FILE)
     pairs = sorted(read_tsv(TEST_FILE), key=lambda p: (len(getattr(p, source)), getattr(p, source)))[:50]
-    hypotheses = translate_pairs(model.runner, tok, pairs, (source, target), beam_size=4, length_penalty=1.0)
+    hypotheses = translate_pairs(runner_of(model), tok, pairs, (source, target), beam_size=4, length_penalty=1.0)
     chrf = sacrebleu.corpus_chrf(hypotheses, [[getattr(p, target) for p in pairs]]).score
     assert chrf >= CHRF_FLOOR, f"chrF {chrf:.1f} on 50 short test sentences {source}->{target}: {hypotheses[:5]}"
 

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 
 from server.backend import KV_CACHES
@@ -67,6 +68,9 @@ class ServerConfig:
     processes: int = 1
     reuse_port: bool = False  # bind the port with SO_REUSEPORT; set by the parent for its server processes
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
+    # Each engine (scheduler, onnxruntime sessions, caches) in a process of its own, behind this one's gRPC:
+    # its Python between graph calls then never waits for this process's interpreter lock (docs/service.md).
+    engine_processes: bool = False
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
@@ -183,13 +187,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-key", Path, "PEM private key of --tls-cert")
     add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")
     add("auth-token-file", Path, "file with a bearer token that every call except health checks must carry")
-    env_spin = environ.get(env_name("spin-threads"))
-    parser.add_argument(
-        "--spin-threads",
-        action=argparse.BooleanOptionalAction,
-        default=_convert("spin-threads", env_spin, _bool_env) if env_spin is not None else defaults["spin_threads"],
-        help="let idle onnxruntime threads busy-wait (off by default: on shared cores it starves the gRPC threads)",
-    )
+    switch = partial(_add_switch, parser, environ, defaults)
+    switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
+    switch("engine-processes", "run each engine (scheduler, sessions, caches) in a process of its own")
     env_no_reflection = environ.get(env_name("no-reflection"))
     parser.add_argument(
         "--no-reflection",
@@ -203,6 +203,15 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="do not serve gRPC reflection",
     )
     return parser
+
+
+def _add_switch(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], defaults: dict[str, object], flag: str, text: str
+) -> None:
+    """`--flag` / `--no-flag`, defaulting to its environment variable, else the config's default."""
+    raw = environ.get(env_name(flag))
+    default = _convert(flag, raw, _bool_env) if raw is not None else defaults[flag.replace("-", "_")]
+    parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
 
 
 def _convert(flag: str, raw: str, kind: Callable[[str], object]) -> object:

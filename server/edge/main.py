@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from model.config import ModelConfig
 from model.tokenizer import TextTokenizer, open_tokenizer
+from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
 from server.core.documents import RequestLimits
 from server.core.engine import Engine, EngineLimits
 from server.core.runner import ModelSpec, Runner
@@ -68,9 +69,9 @@ class EngineDiedError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to serve: its runner, tokenizer and the metadata ListModels reports."""
+    """A model ready to serve: its runner (or the process holding it), tokenizer and what ListModels reports."""
 
-    runner: Runner
+    runner: Runner | ModelProcess
     tokenizer: TextTokenizer
     description: ModelDescription
 
@@ -155,17 +156,17 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
         read_decoding_defaults,
         read_length_penalties,
     )
-    from server.backend.runtime import OnnxRunner, open_runner
+    from server.backend.runtime import OnnxRunner
 
     provider = resolve_provider(config.provider)
 
-    def open_on(provider: str) -> tuple[str, OnnxRunner]:
+    def open_on(provider: str) -> tuple[str, OnnxRunner | ModelProcess]:
         variant = choose_variant(model_dir, config.variant, provider)
-        runner = open_runner(
+        settings = RunnerSettings(
             model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
-            spin_threads=config.spin_threads,
+            config.spin_threads,
         )  # fmt: skip
-        return variant, runner
+        return variant, ModelProcess(settings) if config.engine_processes else settings.open()
 
     variant, runner = open_on(provider)
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
@@ -233,7 +234,7 @@ class TranslationServer:
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
-        self.engines: dict[str, Engine] = {}  # by "<model name>#<replica>", in load order
+        self.engines: dict[str, Engine | EngineProcess] = {}  # by "<model name>#<replica>", in load order
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._watchdogs: list[asyncio.Task[None]] = []
         self.credentials = server_credentials(config)
@@ -273,8 +274,9 @@ class TranslationServer:
 
     @property
     def engine(self) -> Engine | None:
-        """The first model's engine (the only one of a single-model server)."""
-        return next(iter(self.engines.values()), None)
+        """The first model's engine (the only one of a single-model server) when it runs in this process."""
+        first = next(iter(self.engines.values()), None)
+        return first if isinstance(first, Engine) else None
 
     async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
         """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
@@ -295,15 +297,21 @@ class TranslationServer:
             asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
             loop.call_soon_threadsafe(self.engine_died.set)
 
-        engine = Engine(model.runner, limits, self.metrics.for_model(info.name), on_failure=engine_failed)
-        engine.start()
+        observer = self.metrics.for_model(info.name)
+        engine: Engine | EngineProcess
+        if isinstance(model.runner, ModelProcess):  # its stalls are watched in the child
+            engine = model.runner.start_engine(limits, observer, engine_failed, self.config.stall_seconds)
+        else:
+            engine = Engine(model.runner, limits, observer, on_failure=engine_failed)
+            engine.start()
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
             raise StartupError(f"the model {info.name} does not run: {err}") from err
-        if self.config.stall_seconds > 0:  # after warmup: a first call that builds kernels is not a hang
+        # After warmup: a first call that builds kernels is not a hang. An engine process watches its own.
+        if self.config.stall_seconds > 0 and isinstance(engine, Engine):
             self._watchdogs.append(asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds)))
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
@@ -336,7 +344,7 @@ class TranslationServer:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
         return drained
 
-    async def _drain(self, engine: Engine, grace: float) -> bool:
+    async def _drain(self, engine: Engine | EngineProcess, grace: float) -> bool:
         """Finish the engine's work within `grace` (its watchdog still watches meanwhile); fail what is left
         UNAVAILABLE through its handlers, sent and counted as such, before grpc's stop could cancel them."""
         drained = await self._off_loop(engine.drain, grace)

@@ -20,6 +20,7 @@ from typing import TypeVar
 import grpc.aio
 
 from model.tokenizer import TextTokenizer
+from server.backend.engine_process import EngineProcess
 from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine import (
     Admission,
@@ -66,7 +67,7 @@ _LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text wit
 class Backend:
     """A loaded model the servicer translates with, and its engine."""
 
-    engine: Engine
+    engine: Engine | EngineProcess
     spec: ModelSpec  # the runner's spec: languages and token limits
     tokenizer: TextTokenizer
     model: ModelDescription
@@ -246,7 +247,7 @@ class CallInbox:
 
 
 async def _engine_events(
-    engine: Engine,
+    engine: Engine | EngineProcess,
     admission: Admission,
     sources: list[list[int]],
     job: TranslateJob,

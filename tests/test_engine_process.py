@@ -1,0 +1,168 @@
+"""`--engine-processes`: each engine in a child process behind the server's gRPC (server/backend/engine_process.py).
+
+The same answers as an engine thread, the metrics in the server's registry, the queue bound decided
+before anything crosses the pipe, every call answered when a child dies or the server drains, and no
+child left behind by a server that is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.core.engine import DecodeOptions, EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
+from server.edge.main import LoadedModel, load_model
+from tests.serving import (
+    ROOT,
+    health_status,
+    request,
+    running_server,
+    sample_value,
+    server_config,
+    status_of,
+    wait_until,
+)
+
+TEXTS = ["Guten Morgen.", "Das Haus ist klein. Der Hund schläft.", "Wir fahren morgen nach Berlin."]
+
+
+def loaded(model_dir: Path, engine_processes: bool) -> LoadedModel:
+    config = server_config(
+        model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1,
+        engine_processes=engine_processes,
+    )  # fmt: skip
+    return load_model(config, model_dir)
+
+
+def settings(model_dir: Path, max_slots: int = 4) -> RunnerSettings:
+    return RunnerSettings(model_dir / "onnx" / "fp32", max_slots, "cpu", 1, "host", False)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_servers_metrics(
+    tiny_exported_dir: Path,
+) -> None:
+    answers = {}
+    for in_process in (False, True):
+        model = loaded(tiny_exported_dir, in_process)
+        assert isinstance(model.runner, ModelProcess) == in_process
+        with running_server(model, server_config(engine_processes=in_process)) as running:
+            for beam in (1, 2):
+                reply = running.stub.Translate(request(TEXTS, beam_size=beam, num_hypotheses=beam), timeout=60)
+                answers[in_process, beam] = [[h.text for h in r.hypotheses] for r in reply.results]
+            steps = sample_value(running.registry, "translation_decode_step_duration_seconds_count")
+            sentences = sample_value(running.registry, "translation_sentences_total")
+            if in_process:
+                assert all(isinstance(e, EngineProcess) for e in running.server.engines.values())
+                assert steps > 0 and sentences == 2 * 4  # the child's measurements, in the server's registry
+                assert sample_value(running.registry, "translation_max_slots") == 8
+    assert answers[True, 1] == answers[False, 1] and answers[True, 2] == answers[False, 2]
+
+
+def test_a_dead_engine_process_fails_its_calls_unavailable_and_the_server_stops_serving(
+    tiny_exported_dir: Path,
+) -> None:
+    model = loaded(tiny_exported_dir, True)
+    assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
+    with running_server(model, server_config(engine_processes=True)) as running:
+        long = request(["Guten Morgen."] * 16, beam_size=1, max_output_len=60)  # ~2,000 steps in all
+        calls = [running.stub.Translate.future(long, timeout=60) for _ in range(16)]
+        wait_until(lambda: sample_value(running.registry, "translation_decode_step_duration_seconds_count") > 0)
+        os.kill(model.runner.pid, signal.SIGKILL)
+        codes = {call.code() for call in calls}
+        assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK} and grpc.StatusCode.UNAVAILABLE in codes
+        wait_until(lambda: running.server.engine_died.is_set())
+        assert health_status(running.channel) == "NOT_SERVING"
+        refused = status_of(lambda: running.stub.Translate(request(TEXTS), timeout=10))
+        assert refused.code == grpc.StatusCode.UNAVAILABLE and "failed" in refused.details
+
+
+def test_shutdown_answers_every_call_and_the_children_exit(tiny_exported_dir: Path) -> None:
+    model = loaded(tiny_exported_dir, True)
+    assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
+    pid = model.runner.pid
+    with running_server(model, server_config(engine_processes=True)) as running:
+        calls = [running.stub.Translate.future(request(TEXTS, beam_size=2), timeout=60) for _ in range(6)]
+
+        def held() -> float:  # calls the server has received: in flight or answered
+            in_flight = sample_value(running.registry, "translation_requests_in_flight", method="Translate")
+            return in_flight + sample_value(running.registry, "translation_requests_total", method="Translate")
+
+        wait_until(lambda: held() >= 6)
+        assert running.run(running.server.shutdown(30.0)) is True
+        assert all(call.exception() is None for call in calls)
+    wait_until(lambda: not pid_alive(pid), timeout=10)
+
+
+def test_the_queue_bound_is_decided_before_anything_crosses_the_pipe(tiny_exported_dir: Path) -> None:
+    process = ModelProcess(settings(tiny_exported_dir))
+    engine = process.start_engine(EngineLimits(max_slots=4, max_queue_sentences=3), None, None, 0.0)
+    try:
+        engine.warmup()
+        outcomes: list[Event] = []
+        done = threading.Event()
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, RequestDone | RequestFailed):
+                outcomes.append(event)
+                done.set()
+
+        with engine.admission(2):
+            with pytest.raises(QueueFullError):
+                engine.submit([[4, 5, 3]] * 2, DecodeOptions(beam_size=1), on_event)  # 2 held + 2 > 3
+            with pytest.raises(QueueFullError), engine.admission(2):
+                pass
+        engine.submit([[4, 5, 3]] * 3, DecodeOptions(beam_size=1, max_output_len=3), on_event)
+        assert done.wait(60) and isinstance(outcomes[0], RequestDone)
+        assert engine.drain(10)
+    finally:
+        engine.stop(10)
+
+
+def test_a_runner_that_cannot_open_names_the_cause(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="metadata"):
+        ModelProcess(settings(tmp_path))
+
+
+def test_an_engine_process_exits_with_its_server(tiny_exported_dir: Path) -> None:
+    """A server killed outright (SIGKILL, OOM) must not leave its engine processes holding memory."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from server.backend.engine_process import ModelProcess\n"
+        "from tests.test_engine_process import settings\n"
+        "p = ModelProcess(settings(Path(sys.argv[1])))\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", script, str(tiny_exported_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        child = int(server.stdout.readline())
+        assert pid_alive(child)
+        server.kill()
+        server.wait(10)
+        started = time.monotonic()
+        wait_until(lambda: not pid_alive(child), timeout=10)
+        assert time.monotonic() - started < 5
+    finally:
+        if server.poll() is None:
+            server.kill()
