@@ -307,7 +307,10 @@ class EngineProcess:
         try:
             while True:
                 for message in self._conn.recv():
-                    self._handle(message)
+                    try:
+                        self._handle(message)
+                    except Exception:  # one bad callback must not silence every later answer
+                        log.exception("handling %r from engine process %s failed", message[0], self._process.pid)
         except (EOFError, OSError):
             pass
         with self._cond:
