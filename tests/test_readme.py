@@ -41,7 +41,9 @@ def test_the_configuration_table_lists_every_server_flag_and_its_variable() -> N
     flags = [opt for action in build_parser({})._actions for opt in action.option_strings if opt.startswith("--")]
     missing = [flag for flag in flags if flag != "--help" and f"`{flag}`" not in table]
     assert not missing, f"README's configuration table lacks {missing}"
-    variables = {env_name(flag.removeprefix("--")) for flag in flags if flag not in ("--help", "--no-spin-threads")}
+    # --no-X of a switch --X reads --X's variable
+    negated = {flag for flag in flags if flag.startswith("--no-") and f"--{flag[5:]}" in flags}
+    variables = {env_name(flag.removeprefix("--")) for flag in flags if flag != "--help" and flag not in negated}
     assert not [v for v in sorted(variables) if f"`{v}`" not in table]
 
 
