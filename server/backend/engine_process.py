@@ -390,42 +390,39 @@ def exit_description(process: multiprocessing.process.BaseProcess) -> str:
 
 
 class _Outbox:
-    """Messages for the server, sent by a thread of their own in one batch per wake-up: the engine thread
-    only appends, and many events of one iteration cross the pipe as one message."""
+    """Messages for the server. The engine thread appends its events and measurements and sends them all at
+    the end of an iteration, with its load report (`put`): one pipe message per iteration, written by the
+    thread that has them. An iteration that changed nothing the server acts on (no event, the same load)
+    sends nothing: its measurements wait for the next message."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._items: list[tuple[Any, ...]] = []
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
-        self._thread.start()
+        self._has_events = False  # an event is queued: the end of this iteration must send
+        self._lock = threading.Lock()  # also orders the sends of the engine thread and the main thread
+
+    @property
+    def has_events(self) -> bool:
+        return self._has_events
+
+    def add(self, *item: Any) -> None:
+        """Queue a measurement for the next send."""
+        with self._lock:
+            self._items.append(item)
+
+    def add_event(self, *item: Any) -> None:
+        """Queue an event: it goes with this iteration's load report."""
+        with self._lock:
+            self._items.append(item)
+            self._has_events = True
 
     def put(self, *item: Any) -> None:
-        with self._cond:
+        """Queue a message and send everything queued."""
+        with self._lock:
             self._items.append(item)
-            self._cond.notify()
-
-    def close(self) -> None:
-        """Send what is left, then stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._items or self._closed)
-                batch, self._items = self._items, []
-                closed = self._closed
-            if batch:
-                try:
-                    self._conn.send(batch)
-                except OSError:
-                    return  # the server is gone
-            if closed and not batch:
-                return
+            batch, self._items, self._has_events = self._items, [], False
+            with suppress(OSError):  # the server is gone: the main loop sees its pipe close and stops
+                self._conn.send(batch)
 
 
 class _ForwardingObserver:
@@ -433,24 +430,29 @@ class _ForwardingObserver:
 
     def __init__(self, outbox: _Outbox, received: Callable[[], int]) -> None:
         self._outbox, self._received = outbox, received
+        self._last_load: tuple[int, int, int] | None = None
 
     def set_capacity(self, max_slots: int) -> None:
         self._outbox.put("metric", "set_capacity", (max_slots,))
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        self._outbox.put("load", queue_depth, active_slots, self._received())
+        """The end of every iteration: send what the server must see now (see `_Outbox`)."""
+        load = (queue_depth, active_slots, self._received())
+        if load != self._last_load or self._outbox.has_events:
+            self._last_load = load
+            self._outbox.put("load", *load)
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:
-        self._outbox.put("metric", "observe_queue_waits", (tuple(waits),))
+        self._outbox.add("metric", "observe_queue_waits", (tuple(waits),))
 
     def observe_step(self, stats: StepStats) -> None:
-        self._outbox.put("metric", "observe_step", (stats,))
+        self._outbox.add("metric", "observe_step", (stats,))
 
     def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
-        self._outbox.put("metric", "observe_sentence", (lang_pair, input_tokens, output_tokens))
+        self._outbox.add("metric", "observe_sentence", (lang_pair, input_tokens, output_tokens))
 
     def observe_abandoned(self, lang_pair: str, reason: str, queued: int, decoding: int) -> None:
-        self._outbox.put("metric", "observe_abandoned", (lang_pair, reason, queued, decoding))
+        self._outbox.add("metric", "observe_abandoned", (lang_pair, reason, queued, decoding))
 
 
 def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> None:
@@ -495,8 +497,7 @@ class _ChildEngine:
             except EOFError:
                 message = None  # the server is gone: stop as it would have asked
             if message is None or message[0] == "stop":
-                self._engine.stop(None if message is None else message[1])
-                self._outbox.close()
+                self._engine.stop(None if message is None else message[1])  # its last iteration sends what is left
                 return
             self._dispatch(message)
 
@@ -526,7 +527,7 @@ class _ChildEngine:
     def _event(self, request_id: int, event: Event) -> None:
         if isinstance(event, RequestDone | RequestFailed):
             self._handles.pop(request_id, None)
-        self._outbox.put("event", request_id, event)
+        self._outbox.add_event("event", request_id, event)
 
     def _watch(self) -> None:
         limit_s = self._stall_seconds
