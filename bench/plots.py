@@ -43,7 +43,7 @@ def _served_runs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {variant: run for variant, run in results["served"].items() if "skipped" not in run}
 
 
-def _served_rows(results: dict[str, Any]) -> list[str]:
+def served_rows(results: dict[str, Any]) -> list[str]:
     rows = []
     for variant, served in results["served"].items():
         if "skipped" in served:
@@ -55,6 +55,7 @@ def _served_rows(results: dict[str, Any]) -> list[str]:
             single = b["single"]
             cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
         layout = f"{served['engines']} engines x {served['threads_per_engine']} thread"
+        layout += "".join(f" {arg}" for arg in served.get("server_args", []))
         rows.append(f"| served {variant} (gRPC, end to end, {layout}) | " + " | ".join(cells) + " |")
     return rows
 
@@ -148,7 +149,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         " per thread (inter_threads), its throughput layout; without: one worker with every thread.",
         *_coverage_notes(results),
     ]
-    rows = _engine_rows(results) + _served_rows(results)
+    rows = _engine_rows(results) + served_rows(results)
     lines = header + rows + notes + _load_rows(results) + _ratio_rows(results)
     return "\n".join(lines) + "\n"
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,15 +172,17 @@ def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
     return (settings.threads, 1) if settings.device == "cpu" else (1, settings.threads)
 
 
-def start_server(settings: engines.EngineSettings, port: int, variant: str) -> subprocess.Popen[bytes]:
-    """`translate-server` on loopback; returns once it reports SERVING."""
+def start_server(
+    settings: engines.EngineSettings, port: int, variant: str, extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """`translate-server` on loopback, with `extra` flags after the bench's own; returns once it reports SERVING."""
     n_engines, threads = served_layout(settings)
     cmd = [
         sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
         "--engines", str(n_engines), "--threads", str(threads), "--max-queue", "100000", "--log-level", "WARNING",
         # per engine, as many decoding rows as one offline batch of beam-4 sentences: the offline engines' work per step
-        "--max-slots", str(settings.max_batch * 4),
+        "--max-slots", str(settings.max_batch * 4), *extra,
     ]  # fmt: skip
     log.info("starting %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd)
@@ -238,25 +241,26 @@ async def load_sweep(address: str, work: Workload, budget: Budget, max_len: int)
 
 
 def bench_served(
-    settings: engines.EngineSettings, work: Workload, budget: Budget, variants: list[str]
+    settings: engines.EngineSettings, work: Workload, budget: Budget, variants: list[str], extra: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """The served path per variant: one server each, started and stopped in turn."""
-    return {variant: bench_served_variant(settings, work, budget, variant) for variant in variants}
+    """The served path per variant: one server each (with `extra` server flags), started and stopped in turn."""
+    return {variant: bench_served_variant(settings, work, budget, variant, extra) for variant in variants}
 
 
 def bench_served_variant(
-    settings: engines.EngineSettings, work: Workload, budget: Budget, variant: str
+    settings: engines.EngineSettings, work: Workload, budget: Budget, variant: str, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
     reason = served_unavailable(settings, variant)
     if reason:
         log.warning("skipping the served %s path: %s", variant, reason)
         return {"skipped": reason}
     port = free_port()
-    proc = start_server(settings, port, variant)
+    proc = start_server(settings, port, variant, extra)
     n_engines, threads = served_layout(settings)
     try:
         sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len))
-        return {"variant": variant, "engines": n_engines, "threads_per_engine": threads, **sweep}
+        layout = {"engines": n_engines, "threads_per_engine": threads, "server_args": list(extra)}
+        return {"variant": variant, **layout, **sweep}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -364,6 +368,9 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--latency-requests", type=int, default=0, help="single-sentence requests (0 = the budget's)")
     parser.add_argument("--offline-s", type=float, default=0, help="seconds per engine and beam (0 = budget's)")
     parser.add_argument("--load-s", type=float, default=0, help="seconds per loadgen run (0 = the budget's)")
+    parser.add_argument(
+        "--server-args", default="", help='more translate-server flags for the served path, e.g. "--engine-processes"'
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -380,7 +387,8 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     work = load_workload(args.model_dir, args.data, args.sentences)
     started = time.perf_counter()
     offline = bench_offline(settings, work, budget)
-    served = bench_served(settings, work, budget, served_variants(args.served_variants, args.device))
+    variants = served_variants(args.served_variants, args.device)
+    served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
     results = {
         "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),

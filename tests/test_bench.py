@@ -376,3 +376,19 @@ def test_step_time_profile_splits_a_step_among_its_operator_types(tiny_exported_
     shares = operator_shares(tiny_exported_dir / "onnx/fp32/decoder_step.onnx", {"B": 2, "P": 3, "S": 4, "K": 1}, 3)
     assert sum(shares.values()) == pytest.approx(1.0) and "MatMul" in shares
     assert list(shares.values()) == sorted(shares.values(), reverse=True)
+
+
+def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_dir: Path) -> None:
+    """`--server-args "--engine-processes"` serves through engine processes, and the results say so."""
+    from bench.engines import EngineSettings
+    from bench.plots import served_rows
+    from bench.run import QUICK, bench_served_variant, load_workload
+
+    settings = EngineSettings(tiny_exported_dir, "cpu", 2, 6, 4)
+    work = load_workload(tiny_exported_dir, Path("data/test.tsv"), 4)
+    budget = replace(QUICK, load_s=1.0, latency_requests=2, concurrency=(4,), load_fractions=(1.0,))
+    served = bench_served_variant(settings, work, budget, "fp32", ["--engine-processes"])
+    assert served["server_args"] == ["--engine-processes"]
+    assert served["beam1"]["saturation_tokens_per_s"] > 0 and served["beam4"]["saturation_tokens_per_s"] > 0
+    assert not any(run["errors"] for beam in (1, 4) for run in served[f"beam{beam}"]["closed"])
+    assert any("--engine-processes" in row for row in served_rows({"served": {"fp32": served}}))

@@ -3,8 +3,9 @@
 The server process keeps gRPC, splitting, tokenizing and the metrics; each engine (its scheduler, its
 onnxruntime sessions and its key/value caches) runs in a child process with an interpreter of its own,
 so its Python between graph calls never waits for the server's interpreter lock, nor for the other
-engines'. Requests cross a pipe once (token ids out) and their events come back in one message per
-batch of engine iterations; the child's metrics travel the same way to the server's observer.
+engines'. A request crosses the pipe once (token ids out); its events come back in the one message an
+engine iteration sends when it has something to tell (`_Outbox`), with the child's measurements for the
+server's metrics.
 
 `ModelProcess` spawns the child, which opens the runner and reports what the server shows and routes by
 (`RunnerFacts`); `ModelProcess.start_engine` then starts the child's `Engine` and returns an
