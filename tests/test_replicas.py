@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,9 +52,7 @@ class Served:
 
     def children(self) -> list[int]:
         """The server processes (not multiprocessing's resource tracker beside them)."""
-        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        pids = [int(pid) for pid in path.read_text().split()] if path.exists() else []
-        return [pid for pid in pids if b"spawn_main" in _cmdline(pid)]
+        return [pid for pid in _children(self.process.pid) if b"spawn_main" in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -115,6 +113,33 @@ def test_processes_share_the_port_and_their_metrics_are_summed(tiny_exported_dir
         wait_until(lambda: served.metric("translation_requests_total", code="OK", method="Translate") == 40, 10)
         assert served.metric("translation_sentences_total") == 40 * len(TEXTS)
         assert served.metric("translation_active_slots") == 0
+
+
+def test_server_processes_with_engine_processes_serve_and_leave_no_process_behind(
+    tiny_exported_dir: Path, tmp_path: Path
+) -> None:
+    """--processes 2 --engine-processes: each server process drives its engine in a child of its own; the
+    engines' measurements are summed by the parent, and SIGTERM ends every process of the tree."""
+    with replicas(tiny_exported_dir, tmp_path, "--engines", "1", "--engine-processes") as served:
+        servers = served.children()
+        engines = [pid for server in servers for pid in _children(server) if b"spawn_main" in _cmdline(pid)]
+        assert len(servers) == 2 and len(engines) == 2
+        codes = asyncio.run(translate_over(served.address, channels=8, calls=40))
+        assert codes == [grpc.StatusCode.OK] * 40
+        wait_until(lambda: served.metric("translation_sentences_total") == 40 * len(TEXTS), 10)
+        assert served.metric("translation_decode_step_duration_seconds_count") > 0
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(30) == 0
+        wait_until(lambda: not any(_cmdline(pid) for pid in servers + engines), 10)
+
+
+def _children(pid: int) -> list[int]:
+    """Every child of `pid`, whichever of its threads started it (servers spawn engines from worker threads)."""
+    pids = []
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        with suppress(OSError):  # the thread has just ended
+            pids += [int(child) for child in tasks.read_text().split()]
+    return pids
 
 
 def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_exported_dir: Path, tmp_path: Path) -> None:
