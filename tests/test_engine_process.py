@@ -166,3 +166,20 @@ def test_an_engine_process_exits_with_its_server(tiny_exported_dir: Path) -> Non
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_a_call_that_ends_early_frees_its_slots_in_the_engine_process(tiny_exported_dir: Path) -> None:
+    """A deadline that passes mid-decoding cancels the request in the child: its slots are freed at once."""
+    model = loaded(tiny_exported_dir, True)
+    with running_server(model, server_config(engine_processes=True)) as running:
+        longer = request(["Guten Morgen."] * 128, beam_size=1, max_output_len=60)  # 16 rounds of 8 slots
+        expired = status_of(lambda: running.stub.Translate(longer, timeout=0.05))
+        assert expired.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: sample_value(running.registry, "translation_active_slots") == 0, 10)
+        assert sample_value(running.registry, "translation_queue_depth") == 0
+        # the child's scheduler dropped the unfinished sentences, queued and decoding, rather than decoding on
+        failed = sample_value(running.registry, "translation_sentences_failed_total", reason="DEADLINE_EXCEEDED")
+        done = sample_value(running.registry, "translation_sentences_total")
+        assert failed > 0 and failed + done == 128
+        reply = running.stub.Translate(request(TEXTS), timeout=60)  # the engine goes on serving
+        assert len(reply.results) == len(TEXTS)
