@@ -7,6 +7,7 @@ child left behind by a server that is gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -183,3 +184,28 @@ def test_a_call_that_ends_early_frees_its_slots_in_the_engine_process(tiny_expor
         assert failed > 0 and failed + done == 128
         reply = running.stub.Translate(request(TEXTS), timeout=60)  # the engine goes on serving
         assert len(reply.results) == len(TEXTS)
+
+
+def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_unavailable(
+    tiny_exported_dir: Path,
+) -> None:
+    """A child stopped (SIGSTOP), or hung with its interpreter lock held, cannot watch itself: the server
+    kills it once it has been silent past --stall-seconds while holding calls."""
+    model = loaded(tiny_exported_dir, True)
+    assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
+    pid = model.runner.pid
+    with running_server(model, server_config(engine_processes=True, stall_seconds=1.0)) as running:
+        longer = request(["Guten Morgen."] * 128, beam_size=1, max_output_len=60)
+        call = running.stub.Translate.future(longer, timeout=60)
+        wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert call.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 10
+            wait_until(lambda: running.server.engine_died.is_set())
+            assert health_status(running.channel) == "NOT_SERVING"
+            wait_until(lambda: not pid_alive(pid), timeout=10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -58,6 +58,7 @@ START_TIMEOUT_S = 300.0  # opening the graphs; a large model on a slow disk take
 WARMUP_TIMEOUT_S = 180.0
 CLOSE_TIMEOUT_S = 5.0
 PARENT_POLL_S = 1.0  # how often a child checks that its server is still there
+HEARTBEAT_S = 1.0  # the longest an iterating engine process stays silent
 SHUTDOWN_MESSAGE = "the server is shutting down"
 
 
@@ -170,6 +171,7 @@ class EngineProcess:
         self._reserved_sentences = 0
         self._admitted_calls = 0
         self._draining = self._stopping = self._failed = False
+        self._last_heard = time.monotonic()  # when the child's last message came
         self._warm: threading.Event = threading.Event()
         self._warm_error: str | None = None
         self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
@@ -247,6 +249,8 @@ class EngineProcess:
                 self._reserved_sentences -= held
                 admitted.sentences = 0
             request_id, self._next_id = self._next_id, self._next_id + 1
+            if not self._owners:  # an idle child says nothing: its silence counts from its first work
+                self._last_heard = time.monotonic()
             self._owners[request_id] = on_event
             self._sent_sentences += len(sentences)
             # Sent under _cond: the child receives submissions in the order they were counted.
@@ -284,8 +288,19 @@ class EngineProcess:
         self._fail_owners(RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE))
 
     def abandon_if_stalled(self, limit_s: float, now: float) -> float | None:
-        """Stalls are watched inside the child (`serve_model`), where the runner call runs."""
-        return None
+        """If the child, holding requests, has been silent over `limit_s` past its heartbeat (it reports at
+        least every `HEARTBEAT_S` while it iterates), kill it: the reader then answers its requests UNAVAILABLE and
+        tells the server, as for a child that died. Returns how long it was silent, else None.
+
+        This catches what the child's own watchdog cannot: a child stopped, or hung with its interpreter
+        lock held."""
+        with self._cond:
+            silent = now - self._last_heard
+            if self._failed or self._stopping or not self._owners or silent <= limit_s + HEARTBEAT_S:
+                return None
+        log.critical("engine process %s has been silent for %.1f s while holding requests", self._process.pid, silent)
+        self._process.kill()
+        return silent
 
     # -- the pipe ------------------------------------------------------------------------------------
 
@@ -307,7 +322,10 @@ class EngineProcess:
         """Hand the child's messages on until its pipe closes; a close not asked for is a dead engine."""
         try:
             while True:
-                for message in self._conn.recv():
+                messages = self._conn.recv()
+                with self._cond:
+                    self._last_heard = time.monotonic()
+                for message in messages:
                     try:
                         self._handle(message)
                     except Exception:  # one bad callback must not silence every later answer
@@ -432,15 +450,18 @@ class _ForwardingObserver:
     def __init__(self, outbox: _Outbox, received: Callable[[], int]) -> None:
         self._outbox, self._received = outbox, received
         self._last_load: tuple[int, int, int] | None = None
+        self._last_sent = 0.0  # monotonic time of the last load report
 
     def set_capacity(self, max_slots: int) -> None:
         self._outbox.put("metric", "set_capacity", (max_slots,))
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        """The end of every iteration: send what the server must see now (see `_Outbox`)."""
+        """The end of every iteration: send what the server must see now (see `_Outbox`), and at least one
+        report a `HEARTBEAT_S` while iterating, so that the server can tell a busy engine from a hung one."""
         load = (queue_depth, active_slots, self._received())
-        if load != self._last_load or self._outbox.has_events:
-            self._last_load = load
+        now = time.monotonic()
+        if load != self._last_load or self._outbox.has_events or now - self._last_sent >= HEARTBEAT_S:
+            self._last_load, self._last_sent = load, now
             self._outbox.put("load", *load)
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:

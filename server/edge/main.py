@@ -310,8 +310,8 @@ class TranslationServer:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
             raise StartupError(f"the model {info.name} does not run: {err}") from err
-        # After warmup: a first call that builds kernels is not a hang. An engine process watches its own.
-        if self.config.stall_seconds > 0 and isinstance(engine, Engine):
+        # After warmup: a first call that builds kernels is not a hang. An engine process also watches its own.
+        if self.config.stall_seconds > 0:
             self._watchdogs.append(asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds)))
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
@@ -360,7 +360,7 @@ class TranslationServer:
             await self.health.set(name, status)
 
 
-async def watch_for_a_stall(engine: Engine, limit_s: float) -> None:
+async def watch_for_a_stall(engine: Engine | EngineProcess, limit_s: float) -> None:
     """Abandon the engine once one iteration has run over `limit_s`: a runner call that never returns
     (a wedged GPU kernel, a deadlock) would otherwise hold every request until its deadline, and a
     replica whose health still said SERVING would never be replaced."""
