@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -480,8 +481,6 @@ class _ForwardingObserver:
 def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> None:
     """The child: open the runner, report its facts, run an engine over it and answer the server."""
     _exit_with_parent(parent_pid)
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server drains first
     try:
         runner = settings.open()
@@ -529,10 +528,13 @@ class _ChildEngine:
             _, request_id, sentences, options, deadline, lang_pair = message
             self._received += len(sentences)
             on_event = partial(self._event, request_id)
-            try:  # admitted by the server already: only a race with a dying engine refuses it here
+            try:  # admitted by the server already: only a race with a stopping or dying engine refuses it here
                 self._handles[request_id] = self._engine.submit(sentences, options, on_event, deadline, lang_pair)
-            except Exception as err:
-                self._outbox.put("event", request_id, RequestFailed(FailureReason.UNAVAILABLE, str(err)))
+            except DrainingError:
+                self._outbox.put("event", request_id, RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE))
+            except Exception:  # the client gets the fixed message; the cause goes to the log
+                log.exception("the engine refused request %d", request_id)
+                self._outbox.put("event", request_id, RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE))
         elif kind == "cancel":
             if (handle := self._handles.get(message[1])) is not None:
                 handle.cancel(deadline_passed=message[2])
