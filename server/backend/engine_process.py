@@ -36,6 +36,7 @@ from model.directory import ExportMetadata, ModelSpec
 from server.core.engine import (
     ENGINE_FAILED_MESSAGE,
     Admission,
+    AdmissionLedger,
     DecodeOptions,
     DrainingError,
     Engine,
@@ -43,7 +44,6 @@ from server.core.engine import (
     EngineLimits,
     Event,
     FailureReason,
-    QueueFullError,
     RequestDone,
     RequestFailed,
 )
@@ -161,7 +161,6 @@ class EngineProcess:
     ) -> None:  # fmt: skip
         self._conn, self._process, self._metrics, self._on_failure = conn, process, metrics, on_failure
         self._validator = Scheduler(spec, limits)  # validate() only: pure, reads the spec and the limits
-        self._limits = limits
         self._send_lock = threading.Lock()  # submits (event loop) and lifecycle calls share the pipe
         self._cond = threading.Condition()  # guards everything below
         self._owners: dict[int, Callable[[Event], None]] = {}  # each request's on_event
@@ -169,8 +168,7 @@ class EngineProcess:
         self._sent_sentences = 0  # sentences submitted to the child, ever
         self._child_received = 0  # of those, what its last load report had seen
         self._child_queue = self._child_active = 0  # its scheduler's queue and active slots at that report
-        self._reserved_sentences = 0
-        self._admitted_calls = 0
+        self._ledger = AdmissionLedger(limits.max_queue_sentences)
         self._draining = self._stopping = self._failed = False
         self._last_heard = time.monotonic()  # when the child's last message came
         self._warm: threading.Event = threading.Event()
@@ -183,12 +181,7 @@ class EngineProcess:
     @property
     def load(self) -> int:
         with self._cond:
-            return self._queued() + self._reserved_sentences + self._child_active
-
-    @property
-    def queue_depth(self) -> int:
-        with self._cond:
-            return self._queued()
+            return self._queued() + self._ledger.reserved_sentences + self._child_active
 
     @property
     def draining(self) -> bool:
@@ -206,23 +199,16 @@ class EngineProcess:
 
     # -- the Engine interface ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Started by `ModelProcess.start_engine`; here for the Engine interface."""
-
     @contextmanager
     def admission(self, sentences: int = 0) -> Iterator[Admission]:
         """As `Engine.admission`: queue places held from before the request is split until it submits."""
         with self._cond:
-            self._admit(sentences)
-            self._reserved_sentences += sentences
-            self._admitted_calls += 1
-        admission = Admission(sentences)
+            admission = self._ledger.reserve(sentences, self._queued(), self._failed, self._draining or self._stopping)
         try:
             yield admission
         finally:
             with self._cond:
-                self._reserved_sentences -= admission.sentences  # 0 once it submitted
-                self._admitted_calls -= 1
+                self._ledger.release(admission)
                 self._cond.notify_all()
 
     def submit(
@@ -237,18 +223,8 @@ class EngineProcess:
     ) -> EngineProcessHandle:
         """As `Engine.submit`; events arrive on `on_event` from this proxy's reader thread."""
         self._validator.validate(sentences, options)
-        held = 0 if admitted is None else admitted.sentences
         with self._cond:
-            if self._failed:
-                raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-            if self._stopping or (self._draining and admitted is None):
-                raise DrainingError("the engine is draining and admits no new requests")
-            queued = self._queued()
-            if queued + self._reserved_sentences - held + len(sentences) > self._limits.max_queue_sentences:
-                raise QueueFullError(f"the queue holds {queued} of {self._limits.max_queue_sentences} sentences")
-            if admitted is not None:
-                self._reserved_sentences -= held
-                admitted.sentences = 0
+            self._ledger.accept(len(sentences), self._queued(), self._failed, self._stopping, self._draining, admitted)
             request_id, self._next_id = self._next_id, self._next_id + 1
             if not self._owners:  # an idle child says nothing: its silence counts from its first work
                 self._last_heard = time.monotonic()
@@ -274,7 +250,7 @@ class EngineProcess:
         """Admit nothing new; wait up to `timeout` s for every answer; True if all came."""
         with self._cond:
             self._draining = True
-            return self._cond.wait_for(lambda: not self._owners and not self._admitted_calls, timeout)
+            return self._cond.wait_for(lambda: not self._owners and not self._ledger.admitted_calls, timeout)
 
     def stop(self, join_timeout_s: float | None = None) -> None:
         """Stop the child's engine (it answers what it holds UNAVAILABLE) and the child; answer anything
@@ -304,16 +280,6 @@ class EngineProcess:
         return silent
 
     # -- the pipe ------------------------------------------------------------------------------------
-
-    def _admit(self, sentences: int) -> None:
-        """Refuse an admission as `Engine.admission` does (under _cond)."""
-        if self._failed:
-            raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-        if self._draining or self._stopping:
-            raise DrainingError("the engine is draining and admits no new requests")
-        waiting = self._queued() + self._reserved_sentences
-        if waiting + sentences > self._limits.max_queue_sentences:
-            raise QueueFullError(f"{waiting} of {self._limits.max_queue_sentences} queue places are taken or held")
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with self._send_lock:

@@ -47,6 +47,7 @@ from server.core.scheduler import (
 
 __all__ = [
     "Admission",
+    "AdmissionLedger",
     "DecodeOptions",
     "DrainingError",
     "Engine",
@@ -96,6 +97,51 @@ class Admission:
     """A call's place in the engine, taken by `Engine.admission` before its request is split and tokenized."""
 
     sentences: int  # queue places it holds until it submits (or ends without submitting)
+
+
+class AdmissionLedger:
+    """The queue places admitted calls hold before they submit, and the rules an engine admits and accepts
+    work by: `Engine` and the server's side of an engine process (`server.backend.engine_process`) both keep
+    one. Every method runs under its owner's lock; `queued` is the owner's count of sentences waiting."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # most sentences waiting or held
+        self.reserved_sentences = 0  # places held by admitted calls that have not submitted yet
+        self.admitted_calls = 0  # calls inside admission(): drain waits for them
+
+    def reserve(self, sentences: int, queued: int, failed: bool, draining: bool) -> Admission:
+        """Hold `sentences` places for a call, or refuse it (see `Engine.admission`)."""
+        if failed:
+            raise EngineFailedError(ENGINE_FAILED_MESSAGE)
+        if draining:
+            raise DrainingError("the engine is draining and admits no new requests")
+        waiting = queued + self.reserved_sentences
+        if waiting + sentences > self.limit:
+            raise QueueFullError(f"{waiting} of {self.limit} queue places are taken or held")
+        self.reserved_sentences += sentences
+        self.admitted_calls += 1
+        return Admission(sentences)
+
+    def release(self, admission: Admission) -> None:
+        """The call has ended: free what it still holds (nothing once it submitted)."""
+        self.reserved_sentences -= admission.sentences
+        self.admitted_calls -= 1
+
+    def accept(
+        self, sentences: int, queued: int, failed: bool, stopping: bool, draining: bool, admitted: Admission | None
+    ) -> None:
+        """Accept a request of `sentences` for the queue, or refuse it; an admitted call's own places are free
+        to it, and become its queued sentences."""
+        if failed:
+            raise EngineFailedError(ENGINE_FAILED_MESSAGE)
+        if stopping or (draining and admitted is None):
+            raise DrainingError("the engine is draining and admits no new requests")
+        held = 0 if admitted is None else admitted.sentences
+        if queued + self.reserved_sentences - held + sentences > self.limit:
+            raise QueueFullError(f"the queue holds {queued} of {self.limit} sentences")
+        if admitted is not None:
+            self.reserved_sentences -= held
+            admitted.sentences = 0
 
 
 class RequestHandle:
@@ -150,8 +196,7 @@ class Engine:
         self._idle = True  # nothing in the inbox or the scheduler
         self._draining = False
         self._stopping = False
-        self._admitted_calls = 0  # calls inside admission(): drain waits for them
-        self._reserved_sentences = 0  # queue places held by admitted calls that have not submitted yet
+        self._ledger = AdmissionLedger(limits.max_queue_sentences)
         self._failed = False  # the loop died: nothing is admitted any more
         # When the runner call in progress began (None outside runner calls; the engine thread sets it
         # unlocked, a lone attribute write, and clears it under _cond), and whether the loop was given
@@ -178,7 +223,7 @@ class Engine:
     def load(self) -> int:
         """Work held: sentences queued or reserved by calls still being prepared, plus the slots in use."""
         with self._cond:
-            return self._scheduled_queue + self._inbox_sentences + self._reserved_sentences + self._active_slots
+            return self._scheduled_queue + self._inbox_sentences + self._ledger.reserved_sentences + self._active_slots
 
     @property
     def draining(self) -> bool:
@@ -242,28 +287,15 @@ class Engine:
         a request that arrived before SIGTERM is translated, not refused. Raises QueueFullError when the
         places are not free, DrainingError once draining, EngineFailedError once the loop has died.
         """
-        admission = Admission(self._reserve(sentences))
+        with self._cond:
+            queued = self._scheduled_queue + self._inbox_sentences
+            admission = self._ledger.reserve(sentences, queued, self._failed, self._draining)
         try:
             yield admission
         finally:
             with self._cond:
-                self._reserved_sentences -= admission.sentences  # 0 once it submitted
-                self._admitted_calls -= 1
+                self._ledger.release(admission)
                 self._cond.notify_all()
-
-    def _reserve(self, sentences: int) -> int:
-        limit = self._scheduler.limits.max_queue_sentences
-        with self._cond:
-            if self._failed:
-                raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-            if self._draining:
-                raise DrainingError("the engine is draining and admits no new requests")
-            waiting = self._scheduled_queue + self._inbox_sentences + self._reserved_sentences
-            if waiting + sentences > limit:
-                raise QueueFullError(f"{waiting} of {limit} queue places are taken or held")
-            self._reserved_sentences += sentences
-            self._admitted_calls += 1
-        return sentences
 
     def warmup(self) -> None:
         """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving.
@@ -300,7 +332,7 @@ class Engine:
         """Admit nothing new; wait up to `timeout` s for in-flight work; True if all of it finished."""
         with self._cond:
             self._draining = True
-            return self._cond.wait_for(lambda: self._idle and not self._admitted_calls, timeout)
+            return self._cond.wait_for(lambda: self._idle and not self._ledger.admitted_calls, timeout)
 
     def stop(self, join_timeout_s: float | None = None) -> None:
         """End the loop after its current iteration and fail what is left with UNAVAILABLE.
@@ -356,19 +388,9 @@ class Engine:
         admitted: Admission | None = None,
     ) -> RequestHandle:
         self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
-        limit = self._scheduler.limits.max_queue_sentences
-        held = 0 if admitted is None else admitted.sentences  # this call's own places: free to it
         with self._cond:
-            if self._failed:
-                raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-            if self._stopping or (self._draining and admitted is None):
-                raise DrainingError("the engine is draining and admits no new requests")
             queued = self._scheduled_queue + self._inbox_sentences
-            if queued + self._reserved_sentences - held + len(sentences) > limit:
-                raise QueueFullError(f"the queue holds {queued} of {limit} sentences")
-            if admitted is not None:  # its places become queued sentences
-                self._reserved_sentences -= held
-                admitted.sentences = 0
+            self._ledger.accept(len(sentences), queued, self._failed, self._stopping, self._draining, admitted)
             request_id = next(self._ids)
             self._inbox.append(_Submission(request_id, sentences, options, deadline, time.monotonic(), owner))
             self._inbox_sentences += len(sentences)
