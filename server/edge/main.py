@@ -171,6 +171,8 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
     variant, runner = open_on(provider)
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
         why = f"onnxruntime could not run {variant} on CUDA and fell back to {runner.provider} (its log says why)"
+        if isinstance(runner, ModelProcess):  # a child holding the fallback session is not kept
+            runner.close()
         if config.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
             raise StartupError(f"{why}; fix the CUDA libraries or serve with --provider cpu")
         logger.warning("%s; --provider auto: serving on the CPU", why)
@@ -299,7 +301,7 @@ class TranslationServer:
 
         observer = self.metrics.for_model(info.name)
         engine: Engine | EngineProcess
-        if isinstance(model.runner, ModelProcess):  # its stalls are watched in the child
+        if isinstance(model.runner, ModelProcess):  # the engine runs in that child process
             engine = model.runner.start_engine(limits, observer, engine_failed, self.config.stall_seconds)
         else:
             engine = Engine(model.runner, limits, observer, on_failure=engine_failed)
