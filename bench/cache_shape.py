@@ -3,8 +3,8 @@
 DESIGN names two shapes. The server runs the slot cache (`server.backend.runtime.OnnxRunner`): per layer a
 preallocated (slots, H, max_target_len, Dh) array; each step gathers its rows up to the longest
 position, the graph returns only the new key/value row, which is written back; a beam reorder copies
-the moved slots. The growing cache feeds the decoder's own past + new `Concat` (its "present",
-exposed here as extra graph outputs) back as the next step's past, so a step whose rows stay the
+the moved slots. The growing cache feeds the decoder's own past + new `Concat` (its `present_*`
+outputs) back as the next step's past, so a step whose rows stay the
 same copies nothing; a beam reorder gathers the whole batch along the row axis. It runs two ways:
 plain `session.run` (present comes back as numpy, a reorder is `np.take`) and IO binding (present
 stays an OrtValue, a reorder is the export's kv_gather graph).
@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,16 +31,14 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import onnx
 import onnxruntime as ort
 
 from bench.run import load_workload
-from model.directory import DECODER_FILE, KV_GATHER_FILE
-from server.backend.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, make_session
+from model.directory import KV_GATHER_FILE
+from server.backend.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, kv_names, make_session
 from server.core.runner import EncodeItem
 
 log = logging.getLogger("bench.cache_shape")
-PRESENT_FILE = "decoder_step_present.onnx"
 Ids = npt.NDArray[np.int64]
 Arm = Callable[["Case", list[list[int]], list[Ids]], tuple[float, list[Ids]]]
 
@@ -62,16 +59,6 @@ class Timing:
     growing_bound_ms: float  # the same, growing cache through IO binding (present stays an OrtValue)
 
 
-def add_present_outputs(decoder: Path, out: Path, n_layers: int) -> list[str]:
-    """Copy the decoder graph with each layer's past + new Concat as an output; return them in cache order."""
-    model = onnx.load(str(decoder))
-    by_past = {node.input[0]: node.output[0] for node in model.graph.node if node.op_type == "Concat"}
-    present = [by_past[f"past_{kind}_{i}"] for i in range(n_layers) for kind in ("k", "v")]
-    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in present)
-    onnx.save(model, str(out))
-    return present
-
-
 def beam_reorders(case: Case, seed: int = 0) -> list[Ids]:
     """Per step, the row each row copies from: a random pick inside its own sentence's beam."""
     rng = np.random.default_rng(seed)
@@ -86,10 +73,8 @@ class Decoders:
     def __init__(self, variant_dir: Path, max_rows: int, threads: int) -> None:
         self.runner = OnnxRunner(variant_dir, max_rows, "cpu", threads, spin_threads=False)
         meta = self.runner.metadata
-        with tempfile.TemporaryDirectory() as tmp:  # the export directory stays as the exporter left it
-            graph = Path(tmp) / PRESENT_FILE
-            self.present = add_present_outputs(variant_dir / DECODER_FILE, graph, meta.n_decoder_layers)
-            self.growing = make_session(graph, "cpu", threads, spin_threads=False)
+        self.present = kv_names("present_k", "present_v", meta.n_decoder_layers)
+        self.growing = self.runner.decoder
         self.kv_gather = make_session(variant_dir / KV_GATHER_FILE, "cpu", threads, spin_threads=False)
         self.head_shape = (meta.n_heads, 0, meta.head_dim)  # a past of length 0 at the first step
 

@@ -123,6 +123,31 @@ def add_candidate_selection(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def expose_present(path: Path, n_layers: int) -> None:
+    """Name each layer's past + new `Concat` `present_k_i` / `present_v_i` and make it a graph output.
+
+    A runner that keeps its self-attention cache as the working batch feeds these (B, H, P + 1, Dh) back
+    as the next step's past (`server.backend.working_batch`); the Concat is computed either way, so
+    runners that fetch only the new keys/values pay nothing for the extra outputs.
+    """
+    model = onnx.load(str(path))
+    graph = model.graph
+    concat_of_past = {node.input[0]: node for node in graph.node if node.op_type == "Concat"}
+    past_inputs = {arg.name: arg for arg in graph.input}
+    for i in range(n_layers):
+        for kind in ("k", "v"):
+            node = concat_of_past[f"past_{kind}_{i}"]
+            old, new = node.output[0], f"present_{kind}_{i}"
+            for consumer in graph.node:
+                consumer.input[:] = [new if name == old else name for name in consumer.input]
+            node.output[0] = new
+            output = graph.output.add()
+            output.CopyFrom(past_inputs[f"past_{kind}_{i}"])  # (B, H, P, Dh), then P + 1 along the past
+            output.name = new
+            output.type.tensor_type.shape.dim[2].dim_param = "P1"
+    onnx.save(model, str(path))
+
+
 def check_graph(path: Path) -> None:
     """onnx.checker plus the no-`If` rule (an If blocks CUDA graphs and forces host-device copies)."""
     onnx.checker.check_model(str(path))
@@ -161,6 +186,7 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
         export_encoder(model, out_dir / ENCODER_FILE, opset)
         export_decoder(model, out_dir / DECODER_FILE, opset)
     add_candidate_selection(out_dir / DECODER_FILE)
+    expose_present(out_dir / DECODER_FILE, model.cfg.n_decoder_layers)
     for name in (ENCODER_FILE, DECODER_FILE):
         check_graph(out_dir / name)
     meta = build_metadata(model_dir, load_artifact(model_dir), variant, opset)

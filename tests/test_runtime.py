@@ -1,5 +1,6 @@
-"""Both runners (host and device caches) against PyTorch on the tiny model: encoder, per-step logits,
-cache semantics, int8; and the device runner equal to the host one step for step."""
+"""The runners (host, working-batch and device caches) against PyTorch on the tiny model: encoder, per-step
+logits, cache semantics, int8; and the device runner equal to the host one step for step
+(tests/test_working_batch.py does the same for the working batch)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from model.artifact import load_artifact
 from model.directory import MetadataError
 from server.backend.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, make_session, open_runner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.beam import row_candidates
 from server.core.runner import EncodeItem
 
@@ -26,7 +28,7 @@ def model_dir(tiny_exported_dir: Path) -> Path:
     return tiny_exported_dir
 
 
-@pytest.fixture(params=["host", "device"])
+@pytest.fixture(params=["host", "working", "device"])
 def runner(model_dir: Path, request: pytest.FixtureRequest) -> OnnxRunner:
     return open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache=request.param)
 
@@ -162,15 +164,23 @@ def assert_exact_beside_a_row_further_on(model_dir: Path, runner: OnnxRunner, sh
         assert np.abs(both[0] - expected).max() <= 1e-4
 
 
+def self_entries(runner: OnnxRunner, slot: int) -> list[np.ndarray]:
+    """The self-attention keys/values `slot` holds, (H, tokens fed, Dh) per cache, wherever they live."""
+    if isinstance(runner, WorkingBatchRunner):
+        row = int(runner.row_of_slot[slot])
+        return [array[row][:, runner.keep[row]] for array in runner.present]
+    return [host(cache)[slot, :, : int(runner.tgt_len[slot])].copy() for cache in runner.self_kv]
+
+
 def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
     runner.step_log_probs([0, 1], [2, 2], [0, 0])
-    before = [host(c).copy() for c in runner.self_kv]
+    before = [self_entries(runner, slot) for slot in (0, 1)]
     cross_before = [host(c).copy() for c in runner.cross_kv]
     runner.copy_slots([0, 1], [1, 0])  # swap: each destination reads the pre-call source
-    for cache, old in zip(runner.self_kv, before, strict=True):
-        np.testing.assert_array_equal(host(cache)[0], old[1])
-        np.testing.assert_array_equal(host(cache)[1], old[0])
+    for slot, was in ((0, before[1]), (1, before[0])):
+        for entries, old_entries in zip(self_entries(runner, slot), was, strict=True):
+            np.testing.assert_array_equal(entries, old_entries)
     # Different sources: the cross keys/values move too (beam rows of one source share theirs and skip this).
     longer = len(SOURCES[2])
     for cache, old in zip(runner.cross_kv, cross_before, strict=True):
@@ -232,19 +242,21 @@ def test_open_runner_places_caches(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="unknown kv_cache"):
         open_runner(Path("/nonexistent"), 2, kv_cache="gpu")
     variant = model_dir / "onnx" / "fp32"
-    assert type(open_runner(variant, 2, kv_cache="auto", intra_op_threads=1)) is OnnxRunner
+    assert type(open_runner(variant, 2, kv_cache="auto", intra_op_threads=1)) is WorkingBatchRunner
+    assert type(open_runner(variant, 2, kv_cache="host", intra_op_threads=1)) is OnnxRunner
     assert type(open_runner(variant, 2, kv_cache="device", intra_op_threads=1)) is DeviceCacheRunner
+    assert type(open_runner(variant, 2, kv_cache="working", intra_op_threads=1)) is WorkingBatchRunner
 
 
 def test_auto_places_caches_on_cuda_only_where_they_can_live(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     variant = model_dir / "onnx" / "fp32"
-    assert auto_cache_place(variant, "cpu") == "host"
+    assert auto_cache_place(variant, "cpu") == "working"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "device"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert auto_cache_place(variant, "cuda") == "host"
+    assert auto_cache_place(variant, "cuda") == "working"
     assert "no CUDA provider" in caplog.text
 
 

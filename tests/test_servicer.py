@@ -788,7 +788,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     """A GPU pod whose CUDA libraries do not load must not report SERVING while computing on the CPU."""
     import onnxruntime
 
-    from server.backend.runtime import OnnxRunner
+    from server.backend.working_batch import WorkingBatchRunner
     from server.edge.main import load_model
 
     export_tiny_onnx(tiny_model_dir)
@@ -799,7 +799,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     available = onnxruntime.get_available_providers()
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
     runner = load_model(ServerConfig(provider="auto", **base), tiny_model_dir).runner  # type: ignore[arg-type]
-    assert isinstance(runner, OnnxRunner) and type(runner) is OnnxRunner  # host caches, not the device's
+    assert type(runner) is WorkingBatchRunner  # host caches, not the device's
     assert runner.provider == "CPUExecutionProvider"
     assert "serving on the CPU" in caplog.text
 

@@ -3,4 +3,4 @@
 This file imports nothing heavy, so the config can name the cache places without loading onnxruntime.
 """
 
-KV_CACHES = ("auto", "host", "device")  # where the key/value caches live; auto: device memory on cuda
+KV_CACHES = ("auto", "host", "working", "device")  # where the key/value caches live; auto: device memory on cuda

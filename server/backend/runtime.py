@@ -84,6 +84,14 @@ def kv_names(prefix_k: str, prefix_v: str, n_layers: int) -> list[str]:
     return [name for i in range(n_layers) for name in (f"{prefix_k}_{i}", f"{prefix_v}_{i}")]
 
 
+def moved_pairs(sources: list[int], destinations: list[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The (source, destination) slot pairs of a copy that move something, as two arrays."""
+    src = np.asarray(sources, dtype=np.int64)
+    dst = np.asarray(destinations, dtype=np.int64)
+    moved = src != dst
+    return src[moved], dst[moved]
+
+
 def gather_rows(
     kv_gather: ort.InferenceSession, caches: list[ort.OrtValue], rows: np.ndarray, length: int, device: str
 ) -> list[ort.OrtValue]:
@@ -196,9 +204,7 @@ class OnnxRunner:
     ) -> list[np.ndarray]:
         """Feed one token per row; new K/V stored at each row's position; return the `wanted` outputs."""
         rows = np.asarray(slots, dtype=np.int64)
-        pos = np.asarray(positions, dtype=np.int64)
-        if pos.max(initial=0) >= self.spec.max_target_len:
-            raise ValueError(f"position {int(pos.max())} exceeds max_target_len {self.spec.max_target_len}")
+        pos = self._positions(positions)
         past_len = int(pos.max())  # rows attend to cache entries 0 .. position - 1 plus the new one
         src_len = int(self.src_len[rows].max())
         feeds: Feeds = {
@@ -211,12 +217,15 @@ class OnnxRunner:
         self.self_written[rows] = np.maximum(self.self_written[rows], pos + 1)
         return outputs
 
+    def _positions(self, positions: list[int]) -> npt.NDArray[np.int64]:
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.max(initial=0) >= self.spec.max_target_len:
+            raise ValueError(f"position {int(pos.max())} exceeds max_target_len {self.spec.max_target_len}")
+        return pos
+
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         """Gather on the slot axis: every destination becomes its source as it was before the call."""
-        src = np.asarray(sources, dtype=np.int64)
-        dst = np.asarray(destinations, dtype=np.int64)
-        moved = src != dst
-        src, dst = src[moved], dst[moved]
+        src, dst = moved_pairs(sources, destinations)
         if not src.size:
             return
         filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read unmasked
@@ -433,17 +442,19 @@ def open_runner(
     """The runner for a cache placement; an explicit "device" fails loudly where "auto" falls back."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
+    from server.backend.working_batch import WorkingBatchRunner  # it builds on this module's OnnxRunner
+
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    runner_class = DeviceCacheRunner if place == "device" else OnnxRunner
+    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner}.get(place, OnnxRunner)
     return runner_class(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
 
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: on CUDA. On CPU host memory is the device, and numpy caches
-    measure faster there (`python -m bench.cache_shape` compares them)."""
+    """Device caches only where they pay: on CUDA. On CPU host memory is the device: numpy caches measure
+    faster there (`python -m bench.cache_shape`), kept as the working batch (docs/benchmarks.md)."""
     if provider != "cuda":
-        return "host"
+        return "working"
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
-        return "host"
+        return "working"
     return "device"

@@ -1,0 +1,316 @@
+"""The self-attention cache kept as the decoder's working batch: no gather of past keys/values per step.
+
+`OnnxRunner` keeps one slot cache per layer and, at every step, gathers the stepped rows' slots up to
+the longest position into a fresh (B, H, P, Dh) feed; the graph then copies that feed again into its
+past + new `Concat`. `WorkingBatchRunner` instead feeds that Concat's output (the graph's `present_*`,
+(W, H, C + 1, Dh)) back as the next step's past, untouched: a step whose rows stay where they are
+copies no keys or values at all.
+
+The working batch has W rows and C columns. Row r holds one slot's keys/values, column c one step of
+the batch; `keep[r, c]` says whether column c is one of row r's own tokens (a row that joined late, or
+sat out a step, has columns that are not). Under continuous batching rows come and go every step:
+- A slot the step needs but no row holds (a new sentence, a beam copy's destination) takes a free row:
+  one whose slot was encoded again, else one the step does not use (its keys/values are parked), else
+  a new row at the end. A taken row is zeroed, so a NaN or inf a former occupant left cannot reach it
+  through a masked weight (0 x NaN is NaN).
+- Rows the step does not use are still computed (their results are dropped) until a compaction
+  gathers the stepped rows into a smaller batch, and with them only the columns some stepped row
+  keeps. It runs when more than a quarter of the rows sit idle, or leading columns no stepped row
+  keeps have piled up: one copy every several steps instead of one per step.
+- A beam reorder (`copy_slots`) copies the moved rows within the batch.
+- Keys/values of a slot whose row was reclaimed are parked per slot and put back into a row if the
+  slot is stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
+The cross-attention feed is kept in row order the same way: a row's source keys/values are copied
+from the slot caches only when the row's source changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from model.directory import DECODER_FILE, MetadataError
+from server.backend.cross_lanes import SHRINK_SLACK, working_length
+from server.backend.runtime import Feeds, OnnxRunner, kv_names, moved_pairs
+from server.core.runner import EncodeItem
+
+FREE = -1  # a row that holds no slot; a slot that no row holds
+STALE = -2  # a row whose cross keys/values must be fetched again
+IDLE_SHARE = 4  # compact once more than 1 / IDLE_SHARE of the rows sit idle ...
+MIN_IDLE = 4  # ... and at least this many
+TRIM_COLUMNS = 16  # compact once this many leading columns belong to no stepped row
+
+Ids = npt.NDArray[np.int64]
+
+
+class WorkingBatchRunner(OnnxRunner):
+    """`OnnxRunner` with the self-attention keys/values kept in the decoder's own row order (see above)."""
+
+    kv_cache = "working"
+
+    def __init__(
+        self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, *,
+        spin_threads: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
+        self.present_names = kv_names("present_k", "present_v", self.n_layers)
+        if not set(self.present_names) <= {arg.name for arg in self.decoder.get_outputs()}:
+            raise MetadataError(
+                f"{variant_dir / DECODER_FILE} predates the present_* outputs the working-batch cache feeds "
+                "back: export again with python -m export"
+            )
+        meta = self.metadata
+        empty = np.zeros((0, meta.n_heads, 0, meta.head_dim), self.dtype)
+        self.present: list[np.ndarray] = [empty] * (2 * self.n_layers)  # (W, H, C, Dh) per cache
+        self.keep = np.zeros((0, 0), dtype=bool)  # (W, C): column c is one of row r's tokens
+        self.row_len = np.zeros(0, dtype=np.int64)  # (W,) how many columns each row keeps
+        self.row_slot = np.zeros(0, dtype=np.int64)  # (W,) the slot each row holds, or FREE
+        self.row_of_slot = np.full(max_slots, FREE, dtype=np.int64)
+        self.parked: dict[int, list[np.ndarray]] = {}  # slot -> its kept (H, n, Dh) per cache
+        self.cross: list[np.ndarray] = [empty] * (2 * self.n_layers)  # (W, H, S, Dh) per cache, row order
+        self.cross_mask = np.zeros((0, 0), dtype=bool)  # (W, S)
+        self.row_source = np.zeros(0, dtype=np.int64)  # (W,) the source key whose cross rows a row holds
+        self.stepped_last = np.zeros(0, dtype=bool)  # (W,) the rows the last step used
+
+    def _open_caches(self, variant_dir: Path) -> None:
+        self.self_kv = []  # the working batch holds the self-attention keys/values
+        self.cross_kv = [np.zeros(self.cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
+
+    @property
+    def width(self) -> int:
+        return int(self.row_slot.size)
+
+    # -- the Runner protocol --------------------------------------------------------------------
+
+    def encode(self, items: list[EncodeItem]) -> None:
+        super().encode(items)
+        for item in items:
+            for slot in item.slots:
+                self._forget(slot)
+
+    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
+        """Each destination becomes its source as it was before the call: rows copied within the batch."""
+        src, dst = moved_pairs(sources, destinations)
+        if not src.size:
+            return
+        super().copy_slots(src.tolist(), dst.tolist())  # cross slot caches, source keys, lengths
+        src_rows = np.asarray([self._row_with_content(int(slot)) for slot in src], dtype=np.int64)
+        empty = src_rows == FREE
+        for slot in dst[empty].tolist():
+            self._forget(int(slot))  # its source had nothing yet: neither has the destination now
+        src, dst, src_rows = src[~empty], dst[~empty], src_rows[~empty]
+        if not src.size:
+            return
+        # Rows stepped last time may still be needed this iteration: take free rows, or new ones.
+        dst_rows = self._rows_for(dst, reserved=np.concatenate([src_rows, np.flatnonzero(self.stepped_last)]))
+        for array in self.present:
+            array[dst_rows] = array[src_rows]  # the right side is read whole before any write
+        self.keep[dst_rows] = self.keep[src_rows]
+        self.row_len[dst_rows] = self.row_len[src_rows]
+
+    def _step(
+        self, slots: list[int], tokens: list[int], positions: list[int], ranking: Feeds, wanted: tuple[str, ...]
+    ) -> list[np.ndarray]:
+        """Feed one token per row against the working batch; its present keys/values become the next past."""
+        slot_ids = np.asarray(slots, dtype=np.int64)
+        pos = self._positions(positions)
+        rows = self._place(slot_ids, pos)
+        self._fit_cross(slot_ids, rows, int(self.src_len[slot_ids].max()))
+        width = self.width
+        feeds: Feeds = {
+            "tokens": _scatter(width, rows, tokens, self.spec.pad_id, np.int64),
+            "positions": _scatter(width, rows, pos, 0, np.int64),
+            "row_scores": _scatter(width, rows, ranking["row_scores"], 0, np.float32),
+            "top_k": ranking["top_k"], "past_keep": self.keep, "src_mask": self.cross_mask,
+        }  # fmt: skip
+        feeds |= dict(zip(self.cross_names, self.cross, strict=True))
+        feeds |= dict(zip(self.past_names, self.present, strict=True))
+        outputs = self.decoder.run([*wanted, *self.present_names], feeds)
+        self.stepped_last = np.zeros(width, dtype=bool)
+        self.stepped_last[rows] = True
+        self.present = outputs[len(wanted) :]
+        self.keep = np.concatenate([self.keep, self.stepped_last[:, None]], axis=1)
+        self.row_len[rows] += 1
+        self.tgt_len[slot_ids] = pos + 1
+        return [out[rows] for out in outputs[: len(wanted)]]
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    def _place(self, slot_ids: Ids, pos: Ids) -> Ids:
+        """The row of every stepped slot, each holding exactly its first `pos` keys/values."""
+        held = self.row_of_slot[slot_ids]
+        used = held[held >= 0]
+        idle = self.width - slot_ids.size  # rows left over once every stepped slot has one
+        if idle > max(MIN_IDLE, self.width // IDLE_SHARE) or self._dead_columns(used) >= TRIM_COLUMNS:
+            self._compact(used)
+        missing = self.row_of_slot[slot_ids] < 0
+        if missing.any():
+            self._rows_for(slot_ids[missing], reserved=self.row_of_slot[slot_ids[~missing]])
+        rows = self.row_of_slot[slot_ids]
+        self._rewind(rows, pos)
+        return rows
+
+    def _rows_for(self, slots: Ids, reserved: Ids) -> Ids:
+        """A row for each slot (its own if it has one); new rows are zeroed, parked keys/values put back."""
+        rows = self.row_of_slot[slots].copy()
+        need = np.flatnonzero(rows < 0)
+        if need.size:
+            taken = self._free_rows(need.size, np.concatenate([reserved, rows[rows >= 0]]))
+            for i, row in zip(need.tolist(), taken.tolist(), strict=True):
+                self._take(row, int(slots[i]))
+                rows[i] = row
+        return rows
+
+    def _free_rows(self, count: int, reserved: Ids) -> Ids:
+        """`count` rows outside `reserved`: free ones first, then ones holding other slots (parked)."""
+        candidates = np.ones(self.width, dtype=bool)
+        candidates[reserved] = False
+        free = np.flatnonzero(candidates & (self.row_slot == FREE))
+        busy = np.flatnonzero(candidates & (self.row_slot != FREE))
+        rows = np.concatenate([free, busy])[:count]
+        for row in rows[rows >= 0].tolist():
+            if self.row_slot[row] != FREE:
+                self._park(row)
+        if rows.size < count:
+            rows = np.concatenate([rows, self._grow(count - rows.size)])
+        return rows
+
+    def _take(self, row: int, slot: int) -> None:
+        """Zero `row` and give it to `slot`, with the slot's parked keys/values if it has any."""
+        for array in self.present:
+            array[row] = 0
+        self.keep[row] = False
+        self.row_len[row] = 0
+        self.row_slot[row] = slot
+        self.row_source[row] = STALE
+        self.row_of_slot[slot] = row
+        entries = self.parked.pop(slot, None)
+        if entries is None:
+            return
+        n = entries[0].shape[1]
+        if n > self.keep.shape[1]:
+            self._pad_columns(n - self.keep.shape[1])
+        for array, kept in zip(self.present, entries, strict=True):
+            array[row, :, -n:] = kept
+        self.keep[row, -n:] = True
+        self.row_len[row] = n
+
+    def _row_with_content(self, slot: int) -> int:
+        """The row holding `slot`'s keys/values (put back from parking if need be), or FREE if it has none."""
+        if self.row_of_slot[slot] >= 0:
+            return int(self.row_of_slot[slot])
+        if slot not in self.parked:
+            return FREE
+        return int(self._rows_for(np.asarray([slot]), reserved=np.zeros(0, dtype=np.int64))[0])
+
+    def _rewind(self, rows: Ids, pos: Ids) -> None:
+        """A row stepped at `pos` attends to its first `pos` tokens: drop later ones (a re-stepped slot)."""
+        longer = np.flatnonzero(self.row_len[rows] != pos)
+        for i in longer.tolist():
+            row, want = int(rows[i]), int(pos[i])
+            if self.row_len[row] < want:
+                raise RuntimeError(
+                    f"slot {int(self.row_slot[row])} stepped at position {want} holds {int(self.row_len[row])} tokens"
+                )
+            self.keep[row, np.flatnonzero(self.keep[row])[want:]] = False
+            self.row_len[row] = want
+
+    def _forget(self, slot: int) -> None:
+        row = self.row_of_slot[slot]
+        if row >= 0:
+            self.row_slot[row] = FREE
+            self.row_of_slot[slot] = FREE
+        self.parked.pop(slot, None)
+
+    def _park(self, row: int) -> None:
+        slot = int(self.row_slot[row])
+        columns = np.flatnonzero(self.keep[row])
+        self.parked[slot] = [array[row][:, columns] for array in self.present]
+        self.row_of_slot[slot] = FREE
+        self.row_slot[row] = FREE
+
+    # -- reshaping the batch --------------------------------------------------------------------
+
+    def _dead_columns(self, used: Ids) -> int:
+        """Leading columns that no row in `used` keeps."""
+        if not used.size or not self.keep.shape[1]:
+            return 0
+        kept = np.flatnonzero(self.keep[used].any(axis=0))
+        return int(kept[0]) if kept.size else self.keep.shape[1]
+
+    def _compact(self, used: Ids) -> None:
+        """Keep only rows `used` (in that order) and the columns they keep; park other slots' rows."""
+        for row in np.setdiff1d(np.flatnonzero(self.row_slot != FREE), used).tolist():
+            self._park(row)
+        first = self._dead_columns(used)
+        self.present = [array[used, :, first:] for array in self.present]
+        self.keep = self.keep[used, first:]
+        self.cross = [array[used] for array in self.cross]
+        self.cross_mask = self.cross_mask[used]
+        self.row_len, self.row_slot, self.row_source = self.row_len[used], self.row_slot[used], self.row_source[used]
+        self.stepped_last = self.stepped_last[used]
+        self.row_of_slot[:] = FREE
+        self.row_of_slot[self.row_slot] = np.arange(self.width)
+
+    def _grow(self, count: int) -> Ids:
+        """`count` new zeroed rows at the end."""
+        start = self.width
+
+        def extend(array: np.ndarray, fill: object = 0) -> np.ndarray:
+            extra = np.full((count, *array.shape[1:]), fill, dtype=array.dtype)
+            return np.concatenate([array, extra])
+
+        self.present = [extend(array) for array in self.present]
+        self.cross = [extend(array) for array in self.cross]
+        self.keep, self.cross_mask = extend(self.keep), extend(self.cross_mask)
+        self.row_len, self.row_slot = extend(self.row_len), extend(self.row_slot, FREE)
+        self.row_source, self.stepped_last = extend(self.row_source, STALE), extend(self.stepped_last, False)
+        return np.arange(start, start + count)
+
+    def _pad_columns(self, count: int) -> None:
+        """`count` empty columns in front, for a parked slot longer than the batch."""
+        self.present = [
+            np.concatenate([np.zeros((a.shape[0], a.shape[1], count, a.shape[3]), a.dtype), a], axis=2)
+            for a in self.present
+        ]
+        self.keep = np.concatenate([np.zeros((self.width, count), dtype=bool), self.keep], axis=1)
+
+    def _fit_cross(self, slot_ids: Ids, rows: Ids, src_len: int) -> None:
+        """Resize the source axis if need be; fetch cross rows whose source changed from the slot caches."""
+        wanted = working_length(src_len, self.spec.max_source_len)
+        length = self.cross_mask.shape[1]
+        if wanted > length or length - wanted >= SHRINK_SLACK:
+            self._resize_cross(wanted, keep_rows=wanted > length)
+        stale = self.row_source[rows] != self.source_key[slot_ids]
+        if stale.any():
+            s, r, length = slot_ids[stale], rows[stale], self.cross_mask.shape[1]
+            for array, cache in zip(self.cross, self.cross_kv, strict=True):
+                array[r] = cache[s, :, :length]
+            self.cross_mask[r] = self.src_mask[s, :length]
+            self.row_source[r] = self.source_key[s]
+
+    def _resize_cross(self, length: int, keep_rows: bool) -> None:
+        """Growing keeps every row's entries; shrinking marks every row to be fetched again."""
+        old = min(length, self.cross_mask.shape[1])
+        resized = []
+        for array in self.cross:
+            new = np.zeros((self.width, array.shape[1], length, array.shape[3]), self.dtype)
+            if keep_rows:
+                new[:, :, :old] = array[:, :, :old]
+            resized.append(new)
+        self.cross = resized
+        mask = np.zeros((self.width, length), dtype=bool)
+        if keep_rows:
+            mask[:, :old] = self.cross_mask[:, :old]
+        else:
+            self.row_source[:] = STALE
+        self.cross_mask = mask
+
+
+def _scatter(width: int, rows: Ids, values: object, fill: object, dtype: type) -> np.ndarray:
+    """A (width,) feed: `values` at `rows`, `fill` in rows the step does not use."""
+    out: np.ndarray = np.full(width, fill, dtype=dtype)
+    out[rows] = values
+    return out

@@ -1,0 +1,152 @@
+"""The working-batch cache (`--kv-cache working`) against the slot cache on the tiny model: step for step
+through joins, beam copies, re-encoded slots, compactions and parked slots; whole decodes; NaN left by
+a former occupant; and the export it needs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from model.directory import MetadataError
+from server.backend.runtime import OnnxRunner
+from server.backend.working_batch import TRIM_COLUMNS, WorkingBatchRunner
+from server.core.offline import translate_ids
+from server.core.runner import EncodeItem
+
+SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3], [6, 7, 8, 9, 13, 14, 15, 16, 17, 3]]
+
+
+@pytest.fixture(scope="module")
+def variant(tiny_exported_dir: Path) -> Path:
+    return tiny_exported_dir / "onnx" / "fp32"
+
+
+def pair(variant: Path, max_slots: int) -> tuple[OnnxRunner, WorkingBatchRunner]:
+    return OnnxRunner(variant, max_slots, intra_op_threads=1), WorkingBatchRunner(
+        variant, max_slots, intra_op_threads=1
+    )
+
+
+def step_both(
+    runners: tuple[OnnxRunner, WorkingBatchRunner], slots: list[int], tokens: list[int], positions: list[int]
+) -> None:
+    slot_out, working_out = (r.step_log_probs(slots, tokens, positions) for r in runners)
+    np.testing.assert_allclose(working_out, slot_out, rtol=0, atol=1e-5)
+
+
+def test_step_for_step_equal_to_the_slot_cache_through_joins_copies_and_compactions(variant: Path) -> None:
+    """Rows join at different steps, beams reorder within and across sources, sentences leave and their
+    slots take new sources, and the batch compacts (most rows sit idle) and trims its leading columns."""
+    runners = pair(variant, 12)
+    rng = np.random.default_rng(0)
+    position = dict.fromkeys(range(12), 0)
+    source_of: dict[int, int] = {}
+
+    def encode(slots: list[int], source: int) -> None:
+        for r in runners:
+            r.encode([EncodeItem(SOURCES[source], slots)])
+        for slot in slots:
+            position[slot], source_of[slot] = 0, source
+
+    encode([0, 1, 2], 0)
+    encode([3], 2)
+    live = [0, 1, 2, 3]
+    compactions = 0
+    for step in range(40):
+        if step == 3:
+            encode([4, 5, 6, 7, 8, 9], 3)  # six more rows: later most of them leave at once
+            live += [4, 5, 6, 7, 8, 9]
+        if step == 9:
+            live = [0, 1, 2, 3]  # six rows leave: more than a quarter idle, the batch compacts
+        if step in (14, 26):
+            encode([3], 1 + step % 3)  # slot 3 takes a new sentence
+        width = runners[1].width
+        tokens = [int(t) for t in rng.integers(4, 60, len(live))]
+        step_both(runners, live, tokens, [position[s] for s in live])
+        compactions += runners[1].width < width
+        for slot in live:
+            position[slot] += 1
+        if step % 2:  # a beam reorder of slots 0-2, some of whose parents come from another source
+            parents = [int(p) for p in rng.choice([0, 1, 2, 3], size=3)]
+            for r in runners:
+                r.copy_slots(parents, [0, 1, 2])
+            moved = {d: position[p] for p, d in zip(parents, [0, 1, 2], strict=True)}
+            position.update(moved)
+    assert compactions >= 1
+    assert runners[1].keep.shape[1] < 40 - TRIM_COLUMNS + 2 * TRIM_COLUMNS  # leading columns were dropped
+
+
+def test_a_slot_idle_through_a_compaction_is_put_back(variant: Path) -> None:
+    """A slot that sits out steps while the batch compacts keeps its keys/values (parked, then restored)."""
+    runners = pair(variant, 10)
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], list(range(1, 10)))])
+    for i in range(3):
+        step_both(runners, list(range(10)), [40 + i] * 10, [i] * 10)
+    for i in range(3, 6):  # slot 0 sits out; nine rows stay: compaction once eight of them leave
+        step_both(runners, [9], [50 + i], [i])
+    assert runners[1].row_of_slot[0] == -1 and 0 in runners[1].parked
+    step_both(runners, [0, 9], [60, 61], [3, 6])  # slot 0 goes on from its position 3
+    assert runners[1].row_of_slot[0] >= 0 and 0 not in runners[1].parked
+    runners[1].copy_slots([0], [5])  # slot 5's row is parked or reused: the copy still reads slot 0
+    runners[0].copy_slots([0], [5])
+    step_both(runners, [5, 0], [70, 71], [4, 4])
+
+
+def test_a_slot_restepped_at_an_earlier_position_forgets_later_tokens(variant: Path) -> None:
+    runners = pair(variant, 2)
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[1], [0])])
+    for i in range(4):
+        step_both(runners, [0], [40 + i], [i])
+    step_both(runners, [0], [70], [2])  # again from position 2, as the slot cache allows
+    step_both(runners, [0], [71], [3])
+    with pytest.raises(RuntimeError, match="slot 0 stepped at position 9 holds 4 tokens"):
+        runners[1].step_log_probs([0], [72], [9])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_whole_decodes_equal_the_slot_cache(variant: Path, beam: int) -> None:
+    """Few slots for many sentences: rows are reused, parked and compacted all along."""
+    sources = [[*SOURCES[i % 4][:-1], 7 + i % 5, 3] for i in range(24)]
+    slot_runner, working = pair(variant, 4 * beam)
+    expected = translate_ids(slot_runner, sources, beam, 1.0, None)
+    got = translate_ids(working, sources, beam, 1.0, None)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_allclose([h.score for h in mine], [h.score for h in theirs], rtol=0, atol=1e-4)
+    assert working.width <= working.max_slots
+
+
+def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> None:
+    """A former occupant's NaN sits in columns the new sentence masks, and 0 x NaN = NaN: a taken row is zeroed."""
+    runners = pair(variant, 3)
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[2], [0]), EncodeItem(SOURCES[0], [1])])
+    for i in range(5):
+        step_both(runners, [0, 1], [40 + i, 50 + i], [i, i])
+    working = runners[1]
+    row = int(working.row_of_slot[0])
+    for array in working.present:
+        array[row] = np.nan  # what a sentence whose activations overflowed leaves behind
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[1], [0])])  # a new sentence takes slot 0
+    for j in range(3):
+        step_both(runners, [0, 1], [60 + j, 55 + j], [j, 5 + j])
+
+
+def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path, tmp_path: Path) -> None:
+    old = tmp_path / "fp32"
+    shutil.copytree(variant, old)
+    model = onnx.load(str(old / "decoder_step.onnx"))
+    kept = [output for output in model.graph.output if not output.name.startswith("present_")]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    onnx.save(model, str(old / "decoder_step.onnx"))
+    OnnxRunner(old, 2)  # the slot cache does not need them
+    with pytest.raises(MetadataError, match=r"predates the present_\* outputs.*python -m export"):
+        WorkingBatchRunner(old, 2)
