@@ -191,17 +191,30 @@ def render(timings: list[Timing]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Timing]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_parser(doc: str, sentences: int, repeats: int) -> argparse.ArgumentParser:
+    """The arguments both cache benchmarks take: model, test sentences, variants, beams, rounds, output."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--test", type=Path, default=Path("data/test.tsv"))
     parser.add_argument("--variants", default="fp32,int8")
-    parser.add_argument("--sentences", type=int, default=32)
     parser.add_argument("--beams", default="1,4")
+    parser.add_argument("--sentences", type=int, default=sentences, help="at most this many test sentences")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--out", type=Path, help="write the results here as JSON")
+    return parser
+
+
+def report(table: str, records: list[dict[str, object]], out: Path | None) -> None:
+    """Print the table; write the records as JSON to `out` if given."""
+    print(table)
+    if out:
+        out.write_text(json.dumps(records, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> list[Timing]:
+    parser = workload_parser(__doc__, sentences=32, repeats=5)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, help="write the timings here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sources = load_workload(args.model_dir, args.test, args.sentences).sources
@@ -213,9 +226,7 @@ def main(argv: list[str] | None = None) -> list[Timing]:
             case = Case(variant, len(sources), beam, min(args.steps, decoders.runner.spec.max_target_len))
             timings.append(measure(decoders, case, sources, args.repeats))
             log.info("%s", timings[-1])
-    print(render(timings))
-    if args.out:
-        args.out.write_text(json.dumps([asdict(t) for t in timings], indent=2) + "\n")
+    report(render(timings), [asdict(t) for t in timings], args.out)
     return timings
 
 

@@ -231,6 +231,17 @@ def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Pat
     )  # fmt: skip
 
 
+def test_cache_decode_runs_whole_decodes_through_both_host_caches(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    from bench.cache_decode import main
+
+    out = tmp_path / "rates.json"
+    args = ["--model-dir", str(tiny_exported_dir), "--variants", "fp32", "--sentences", "12", "--slots", "3"]
+    rates = main([*args, "--beams", "1,2", "--repeats", "2", "--out", str(out)])
+    assert [(r.beam, r.kv_cache) for r in rates] == [(1, "host"), (1, "working"), (2, "host"), (2, "working")]
+    assert all(r.tokens_per_s > 0 and r.same_as_first == r.sentences == 12 for r in rates)  # fp32: exact
+    assert json.loads(out.read_text())[1]["kv_cache"] == "working"
+
+
 def test_cache_shape_ab_refuses_timings_of_different_work(tiny_exported_dir: Path) -> None:
     """The A/B compares only runs that chose the same tokens: one differing token fails it."""
     from bench import cache_shape

@@ -139,6 +139,23 @@ def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> No
         step_both(runners, [0, 1], [60 + j, 55 + j], [j, 5 + j])
 
 
+def test_present_is_the_past_then_the_new_row(variant: Path) -> None:
+    """The export's present_* outputs are what the working batch feeds back: past + new along the past axis."""
+    runner = OnnxRunner(variant, 2, intra_op_threads=1)
+    rng = np.random.default_rng(1)
+    heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
+    past = [rng.standard_normal((2, heads, 3, head_dim)).astype(np.float32) for _ in range(2 * n)]
+    cross = [rng.standard_normal((2, heads, 4, head_dim)).astype(np.float32) for _ in range(2 * n)]
+    feeds = {"tokens": np.asarray([5, 6]), "positions": np.asarray([3, 3]), "src_mask": np.ones((2, 4), bool),
+             "past_keep": np.ones((2, 3), bool), "row_scores": np.zeros(2, np.float32),
+             "top_k": np.asarray([1])}  # fmt: skip
+    feeds |= dict(zip(runner.past_names, past, strict=True)) | dict(zip(runner.cross_names, cross, strict=True))
+    present_names = [name.replace("new", "present") for name in runner.new_names]
+    outputs = runner.decoder.run([*runner.new_names, *present_names], feeds)
+    for old, new, present in zip(past, outputs[: 2 * n], outputs[2 * n :], strict=True):
+        np.testing.assert_array_equal(present, np.concatenate([old, new], axis=2))
+
+
 def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path, tmp_path: Path) -> None:
     old = tmp_path / "fp32"
     shutil.copytree(variant, old)

@@ -13,10 +13,12 @@ harmless (0 x finite = 0), so the host runner checks what it writes into its cac
 when a new sentence takes it, only if a NaN or inf went in; the device runner cannot look without copying
 its caches back, so it zeroes every slot past what its new sentence writes.
 
-Two places for the caches, same bookkeeping and same results:
-- `OnnxRunner` keeps them in host memory (numpy). Best on CPU, where host memory is the device. Its
+Three places for the caches, same results:
+- `OnnxRunner` keeps them in host memory (numpy), as slot caches (`--kv-cache host`). Its
   cross-attention feed is kept from step to step (`server.backend.cross_lanes`): only rows whose
   source is new to the step are copied, not every row at every change of the batch.
+- `server.backend.working_batch.WorkingBatchRunner` builds on it and keeps the self-attention keys/values
+  as the decoder's working batch, fed back with no gather per step: the CPU default.
 - `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
   export's weightless kv_* graphs through IO binding. On CUDA a step then transfers only token ids
   and positions in and each row's few best candidates out, never the caches.
