@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.beam import merge_candidates, row_candidates, top_1, top_k_stable
+from server.core.beam import BeamState, merge_candidates, row_candidates, top_1, top_k_stable
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -76,3 +76,27 @@ def test_row_candidates_rank_best_first_with_ties_to_the_lower_id() -> None:
     scores, ids = row_candidates(logprobs, np.asarray([-1.0], dtype=np.float32), 3)
     assert ids.tolist() == [[1, 2, 0]] and scores.tolist() == [[-1.5, -1.5, -2.0]]
     assert row_candidates(logprobs, np.zeros(1, np.float32), 10)[1].shape == (1, 4), "k is capped at V"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vocab=st.integers(2, 30),
+    extra=st.integers(0, 3),  # runners rank as many candidates as the batch's widest beam needs
+    distinct=st.integers(1, 4),  # ties at the top: the lower id wins
+    max_len=st.integers(1, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_greedy_from_the_best_candidate_equals_the_merged_ranking(
+    vocab: int, extra: int, distinct: int, max_len: int, seed: int
+) -> None:
+    """`advance_greedy` (the scheduler's path for K = 1) moves a sentence exactly as `advance_ranked` does,
+    EOS and the length limit included, step after step."""
+    rng = np.random.default_rng(seed)
+    ranked, greedy = (BeamState(1, max_len, 1.0, eos_id=1) for _ in range(2))
+    while ranked.live:
+        logprobs = rng.choice(np.linspace(-4, 0, distinct), size=(1, vocab)).astype(np.float32)
+        scores, ids = row_candidates(logprobs, ranked.live_scores(), 1 + extra)
+        assert greedy.advance_greedy(float(scores[0, 0]), int(ids[0, 0]), vocab) == ranked.advance_ranked(
+            scores, ids, vocab
+        )
+        assert (greedy.live, greedy.finished, greedy.steps) == (ranked.live, ranked.finished, ranked.steps)

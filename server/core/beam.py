@@ -127,12 +127,20 @@ class BeamState:
         order, top = merge_candidates(scores, ids, vocab, self.candidates_needed)
         return self.advance_candidates(order, top, vocab)
 
+    def advance_greedy(self, score: float, token: int, vocab: int) -> Advance:
+        """`advance_ranked` for greedy (K = 1) in plain Python, from the one live row's best candidate: a
+        single row's ranked list needs no merging, and its first entry is the one candidate greedy takes."""
+        return self._advance([token], [score], vocab)
+
     def advance_candidates(self, order: npt.NDArray[np.integer], top: npt.NDArray[np.float32], vocab: int) -> Advance:
         """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
         their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""
+        return self._advance(order.tolist(), top.tolist(), vocab)
+
+    def _advance(self, order: list[int], top: list[float], vocab: int) -> Advance:
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
-        for rank, (idx, score) in enumerate(zip(order.tolist(), top.tolist(), strict=True)):
+        for rank, (idx, score) in enumerate(zip(order, top, strict=True)):
             hyp, token = divmod(idx, vocab)
             tokens = self.live[hyp][0]
             if token == self.eos_id and rank >= self.beam_size:

@@ -293,13 +293,15 @@ class Scheduler:
         # index would read it as another row's token, or a negative parent, and decode on silently.
         ids = np.asarray(candidates.ids)
         out_of_vocab = (ids < 0) | (ids >= self.spec.vocab_size)
-        bad_rows = np.asarray(np.isnan(candidates.scores).any(axis=1) | out_of_vocab.any(axis=1))
+        bad_rows: list[bool] = np.asarray(np.isnan(candidates.scores).any(axis=1) | out_of_vocab.any(axis=1)).tolist()
+        # Greedy sentences advance from their row's best candidate in plain Python: no numpy per sentence.
+        best_scores, best_ids = candidates.scores[:, 0].tolist(), ids[:, 0].tolist()
         for group in batch.groups:
             request = group.sentence.request
             if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
                 continue
             span = slice(group.start, group.start + group.count)
-            if bad_rows[span].any():
+            if any(bad_rows[span]):
                 logger.error(
                     "the runner returned NaN scores or ids outside the vocabulary for request %d; failing it",
                     request.request_id,
@@ -307,9 +309,11 @@ class Scheduler:
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
             try:
-                move = group.sentence.beam.advance_ranked(
-                    candidates.scores[span], candidates.ids[span], self.spec.vocab_size
-                )
+                beam, vocab = group.sentence.beam, self.spec.vocab_size
+                if beam.beam_size == 1:
+                    move = beam.advance_greedy(best_scores[group.start], best_ids[group.start], vocab)
+                else:
+                    move = beam.advance_ranked(candidates.scores[span], candidates.ids[span], vocab)
             except Exception:  # a bug seen through one request's rows (a bad id): it fails that request alone
                 logger.exception("advancing request %d's beam failed; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
