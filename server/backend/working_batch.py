@@ -144,7 +144,7 @@ class WorkingBatchRunner(OnnxRunner):
         used = held[held >= 0]
         idle = self.width - slot_ids.size  # rows left over once every stepped slot has one
         if idle > max(MIN_IDLE, self.width // IDLE_SHARE) or self._dead_columns(used) >= TRIM_COLUMNS:
-            self._compact(used)
+            self._compact(used, spare=slot_ids.size - used.size)  # free rows for the slots that join
         missing = self.row_of_slot[slot_ids] < 0
         if missing.any():
             self._rows_for(slot_ids[missing], reserved=self.row_of_slot[slot_ids[~missing]])
@@ -240,34 +240,31 @@ class WorkingBatchRunner(OnnxRunner):
         kept = np.flatnonzero(self.keep[used].any(axis=0))
         return int(kept[0]) if kept.size else self.keep.shape[1]
 
-    def _compact(self, used: Ids) -> None:
-        """Keep only rows `used` (in that order) and the columns they keep; park other slots' rows."""
+    def _compact(self, used: Ids, spare: int) -> None:
+        """Keep only rows `used` (in that order) and the columns they keep, then `spare` free rows; park
+        other slots' rows."""
         for row in np.setdiff1d(np.flatnonzero(self.row_slot != FREE), used).tolist():
             self._park(row)
-        first = self._dead_columns(used)
-        self.present = [array[used, :, first:] for array in self.present]
-        self.keep = self.keep[used, first:]
-        self.cross = [array[used] for array in self.cross]
-        self.cross_mask = self.cross_mask[used]
-        self.row_len, self.row_slot, self.row_source = self.row_len[used], self.row_slot[used], self.row_source[used]
-        self.stepped_last = self.stepped_last[used]
+        self._select_rows(used, self._dead_columns(used), spare)
         self.row_of_slot[:] = FREE
-        self.row_of_slot[self.row_slot] = np.arange(self.width)
+        self.row_of_slot[self.row_slot[: used.size]] = np.arange(used.size)
 
     def _grow(self, count: int) -> Ids:
         """`count` new zeroed rows at the end."""
         start = self.width
-
-        def extend(array: np.ndarray, fill: object = 0) -> np.ndarray:
-            extra = np.full((count, *array.shape[1:]), fill, dtype=array.dtype)
-            return np.concatenate([array, extra])
-
-        self.present = [extend(array) for array in self.present]
-        self.cross = [extend(array) for array in self.cross]
-        self.keep, self.cross_mask = extend(self.keep), extend(self.cross_mask)
-        self.row_len, self.row_slot = extend(self.row_len), extend(self.row_slot, FREE)
-        self.row_source, self.stepped_last = extend(self.row_source, STALE), extend(self.stepped_last, False)
+        self._select_rows(slice(None), 0, count)
         return np.arange(start, start + count)
+
+    def _select_rows(self, rows: Ids | slice, first: int, spare: int) -> None:
+        """Keep `rows` and the columns from `first` on, then `spare` free rows, in new arrays."""
+        self.present = [_rows_then_spare(array[rows, :, first:], spare) for array in self.present]
+        self.keep = _rows_then_spare(self.keep[rows, first:], spare)
+        self.cross = [_rows_then_spare(array[rows], spare) for array in self.cross]
+        self.cross_mask = _rows_then_spare(self.cross_mask[rows], spare)
+        self.row_len = _rows_then_spare(self.row_len[rows], spare)
+        self.row_slot = _rows_then_spare(self.row_slot[rows], spare, FREE)
+        self.row_source = _rows_then_spare(self.row_source[rows], spare, STALE)
+        self.stepped_last = _rows_then_spare(self.stepped_last[rows], spare)
 
     def _pad_columns(self, count: int) -> None:
         """`count` empty columns in front, for a parked slot longer than the batch."""
@@ -307,6 +304,14 @@ class WorkingBatchRunner(OnnxRunner):
         else:
             self.row_source[:] = STALE
         self.cross_mask = mask
+
+
+def _rows_then_spare(rows: np.ndarray, spare: int, fill: object = 0) -> np.ndarray:
+    """`rows` followed by `spare` rows of `fill`, in one new array."""
+    out = np.empty((rows.shape[0] + spare, *rows.shape[1:]), dtype=rows.dtype)
+    out[: rows.shape[0]] = rows
+    out[rows.shape[0] :] = fill
+    return out
 
 
 def _scatter(width: int, rows: Ids, values: object, fill: object, dtype: type) -> np.ndarray:
