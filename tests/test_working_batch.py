@@ -95,6 +95,12 @@ def test_a_slot_idle_through_a_compaction_is_put_back(variant: Path) -> None:
     runners[1].copy_slots([0], [5])  # slot 5's row is parked or reused: the copy still reads slot 0
     runners[0].copy_slots([0], [5])
     step_both(runners, [5, 0], [70, 71], [4, 4])
+    for i in range(5, 8):  # slot 0 sits out again while slots 5 and 9 go on
+        step_both(runners, [5, 9], [80 + i, 81 + i], [i, i + 2])
+    runners[1]._park(int(runners[1].row_of_slot[0]))  # as a compaction would
+    for r in runners:  # a copy from a parked slot beside one from a slot in the batch, and a swap
+        r.copy_slots([9, 0, 5], [0, 6, 9])
+    step_both(runners, [0, 6, 9], [90, 91, 92], [10, 5, 8])
 
 
 def test_a_slot_restepped_at_an_earlier_position_forgets_later_tokens(variant: Path) -> None:

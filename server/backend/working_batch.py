@@ -96,15 +96,21 @@ class WorkingBatchRunner(OnnxRunner):
         if not src.size:
             return
         super().copy_slots(src.tolist(), dst.tolist())  # cross slot caches, source keys, lengths
-        src_rows = np.asarray([self._row_with_content(int(slot)) for slot in src], dtype=np.int64)
-        empty = src_rows == FREE
-        for slot in dst[empty].tolist():
-            self._forget(int(slot))  # its source had nothing yet: neither has the destination now
-        src, dst, src_rows = src[~empty], dst[~empty], src_rows[~empty]
+        # Rows stepped last time may still be needed this iteration: new rows come from the others.
+        stepped = np.flatnonzero(self.stepped_last)
+        parked = np.asarray([slot for slot in src.tolist() if slot in self.parked], dtype=np.int64)
+        if parked.size:  # put parked sources back first, beside every source that has a row
+            self._rows_for(parked, reserved=np.concatenate([self.row_of_slot[src], stepped]))
+        src_rows = self.row_of_slot[src]
+        for slot in dst.tolist():
+            self.parked.pop(slot, None)  # the copy replaces what a destination held
+        has_content = src_rows != FREE
+        for slot in dst[~has_content].tolist():
+            self._forget(slot)  # a source never stepped gives its destination nothing
+        src, dst, src_rows = src[has_content], dst[has_content], src_rows[has_content]
         if not src.size:
             return
-        # Rows stepped last time may still be needed this iteration: take free rows, or new ones.
-        dst_rows = self._rows_for(dst, reserved=np.concatenate([src_rows, np.flatnonzero(self.stepped_last)]))
+        dst_rows = self._rows_for(dst, reserved=np.concatenate([src_rows, stepped]))
         for array in self.present:
             array[dst_rows] = array[src_rows]  # the right side is read whole before any write
         self.keep[dst_rows] = self.keep[src_rows]
@@ -170,7 +176,7 @@ class WorkingBatchRunner(OnnxRunner):
         free = np.flatnonzero(candidates & (self.row_slot == FREE))
         busy = np.flatnonzero(candidates & (self.row_slot != FREE))
         rows = np.concatenate([free, busy])[:count]
-        for row in rows[rows >= 0].tolist():
+        for row in rows.tolist():
             if self.row_slot[row] != FREE:
                 self._park(row)
         if rows.size < count:
@@ -196,14 +202,6 @@ class WorkingBatchRunner(OnnxRunner):
             array[row, :, -n:] = kept
         self.keep[row, -n:] = True
         self.row_len[row] = n
-
-    def _row_with_content(self, slot: int) -> int:
-        """The row holding `slot`'s keys/values (put back from parking if need be), or FREE if it has none."""
-        if self.row_of_slot[slot] >= 0:
-            return int(self.row_of_slot[slot])
-        if slot not in self.parked:
-            return FREE
-        return int(self._rows_for(np.asarray([slot]), reserved=np.zeros(0, dtype=np.int64))[0])
 
     def _rewind(self, rows: Ids, pos: Ids) -> None:
         """A row stepped at `pos` attends to its first `pos` tokens: drop later ones (a re-stepped slot)."""
