@@ -128,6 +128,27 @@ def test_whole_decodes_equal_the_slot_cache(variant: Path, beam: int) -> None:
     assert working.width <= working.max_slots
 
 
+def test_a_step_that_raised_leaves_the_batch_as_it_was(variant: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine reruns the requests of a step whose runner call raised: their slots must step again from
+    where they were, new rows included."""
+    runners = pair(variant, 4)
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
+    step_both(runners, [0], [40], [0])
+    working = runners[1]
+    real_run = working.decoder.run
+
+    def fail(*_: object) -> None:
+        raise RuntimeError("onnxruntime failed")
+
+    monkeypatch.setattr(working.decoder, "run", fail)
+    with pytest.raises(RuntimeError, match="onnxruntime failed"):
+        working.step_log_probs([0, 1], [41, 50], [1, 0])  # slot 1 joins in the step that fails
+    monkeypatch.setattr(working.decoder, "run", real_run)
+    step_both(runners, [0, 1], [41, 50], [1, 0])
+    step_both(runners, [1, 0], [51, 42], [1, 2])
+
+
 def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> None:
     """A former occupant's NaN sits in columns the new sentence masks, and 0 x NaN = NaN: a taken row is zeroed."""
     runners = pair(variant, 3)
