@@ -24,8 +24,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
@@ -199,17 +199,13 @@ class EngineProcess:
 
     # -- the Engine interface ----------------------------------------------------------------------
 
-    @contextmanager
-    def admission(self, sentences: int = 0) -> Iterator[Admission]:
+    def admission(self, sentences: int = 0) -> AbstractContextManager[Admission]:
         """As `Engine.admission`: queue places held from before the request is split until it submits."""
-        with self._cond:
-            admission = self._ledger.reserve(sentences, self._queued(), self._failed, self._draining or self._stopping)
-        try:
-            yield admission
-        finally:
-            with self._cond:
-                self._ledger.release(admission)
-                self._cond.notify_all()
+
+        def reserve() -> Admission:  # under the lock
+            return self._ledger.reserve(sentences, self._queued(), self._failed, self._draining or self._stopping)
+
+        return self._ledger.held(self._cond, reserve)
 
     def submit(
         self,

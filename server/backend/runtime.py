@@ -230,11 +230,8 @@ class OnnxRunner:
         src, dst = moved_pairs(sources, destinations)
         if not src.size:
             return
-        filled = int(self.tgt_len[src].max())  # entries past a slot's length are never read unmasked
         self.non_finite[dst] |= self.non_finite[src]
-        if filled:
-            self._move("self", src, dst, filled)
-            self.self_written[dst] = np.maximum(self.self_written[dst], filled)
+        self._copy_self(src, dst)
         other_source = self.source_key[src] != self.source_key[dst]
         if other_source.any():
             s, d = src[other_source], dst[other_source]
@@ -246,6 +243,14 @@ class OnnxRunner:
             self._cross_version += 1
         self.tgt_len[dst] = self.tgt_len[src]
         self.source_key[dst] = self.source_key[src]
+
+    def _copy_self(self, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> None:
+        """`copy_slots`' self-attention part: the slot caches up to the longest source slot's length (entries
+        past a slot's length are never read unmasked). Runs before the slots' lengths are copied."""
+        filled = int(self.tgt_len[src].max())
+        if filled:
+            self._move("self", src, dst, filled)
+            self.self_written[dst] = np.maximum(self.self_written[dst], filled)
 
     def _clean(self, slots: npt.NDArray[np.int64], source_len: int) -> None:
         """Zero what earlier sentences left in `slots` that could poison a new one (encoded to `source_len`)."""

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from model.directory import DECODER_FILE, MetadataError
 from server.backend.cross_lanes import SHRINK_SLACK, working_length
-from server.backend.runtime import Feeds, OnnxRunner, kv_names, moved_pairs
+from server.backend.runtime import Feeds, OnnxRunner, kv_names
 from server.core.runner import EncodeItem
 
 FREE = -1  # a row that holds no slot; a slot that no row holds
@@ -90,12 +90,8 @@ class WorkingBatchRunner(OnnxRunner):
             for slot in item.slots:
                 self._forget(slot)
 
-    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
-        """Each destination becomes its source as it was before the call: rows copied within the batch."""
-        src, dst = moved_pairs(sources, destinations)
-        if not src.size:
-            return
-        super().copy_slots(src.tolist(), dst.tolist())  # cross slot caches, source keys, lengths
+    def _copy_self(self, src: Ids, dst: Ids) -> None:
+        """`copy_slots`' self-attention part: each destination's row becomes its source's, within the batch."""
         # Rows stepped last time may still be needed this iteration: new rows come from the others.
         stepped = np.flatnonzero(self.stepped_last)
         parked = np.asarray([slot for slot in src.tolist() if slot in self.parked], dtype=np.int64)

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from server.core.observer import EngineObserver, StepStats
@@ -126,6 +126,19 @@ class AdmissionLedger:
         """The call has ended: free what it still holds (nothing once it submitted)."""
         self.reserved_sentences -= admission.sentences
         self.admitted_calls -= 1
+
+    @contextmanager
+    def held(self, cond: threading.Condition, reserve: Callable[[], Admission]) -> Iterator[Admission]:
+        """The owner's `admission()`: `reserve` runs under the owner's `cond`; the call's places are released
+        under it when the call ends, waking a drain that waits for admitted calls."""
+        with cond:
+            admission = reserve()
+        try:
+            yield admission
+        finally:
+            with cond:
+                self.release(admission)
+                cond.notify_all()
 
     def accept(
         self, sentences: int, queued: int, failed: bool, stopping: bool, draining: bool, admitted: Admission | None
@@ -276,8 +289,7 @@ class Engine:
         """
         return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline, admitted)
 
-    @contextmanager
-    def admission(self, sentences: int = 0) -> Iterator[Admission]:
+    def admission(self, sentences: int = 0) -> AbstractContextManager[Admission]:
         """Admit a call before its request is ready to submit (splitting and tokenizing take time),
         holding `sentences` queue places for it (what it will queue at least) until it submits or ends.
 
@@ -287,15 +299,12 @@ class Engine:
         a request that arrived before SIGTERM is translated, not refused. Raises QueueFullError when the
         places are not free, DrainingError once draining, EngineFailedError once the loop has died.
         """
-        with self._cond:
+
+        def reserve() -> Admission:  # under the lock
             queued = self._scheduled_queue + self._inbox_sentences
-            admission = self._ledger.reserve(sentences, queued, self._failed, self._draining)
-        try:
-            yield admission
-        finally:
-            with self._cond:
-                self._ledger.release(admission)
-                self._cond.notify_all()
+            return self._ledger.reserve(sentences, queued, self._failed, self._draining)
+
+        return self._ledger.held(self._cond, reserve)
 
     def warmup(self) -> None:
         """Decode a tiny sentence with a beam through the running loop, so every kernel is built before serving.
