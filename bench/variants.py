@@ -1,12 +1,13 @@
 """python -m bench.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
 
-Decodes data/test.tsv in both directions with beam 4 through each variant's OnnxRunner on the provider,
-at the length penalty the server defaults to for each direction (`decoding.json`, tuned on validation;
-else 1.0), scores with sacreBLEU, times one decoder step at 1 and 64 rows, and writes the provider's
-record into `<model-dir>/variants.json` (other providers' records are kept); a variant passes if its
-BLEU in each direction is within 0.5 of fp32's. `model.directory.choose_variant` reads the record of
-the provider it serves with, and trusts it only for the weights it names, a run over the whole test set with
-beam 4 and today's length penalties, and for int8 a CPU of the same int8 class as the one measured on.
+Decodes data/test.tsv in both directions with beam 4 through each variant's runner and caches as the
+server opens them on the provider, at the length penalty the server defaults to for each direction
+(`decoding.json`, tuned on validation; else 1.0), scores with sacreBLEU, times one decoder step at 1 and
+64 rows, and writes the provider's record into `<model-dir>/variants.json` (other providers' records are
+kept); a variant passes if its BLEU in each direction is within 0.5 of fp32's.
+`model.directory.choose_variant` reads the record of the provider it serves with, and trusts it only for
+the weights it names, a run over the whole test set with beam 4 and today's length penalties, and for
+int8 a CPU of the same int8 class as the one measured on.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from model.directory import (
     read_metadata,
 )
 from model.tokenizer import TextTokenizer, open_tokenizer
-from server.backend.runtime import PROVIDERS, OnnxRunner
+from server.backend.runtime import PROVIDERS, OnnxRunner, open_runner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem, Runner
 
@@ -49,7 +50,9 @@ def variant_bleu(
     """BLEU per direction ("de-en", "en-de") and the mean per-step wall time of this variant."""
     tokenizer = model_tokenizer(model_dir)
     directions = tested_directions(tokenizer)
-    runner = OnnxRunner(model_dir / "onnx" / variant, max_slots=64, provider=provider)
+    # The runner and caches the server opens on this provider (`--kv-cache auto`): int8 results move slightly
+    # with what shares a step, so the gate measures the serving cache, not another.
+    runner = open_runner(model_dir / "onnx" / variant, max_slots=64, provider=provider)
     if runner.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
         raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {runner.provider}: a gate measured "
                          f"there would be recorded as {provider}'s")  # fmt: skip
