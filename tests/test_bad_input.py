@@ -300,3 +300,17 @@ def test_validation_errors_are_invalid_argument_and_a_bare_value_error_is_a_bug(
     too_long = "texts[0] sentence 2 is 300 tokens long, over the limit of 256 tokens per sentence"
     assert status_for(TextLimitError(too_long)) == (grpc.StatusCode.INVALID_ARGUMENT, too_long)
     assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "من می\u200cخواهم به خانه بروم.",  # Persian: the non-joiner spells the verb prefix apart from its stem
+        "क्\u200dष और क्\u200cष",  # Devanagari: the joiner and non-joiner choose a conjunct's form
+        "নিশ্চিন্ত র\u200d্যাব",  # Bengali: the joiner forms the ya-phala after ra
+    ],
+)
+def test_the_joiners_scripts_spell_with_reach_the_model(text: str) -> None:
+    """U+200C and U+200D are spelling in these scripts: removed, the model sees another word."""
+    assert model_text(text) == text
+    assert model_text(f"\u200b{text}\u00ad\ufeff") == text  # the other format characters still go

@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.data import read_tsv
-from server.core.splitter import _LINE_BREAK, _one_sentence, _pysbd_cuts, join, split, translatable
+from server.core.splitter import (
+    _LINE_BREAK,
+    PUNCTUATION,
+    PYSBD_LANGUAGES,
+    _one_sentence,
+    _pysbd_cuts,
+    join,
+    rule_for,
+    split,
+    translatable,
+)
 
 WORDS = st.sampled_from(["Das", "Haus", "ist", "groß", "z.B.", "Dr.", "3.5", "e.g.", "U.S.", "Nein", "ok", "«Ja»"])
 PUNCT = st.sampled_from([".", "!", "?", "...", ":", ";", ",", ""])
@@ -18,9 +28,23 @@ SPACE = st.sampled_from([" ", "  ", "\n", "\r\n", "\t", " \n\n ", "\u00a0", "\u2
 TEXTY = st.lists(st.tuples(WORDS, PUNCT, SPACE), max_size=30).map(lambda parts: "".join("".join(p) for p in parts))
 
 
+# Languages of every rule: pysbd's (Latin, CJK, Arabic script, Devanagari, Ethiopic, Armenian, Myanmar) and
+# the punctuation rule (Swahili, Hebrew, Korean, Thai, Tamil, a group code, a code no table knows)
+LANGUAGES = ["de", "en", "fra", "zh", "ar", "fa", "hi", "am", "hy", "my", "sw", "he", "ko", "th", "ta", "mul", "xx"]
+SCRIPTED = st.lists(
+    st.tuples(
+        st.sampled_from(["我很好", "你呢", "ሰላም ነው", "मैं ठीक हूँ", "سلام", "שלום", "안녕", "Habari", "côté", "x"]),
+        st.sampled_from(["。", "？", "！", "।", "॥", "؟", "۔", "።", "፧", "։", "။", "។", ".", "?", "」", "", "\u200c"]),
+        SPACE,
+    ),
+    max_size=30,
+).map(lambda parts: "".join("".join(p) for p in parts))
+
+
 @settings(max_examples=300, deadline=None)
-@given(text=st.one_of(TEXTY, st.text(max_size=200)), language=st.sampled_from(["de", "en"]))
+@given(text=st.one_of(TEXTY, SCRIPTED, st.text(max_size=200)), language=st.sampled_from(LANGUAGES))
 def test_join_of_split_is_the_original_text(text: str, language: str) -> None:
+    """Every rule keeps every character and never raises, whatever the language and script."""
     parts = split(text, language)
     assert join(parts.pieces, parts.separators) == text
     assert all(p and p == p.strip() and translatable(p) for p in parts.pieces)
@@ -65,8 +89,43 @@ def test_a_sentence_without_a_letter_or_digit_stays_verbatim_between_the_others(
 def test_join_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="separators"):
         join(["a", "b"], ["", ""])
-    with pytest.raises(ValueError, match="language"):
-        split("Hallo.", "fr")
+
+
+@pytest.mark.parametrize(
+    ("language", "rule"),
+    [("de", "de"), ("deu", "de"), ("fra", "fr"), ("fr_CA", "fr"), ("cmn_Hans", "zh"), ("zho_Hant", "zh"),
+     ("pob", "pt" if "pt" in PYSBD_LANGUAGES else PUNCTUATION), ("arb", "ar"), ("pes", "fa"), ("sw", PUNCTUATION),
+     ("mul", PUNCTUATION), ("ROMANCE", PUNCTUATION), ("xx", PUNCTUATION)],
+)  # fmt: skip
+def test_each_language_gets_pysbds_rule_by_its_iso_639_1_code_else_punctuation(language: str, rule: str) -> None:
+    assert rule_for(language) == rule
+
+
+@pytest.mark.parametrize(
+    ("language", "text", "sentences"),
+    [
+        ("fr", "Bonjour M. Dupont. Comment allez-vous ? Très bien !", ["Bonjour M. Dupont.", "Comment allez-vous ?", "Très bien !"]),
+        ("cmn_Hans", "我很好。你呢？「好的！」", ["我很好。", "你呢？", "「好的！」"]),
+        ("ja", "元気です。あなたは？", ["元気です。", "あなたは？"]),
+        ("hi", "मैं ठीक हूँ। तुम कैसे हो? अच्छा।", ["मैं ठीक हूँ।", "तुम कैसे हो?", "अच्छा।"]),
+        ("am", "ሰላም ነው። እንዴት ነህ፧ ደህና ነኝ።", ["ሰላም ነው።", "እንዴት ነህ፧", "ደህና ነኝ።"]),
+        # pysbd's Arabic and Persian rules cut at commas and colons too: those cuts are dropped
+        ("ar", "مرحبا، كيف حالك؟ أنا بخير.", ["مرحبا، كيف حالك؟", "أنا بخير."]),
+        ("fa", "سلام، خوبی؟ این یک جمله است: بله.", ["سلام، خوبی؟", "این یک جمله است: بله."]),
+        # the punctuation rule: Latin marks before a capital, script marks anywhere, lowercase goes on
+        ("sw", "Habari yako? Nzuri sana, k.m. hapa. Asante!", ["Habari yako?", "Nzuri sana, k.m. hapa.", "Asante!"]),
+        ("he", "שלום. מה שלומך? טוב.", ["שלום.", "מה שלומך?", "טוב."]),
+        ("ko", "안녕하세요. 잘 지내요? 네!", ["안녕하세요.", "잘 지내요?", "네!"]),
+        ("yue", "你好。食咗飯未？", ["你好。", "食咗飯未？"]),
+        ("ti", "ሰላም እዩ። ከመይ ኣለኻ፧", ["ሰላም እዩ።", "ከመይ ኣለኻ፧"]),
+        ("ne", "म ठीक छु। तिमी कस्तो छौ?", ["म ठीक छु।", "तिमी कस्तो छौ?"]),
+        ("th", "สวัสดีครับ วันนี้อากาศดี\nขอบคุณ", ["สวัสดีครับ วันนี้อากาศดี", "ขอบคุณ"]),
+    ],
+)
+def test_sentences_of_languages_with_and_without_pysbd_rules(language: str, text: str, sentences: list[str]) -> None:
+    parts = split(text, language)
+    assert parts.pieces == sentences
+    assert join(parts.pieces, parts.separators) == text
 
 
 def test_concurrent_splits_do_not_see_each_others_text() -> None:
@@ -93,16 +152,16 @@ ONE_LINE = st.tuples(
 
 @settings(max_examples=400, deadline=None)
 @given(line=st.one_of(ONE_LINE, st.text(max_size=80).filter(lambda t: not _LINE_BREAK.search(t))),
-       language=st.sampled_from(["de", "en"]))  # fmt: skip
+       language=st.sampled_from(sorted(PYSBD_LANGUAGES)))  # fmt: skip
 def test_a_line_passed_over_pysbd_is_one_sentence_to_pysbd(line: str, language: str) -> None:
-    if _one_sentence(line):
+    if _one_sentence(line, language):
         assert _pysbd_cuts(line, language) == [len(line.rstrip())]
 
 
 def test_the_test_sets_sentences_mostly_skip_pysbd_and_split_as_pysbd_would() -> None:
     pairs = read_tsv(Path("data/test.tsv"))
     lines = [(p.de, "de") for p in pairs] + [(p.en, "en") for p in pairs]
-    skipped = [(line, language) for line, language in lines if _one_sentence(line)]
+    skipped = [(line, language) for line, language in lines if _one_sentence(line, language)]
     assert len(skipped) > len(lines) / 2
     for line, language in skipped:
         assert _pysbd_cuts(line, language) == [len(line.rstrip())], line

@@ -7,9 +7,11 @@ control characters) has no sentences, never reaches the engine and comes back un
 hypothesis (itself, score 0) and zero tokens and sentences.
 
 The model sees a sentence without its control characters (Unicode Cc: NUL, ESC, DEL, C1) and format
-characters (Cf: zero-width spaces and joiners, bidi marks, soft hyphens, BOM): the tokenizer has no
+characters (Cf: zero-width space, bidi marks, soft hyphens, BOM, word joiner): the tokenizer has no
 pieces for most of them, so they would reach the model as unknown tokens; removed, a word they were
-inside ("Haus\u00adtür") is the word again. Tabs and other whitespace controls stay.
+inside ("Haus\u00adtür") is the word again. Tabs and other whitespace controls stay, and so do the
+zero-width non-joiner and joiner (U+200C, U+200D), which Persian, Hindi, Bengali, Malayalam and other
+scripts need to spell words correctly (Persian "می\u200cخواهم" is not "میخواهم").
 """
 
 from __future__ import annotations
@@ -101,11 +103,19 @@ def prepare_texts(
     return prepared
 
 
+SPELLING_FORMAT_CHARACTERS = frozenset("\u200c\u200d")  # zero-width non-joiner and joiner: part of the spelling
+
+
 def model_text(sentence: str) -> str:
-    """`sentence` without its control and format characters (Cc, Cf) other than whitespace: what the model sees."""
+    """`sentence` without its control and format characters (Cc, Cf) other than whitespace and the joiners
+    scripts spell with: what the model sees."""
     if sentence.isprintable():  # the common case: no Cc or Cf at all
         return sentence
-    return "".join(c for c in sentence if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf")).strip()
+    return "".join(c for c in sentence if _model_sees(c)).strip()
+
+
+def _model_sees(char: str) -> bool:
+    return char.isspace() or char in SPELLING_FORMAT_CHARACTERS or unicodedata.category(char) not in ("Cc", "Cf")
 
 
 @dataclass

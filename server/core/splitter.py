@@ -1,7 +1,15 @@
 """Sentence splitting that keeps every character of the input, so translations reassemble exactly.
 
-Long texts are split into sentences with pysbd (rule-based, maintained, German and English rules)
-after first cutting at line breaks, which always end a sentence (a title line has no full stop).
+Texts are cut at line breaks first, which always end a sentence (a title line has no full stop), then
+into sentences by the rule their language gets (`rule_for`, logged at startup for every served source):
+- pysbd's rules for the languages it has (`PYSBD_LANGUAGES`, by ISO 639-1 code, whatever code the model
+  writes: `fra` and `fr` both get pysbd's French). Its Arabic and Persian rules also cut at commas and
+  colons; those cuts are dropped, as a clause is not a sentence to a translation model.
+- everywhere else, `PUNCTUATION`: a cut after sentence-final marks, Latin `.!?…` before whitespace and
+  a character that is no lowercase letter, and with or without whitespace after the full stops and
+  question marks of CJK, Devanagari (danda), Arabic, Ethiopic, Armenian, Myanmar and Khmer, closing
+  quotes and brackets kept with their sentence. A script without such marks (Thai) is cut at line
+  breaks only; the per-sentence token limit still applies, and a longer line is refused, never cut.
 A text becomes `pieces` (sentences, stripped) and `separators` (what is kept as it is around them),
 with `join(pieces, separators) == text` for every text: the server translates the pieces and joins
 the translations with the original separators, so line breaks and spacing survive translation.
@@ -18,13 +26,26 @@ import threading
 from dataclasses import dataclass
 
 import pysbd
+from pysbd.languages import LANGUAGE_CODES
+
+from model.languages import iso639_1
 
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 # What pysbd cuts at or after: its sentence punctuation, the parenthesis of list items ("a)", "1)"),
 # the ellipsis, and the marks it writes into its own working copy of the text. A line with none of
 # them before its last character is one sentence to pysbd, which costs ~200 us to say so.
 _MAY_CUT = frozenset(".!?)\u3002\uff0e\uff01\uff1f\u2026\u0238\u0239\u2609\u2608\u2607\u2604\u2668\u261d\u222f&\u2702")
-_SUPPORTED = ("de", "en")
+PYSBD_LANGUAGES = frozenset(LANGUAGE_CODES)  # ISO 639-1 codes pysbd has rules for
+PUNCTUATION = "punctuation"  # the rule of every other language
+_CLAUSE_MARKS = frozenset(",:\u060c")  # pysbd's Arabic and Persian cut after these too; such cuts are dropped
+_CUTS_CLAUSES = frozenset({"ar", "fa"})
+_CLOSERS = "\"'\u00bb\u2019\u201d\u300d\u300f\uff09\u3011\u3009\u300b)\\]}"
+# Sentence ends without rules: Latin marks before whitespace and no lowercase letter; the others anywhere.
+_LATIN_END = re.compile(rf"[.!?\u2026\u203c\u2047-\u2049]+[{_CLOSERS}]*(?=\s)")
+_SCRIPT_END = re.compile(
+    "[\u3002\uff01\uff1f\uff61\u0964\u0965\u061f\u06d4\u1362\u1367\u1368\u0589\u104a\u104b\u17d4\u17d5]+"
+    rf"[{_CLOSERS}]*"
+)
 _PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmenter}
 
 
@@ -64,11 +85,15 @@ def _segmenter(language: str) -> pysbd.Segmenter:
     return segmenters[language]
 
 
+def rule_for(language: str) -> str:
+    """The sentence rule `language` (any code a model or client writes) gets: pysbd's by ISO 639-1, else PUNCTUATION."""
+    code = iso639_1(language)
+    return code if code in PYSBD_LANGUAGES else PUNCTUATION
+
+
 def split(text: str, language: str) -> Split:
-    """Split `text` (in `language`, "de" or "en") into sentences and separators."""
-    if language not in _SUPPORTED:
-        raise ValueError(f"no sentence rules for language {language!r}")
-    cuts = sorted(set(_line_cuts(text)) | set(_sentence_cuts(text, language)))
+    """Split `text` (in `language`, any code: its rule is `rule_for(language)`) into sentences and separators."""
+    cuts = sorted(set(_line_cuts(text)) | set(_sentence_cuts(text, rule_for(language))))
     pieces: list[str] = []
     separators: list[str] = []
     pending = ""  # whitespace since the last piece
@@ -93,8 +118,8 @@ def _line_cuts(text: str) -> list[int]:
     return [m.end() for m in _LINE_BREAK.finditer(text)]
 
 
-def _sentence_cuts(text: str, language: str) -> list[int]:
-    """End offsets of pysbd's sentences found in the original text, line by line.
+def _sentence_cuts(text: str, rule: str) -> list[int]:
+    """End offsets of the rule's sentences found in the original text, line by line.
 
     A segment pysbd altered (and so cannot be found) adds no cut: its text stays in a neighbouring
     piece, so nothing is ever lost.
@@ -103,10 +128,12 @@ def _sentence_cuts(text: str, language: str) -> list[int]:
     line_start = 0
     for line_end in [*_line_cuts(text), len(text)]:
         line = text[line_start:line_end]
-        if _one_sentence(line):
+        if rule == PUNCTUATION:
+            cuts += [line_start + cut for cut in _punctuation_cuts(line)]
+        elif _one_sentence(line, rule):
             cuts.append(line_start + len(line.rstrip()))  # where pysbd's one segment would end
         elif line.strip():
-            cuts += [line_start + cut for cut in _pysbd_cuts(line, language)]
+            cuts += [line_start + cut for cut in _pysbd_cuts(line, rule)]
         line_start = line_end
     return cuts
 
@@ -119,12 +146,36 @@ def _pysbd_cuts(line: str, language: str) -> list[int]:
         found = line.find(segment.strip(), cursor) if segment.strip() else -1
         if found >= 0:
             cursor = found + len(segment.strip())
-            cuts.append(cursor)
+            if language not in _CUTS_CLAUSES or line[cursor - 1] not in _CLAUSE_MARKS:
+                cuts.append(cursor)
     return cuts
 
 
-def _one_sentence(line: str) -> bool:
+def _punctuation_cuts(line: str) -> list[int]:
+    """End offsets in `line` of sentences ended by a sentence-final mark (the PUNCTUATION rule)."""
+    latin = {m.end() for m in _LATIN_END.finditer(line) if _starts_sentence(line[m.end() :].lstrip())}
+    return sorted(latin | {m.end() for m in _SCRIPT_END.finditer(line)})
+
+
+def _starts_sentence(rest: str) -> bool:
+    """Whether text after a Latin full stop can begin a sentence: something follows, and not in lowercase."""
+    return bool(rest) and not rest[0].islower()
+
+
+def _one_sentence(line: str, language: str) -> bool:
     """Whether pysbd would return `line` (which holds text) as a single sentence: nothing it cuts at
-    comes before the last character, and that one is no list item's parenthesis."""
+    (here or in `language`'s own punctuation) comes before the last character, and that one is no list
+    item's parenthesis."""
     core = line.strip()
-    return bool(core) and core[-1] != ")" and _MAY_CUT.isdisjoint(core[:-1])
+    return bool(core) and core[-1] != ")" and _may_cut(language).isdisjoint(core[:-1])
+
+
+def _may_cut(language: str) -> frozenset[str]:
+    marks = _MAY_CUT_BY_LANGUAGE.get(language)
+    if marks is None:
+        marks = _MAY_CUT | frozenset(getattr(LANGUAGE_CODES[language], "Punctuations", ()))
+        _MAY_CUT_BY_LANGUAGE[language] = marks
+    return marks
+
+
+_MAY_CUT_BY_LANGUAGE: dict[str, frozenset[str]] = {}

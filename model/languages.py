@@ -1,0 +1,193 @@
+"""Language codes as clients and OPUS-MT models write them, and the one rule that matches the two.
+
+Clients write BCP-47 (`pt`, `pt-BR`, `zh-Hant`), ISO 639-1 (`pt`) or ISO 639-3 (`por`); OPUS-MT models name
+their languages in ISO 639-1 (`opus-mt-de-en`), ISO 639-3 with an optional script (`>>fra<<`, `>>cmn_Hans<<`),
+a region after an underscore (`>>pt_br<<`), the Tatoeba Challenge's own `pob` (Brazilian Portuguese), or a
+group (`mul`, ISO 639-5 families such as `gem`, and older names such as `ROMANCE`). Every code is read into
+a `LanguageTag` (ISO 639-3 language, script, region) and a client's code is matched to the model's codes by
+`match`, which prefers, in this order: the same language (else a macrolanguage and its usual member, e.g.
+`zh` and `cmn`), the same script (else the language's usual script), the same region (else none).
+Torch-free: the importer and the server both read it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# ISO 639-1 -> ISO 639-3 (every 639-1 code, plus the deprecated iw, in, ji, mo, sh that old data still uses)
+ISO639_1_TO_3 = dict(
+    pair.split(":")
+    for pair in """aa:aar ab:abk ae:ave af:afr ak:aka am:amh an:arg ar:ara as:asm av:ava ay:aym az:aze ba:bak
+    be:bel bg:bul bh:bih bi:bis bm:bam bn:ben bo:bod br:bre bs:bos ca:cat ce:che ch:cha co:cos cr:cre cs:ces
+    cu:chu cv:chv cy:cym da:dan de:deu dv:div dz:dzo ee:ewe el:ell en:eng eo:epo es:spa et:est eu:eus fa:fas
+    ff:ful fi:fin fj:fij fo:fao fr:fra fy:fry ga:gle gd:gla gl:glg gn:grn gu:guj gv:glv ha:hau he:heb hi:hin
+    ho:hmo hr:hrv ht:hat hu:hun hy:hye hz:her ia:ina id:ind ie:ile ig:ibo ii:iii ik:ipk io:ido is:isl it:ita
+    iu:iku ja:jpn jv:jav ka:kat kg:kon ki:kik kj:kua kk:kaz kl:kal km:khm kn:kan ko:kor kr:kau ks:kas ku:kur
+    kv:kom kw:cor ky:kir la:lat lb:ltz lg:lug li:lim ln:lin lo:lao lt:lit lu:lub lv:lav mg:mlg mh:mah mi:mri
+    mk:mkd ml:mal mn:mon mr:mar ms:msa mt:mlt my:mya na:nau nb:nob nd:nde ne:nep ng:ndo nl:nld nn:nno no:nor
+    nr:nbl nv:nav ny:nya oc:oci oj:oji om:orm or:ori os:oss pa:pan pi:pli pl:pol ps:pus pt:por qu:que rm:roh
+    rn:run ro:ron ru:rus rw:kin sa:san sc:srd sd:snd se:sme sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som
+    sq:sqi sr:srp ss:ssw st:sot su:sun sv:swe sw:swa ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn
+    to:ton tr:tur ts:tso tt:tat tw:twi ty:tah ug:uig uk:ukr ur:urd uz:uzb ve:ven vi:vie vo:vol wa:wln wo:wol
+    xh:xho yi:yid yo:yor za:zha zh:zho zu:zul iw:heb in:ind ji:yid mo:ron sh:hbs""".split()
+)
+ISO639_3_TO_1 = {three: one for one, three in ISO639_1_TO_3.items() if one not in ("iw", "in", "ji", "mo")}
+# ISO 639-2/B (bibliographic) codes that differ from ISO 639-3
+ISO639_2B_TO_3 = dict(
+    pair.split(":")
+    for pair in """alb:sqi arm:hye baq:eus bur:mya chi:zho cze:ces dut:nld fre:fra geo:kat ger:deu gre:ell ice:isl
+    mac:mkd mao:mri may:msa per:fas rum:ron slo:slk tib:bod wel:cym""".split()
+)
+# Macrolanguage -> its members that OPUS-MT models name; the first is the one the macrolanguage usually means
+MACRO_MEMBERS: dict[str, tuple[str, ...]] = {
+    "zho": ("cmn", "yue", "wuu", "nan", "hak", "gan", "cjy", "hsn", "lzh", "cdo", "cpx", "czo", "mnp"),
+    "ara": ("arb", "arz", "ary", "apc", "ajp", "acm", "afb", "aeb", "arq", "acq", "ars", "apd", "ayl", "abv"),
+    "fas": ("pes", "prs"),
+    "msa": ("zsm", "zlm", "min", "mfa", "max"),
+    "nor": ("nob", "nno"),
+    "est": ("ekk", "vro"),
+    "lav": ("lvs", "ltg"),
+    "sqi": ("als", "aln", "aae"),
+    "aze": ("azj", "azb"),
+    "uzb": ("uzn", "uzs"),
+    "kur": ("kmr", "ckb", "sdh"),
+    "mon": ("khk", "mvf"),
+    "swa": ("swh", "swc"),
+    "hbs": ("srp", "hrv", "bos", "cnr"),
+    "grn": ("gug", "gui"),
+    "pus": ("pbu", "pst", "pbt"),
+    "yid": ("ydd", "yih"),
+    "zza": ("diq", "kiu"),
+    "fil": ("tgl",),
+}
+MEMBER_TO_MACRO = {member: macro for macro, members in MACRO_MEMBERS.items() for member in members}
+# Codes OPUS-MT uses that are no language of their own: the Tatoeba Challenge's Brazilian Portuguese
+SPECIAL: dict[str, tuple[str, str, str]] = {"pob": ("por", "", "BR")}
+# The script a language is written in when a code names none (CLDR's likely subtags), by (language, region)
+LIKELY_SCRIPT: dict[tuple[str, str], str] = {
+    ("zho", ""): "Hans", ("zho", "CN"): "Hans", ("zho", "SG"): "Hans", ("zho", "TW"): "Hant",
+    ("zho", "HK"): "Hant", ("zho", "MO"): "Hant", ("cmn", ""): "Hans", ("cmn", "TW"): "Hant", ("yue", ""): "Hant",
+    ("srp", ""): "Cyrl", ("uzb", ""): "Latn", ("uzn", ""): "Latn", ("aze", ""): "Latn", ("kaz", ""): "Cyrl",
+    ("pan", ""): "Guru", ("pan", "PK"): "Arab", ("snd", ""): "Arab", ("mon", ""): "Cyrl", ("bos", ""): "Latn",
+    ("jpn", ""): "Jpan", ("kor", ""): "Kore", ("rus", ""): "Cyrl", ("ukr", ""): "Cyrl", ("bel", ""): "Cyrl",
+}  # fmt: skip
+# ISO 639-5 language families and groups that OPUS-MT names as a source or target: many languages, not one
+ISO639_5 = frozenset(
+    """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber bnt btk cai cau cba ccn ccs cdc cdd cel
+    cmc cpe cpf cpp crp csu cus day dmn dra egx esx euq fiu fox gem gme gmq gmw grk hmx hok hyx iir ijo inc ine
+    ira iro itc jpx kar kdo khi kro map mkh mno mul mun myn nah nai ngf nic nub omq omv oto paa phi plf poz pqe
+    pqw pra qwe roa sai sal sdv sem sgn sio sit sla smi son sqj ssa syd tai tbq trk tup tut tuw urj wak wen xgn
+    xnd ypk zhx zle zls zlw znd""".split()
+)
+_CODE = re.compile(r"^([A-Za-z]{2,3})(?:[-_]([A-Za-z]{4}))?(?:[-_]([A-Za-z]{2}|[0-9]{3}))?(?:[-_].*)?$")
+AUTO = "auto"  # the source language a client leaves to detection (as does an empty one)
+
+
+class AmbiguousLanguage(ValueError):
+    """A client's code matches several of a model's codes equally well."""
+
+
+@dataclass(frozen=True)
+class LanguageTag:
+    """A language code read: ISO 639-3 language (or a group), script (`Hans`) and region (`BR`), each maybe ''."""
+
+    language: str
+    script: str = ""
+    region: str = ""
+
+    @property
+    def is_group(self) -> bool:
+        """A family or collection of languages (`mul`, `gem`, `ROMANCE`), not one language."""
+        return self.language in ISO639_5 or self.language.isupper()
+
+    @property
+    def likely_script(self) -> str:
+        return self.script or LIKELY_SCRIPT.get((self.language, self.region), LIKELY_SCRIPT.get((self.language, ""), ""))
+
+
+def parse(code: str) -> LanguageTag:
+    """`code` read as a language tag; a code that is no tag this module knows is its own language."""
+    if code.lower() in SPECIAL:
+        return LanguageTag(*SPECIAL[code.lower()])
+    found = _CODE.match(code)
+    if not found or (code.isupper() and len(code) > 3):  # OPUS-MT's group names: "ROMANCE", "NORTH_EU"
+        return LanguageTag(code)
+    language, script, region = found.groups()
+    language = language.lower()
+    language = ISO639_1_TO_3.get(language) or ISO639_2B_TO_3.get(language) or language
+    return LanguageTag(language, (script or "").title(), (region or "").upper())
+
+
+def bcp47(code: str) -> str:
+    """The BCP-47 spelling of a model's code: ISO 639-1 where the language (or its macrolanguage, for the usual
+    member) has one, then script and region: `pob` -> `pt-BR`, `cmn_Hans` -> `zh-Hans`, `fra` -> `fr`."""
+    tag = parse(code)
+    if tag.is_group:
+        return tag.language
+    language = ISO639_3_TO_1.get(tag.language)
+    macro = MEMBER_TO_MACRO.get(tag.language)
+    if language is None and macro and MACRO_MEMBERS[macro][0] == tag.language:
+        language = ISO639_3_TO_1.get(macro)
+    return "-".join(part for part in (language or tag.language, tag.script, tag.region) if part)
+
+
+def iso639_1(code: str) -> str:
+    """The two-letter code of `code`'s language (or of its macrolanguage), '' where it has none."""
+    tag = parse(code)
+    return ISO639_3_TO_1.get(tag.language) or ISO639_3_TO_1.get(MEMBER_TO_MACRO.get(tag.language, ""), "")
+
+
+def match(client: str, model_codes: Iterable[str]) -> str | None:
+    """The model code a client's `client` code means, None if none; AmbiguousLanguage if several fit equally.
+
+    A code the model names verbatim is always itself. Otherwise each model code is scored (language, then
+    script, then region, as the module says); a group code (`mul`) takes any language, below every real match.
+    """
+    codes = list(dict.fromkeys(model_codes))
+    if client in codes:
+        return client
+    wanted = parse(client)
+    scored = [(score, code) for code in codes if (score := _score(wanted, parse(code))) is not None]
+    if not scored:
+        return None
+    best = max(score for score, _ in scored)
+    winners = [code for score, code in scored if score == best]
+    if len(winners) > 1:
+        raise AmbiguousLanguage(f"{client!r} could mean any of {', '.join(winners)}: send one of them")
+    return winners[0]
+
+
+def _score(wanted: LanguageTag, offered: LanguageTag) -> tuple[int, int, int] | None:
+    """How well an offered code fits a wanted one, compared as a tuple; None where it does not fit."""
+    if offered.is_group:
+        return (0, 0, 0) if not wanted.is_group else None
+    language = _language_fit(wanted.language, offered.language)
+    if language is None:
+        return None
+    script = _part_fit(wanted.likely_script, offered.likely_script, explicit=bool(wanted.script and offered.script))
+    region = _part_fit(wanted.region, offered.region, explicit=bool(wanted.region and offered.region))
+    if script is None or region is None:
+        return None
+    return (language, script, region)
+
+
+def _language_fit(wanted: str, offered: str) -> int | None:
+    if wanted == offered:
+        return 4
+    if MEMBER_TO_MACRO.get(offered) == wanted:  # client "zh", model "cmn"
+        return 3 if MACRO_MEMBERS[wanted][0] == offered else 2
+    if MEMBER_TO_MACRO.get(wanted) == offered:  # client "cmn", model "zho"
+        return 2
+    return None
+
+
+def _part_fit(wanted: str, offered: str, explicit: bool) -> int | None:
+    """Script or region: the same scores best; a code without one fits any, below the same; two different
+    ones written out on both sides never fit (pt-PT is not pob); likely scripts that differ fit last."""
+    if wanted == offered:
+        return 2
+    if not wanted or not offered:
+        return 1 if not offered else 0
+    return None if explicit else -1
