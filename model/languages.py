@@ -17,9 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 # ISO 639-1 -> ISO 639-3 (every 639-1 code, plus the deprecated iw, in, ji, mo, sh that old data still uses)
-ISO639_1_TO_3 = dict(
-    pair.split(":")
-    for pair in """aa:aar ab:abk ae:ave af:afr ak:aka am:amh an:arg ar:ara as:asm av:ava ay:aym az:aze ba:bak
+_ISO639_1_TO_3 = """aa:aar ab:abk ae:ave af:afr ak:aka am:amh an:arg ar:ara as:asm av:ava ay:aym az:aze ba:bak
     be:bel bg:bul bh:bih bi:bis bm:bam bn:ben bo:bod br:bre bs:bos ca:cat ce:che ch:cha co:cos cr:cre cs:ces
     cu:chu cv:chv cy:cym da:dan de:deu dv:div dz:dzo ee:ewe el:ell en:eng eo:epo es:spa et:est eu:eus fa:fas
     ff:ful fi:fin fj:fij fo:fao fr:fra fy:fry ga:gle gd:gla gl:glg gn:grn gu:guj gv:glv ha:hau he:heb hi:hin
@@ -31,15 +29,13 @@ ISO639_1_TO_3 = dict(
     rn:run ro:ron ru:rus rw:kin sa:san sc:srd sd:snd se:sme sg:sag si:sin sk:slk sl:slv sm:smo sn:sna so:som
     sq:sqi sr:srp ss:ssw st:sot su:sun sv:swe sw:swa ta:tam te:tel tg:tgk th:tha ti:tir tk:tuk tl:tgl tn:tsn
     to:ton tr:tur ts:tso tt:tat tw:twi ty:tah ug:uig uk:ukr ur:urd uz:uzb ve:ven vi:vie vo:vol wa:wln wo:wol
-    xh:xho yi:yid yo:yor za:zha zh:zho zu:zul iw:heb in:ind ji:yid mo:ron sh:hbs""".split()
-)
+    xh:xho yi:yid yo:yor za:zha zh:zho zu:zul iw:heb in:ind ji:yid mo:ron sh:hbs"""
+ISO639_1_TO_3 = dict(pair.split(":") for pair in _ISO639_1_TO_3.split())
 ISO639_3_TO_1 = {three: one for one, three in ISO639_1_TO_3.items() if one not in ("iw", "in", "ji", "mo")}
 # ISO 639-2/B (bibliographic) codes that differ from ISO 639-3
-ISO639_2B_TO_3 = dict(
-    pair.split(":")
-    for pair in """alb:sqi arm:hye baq:eus bur:mya chi:zho cze:ces dut:nld fre:fra geo:kat ger:deu gre:ell ice:isl
-    mac:mkd mao:mri may:msa per:fas rum:ron slo:slk tib:bod wel:cym""".split()
-)
+_ISO639_2B_TO_3 = """alb:sqi arm:hye baq:eus bur:mya chi:zho cze:ces dut:nld fre:fra geo:kat ger:deu gre:ell ice:isl
+    mac:mkd mao:mri may:msa per:fas rum:ron slo:slk tib:bod wel:cym"""
+ISO639_2B_TO_3 = dict(pair.split(":") for pair in _ISO639_2B_TO_3.split())
 # Macrolanguage -> its members that OPUS-MT models name; the first is the one the macrolanguage usually means
 MACRO_MEMBERS: dict[str, tuple[str, ...]] = {
     "zho": ("cmn", "yue", "wuu", "nan", "hak", "gan", "cjy", "hsn", "lzh", "cdo", "cpx", "czo", "mnp"),
@@ -74,13 +70,12 @@ LIKELY_SCRIPT: dict[tuple[str, str], str] = {
     ("jpn", ""): "Jpan", ("kor", ""): "Kore", ("rus", ""): "Cyrl", ("ukr", ""): "Cyrl", ("bel", ""): "Cyrl",
 }  # fmt: skip
 # ISO 639-5 language families and groups that OPUS-MT names as a source or target: many languages, not one
-ISO639_5 = frozenset(
-    """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber bnt btk cai cau cba ccn ccs cdc cdd cel
+_ISO639_5 = """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber bnt btk cai cau cba ccn ccs cdc cdd cel
     cmc cpe cpf cpp crp csu cus day dmn dra egx esx euq fiu fox gem gme gmq gmw grk hmx hok hyx iir ijo inc ine
     ira iro itc jpx kar kdo khi kro map mkh mno mul mun myn nah nai ngf nic nub omq omv oto paa phi plf poz pqe
     pqw pra qwe roa sai sal sdv sem sgn sio sit sla smi son sqj ssa syd tai tbq trk tup tut tuw urj wak wen xgn
-    xnd ypk zhx zle zls zlw znd""".split()
-)
+    xnd ypk zhx zle zls zlw znd"""
+ISO639_5 = frozenset(_ISO639_5.split())
 _CODE = re.compile(r"^([A-Za-z]{2,3})(?:[-_]([A-Za-z]{4}))?(?:[-_]([A-Za-z]{2}|[0-9]{3}))?(?:[-_].*)?$")
 AUTO = "auto"  # the source language a client leaves to detection (as does an empty one)
 
@@ -104,7 +99,8 @@ class LanguageTag:
 
     @property
     def likely_script(self) -> str:
-        return self.script or LIKELY_SCRIPT.get((self.language, self.region), LIKELY_SCRIPT.get((self.language, ""), ""))
+        default = LIKELY_SCRIPT.get((self.language, ""), "")
+        return self.script or LIKELY_SCRIPT.get((self.language, self.region), default)
 
 
 def parse(code: str) -> LanguageTag:

@@ -104,7 +104,11 @@ def test_each_language_gets_pysbds_rule_by_its_iso_639_1_code_else_punctuation(l
 @pytest.mark.parametrize(
     ("language", "text", "sentences"),
     [
-        ("fr", "Bonjour M. Dupont. Comment allez-vous ? Très bien !", ["Bonjour M. Dupont.", "Comment allez-vous ?", "Très bien !"]),
+        (
+            "fr",
+            "Bonjour M. Dupont. Comment allez-vous ? Très bien !",
+            ["Bonjour M. Dupont.", "Comment allez-vous ?", "Très bien !"],
+        ),
         ("cmn_Hans", "我很好。你呢？「好的！」", ["我很好。", "你呢？", "「好的！」"]),
         ("ja", "元気です。あなたは？", ["元気です。", "あなたは？"]),
         ("hi", "मैं ठीक हूँ। तुम कैसे हो? अच्छा।", ["मैं ठीक हूँ।", "तुम कैसे हो?", "अच्छा।"]),

@@ -11,7 +11,7 @@ characters (Cf: zero-width space, bidi marks, soft hyphens, BOM, word joiner): t
 pieces for most of them, so they would reach the model as unknown tokens; removed, a word they were
 inside ("Haus\u00adtür") is the word again. Tabs and other whitespace controls stay, and so do the
 zero-width non-joiner and joiner (U+200C, U+200D), which Persian, Hindi, Bengali, Malayalam and other
-scripts need to spell words correctly (Persian "می\u200cخواهم" is not "میخواهم").
+scripts need to spell words correctly (in Persian, "mi\u200cxâham", I want, is spelt with one).
 """
 
 from __future__ import annotations
