@@ -89,25 +89,56 @@ def training_pairs(shape: str) -> list[tuple[str, str]]:
     return SAMPLE_PAIRS + [(p.de, p.en) for f in files if f.is_file() for p in read_tsv(f)]
 
 
-def marian_vocab(pieces: list[str], pad_id: int | None = None, tags: tuple[str, ...] = ()) -> dict[str, int]:
-    """Marian's layout: </s> 0, <unk> 1, tags, pieces, <pad> last (or at `pad_id`, shifting what follows)."""
-    ordered = [EOS, UNK, *tags, *dict.fromkeys(pieces)]
+LAYOUTS = ("classic", "tc-big")  # the vocabulary and config layouts OPUS-MT releases come in
+
+
+def marian_vocab(
+    pieces: list[str], pad_id: int | None = None, tags: tuple[str, ...] = (), layout: str = "classic"
+) -> dict[str, int]:
+    """Classic OPUS-MT: </s> 0, <unk> 1, tags, pieces, <pad> last (or at `pad_id`, shifting what follows).
+    tc-big (the Tatoeba Challenge's releases): tags, pieces with </s> and <unk> among them, <pad> last."""
+    unique = list(dict.fromkeys(pieces))
+    if layout == "tc-big":
+        third = len(unique) // 3
+        ordered = [*tags, *unique[:third], EOS, *unique[third : 2 * third], UNK, *unique[2 * third :]]
+    else:
+        ordered = [EOS, UNK, *tags, *unique]
     if pad_id is None:
         return {piece: i for i, piece in enumerate([*ordered, PAD])}
     ordered.insert(pad_id, PAD)
     return {piece: i for i, piece in enumerate(ordered)}
 
 
+@dataclass(frozen=True)
+class Languages:
+    """What a random model translates: its language codes and the texts its tokenizers learn from."""
+
+    source: str = "de"
+    target: str = "en"
+    texts: tuple[tuple[str, str], ...] = ()  # (source, target) sentences; () = SAMPLE_PAIRS (German, English)
+
+
 def build_marian_dir(
-    out: Path, separate_vocabs: bool = False, tags: tuple[str, ...] = (), seed: int = 0, shape: str = "tiny"
+    out: Path,
+    separate_vocabs: bool = False,
+    tags: tuple[str, ...] = (),
+    seed: int = 0,
+    shape: str = "tiny",
+    layout: str = "classic",
+    languages: Languages = Languages(),
+    forced_eos: bool | None = None,
 ) -> Path:
     """config.json, generation_config.json, model.safetensors, source.spm, target.spm, vocab.json
-    (and target_vocab.json) of a random MarianMTModel with every Marian peculiarity switched on."""
+    (and target_vocab.json) of a random MarianMTModel with every Marian peculiarity switched on.
+
+    `layout` "tc-big" is the Tatoeba Challenge's: ReLU, </s> and <unk> among the pieces, and a generation
+    config that forces EOS at the output limit and renormalises after the pad ban; `forced_eos` overrides
+    the first (classic releases set it too). `languages` names the pair and the texts to learn pieces from."""
     from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
     out.mkdir(parents=True, exist_ok=True)
     size = SHAPES[shape]
-    pairs = training_pairs(shape)
+    pairs = list(languages.texts) or training_pairs(shape)
     small = shape == "tiny"
     source_pieces = train_spm([de for de, _ in pairs], out / "source.spm", 90 if small else 4000)
     target_pieces = train_spm([en for _, en in pairs], out / "target.spm", 70 if small else 4000)
@@ -117,21 +148,28 @@ def build_marian_dir(
             f"\u2581filler{i}" for i in range(size.vocab_size - len(shared) - 3 - len(tags))
         ]
     if separate_vocabs:
-        target_vocab = marian_vocab(target_pieces)
+        target_vocab = marian_vocab(target_pieces, layout=layout)
         pad = target_vocab[PAD]
-        source_vocab = marian_vocab(source_pieces, pad_id=pad, tags=tags)  # the same pad id on both sides
+        source_vocab = marian_vocab(source_pieces, pad_id=pad, tags=tags, layout=layout)  # one pad id on both sides
         (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
     else:
-        source_vocab = target_vocab = marian_vocab(source_pieces + target_pieces, tags=tags)
+        source_vocab = target_vocab = marian_vocab(source_pieces + target_pieces, tags=tags, layout=layout)
         pad = source_vocab[PAD]
+    eos = target_vocab[EOS]
+    if separate_vocabs and source_vocab[EOS] != eos:  # Marian has one </s> id: move the source's onto it
+        displaced = next(piece for piece, i in source_vocab.items() if i == eos)
+        source_vocab[displaced], source_vocab[EOS] = source_vocab[EOS], eos
     (out / "vocab.json").write_text(json.dumps(source_vocab, ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}))
+    tokenizer_config = {"source_lang": languages.source, "target_lang": languages.target}
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tc_big = layout == "tc-big"
+    forced = tc_big if forced_eos is None else forced_eos
     config = MarianConfig(
         vocab_size=len(source_vocab), decoder_vocab_size=len(target_vocab), d_model=size.d_model,
         encoder_layers=size.layers, decoder_layers=size.layers, encoder_attention_heads=size.heads,
         decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn,
-        max_position_embeddings=size.max_positions, pad_token_id=pad, eos_token_id=0,
-        decoder_start_token_id=pad, activation_function="swish", scale_embedding=True,
+        max_position_embeddings=size.max_positions, pad_token_id=pad, eos_token_id=eos,
+        decoder_start_token_id=pad, activation_function="relu" if tc_big else "swish", scale_embedding=True,
         share_encoder_decoder_embeddings=not separate_vocabs, dropout=0.0, attention_dropout=0.0,
         activation_dropout=0.0,
     )  # fmt: skip
@@ -150,8 +188,8 @@ def build_marian_dir(
             table.weight[pad].zero_()  # as in OPUS-MT checkpoints: the decoder starts from a zero embedding
     max_length = 24 if shape == "tiny" else size.max_positions  # tiny: short, so that tests reach the limit
     model.generation_config = GenerationConfig(
-        num_beams=4, max_length=max_length, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=0,
-        pad_token_id=pad,
+        num_beams=4, max_length=max_length, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=eos,
+        pad_token_id=pad, forced_eos_token_id=eos if forced else None, renormalize_logits=tc_big,
     )  # fmt: skip
     model.save_pretrained(out)
     return out

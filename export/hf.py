@@ -13,6 +13,7 @@ does that ours cannot represent fails the import with a message naming it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -122,6 +123,19 @@ def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
         src_vocab_size=0 if shared else hf["vocab_size"],
         ban_pad=True,
         tokenizer="marian",
+    )
+
+
+def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
+    """How the model's generate() ends a hypothesis and normalises, from its generation config: EOS forced at
+    the output limit where `forced_eos_token_id` is the EOS id, the pad ban before normalising where
+    `renormalize_logits` is set."""
+    forced = gen.get("forced_eos_token_id")
+    forced_ids = forced if isinstance(forced, list) else [forced]
+    if forced is not None and forced_ids != [cfg.eos_id]:
+        raise UnsupportedModel(f"forced_eos_token_id {forced} is not the EOS id {cfg.eos_id}")
+    return dataclasses.replace(
+        cfg, forced_eos_at_limit=forced is not None, renormalize_logits=bool(gen.get("renormalize_logits"))
     )
 
 
@@ -269,7 +283,7 @@ def import_model(args: argparse.Namespace) -> Path:
     hf = read_json(source.directory / CONFIG_FILE)
     if not hf:
         raise UnsupportedModel(f"no {CONFIG_FILE} in {source.directory}")
-    cfg = model_config(hf, args.max_len)
+    cfg = ending(model_config(hf, args.max_len), read_json(source.directory / "generation_config.json") or hf)
     weights = convert_weights(load_weights(source.directory), cfg)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

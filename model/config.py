@@ -50,6 +50,12 @@ class ModelConfig:
     final_logits_bias: bool = False  # a learned (V,) bias added to the output logits
     src_vocab_size: int = 0  # > 0: a separate source embedding table of this size; 0: one table for both sides
     ban_pad: bool = False  # pad's log-probability is set to BANNED_LOG_PROB after normalising: never produced
+    # The ban applies before normalising, so the other ids' probabilities sum to one (transformers'
+    # `renormalize_logits`, which some OPUS-MT generation configs set)
+    renormalize_logits: bool = False
+    # A hypothesis that reaches the output limit ends with EOS in its last place, at no cost to its score
+    # (transformers' `forced_eos_token_id`, which OPUS-MT generation configs set): else it ends cut off
+    forced_eos_at_limit: bool = False
     # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json
     tokenizer: str = "tagged-spm"
     # sha256 of the tokenizer the embeddings were trained against (model.tokenizer.tokenizer_sha256): another

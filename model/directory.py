@@ -49,6 +49,7 @@ class ModelSpec:
     tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}; {} if none
     pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
     source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
+    forced_eos: bool = False  # a hypothesis at the output limit ends with EOS (ModelConfig.forced_eos_at_limit)
 
 
 class MetadataError(ValueError):
@@ -90,6 +91,7 @@ class ExportMetadata:
             tag_ids=dict(self.tag_ids),
             pairs=tuple((s, t) for s, t in self.language_pairs),
             source_vocab_size=int(self.model_config.get("src_vocab_size") or self.vocab_size),
+            forced_eos=bool(self.model_config.get("forced_eos_at_limit", False)),
         )
 
     def write(self, variant_dir: Path) -> Path:

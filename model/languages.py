@@ -5,8 +5,9 @@ their languages in ISO 639-1 (`opus-mt-de-en`), ISO 639-3 with an optional scrip
 a region after an underscore (`>>pt_br<<`), the Tatoeba Challenge's own `pob` (Brazilian Portuguese), or a
 group (`mul`, ISO 639-5 families such as `gem`, and older names such as `ROMANCE`). Every code is read into
 a `LanguageTag` (ISO 639-3 language, script, region) and a client's code is matched to the model's codes by
-`match`, which prefers, in this order: the same language (else a macrolanguage and its usual member, e.g.
-`zh` and `cmn`), the same script (else the language's usual script), the same region (else none).
+`match`, which prefers, in this order: the same language (a macrolanguage and its usual member count as
+one, e.g. `zh` and `cmn`), the same script (else the language's usual script), the same region (else
+none), the very same language code.
 Torch-free: the importer and the server both read it.
 """
 
@@ -135,30 +136,54 @@ def iso639_1(code: str) -> str:
     return ISO639_3_TO_1.get(tag.language) or ISO639_3_TO_1.get(MEMBER_TO_MACRO.get(tag.language, ""), "")
 
 
+# How well a model's code fits a client's, compared as tuples: (language, script, region, the very language).
+# The language counts a macrolanguage's usual member as the language itself (`zh` is `cmn`), so that the
+# script decides between `cmn_Hans` and `zho_Hant`; the very same language code only breaks a tie.
+Fit = tuple[int, int, int, int]
+VERBATIM: Fit = (9, 9, 9, 9)  # the client wrote the model's own code
+
+
 def match(client: str, model_codes: Iterable[str]) -> str | None:
-    """The model code a client's `client` code means, None if none; AmbiguousLanguage if several fit equally.
+    """The model code a client's `client` code means, None if none; AmbiguousLanguage if several fit equally."""
+    found = match_fit(client, model_codes)
+    return found[1] if found else None
+
+
+def match_fit(client: str, model_codes: Iterable[str]) -> tuple[Fit, str] | None:
+    """`match` with how well the code fits, so that a server can prefer one model's fit over another's.
 
     A code the model names verbatim is always itself. Otherwise each model code is scored (language, then
-    script, then region, as the module says); a group code (`mul`) takes any language, below every real match.
+    script, then region, as the module says); a group code (`mul`) takes any known language, below every
+    real match.
     """
     codes = list(dict.fromkeys(model_codes))
     if client in codes:
-        return client
+        return VERBATIM, client
     wanted = parse(client)
-    scored = [(score, code) for code in codes if (score := _score(wanted, parse(code))) is not None]
+    scored = [(fit, code) for code in codes if (fit := _score(wanted, parse(code))) is not None]
     if not scored:
         return None
-    best = max(score for score, _ in scored)
-    winners = [code for score, code in scored if score == best]
+    best = max(fit for fit, _ in scored)
+    winners = [code for fit, code in scored if fit == best]
     if len(winners) > 1:
         raise AmbiguousLanguage(f"{client!r} could mean any of {', '.join(winners)}: send one of them")
-    return winners[0]
+    return best, winners[0]
 
 
-def _score(wanted: LanguageTag, offered: LanguageTag) -> tuple[int, int, int] | None:
+def known(code: str) -> bool:
+    """Whether `code` reads as a language this module can name: an ISO 639-1 or 639-2/B code, a three-letter
+    code (ISO 639-3 has thousands; any is taken), optionally with script and region."""
+    found = _CODE.match(code)
+    if not found or code.lower() in SPECIAL:
+        return bool(found) or code.lower() in SPECIAL
+    language = found.group(1).lower()
+    return len(language) == 3 or language in ISO639_1_TO_3
+
+
+def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
     """How well an offered code fits a wanted one, compared as a tuple; None where it does not fit."""
     if offered.is_group:
-        return (0, 0, 0) if not wanted.is_group else None
+        return (0, 0, 0, 0) if not wanted.is_group and known(wanted.language) else None
     language = _language_fit(wanted.language, offered.language)
     if language is None:
         return None
@@ -166,16 +191,16 @@ def _score(wanted: LanguageTag, offered: LanguageTag) -> tuple[int, int, int] | 
     region = _part_fit(wanted.region, offered.region, explicit=bool(wanted.region and offered.region))
     if script is None or region is None:
         return None
-    return (language, script, region)
+    return (language, script, region, int(wanted.language == offered.language))
 
 
 def _language_fit(wanted: str, offered: str) -> int | None:
     if wanted == offered:
-        return 4
-    if MEMBER_TO_MACRO.get(offered) == wanted:  # client "zh", model "cmn"
-        return 3 if MACRO_MEMBERS[wanted][0] == offered else 2
-    if MEMBER_TO_MACRO.get(wanted) == offered:  # client "cmn", model "zho"
         return 2
+    if MEMBER_TO_MACRO.get(offered) == wanted:  # client "zh", model "cmn"
+        return 2 if MACRO_MEMBERS[wanted][0] == offered else 1
+    if MEMBER_TO_MACRO.get(wanted) == offered:  # client "cmn", model "zho"
+        return 1
     return None
 
 

@@ -225,8 +225,12 @@ class Transformer(nn.Module):
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """(..., V) logits -> float32 log-probabilities, banned ids (pad, when `ban_pad`) set to BANNED_LOG_PROB
-        after normalising, as transformers' `bad_words_ids` does: the other ids keep their probabilities."""
-        log_probs = logits.float().log_softmax(dim=-1)
+        after normalising, as transformers' `bad_words_ids` does: the other ids keep their probabilities; with
+        `renormalize_logits` banned before normalising, so that the other ids' probabilities sum to one."""
+        logits = logits.float()
+        if self.cfg.ban_pad and self.cfg.renormalize_logits:
+            logits = logits.masked_fill(self.banned, float("-inf"))
+        log_probs = logits.log_softmax(dim=-1)
         return log_probs.masked_fill(self.banned, BANNED_LOG_PROB) if self.cfg.ban_pad else log_probs
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:

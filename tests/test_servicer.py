@@ -227,7 +227,7 @@ def test_a_request_without_length_penalty_gets_the_models_default_for_its_direct
 LONG_SENTENCE = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."
 INVALID = {
     "empty request": (request([]), "no texts"),
-    "no languages": (pb.TranslateRequest(texts=["Hallo"]), "source_language"),
+    "no languages": (pb.TranslateRequest(texts=["Hallo"]), "target_language is required"),
     "unknown pair": (request(["Hallo"], "de", "fr"), "unsupported language pair de-fr"),
     "same language": (request(["Hallo"], "de", "de"), "unsupported language pair de-de"),
     "too many texts": (request(["Hallo"] * 257), "over the limit of 256"),
@@ -842,7 +842,7 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     from server.edge.servicer import _engine_events
 
     engine = _RecordingEngine()
-    job = TranslateJob(["Hallo."], "de", "en", DecodeOptions(), return_scores=False)
+    job = TranslateJob(["Hallo."], "de", "en", "de", DecodeOptions(), return_scores=False)
     call = CallRecord(started=time.monotonic() - 1.0)  # a 1 s deadline, `remaining` of it left
 
     async def handler_cancelled_by_grpc() -> None:

@@ -96,6 +96,7 @@ class BeamState:
     max_len: int
     length_penalty: float
     eos_id: int
+    forced_eos: bool = False  # the step at max_len ends every live row with EOS, score unchanged (generate's ending)
     live: list[tuple[tuple[int, ...], float]] = field(default_factory=lambda: [((), 0.0)])
     finished: list[Hypothesis] = field(default_factory=list)
     steps: int = 0  # tokens generated so far by every live row
@@ -138,6 +139,8 @@ class BeamState:
         return self._advance(order.tolist(), top.tolist(), vocab)
 
     def _advance(self, order: list[int], top: list[float], vocab: int) -> Advance:
+        if self.forced_eos and self.steps == self.max_len - 1:
+            return self._force_eos()
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
         for rank, (idx, score) in enumerate(zip(order, top, strict=True)):
@@ -161,6 +164,15 @@ class BeamState:
             return Advance([], [], done=True)
         self.live = new_live
         return Advance(parents, [t[-1] for t, _ in new_live], done=False)
+
+    def _force_eos(self) -> Advance:
+        """The last step under `forced_eos`: each live row's only candidate is EOS, at log-probability 0 (as
+        transformers' ForcedEOSTokenLogitsProcessor leaves it): every live row finishes as it stands."""
+        for tokens, score in self.live:
+            self.finished.append(Hypothesis(tokens, score, normalize(score, len(tokens) + 1, self.length_penalty)))
+        self.steps += 1
+        self.live = []
+        return Advance([], [], done=True)
 
     def best(self, n: int = 1) -> list[Hypothesis]:
         """The n best finished hypotheses (stable sort: ties keep finishing order)."""

@@ -258,7 +258,7 @@ class Scheduler:
         request = _Request(request_id, options, deadline, pending=len(sentences))
         for index, ids in enumerate(sentences):
             max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
-            beam = BeamState(options.beam_size, max_len, options.length_penalty, self.spec.eos_id)
+            beam = BeamState(options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos)
             request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
@@ -359,7 +359,7 @@ class Scheduler:
     def _restart(self, sentence: _Sentence) -> _Sentence:
         self._release(sentence)
         beam = sentence.beam
-        sentence.beam = BeamState(beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id)
+        sentence.beam = BeamState(beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos)
         sentence.feed = []
         return sentence
 

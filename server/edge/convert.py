@@ -10,10 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
+from model.languages import bcp47
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
 from server.core.engine import DecodeOptions
 from server.core.runner import ModelSpec
 from server.edge.errors import InvalidRequest
+from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
 
 DEFAULT_BEAM_SIZE = 4
@@ -38,6 +40,7 @@ class ModelDescription:
     # source-relative limit, model.config.default_output_limit).
     default_beam_size: int = DEFAULT_BEAM_SIZE
     default_max_output_len: int = 0
+    target_tags: Mapping[str, str] = field(default_factory=dict)  # tag text by target code, e.g. {"pob": ">>pob<<"}
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,9 @@ class TranslateJob:
     """A validated request: its texts, languages and decoding options."""
 
     texts: list[str]
-    source_lang: str
-    target_lang: str
+    source_lang: str  # the model's code (model.languages matched the client's to it)
+    target_lang: str  # the model's code: its tag, if the model has tags
+    sentence_lang: str  # whose sentence rules split the texts (server.edge.routing.LanguageRoute)
     options: DecodeOptions  # stream_tokens as asked; the unary method turns it off
     return_scores: bool
 
@@ -62,11 +66,13 @@ def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
 
 def parse_request(
     request: pb.TranslateRequest,
+    route: LanguageRoute,
     spec: ModelSpec,
     limits: RequestLimits,
     model: ModelDescription,
 ) -> TranslateJob:
-    """Validate a TranslateRequest; raise InvalidRequest naming the field and the limit it breaks.
+    """Validate a TranslateRequest for the model pair its languages were routed to; raise InvalidRequest
+    naming the field and the limit it breaks.
 
     The model's defaults (length penalty by direction, beam width, output limit) fill in what it leaves unset.
     """
@@ -81,21 +87,10 @@ def parse_request(
                 f"texts[{index}] has {len(text)} characters, over the limit of {limits.max_chars_per_text}; "
                 "split it across requests"
             )
-    source, target = _parse_languages(request.options, spec)
+    source, target = route.source, route.target
     pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
     options = _parse_options(request.options, spec, limits, model, pair_default)
-    return TranslateJob(texts, source, target, options, request.options.return_scores)
-
-
-def _parse_languages(options: pb.TranslationOptions, spec: ModelSpec) -> tuple[str, str]:
-    source, target = options.source_language, options.target_language
-    if not source or not target:
-        raise InvalidRequest("options.source_language and options.target_language are required, e.g. 'de' and 'en'")
-    pairs = language_pairs(spec)
-    if (source, target) not in pairs:
-        supported = ", ".join(f"{s}-{t}" for s, t in pairs)
-        raise InvalidRequest(f"unsupported language pair {source}-{target}; supported pairs: {supported}")
-    return source, target
+    return TranslateJob(texts, source, target, route.sentence_language, options, request.options.return_scores)
 
 
 def _parse_options(
@@ -158,7 +153,16 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
     return pb.ModelInfo(
         name=model.name,
         languages=sorted({lang for pair in spec.pairs for lang in pair}),
-        pairs=[pb.LanguagePair(source=s, target=t) for s, t in language_pairs(spec)],
+        pairs=[
+            pb.LanguagePair(
+                source=s,
+                target=t,
+                source_bcp47=bcp47(s),
+                target_bcp47=bcp47(t),
+                target_tag=model.target_tags.get(t, ""),
+            )
+            for s, t in language_pairs(spec)
+        ],
         limits=pb.Limits(
             max_texts_per_request=limits.max_texts,
             max_chars_per_text=limits.max_chars_per_text,

@@ -34,12 +34,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from model.config import ModelConfig
+from model.config import LANG_TAGS, ModelConfig
+from model.languages import bcp47, parse
 from model.tokenizer import TextTokenizer, open_tokenizer
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
 from server.core.documents import RequestLimits
 from server.core.engine import Engine, EngineLimits
 from server.core.runner import ModelSpec, Runner
+from server.core.splitter import PUNCTUATION, rule_for
 from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
@@ -197,9 +199,27 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
         default_length_penalty=length_penalty,
         default_beam_size=beam_size or DEFAULT_BEAM_SIZE,
         default_max_output_len=max_output_len or 0,
+        target_tags=target_tags(runner.spec, ModelConfig.from_dict(meta.model_config)),
     )
+    log_sentence_rules(model_dir.resolve().name, runner.spec)
     tokenizer = load_tokenizer(model_dir, runner.spec, ModelConfig.from_dict(meta.model_config))
     return LoadedModel(runner, tokenizer, description)
+
+
+def target_tags(spec: ModelSpec, cfg: ModelConfig) -> dict[str, str]:
+    """The tag text the model reads in front of a source, by target code: `>>pob<<` (Marian) or `<2en>`."""
+    if cfg.tokenizer == "marian":
+        return {target: f">>{target}<<" for target in spec.tag_ids}
+    return {target: LANG_TAGS[target] for target in spec.tag_ids if target in LANG_TAGS}
+
+
+def log_sentence_rules(name: str, spec: ModelSpec) -> None:
+    """Say which sentence rule each source language gets (pysbd's, or the punctuation fallback)."""
+    for source in dict.fromkeys(s for s, _ in spec.pairs):
+        rule = rule_for(source)
+        how = f"pysbd's {rule!r} rules" if rule != PUNCTUATION else "the punctuation rule (pysbd has none)"
+        group = " (a group: each request's own language code chooses)" if parse(source).is_group else ""
+        logger.info("%s: source %s (%s) is split into sentences by %s%s", name, source, bcp47(source), how, group)
 
 
 def load_tokenizer(model_dir: Path, spec: ModelSpec, cfg: ModelConfig) -> TextTokenizer:

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import grpc.aio
 
+from model.languages import AmbiguousLanguage
 from model.tokenizer import TextTokenizer
 from server.backend.engine_process import EngineProcess
 from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
@@ -52,6 +53,7 @@ from server.edge.errors import (
     unary_call,
 )
 from server.edge.metrics import Metrics
+from server.edge.routing import LanguageRoute, describe_pairs, route_pair
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -87,8 +89,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        backend = self._route(request.options)
-        job = self._parse(request, backend, call)
+        backend, route = self._route(request.options)
+        job = self._parse(request, backend, route, call)
         job = replace(job, options=replace(job.options, stream_tokens=False))
         results: list[TextTranslation] = []
         async with aclosing(self._translate(job, backend, context, call)) as items:
@@ -102,8 +104,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        backend = self._route(request.options)
-        job = self._parse(request, backend, call)
+        backend, route = self._route(request.options)
+        job = self._parse(request, backend, route, call)
         async with aclosing(self._translate(job, backend, context, call)) as items:
             async for item in items:
                 if isinstance(item, TextTranslation):
@@ -144,32 +146,44 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             raise DrainingError("the server is draining")
         return self._backends
 
-    def _route(self, options: pb.TranslationOptions) -> Backend:
-        """The model for the request: the first (in load order) serving its pair, among those of its name if
-        it names one. Without both languages, the first model, whose parsing says what is missing."""
+    def _route(self, options: pb.TranslationOptions, source: str | None = None) -> tuple[Backend, LanguageRoute]:
+        """The model for the request and its pair: the best fit of the client's codes (model.languages) among
+        every model serving them, among those of its name if it names one; ties go to the first in load
+        order, and among one model's engines to the least loaded. `source` overrides the request's (a
+        detected language)."""
         backends = self._require_backends()
         if options.model:
             backends = [b for b in backends if b.model.name == options.model]
             if not backends:
                 served = ", ".join(dict.fromkeys(b.model.name for b in self._backends))
                 raise InvalidRequest(f"unknown model {options.model!r}; this server serves {served}")
-        pair = (options.source_language, options.target_language)
-        if not all(pair):
-            return backends[0]
-        serving = [b for b in backends if pair in b.spec.pairs]
-        if not serving:
-            models = {b.model.name: b.spec.pairs for b in backends}
-            offered = "; ".join(f"{name}: {', '.join(f'{s}-{t}' for s, t in pairs)}" for name, pairs in models.items())
-            raise InvalidRequest(f"unsupported language pair {pair[0]}-{pair[1]}; supported pairs: {offered}")
-        replicas = [b for b in serving if b.model.name == serving[0].model.name]
+        source = options.source_language if source is None else source
+        target = options.target_language
+        if not target:
+            raise InvalidRequest(f"options.target_language is required; {self._served_pairs(backends)}")
+        try:
+            routes = [(b, route) for b in backends if (route := route_pair(source, target, b.spec.pairs))]
+        except AmbiguousLanguage as err:
+            raise InvalidRequest(f"{err}; {self._served_pairs(backends)}") from err
+        if not routes:
+            raise InvalidRequest(f"unsupported language pair {source}-{target}; {self._served_pairs(backends)}")
+        best = max(route.fit for _, route in routes)
+        backend, route = next((b, r) for b, r in routes if r.fit == best)
+        replicas = [b for b, r in routes if b.model.name == backend.model.name]
         if len(replicas) == 1:
-            return replicas[0]
+            return backend, route
         # The least loaded engine of the model; ties taken in turn, so a burst of idle-time calls spreads out.
         start = next(self._turn) % len(replicas)
-        return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load)
+        return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load), route
 
-    def _parse(self, request: pb.TranslateRequest, backend: Backend, call: CallRecord) -> TranslateJob:
-        job = parse_request(request, backend.spec, backend.limits, backend.model)
+    @staticmethod
+    def _served_pairs(backends: list[Backend]) -> str:
+        return "supported pairs: " + describe_pairs({b.model.name: b.spec.pairs for b in backends})
+
+    def _parse(
+        self, request: pb.TranslateRequest, backend: Backend, route: LanguageRoute, call: CallRecord
+    ) -> TranslateJob:
+        job = parse_request(request, route, backend.spec, backend.limits, backend.model)
         call.lang_pair, call.model = job.lang_pair, backend.model.name
         return job
 
@@ -186,7 +200,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             prepare = partial(
                 prepare_texts,
                 job.texts,
-                job.source_lang,
+                job.sentence_lang,
                 job.target_lang,
                 backend.tokenizer,
                 backend.limits,

@@ -64,9 +64,16 @@ class TranslationOptions(_message.Message):
     STREAM_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
-    """Language of the texts, e.g. "de": the source of one of the pairs ListModels reports. Required."""
+    """Language of the texts as BCP-47 ("pt-BR", "zh-Hant"), ISO 639-1 ("pt") or ISO 639-3 ("por"), or the
+    model's own code (ListModels); matched to the served models' languages: the same language first (a
+    macrolanguage takes its usual member: "zh" is "cmn"), then script, then region ("pt" is "por",
+    "pt-BR" is "pob"). Empty or "auto": each text's language is detected among the served sources and
+    reported in TextResult.detected_source_language; a text it cannot tell is INVALID_ARGUMENT.
+    """
     target_language: _builtins.str
-    """Language to translate into, e.g. "en": with source_language, a pair some served model has. Required."""
+    """Language to translate into, written as source_language is; with it, a pair some served model has.
+    Required. A code matching several of a model's languages equally is INVALID_ARGUMENT naming them.
+    """
     beam_size: _builtins.int
     """Beam width, 1..8; 1 is greedy search. Default: the model's default_beam_size (ListModels)."""
     length_penalty: _builtins.float
@@ -197,6 +204,8 @@ class TextResult(_message.Message):
     INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     SENTENCES_FIELD_NUMBER: _builtins.int
+    DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    DETECTED_LANGUAGE_CONFIDENCE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Position of the text in `TranslateRequest.texts`."""
     translation: _builtins.str
@@ -207,6 +216,11 @@ class TextResult(_message.Message):
     """Tokens of the best translation over all sentences (EOS excluded)."""
     sentences: _builtins.int
     """Sentences translated (0 for a text with nothing to translate)."""
+    detected_source_language: _builtins.str
+    """Where source_language was empty or "auto": the language detected for this text, as the served
+    model names it (a pair's source in ListModels), and the detector's confidence in it, 0..1.
+    """
+    detected_language_confidence: _builtins.float
     @_builtins.property
     def hypotheses(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hypothesis]:
         """The n-best list, best first, `num_hypotheses` long (one, the text itself, for a text with
@@ -224,10 +238,12 @@ class TextResult(_message.Message):
         input_tokens: _builtins.int = ...,
         output_tokens: _builtins.int = ...,
         sentences: _builtins.int = ...,
+        detected_source_language: _builtins.str = ...,
+        detected_language_confidence: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "translation", b"translation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_language_confidence", b"detected_language_confidence", "detected_source_language", b"detected_source_language", "hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "translation", b"translation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -352,19 +368,30 @@ class LanguagePair(_message.Message):
 
     SOURCE_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
+    SOURCE_BCP47_FIELD_NUMBER: _builtins.int
+    TARGET_BCP47_FIELD_NUMBER: _builtins.int
+    TARGET_TAG_FIELD_NUMBER: _builtins.int
     source: _builtins.str
-    """Source language code, e.g. "de"."""
+    """Source language code as the model names it, e.g. "de", "fra", "mul" (a group of languages)."""
     target: _builtins.str
-    """Target language code, e.g. "en"."""
+    """Target language code as the model names it, e.g. "en", "pob", "cmn_Hans"."""
+    source_bcp47: _builtins.str
+    """The same languages in BCP-47, e.g. "fr", "pt-BR", "zh-Hans": what a client may send instead."""
+    target_bcp47: _builtins.str
+    target_tag: _builtins.str
+    """The target tag the model reads in front of a source (">>pob<<"); empty for a single-target model."""
     def __init__(
         self,
         *,
         source: _builtins.str = ...,
         target: _builtins.str = ...,
+        source_bcp47: _builtins.str = ...,
+        target_bcp47: _builtins.str = ...,
+        target_tag: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source", "source_bcp47", b"source_bcp47", "target", b"target", "target_bcp47", b"target_bcp47", "target_tag", b"target_tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

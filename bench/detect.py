@@ -1,0 +1,89 @@
+"""Source-language detectors compared on short texts: accuracy, time per text and resident memory.
+
+    python -m bench.detect [--languages de,en,fr,es,it,nl] [--limit 1334]
+
+Texts: the test set's German and English sentences (data/test.tsv), whole and cut to their first two and
+four words, each detector restricted to `--languages` as the server restricts it to the served sources.
+Detectors: lingua-language-detector (high accuracy, models preloaded; and its low accuracy mode) and
+py3langid, each measured in a fresh process so that resident memory is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from model.data import read_tsv
+
+TEST_SET = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
+DETECTORS = ("lingua", "lingua-low", "py3langid")
+
+
+def texts_by_length(limit: int) -> dict[str, list[tuple[str, str]]]:
+    """(text, language) pairs: whole sentences and their first two and four words."""
+    pairs = read_tsv(TEST_SET)[:limit]
+    whole = [(p.de, "de") for p in pairs] + [(p.en, "en") for p in pairs]
+    cut = {f"{n} words": [(" ".join(t.split()[:n]), lang) for t, lang in whole] for n in (2, 4)}
+    return {**cut, "sentence": whole}
+
+
+def build(name: str, languages: list[str]):  # type: ignore[no-untyped-def]
+    """A function text -> (language, confidence) for detector `name`."""
+    if name.startswith("lingua"):
+        from lingua import IsoCode639_1, LanguageDetectorBuilder
+
+        builder = LanguageDetectorBuilder.from_iso_codes_639_1(*[IsoCode639_1.from_str(code) for code in languages])
+        builder = builder.with_low_accuracy_mode() if name == "lingua-low" else builder
+        detector = builder.with_preloaded_language_models().build()
+
+        def lingua(text: str) -> tuple[str, float]:
+            best = detector.compute_language_confidence_values(text)[0]
+            return best.language.iso_code_639_1.name.lower(), best.value
+
+        return lingua
+    import py3langid
+
+    identifier = py3langid.langid.LanguageIdentifier.from_model_file(py3langid.langid.MODEL_FILE, norm_probs=True)
+    identifier.set_languages(languages)
+    return identifier.classify
+
+
+def measure_one(name: str, languages: list[str], limit: int) -> dict[str, object]:
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    detect = build(name, languages)
+    load_s = time.perf_counter() - started
+    result: dict[str, object] = {"detector": name, "load_s": round(load_s, 2)}
+    for bucket, texts in texts_by_length(limit).items():
+        started = time.perf_counter()
+        right = sum(detect(text)[0] == language for text, language in texts)
+        elapsed = time.perf_counter() - started
+        result[bucket] = {"accuracy": round(right / len(texts), 4), "us_per_text": round(elapsed / len(texts) * 1e6)}
+    result["rss_added_mib"] = round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.detect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--languages", default="de,en,fr,es,it,nl")
+    parser.add_argument("--limit", type=int, default=1334, help="test-set pairs to use")
+    parser.add_argument("--only", choices=DETECTORS, help=argparse.SUPPRESS)  # one detector, in this process
+    args = parser.parse_args(argv)
+    languages = args.languages.split(",")
+    if args.only:
+        print(json.dumps(measure_one(args.only, languages, args.limit)))
+        return 0
+    for name in DETECTORS:
+        command = [sys.executable, "-m", "bench.detect", "--only", name, "--languages", args.languages]
+        out = subprocess.run([*command, "--limit", str(args.limit)], check=True, capture_output=True, text=True)
+        print(out.stdout.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

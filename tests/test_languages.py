@@ -1,0 +1,102 @@
+"""Language codes as clients write them reach the model's own codes and >>xx<< tags (model.languages)."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.languages import AmbiguousLanguage, LanguageTag, bcp47, iso639_1, match, parse
+from server.edge.routing import describe_pairs, route_pair
+
+PORTUGUESE = ["por", "pob"]  # opus-mt-tc-big-en-pt's tags: European and Brazilian Portuguese
+CHINESE = ["cmn_Hans", "cmn_Hant", "yue_Hant", "zho_Hant"]
+
+
+@pytest.mark.parametrize(
+    ("client", "offered", "expected"),
+    [
+        ("pt", PORTUGUESE, "por"),
+        ("pt-BR", PORTUGUESE, "pob"),
+        ("pt_br", PORTUGUESE, "pob"),
+        ("por", PORTUGUESE, "por"),
+        ("pob", PORTUGUESE, "pob"),
+        ("pt-PT", PORTUGUESE, "por"),
+        ("PT-br", PORTUGUESE, "pob"),
+        ("pt-BR", ["pt", "pt_br", "fr"], "pt_br"),  # the older OPUS-MT spelling of regions
+        ("fr", ["fra", "deu"], "fra"),
+        ("fre", ["fra", "deu"], "fra"),  # ISO 639-2/B
+        ("fr-CA", ["fra", "deu"], "fra"),  # a region the model does not split by
+        ("de", ["deu"], "deu"),
+        ("deu", ["de", "en"], "de"),
+        ("zh", CHINESE, "cmn_Hans"),  # a macrolanguage means its usual member, in its usual script
+        ("zh-Hans", CHINESE, "cmn_Hans"),
+        ("zh-CN", CHINESE, "cmn_Hans"),
+        ("zh-TW", CHINESE, "zho_Hant"),  # the same script: the very language code breaks the tie
+        ("zh-TW", ["cmn_Hans", "cmn_Hant"], "cmn_Hant"),
+        ("zh-Hant", ["cmn_Hans", "zho_Hant"], "zho_Hant"),
+        ("zh", ["cmn_Hans", "zho_Hant"], "cmn_Hans"),  # the script weighs more than macro or member
+        ("yue", CHINESE, "yue_Hant"),
+        ("cmn", ["zho"], "zho"),
+        ("no", ["nob", "nno"], "nob"),
+        ("nn", ["nob", "nno"], "nno"),
+        ("iw", ["heb", "ara"], "heb"),  # deprecated 639-1 codes old data still uses
+        ("sr", ["srp_Cyrl", "srp_Latn"], "srp_Cyrl"),
+        ("sr-Latn", ["srp_Cyrl", "srp_Latn"], "srp_Latn"),
+        ("fr", ["mul"], "mul"),  # a group takes any known language
+        ("fr", ["mul", "fra"], "fra"),  # below every real match
+    ],
+)
+def test_client_codes_reach_the_models_own(client: str, offered: list[str], expected: str) -> None:
+    assert match(client, offered) == expected
+
+
+@pytest.mark.parametrize(
+    ("client", "offered"),
+    [("pt-PT", ["pob"]), ("zh-Hant", ["cmn_Hans"]), ("fr", ["de", "en"]), ("klingon", ["mul"]), ("", ["en"])],
+)
+def test_codes_that_name_no_served_language_match_nothing(client: str, offered: list[str]) -> None:
+    assert match(client, offered) is None
+
+
+def test_a_code_fitting_several_languages_equally_is_ambiguous_and_names_them() -> None:
+    with pytest.raises(AmbiguousLanguage, match="arz, ary"):
+        match("ar", ["arz", "ary"])  # two Arabic varieties, neither the one "ar" usually means
+
+
+@pytest.mark.parametrize(
+    ("code", "tag"),
+    [
+        ("pt-BR", LanguageTag("por", "", "BR")),
+        ("cmn_Hans", LanguageTag("cmn", "Hans", "")),
+        ("zh-Hant-TW", LanguageTag("zho", "Hant", "TW")),
+        ("es-419", LanguageTag("spa", "", "419")),
+        ("ROMANCE", LanguageTag("ROMANCE")),
+        ("pob", LanguageTag("por", "", "BR")),
+    ],
+)
+def test_codes_are_read_into_language_script_and_region(code: str, tag: LanguageTag) -> None:
+    assert parse(code) == tag
+
+
+@pytest.mark.parametrize(
+    ("code", "spelled", "two_letter"),
+    [("pob", "pt-BR", "pt"), ("cmn_Hans", "zh-Hans", "zh"), ("fra", "fr", "fr"), ("zho_Hant", "zh-Hant", "zh"),
+     ("nob", "nb", "nb"), ("arb", "ar", "ar"), ("mul", "mul", ""), ("yue", "yue", "zh"), ("haw", "haw", "")],
+)  # fmt: skip
+def test_model_codes_in_bcp47_and_iso_639_1(code: str, spelled: str, two_letter: str) -> None:
+    assert bcp47(code) == spelled
+    assert iso639_1(code) == two_letter
+
+
+def test_a_pair_is_routed_by_its_source_then_the_targets_of_that_source() -> None:
+    pairs = (("eng", "por"), ("eng", "pob"), ("fra", "eng"))
+    route = route_pair("en", "pt-BR", pairs)
+    assert route is not None and (route.source, route.target, route.sentence_language) == ("eng", "pob", "eng")
+    assert route_pair("fr", "pt", pairs) is None  # fra has no Portuguese target
+    grouped = route_pair("sw", "en", (("mul", "eng"),))
+    assert grouped is not None and grouped.sentence_language == "sw"  # a group source splits by the client's code
+
+
+def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists() -> None:
+    assert describe_pairs({"m": (("eng", "pob"),)}) == "m: eng-pob (en-pt-BR)"
+    many = tuple(("eng", f"x{i:02d}") for i in range(40))
+    assert "and 16 more (ListModels lists them)" in describe_pairs({"m": many})
