@@ -4,6 +4,8 @@
 
 Texts: the test set's German and English sentences (data/test.tsv), whole and cut to their first two and
 four words, each detector restricted to `--languages` as the server restricts it to the served sources.
+Each bucket reports the accuracy of the best guess, and the share the server decides (the best language
+ahead of the next by more than server.edge.detect.MIN_MARGIN) with the error among those.
 Detectors: lingua-language-detector (high accuracy, models preloaded; and its low accuracy mode) and
 py3langid, each measured in a fresh process so that resident memory is its own.
 """
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 from model.data import read_tsv
+from server.edge.detect import MIN_MARGIN
 
 TEST_SET = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
 DETECTORS = ("lingua", "lingua-low", "py3langid")
@@ -33,7 +36,7 @@ def texts_by_length(limit: int) -> dict[str, list[tuple[str, str]]]:
 
 
 def build(name: str, languages: list[str]):  # type: ignore[no-untyped-def]
-    """A function text -> (language, confidence) for detector `name`."""
+    """A function text -> (language, its probability, the runner-up's) for detector `name`."""
     if name.startswith("lingua"):
         from lingua import IsoCode639_1, LanguageDetectorBuilder
 
@@ -41,16 +44,21 @@ def build(name: str, languages: list[str]):  # type: ignore[no-untyped-def]
         builder = builder.with_low_accuracy_mode() if name == "lingua-low" else builder
         detector = builder.with_preloaded_language_models().build()
 
-        def lingua(text: str) -> tuple[str, float]:
-            best = detector.compute_language_confidence_values(text)[0]
-            return best.language.iso_code_639_1.name.lower(), best.value
+        def lingua(text: str) -> tuple[str, float, float]:
+            best, second = detector.compute_language_confidence_values(text)[:2]
+            return best.language.iso_code_639_1.name.lower(), best.value, second.value
 
         return lingua
     import py3langid
 
     identifier = py3langid.langid.LanguageIdentifier.from_model_file(py3langid.langid.MODEL_FILE, norm_probs=True)
     identifier.set_languages(languages)
-    return identifier.classify
+
+    def langid(text: str) -> tuple[str, float, float]:
+        (language, best), (_, second) = identifier.rank(text)[:2]
+        return language, best, second
+
+    return langid
 
 
 def measure_one(name: str, languages: list[str], limit: int) -> dict[str, object]:
@@ -61,9 +69,15 @@ def measure_one(name: str, languages: list[str], limit: int) -> dict[str, object
     result: dict[str, object] = {"detector": name, "load_s": round(load_s, 2)}
     for bucket, texts in texts_by_length(limit).items():
         started = time.perf_counter()
-        right = sum(detect(text)[0] == language for text, language in texts)
+        found = [(detect(text), language) for text, language in texts]
         elapsed = time.perf_counter() - started
-        result[bucket] = {"accuracy": round(right / len(texts), 4), "us_per_text": round(elapsed / len(texts) * 1e6)}
+        decided = [guess == language for (guess, best, second), language in found if best - second > MIN_MARGIN]
+        result[bucket] = {
+            "accuracy": round(sum(guess == language for (guess, _, _), language in found) / len(texts), 4),
+            "decided": round(len(decided) / len(texts), 4),  # what the server answers at its margin
+            "error_when_decided": round(1 - sum(decided) / max(len(decided), 1), 4),
+            "us_per_text": round(elapsed / len(texts) * 1e6),
+        }
     result["rss_added_mib"] = round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
     return result
 

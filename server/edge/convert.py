@@ -77,6 +77,15 @@ def parse_request(
     The model's defaults (length penalty by direction, beam width, output limit) fill in what it leaves unset.
     """
     texts = list(request.texts)
+    check_texts(texts, limits)
+    source, target = route.source, route.target
+    pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
+    options = _parse_options(request.options, spec, limits, model, pair_default)
+    return TranslateJob(texts, source, target, route.sentence_language, options, request.options.return_scores)
+
+
+def check_texts(texts: list[str], limits: RequestLimits) -> None:
+    """The request's texts within the limits on their number and length; InvalidRequest naming the first over."""
     if not texts:
         raise InvalidRequest(f"the request has no texts; send 1 to {limits.max_texts} in `texts`")
     if len(texts) > limits.max_texts:
@@ -87,10 +96,6 @@ def parse_request(
                 f"texts[{index}] has {len(text)} characters, over the limit of {limits.max_chars_per_text}; "
                 "split it across requests"
             )
-    source, target = route.source, route.target
-    pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
-    options = _parse_options(request.options, spec, limits, model, pair_default)
-    return TranslateJob(texts, source, target, route.sentence_language, options, request.options.return_scores)
 
 
 def _parse_options(

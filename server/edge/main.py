@@ -44,6 +44,7 @@ from server.core.runner import ModelSpec, Runner
 from server.core.splitter import PUNCTUATION, rule_for
 from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
+from server.edge.detect import SourceDetector
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.servicer import Backend, TranslatorServicer
@@ -306,7 +307,8 @@ class TranslationServer:
             models = await self._off_loop(load_models, self.config)
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
-        self.servicer.attach(backends)
+        sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
+        self.servicer.attach(backends, await self._off_loop(SourceDetector, sources))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _start_engine(self, model: LoadedModel) -> Backend:

@@ -154,6 +154,13 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
+        self.detected_texts = Counter(
+            "translation_detected_texts_total",
+            "Texts of calls that left source_language to detection, by the language detected (ISO 639-1;"
+            " `undecided` where no language was likely enough: the call is refused INVALID_ARGUMENT).",
+            ["language", "model"],
+            registry=registry,
+        )
         self.model_info = Gauge(
             "translation_model_info",
             "The served model; always 1.",
@@ -179,6 +186,9 @@ class Metrics:
 
     def observe_first_result(self, method: str, seconds: float, model: str = "") -> None:
         self.first_result.labels(method=method, model=model).observe(seconds)
+
+    def observe_detected(self, language: str, model: str = "") -> None:
+        self.detected_texts.labels(language=language, model=model).inc()
 
     def set_model_info(self, model: str, variant: str, provider: str, opset: int) -> None:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)

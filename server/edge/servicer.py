@@ -11,15 +11,15 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
 import grpc.aio
 
-from model.languages import AmbiguousLanguage
+from model.languages import AUTO, AmbiguousLanguage
 from model.tokenizer import TextTokenizer
 from server.backend.engine_process import EngineProcess
 from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
@@ -37,11 +37,13 @@ from server.core.runner import ModelSpec
 from server.edge.convert import (
     ModelDescription,
     TranslateJob,
+    check_texts,
     model_info_to_pb,
     parse_request,
     partial_to_pb,
     text_result_to_pb,
 )
+from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
 from server.edge.errors import (
     CallRecord,
     InvalidRequest,
@@ -76,6 +78,62 @@ class Backend:
     limits: RequestLimits  # what its engine can take
 
 
+@dataclass(frozen=True)
+class JobPart:
+    """One model pair's share of a request: its job and where the job's texts sit in the request."""
+
+    backend: Backend
+    job: TranslateJob
+    indices: list[int]  # request position of each of the job's texts
+    detections: Mapping[int, Detection] = field(default_factory=dict)  # by request position, where detected
+
+    def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
+        message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
+        if (found := self.detections.get(message.index)) is not None:
+            message.detected_source_language = self.job.source_lang
+            message.detected_language_confidence = found.confidence
+        return message
+
+    def original_partial(self, partial: PartialSentence) -> PartialSentence:
+        return replace(partial, text_index=self.indices[partial.text_index])
+
+    def with_texts(self, texts: list[str], more: list[int]) -> JobPart:
+        """This part with the request's texts at `more` added (texts with nothing to translate)."""
+        indices = sorted([*self.indices, *more])
+        job = replace(self.job, texts=[texts[i] for i in indices])
+        return replace(self, job=job, indices=indices)
+
+
+def _streaming(job: TranslateJob, stream: bool) -> TranslateJob:
+    """The job as the method runs it: the unary method never streams tokens."""
+    return job if stream else replace(job, options=replace(job.options, stream_tokens=False))
+
+
+def _detect_all(detector: SourceDetector, texts: list[str]) -> tuple[dict[str, list[int]], dict[int, Detection]]:
+    """Texts grouped by detected language, and each text's detection; texts without a letter (nothing to
+    translate, or numbers and symbols any model takes) are in neither. InvalidRequest naming the texts whose
+    language no detection decides."""
+    groups: dict[str, list[int]] = {}
+    found: dict[int, Detection] = {}
+    undecided: list[int] = []
+    for index, text in enumerate(texts):
+        if not any(char.isalpha() for char in text):  # digits and symbols: no language to tell, any model's
+            continue
+        detection = detector.detect(text)
+        if detection is None:
+            undecided.append(index)
+            continue
+        found[index] = detection
+        groups.setdefault(detection.language, []).append(index)
+    if undecided:
+        listed = ", ".join(f"texts[{i}]" for i in undecided[:5]) + (" and more" if len(undecided) > 5 else "")
+        raise InvalidRequest(
+            f"cannot tell the language of {listed} (no language ahead of the others by {MIN_MARGIN}); "
+            "set options.source_language"
+        )
+    return groups, found
+
+
 class TranslatorServicer(pb_grpc.TranslatorServicer):
     def __init__(self, limits: RequestLimits, metrics: Metrics | None = None) -> None:
         self.limits = limits  # before loading: the documented limits, for refusals that need one
@@ -83,35 +141,34 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self._backends: list[Backend] = []
         self._turn = itertools.count()  # round robin among equally loaded engines
 
-    def attach(self, backends: list[Backend]) -> None:
-        """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order."""
+    def attach(self, backends: list[Backend], detector: SourceDetector | None = None) -> None:
+        """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order;
+        `detector` serves requests that leave the source language to detection."""
         self._backends = list(backends)
+        self._detector = detector
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        backend, route = self._route(request.options)
-        job = self._parse(request, backend, route, call)
-        job = replace(job, options=replace(job.options, stream_tokens=False))
-        results: list[TextTranslation] = []
-        async with aclosing(self._translate(job, backend, context, call)) as items:
-            async for item in items:
+        parts = await self._parts(request, call, stream=False)
+        results: list[pb.TextResult] = []
+        async with aclosing(self._translate_parts(parts, context, call)) as items:
+            async for part, item in items:
                 if isinstance(item, TextTranslation):
-                    results.append(item)
+                    results.append(part.result_to_pb(item))
         results.sort(key=lambda r: r.index)
-        return self._fits(pb.TranslateResponse(results=[text_result_to_pb(r, job) for r in results]), backend.limits)
+        return self._fits(pb.TranslateResponse(results=results), parts[0].backend.limits)
 
     @stream_call("TranslateStream")
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        backend, route = self._route(request.options)
-        job = self._parse(request, backend, route, call)
-        async with aclosing(self._translate(job, backend, context, call)) as items:
-            async for item in items:
+        parts = await self._parts(request, call, stream=True)
+        async with aclosing(self._translate_parts(parts, context, call)) as items:
+            async for part, item in items:
                 if isinstance(item, TextTranslation):
-                    yield self._fits(pb.TranslateStreamResponse(result=text_result_to_pb(item, job)), backend.limits)
+                    yield self._fits(pb.TranslateStreamResponse(result=part.result_to_pb(item)), part.backend.limits)
                 else:
-                    yield pb.TranslateStreamResponse(partial=partial_to_pb(item))
+                    yield pb.TranslateStreamResponse(partial=partial_to_pb(part.original_partial(item)))
 
     @unary_call("ListModels")
     async def ListModels(
@@ -186,6 +243,97 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         job = parse_request(request, route, backend.spec, backend.limits, backend.model)
         call.lang_pair, call.model = job.lang_pair, backend.model.name
         return job
+
+    async def _parts(self, request: pb.TranslateRequest, call: CallRecord, stream: bool) -> list[JobPart]:
+        """The request as jobs, one per model pair: one, or with the source left to detection one per
+        language detected (the first part's model and pair label the call's metrics)."""
+        if request.options.source_language not in ("", AUTO):
+            backend, route = self._route(request.options)
+            job = self._parse(request, backend, route, call)
+            return [JobPart(backend, _streaming(job, stream), list(range(len(request.texts))))]
+        if self._detector is None:
+            raise InvalidRequest("source detection is not available on this server; set options.source_language")
+        texts = list(request.texts)
+        check_texts(texts, self.limits)
+        detect = partial(_detect_all, self._detector, texts)
+        small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS
+        groups, found = detect() if small else await asyncio.to_thread(detect)
+        parts: list[JobPart] = []
+        for language, indices in groups.items():
+            backend, route = self._route_detected(request.options, language, [found[i] for i in indices])
+            sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
+            job = self._parse(sub_request, backend, route, call)
+            parts.append(JobPart(backend, _streaming(job, stream), indices, {i: found[i] for i in indices}))
+            if self.metrics is not None:
+                for _ in indices:
+                    self.metrics.observe_detected(language, backend.model.name)
+        if blank := [i for i in range(len(texts)) if i not in found]:  # no letter: with any model
+            if parts:
+                parts[0] = parts[0].with_texts(texts, blank)
+            else:
+                backend, route = self._route(request.options, source=self._any_source(request.options))
+                job = self._parse(pb.TranslateRequest(texts=texts, options=request.options), backend, route, call)
+                parts.append(JobPart(backend, _streaming(job, stream), blank))
+        return parts
+
+    def _route_detected(
+        self, options: pb.TranslationOptions, language: str, detections: list[Detection]
+    ) -> tuple[Backend, LanguageRoute]:
+        try:
+            return self._route(options, source=language)
+        except InvalidRequest as err:
+            confidence = min(d.confidence for d in detections)
+            raise InvalidRequest(
+                f"{len(detections)} text(s) detected as {language!r} (confidence >= {confidence:.2f}): {err}"
+            ) from err
+
+    def _any_source(self, options: pb.TranslationOptions) -> str:
+        """A served source that pairs with the request's target, for texts with nothing to translate."""
+        backends = self._require_backends()
+        for backend in backends:
+            for source, _ in backend.spec.pairs:
+                with suppress(AmbiguousLanguage):
+                    if route_pair(source, options.target_language, backend.spec.pairs):
+                        return source
+        return backends[0].spec.pairs[0][0]  # routing says what is wrong with the target
+
+    async def _translate_parts(
+        self, parts: list[JobPart], context: Context, call: CallRecord
+    ) -> AsyncGenerator[tuple[JobPart, TextTranslation | PartialSentence], None]:
+        """Every part's items as they come, each with its part; a part that fails fails the call (and ends
+        the others: their engines drop their sentences)."""
+        if len(parts) == 1:
+            async with aclosing(self._translate(parts[0].job, parts[0].backend, context, call)) as items:
+                async for item in items:
+                    yield parts[0], item
+            return
+        queue: asyncio.Queue[tuple[JobPart, TextTranslation | PartialSentence | Exception | None]] = asyncio.Queue()
+
+        async def pump(part: JobPart) -> None:
+            try:
+                async with aclosing(self._translate(part.job, part.backend, context, call)) as items:
+                    async for item in items:
+                        queue.put_nowait((part, item))
+            except Exception as err:  # handed to the call, which raises it
+                queue.put_nowait((part, err))
+                return
+            queue.put_nowait((part, None))
+
+        tasks = [asyncio.create_task(pump(part)) for part in parts]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                done, got = await queue.get()
+                if got is None:
+                    remaining -= 1
+                elif isinstance(got, Exception):
+                    raise got
+                else:
+                    yield done, got
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _translate(
         self, job: TranslateJob, backend: Backend, context: Context, call: CallRecord

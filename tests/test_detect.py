@@ -1,0 +1,108 @@
+"""source_language empty or "auto": each text's language detected among the served sources, routed to the
+model serving it, and reported with its confidence; a text no detection decides is refused, never guessed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bench.marian_random import Languages, build_marian_dir
+from export.hf import main as import_main
+from server.edge.detect import MIN_MARGIN, SourceDetector
+from server.proto.translation.v1 import translation_pb2 as pb
+from tests.serving import export_tiny_onnx, onnx_model, request, running_server, sample_value
+from tests.test_languages_served import ENGLISH, SOURCES
+
+GERMAN = ["Ich habe heute keine Zeit für dich.", "Wo ist der nächste Bahnhof?", "Das Haus ist sehr groß."]
+FRENCH = ["Je n'ai pas le temps aujourd'hui.", "Où est la gare la plus proche ?", "La maison est très grande."]
+
+
+def test_detection_among_the_served_sources() -> None:
+    detector = SourceDetector(["de", "en", "fra"])
+    assert detector.candidates == ["de", "en", "fr"]
+    for text in GERMAN:
+        found = detector.detect(text)
+        assert found is not None and found.language == "de" and MIN_MARGIN < found.confidence <= 1
+    assert all((d := detector.detect(t)) is not None and d.language == "fr" for t in FRENCH)
+    assert detector.detect("ok") is None  # German and English alike
+
+
+def test_one_served_source_is_checked_against_every_language_the_detector_knows() -> None:
+    """A French text sent to a German-only server is named French, not called German."""
+    detector = SourceDetector(["de"])
+    assert len(detector.candidates) > 50
+    found = detector.detect(FRENCH[0])
+    assert found is not None and found.language == "fr"
+
+
+def test_sources_the_detector_cannot_name_are_listed() -> None:
+    assert SourceDetector(["de", "en", "haw", "mul"]).undetectable == ["haw"]
+
+
+@pytest.fixture(scope="module")
+def french_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("french")
+    texts = tuple(zip(SOURCES["fr"], ENGLISH, strict=True))
+    hf_dir = build_marian_dir(root / "hf", layout="tc-big", languages=Languages("fr", "en", texts))
+    assert import_main(["--model", str(hf_dir), "--out", str(root / "opus-mt-fr-en")]) == 0
+    export_tiny_onnx(root / "opus-mt-fr-en")
+    return root / "opus-mt-fr-en"
+
+
+@pytest.fixture(scope="module")
+def german_model_dir(tiny_exported_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("german") / "ours"
+    shutil.copytree(tiny_exported_dir, out)
+    return out
+
+
+@pytest.mark.parametrize("auto", ["", "auto"])
+def test_auto_detects_each_text_and_routes_it_to_the_model_serving_its_language(
+    german_model_dir: Path, french_model_dir: Path, auto: str
+) -> None:
+    models = [onnx_model(german_model_dir), onnx_model(french_model_dir)]
+    texts = [GERMAN[0], FRENCH[0], "...", GERMAN[1], FRENCH[1]]
+    with running_server(models) as served:
+        alone_de = served.stub.Translate(request([GERMAN[0], GERMAN[1]], "de", "en", beam_size=2)).results
+        alone_fr = served.stub.Translate(request([FRENCH[0], FRENCH[1]], "fr", "en", beam_size=2)).results
+        reply = served.stub.Translate(request(texts, auto, "en", beam_size=2)).results
+        streamed = [m.result for m in served.stub.TranslateStream(request(texts, auto, "en", beam_size=2))]
+        counted = sample_value(served.registry, "translation_detected_texts_total", language="fr")
+    assert [r.index for r in reply] == [0, 1, 2, 3, 4]
+    assert [r.detected_source_language for r in reply] == ["de", "fr", "", "de", "fr"]
+    assert all(r.detected_language_confidence > 0.5 for i, r in enumerate(reply) if i != 2)
+    assert [reply[0].translation, reply[3].translation] == [r.translation for r in alone_de]
+    assert [reply[1].translation, reply[4].translation] == [r.translation for r in alone_fr]
+    assert reply[2].translation == "..." and reply[2].sentences == 0
+    assert sorted((r.index, r.translation, r.detected_source_language) for r in streamed) == [
+        (r.index, r.translation, r.detected_source_language) for r in reply
+    ]
+    assert counted == 4  # two calls, two French texts each
+
+
+def test_a_text_no_detection_decides_is_invalid_argument_asking_for_the_source(german_model_dir: Path) -> None:
+    with running_server(onnx_model(german_model_dir)) as served:
+        with pytest.raises(grpc.RpcError) as failed:
+            served.stub.Translate(request(["Das Haus ist groß.", "ok"], "auto", "en"))
+        no_letters = served.stub.Translate(request(["...", " ", "12345"], "auto", "en")).results
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot tell the language of texts[1]" in (failed.value.details() or "")
+    assert "set options.source_language" in (failed.value.details() or "")
+    assert [(r.translation, r.detected_source_language) for r in no_letters[:2]] == [("...", ""), (" ", "")]
+    assert no_letters[2].sentences == 1 and no_letters[2].detected_source_language == ""  # numbers: any model's
+
+
+def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(french_model_dir: Path) -> None:
+    with running_server(onnx_model(french_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
+        served.stub.Translate(request([GERMAN[0]], "auto", "en"))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "detected as 'de'" in (failed.value.details() or "")
+    assert "supported pairs: opus-mt-fr-en: fr-en" in (failed.value.details() or "")
+
+
+def test_list_models_and_result_fields_exist_in_the_proto() -> None:
+    """The fields clients read (a regenerated proto would drop a renamed one silently)."""
+    assert {"detected_source_language", "detected_language_confidence"} <= set(pb.TextResult.DESCRIPTOR.fields_by_name)
