@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from server.client import cli as client_cli
-from server.client.cli import PROGRESS_MIN_TEXTS, InputError, build_parser, make_progress, read_texts, run
+from server.client.cli import PROGRESS_MIN_TEXTS, InputError, build_parser, main, make_progress, read_texts, run
 from server.edge.config import ServerConfig
 from server.edge.main import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -187,3 +187,17 @@ def test_console_entry_point_reads_stdin(served: RunningServer) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [r.translation for r in served.stub.Translate(request(lines)).results]
+
+
+def test_auto_source_prints_each_texts_detected_language(served: RunningServer) -> None:
+    texts = ["Ich habe heute leider keine Zeit.", "12345"]
+    code, out, err = cli(served, "--source", "auto", "--show-detected", texts=texts)
+    expected = [r.translation for r in served.stub.Translate(request(texts, "de")).results]
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"de\t{expected[0]}", f"-\t{expected[1]}"]  # numbers: no language to tell
+
+
+def test_a_missing_target_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--server", "localhost:1", "Hallo"])
+    assert exited.value.code == 2

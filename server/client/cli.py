@@ -2,6 +2,7 @@
 
 Usage:
     echo "Das Haus ist groß." | translate --server localhost:50051 --source de --target en
+    translate --target en --show-detected "Das Haus ist groß." "La maison est grande."  # source detected
     translate --server localhost:50051 --source en --target de "The house is big." "Good morning."
 
 Texts come from the arguments, or one per line from stdin. They are sent in chunks of at most
@@ -91,8 +92,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
     parser.add_argument("--server", default="localhost:50051", help="HOST:PORT of translate-server")
-    parser.add_argument("--source", help="source language, e.g. de (required to translate)")
-    parser.add_argument("--target", help="target language, e.g. en (required to translate)")
+    parser.add_argument(
+        "--source", default="auto", help="source language, e.g. de, pt-BR, por (default auto: detected per text)"
+    )
+    parser.add_argument("--target", help="target language, e.g. en, pt-BR, zh-Hant (required to translate)")
+    parser.add_argument(
+        "--show-detected", action="store_true", help="with --source auto: print each text's language, a tab, then it"
+    )
     parser.add_argument("--model", default="", help="the model to use where several serve the pair (--list-models)")
     parser.add_argument("--list-models", action="store_true", help="print each served model and its pairs, then exit")
     parser.add_argument("--beam-size", type=_count(1), default=None, help="beam width (server default 4)")
@@ -143,15 +149,15 @@ def translate_chunk(
     options: pb.TranslationOptions,
     timeout: float | None,
     metadata: Metadata = (),
-) -> Iterator[str]:
-    """Translations of `texts` in order, each yielded as soon as it and all before it are done."""
+) -> Iterator[pb.TextResult]:
+    """Results of `texts` in order, each yielded as soon as it and all before it are done."""
     request = pb.TranslateRequest(texts=list(texts), options=options)
-    ready: dict[int, str] = {}
+    ready: dict[int, pb.TextResult] = {}
     emitted = 0
     for message in stub.TranslateStream(request, timeout=timeout, metadata=metadata):
         if message.WhichOneof("event") != "result":
             continue
-        ready[message.result.index] = message.result.translation
+        ready[message.result.index] = message.result
         while emitted in ready:
             yield ready.pop(emitted)
             emitted += 1
@@ -176,8 +182,9 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
                 list_models(stub, args.timeout, metadata, out)
                 return 0
             for chunk in chunks(texts, args.batch):
-                for translation in translate_chunk(stub, chunk, options, args.timeout, metadata):
-                    out.write(_one_line(translation) + "\n")
+                for result in translate_chunk(stub, chunk, options, args.timeout, metadata):
+                    language = f"{result.detected_source_language or '-'}\t" if args.show_detected else ""
+                    out.write(language + _one_line(result.translation) + "\n")
                     progress.update(1)
                 out.flush()
     except grpc.RpcError as error:
@@ -195,8 +202,15 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
 def list_models(stub: pb_grpc.TranslatorStub, timeout: float | None, metadata: Metadata, out: IO[str]) -> None:
     """One line per served model: its name, its pairs, and how it runs."""
     for model in stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=metadata).models:
-        pairs = ", ".join(f"{p.source}-{p.target}" for p in model.pairs)
+        pairs = ", ".join(_pair(p) for p in model.pairs)
         out.write(f"{model.name}: {pairs} ({model.variant}, {model.provider})\n")
+
+
+def _pair(pair: pb.LanguagePair) -> str:
+    """`src-tgt`, with the BCP-47 spelling after it where the model writes its codes otherwise."""
+    spelled = f"{pair.source_bcp47}-{pair.target_bcp47}"
+    written = f"{pair.source}-{pair.target}"
+    return written if spelled in ("-", written) else f"{written} ({spelled})"
 
 
 def _one_line(text: str) -> str:
@@ -229,8 +243,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.list_models:
         sys.exit(run(args, [], sys.stdout, sys.stderr))
-    if not (args.source and args.target):
-        parser.error("--source and --target are required to translate")
+    if not args.target:
+        parser.error("--target is required to translate")
     try:
         texts = read_texts(args, sys.stdin.buffer)
     except InputError as error:
