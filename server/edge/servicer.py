@@ -256,8 +256,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         texts = list(request.texts)
         check_texts(texts, self.limits)
         detect = partial(_detect_all, self._detector, texts)
-        small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS
-        groups, found = detect() if small else await asyncio.to_thread(detect)
+        small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self._detector.loaded
+        groups, found = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
         parts: list[JobPart] = []
         for language, indices in groups.items():
             backend, route = self._route_detected(request.options, language, [found[i] for i in indices])
