@@ -50,7 +50,7 @@ class ServerConfig:
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
     # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
-    # before grpc's stop, which cancels calls it has received but not yet handed over (grpc/grpc#41785).
+    # before grpc's stop, which cancels calls it has received but not yet handed over.
     shutdown_delay_seconds: float = 5.0
     # An engine iteration (one encoder and one decoder call) running longer is a hung runner (a wedged GPU
     # kernel, a deadlock): its requests fail UNAVAILABLE and the process exits non-zero. 0 = never. A full

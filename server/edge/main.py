@@ -350,7 +350,7 @@ class TranslationServer:
         finish. Meanwhile the port stays open for `delay` seconds and the service answers every new call
         UNAVAILABLE with a retry pushback, so clients and balancers move to other replicas (what a
         Kubernetes preStop sleep does). grpc's stop begins only after both: it cancels calls it has
-        received but not yet handed to the service (grpc/grpc#41785, open), and by then every call that
+        received but not yet handed to the service, and by then every call that
         arrived before the signal has its answer; it then sends GOAWAY and waits for the last responses.
         """
         started = time.monotonic()
@@ -413,7 +413,7 @@ def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
     options = [
         ("grpc.keepalive_time_ms", _ms(config.keepalive_time_s) or NEVER_MS),
         ("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)),
-        # grpc (1.85) closes on an unanswered ping only once this one (default 1 min) has passed too
+        # grpc closes on an unanswered ping only once this one (default 1 min) has passed too
         ("grpc.http2.ping_timeout_ms", _ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.min_ping_interval_s)),

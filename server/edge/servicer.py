@@ -61,8 +61,8 @@ from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
-# Requests of at most this many characters are split and tokenized on the event loop (pysbd takes
-# under 2 ms for 512 characters of many short sentences); longer ones in a worker thread
+# Requests of at most this many characters are split and tokenized on the event loop, which is cheaper than
+# the hop to a worker thread and back (docs/decisions.md); longer ones in a worker thread
 INLINE_PREPARE_CHARS = 512
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text without one has no sentence
 
