@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.cache_shape import report, workload_parser
 from bench.run import load_workload
-from server.backend.runtime import open_runner
+from server.backend.runners import open_runner
 from server.core.offline import translate_ids
 
 ARMS = ("host", "working")  # --kv-cache values with caches in host memory

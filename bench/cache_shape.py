@@ -35,7 +35,8 @@ import onnxruntime as ort
 
 from bench.run import load_workload
 from model.directory import KV_GATHER_FILE
-from server.backend.runtime import CANDIDATE_OUTPUTS, OnnxRunner, gather_rows, kv_names, make_session
+from server.backend.device_cache import gather_rows
+from server.backend.runtime import CANDIDATE_OUTPUTS, OnnxRunner, kv_names, make_session
 from server.core.runner import EncodeItem
 
 log = logging.getLogger("bench.cache_shape")

@@ -115,7 +115,7 @@ class CTranslate2Engine:
 
 class OnnxEngine:
     """Our ONNX decoder offline: server.core.offline.translate_ids over the runner the server would open
-    (server.backend.runtime.open_runner, caches placed as `--kv-cache auto` places them)."""
+    (server.backend.runners.open_runner, caches placed as `--kv-cache auto` places them)."""
 
     def __init__(self, settings: EngineSettings, variant: str) -> None:
         variant_dir = settings.model_dir / "onnx" / variant
@@ -124,7 +124,7 @@ class OnnxEngine:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
-        from server.backend.runtime import open_runner
+        from server.backend.runners import open_runner
 
         self.name = f"onnx-{variant}"
         # Beam rows take one slot each: a full batch of beams must fit.

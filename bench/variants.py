@@ -33,7 +33,8 @@ from model.directory import (
     read_metadata,
 )
 from model.tokenizer import TextTokenizer, open_tokenizer
-from server.backend.runtime import PROVIDERS, OnnxRunner, open_runner
+from server.backend.runners import open_runner
+from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem, Runner
 

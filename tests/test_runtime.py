@@ -15,7 +15,9 @@ import torch
 
 from model.artifact import load_artifact
 from model.directory import MetadataError
-from server.backend.runtime import DeviceCacheRunner, OnnxRunner, auto_cache_place, make_session, open_runner
+from server.backend.device_cache import DeviceCacheRunner
+from server.backend.runners import auto_cache_place, open_runner
+from server.backend.runtime import OnnxRunner, make_session
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.beam import row_candidates
 from server.core.runner import EncodeItem

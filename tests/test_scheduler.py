@@ -3,6 +3,7 @@ beams, limits, deadlines, cancellation and failures, with exact expected outputs
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.core.offline import translate_ids
 from server.core.scheduler import (
     Abandoned,
     Batch,
@@ -17,7 +19,6 @@ from server.core.scheduler import (
     EngineLimits,
     Event,
     FailureReason,
-    InvalidWorkError,
     QueueFullError,
     RequestDone,
     RequestFailed,
@@ -27,6 +28,7 @@ from server.core.scheduler import (
     output_limit,
     reorder_slots,
 )
+from server.core.work import InvalidWorkError, check_options, check_sources
 from tests.fakes import FAKE_SPEC, FakeRunner, execute, reference_decode
 
 Events = dict[int, list[Event]]
@@ -288,22 +290,37 @@ def test_output_length_is_capped_by_request_and_model() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sentences", "options"),
+    ("sentences", "options", "message"),
     [
-        ([], DecodeOptions()),
-        ([[]], DecodeOptions()),
-        ([[4] * 17], DecodeOptions()),
-        ([[4, 99]], DecodeOptions()),
-        ([[4, 3]], DecodeOptions(beam_size=9)),
-        ([[4, 3]], DecodeOptions(beam_size=2, num_hypotheses=3)),
-        ([[4, 3]], DecodeOptions(max_output_len=-1)),
+        ([], DecodeOptions(), "at least one sentence"),
+        ([[]], DecodeOptions(), "a source must hold 1 to 16 tokens, got 0"),
+        ([[4] * 17], DecodeOptions(), "a source must hold 1 to 16 tokens, got 17"),
+        ([[4, 99]], DecodeOptions(), "source token ids must be in"),
+        ([[4, 3]], DecodeOptions(beam_size=9), "options.beam_size must be in 1..8, got 9"),
+        ([[4, 3]], DecodeOptions(beam_size=0), "options.beam_size must be in 1..8, got 0"),
+        ([[4, 3]], DecodeOptions(beam_size=2, num_hypotheses=3), "options.num_hypotheses must be in 1..beam_size (2)"),
+        ([[4, 3]], DecodeOptions(max_output_len=-1), "options.max_output_len must be at most"),
+        (
+            [[4, 3]],
+            DecodeOptions(max_output_len=FAKE_SPEC.max_target_len + 1),
+            "options.max_output_len must be at most",
+        ),
+        ([[4, 3]], DecodeOptions(length_penalty=float("nan")), "options.length_penalty must be in 0..2.0"),
+        ([[4, 3]], DecodeOptions(length_penalty=2.5), "options.length_penalty must be in 0..2.0"),
     ],
 )
-def test_invalid_work_is_refused(sentences: list[list[int]], options: DecodeOptions) -> None:
-    scheduler, _ = make(max_slots=8)
-    with pytest.raises(InvalidWorkError):  # the caller's input: the transport edge maps it to INVALID_ARGUMENT
-        scheduler.add(1, sentences, options, None, now=0.0)
-    assert scheduler.idle
+def test_each_rule_of_valid_work_lives_in_one_function(
+    sentences: list[list[int]], options: DecodeOptions, message: str
+) -> None:
+    """server.core.work holds every rule; the edge and offline callers check with it, the scheduler trusts."""
+    with pytest.raises(InvalidWorkError, match=re.escape(message)):
+        check_options(options, max_beam_size=8, max_target_len=FAKE_SPEC.max_target_len)
+        check_sources(sentences, FAKE_SPEC)
+
+
+def test_offline_decoding_checks_its_work_with_the_same_rules() -> None:
+    with pytest.raises(InvalidWorkError, match=re.escape("options.beam_size must be in 1..8")):
+        translate_ids(FakeRunner(max_slots=8), [[4, 3]], beam_size=9, length_penalty=1.0, max_len=None)
 
 
 def test_default_output_limit_is_relative_to_the_source_and_capped() -> None:

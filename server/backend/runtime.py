@@ -19,9 +19,9 @@ Three places for the caches, same results:
   source is new to the step are copied, not every row at every change of the batch.
 - `server.backend.working_batch.WorkingBatchRunner` builds on it and keeps the self-attention keys/values
   as the decoder's working batch, fed back with no gather per step: the CPU default.
-- `DeviceCacheRunner` keeps them as OrtValues on the session's device and moves rows with the
-  export's weightless kv_* graphs through IO binding. On CUDA a step then transfers only token ids
-  and positions in and each row's few best candidates out, never the caches.
+- `server.backend.device_cache.DeviceCacheRunner` keeps them as OrtValues on the session's device and
+  moves rows with the export's weightless kv_* graphs through IO binding.
+`server.backend.runners.open_runner` chooses among them; `server.backend.sessions` opens the sessions.
 """
 
 from __future__ import annotations
@@ -32,80 +32,25 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import onnxruntime as ort
 
 from model.directory import (
     DECODER_FILE,
     ENCODER_FILE,
-    KV_APPEND_FILE,
-    KV_GATHER_FILE,
-    KV_MOVE_FILE,
-    KV_WRITE_FILE,
     ExportMetadata,
     MetadataError,
     read_metadata,
 )
-from server.backend import KV_CACHES
 from server.backend.cross_lanes import CrossLanes
+from server.backend.sessions import PROVIDERS, Feeds, kv_names, make_session, moved_pairs
 from server.core.runner import Candidates, EncodeItem, ModelSpec
+
+__all__ = ["CANDIDATE_OUTPUTS", "PROVIDERS", "Feeds", "OnnxRunner", "kv_names", "make_session"]
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-CUDA_OPTIONS = {"use_tf32": "0"}
 CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
 LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
 ROW_FEEDS = ("tokens", "positions", "past_keep", "row_scores")  # decoder inputs with one row per stepped row
-
-Feeds = dict[str, npt.NDArray[np.generic]]
-
-
-def make_session(path: Path, provider: str, intra_op_threads: int, spin_threads: bool = True) -> ort.InferenceSession:
-    """A session for `provider`; `spin_threads=False` makes idle intra-op threads sleep, not busy-wait.
-
-    Spinning (onnxruntime's default) shaves a little off each op when the process owns its cores.
-    A server shares them with gRPC and Python threads, which spinning starves: on small nodes turning
-    it off serves faster (docs/benchmarks.md gives the measurement and its command).
-    """
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = intra_op_threads  # 0 = onnxruntime's default (all cores)
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_threads else "0")
-    wanted = PROVIDERS[provider]
-    providers: list[str | tuple[str, dict[str, str]]] = [wanted]
-    if wanted == "CUDAExecutionProvider":
-        # float32 graphs compute in float32: TF32 tensor cores (onnxruntime's CUDA default) round matmul
-        # inputs to 10 mantissa bits and move log-probs by ~4e-3, beyond parity with PyTorch; fp16 is the
-        # fast variant there.
-        providers = [(wanted, CUDA_OPTIONS), "CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
-
-
-def kv_names(prefix_k: str, prefix_v: str, n_layers: int) -> list[str]:
-    """Graph argument names in cache order: index 2*i is layer i's key, 2*i+1 its value."""
-    return [name for i in range(n_layers) for name in (f"{prefix_k}_{i}", f"{prefix_v}_{i}")]
-
-
-def moved_pairs(sources: list[int], destinations: list[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The (source, destination) slot pairs of a copy that move something, as two arrays."""
-    src = np.asarray(sources, dtype=np.int64)
-    dst = np.asarray(destinations, dtype=np.int64)
-    moved = src != dst
-    return src[moved], dst[moved]
-
-
-def gather_rows(
-    kv_gather: ort.InferenceSession, caches: list[ort.OrtValue], rows: np.ndarray, length: int, device: str
-) -> list[ort.OrtValue]:
-    """The export's kv_gather graph: out_i = caches[i][rows, :, :length], left on `device`."""
-    binding = kv_gather.io_binding()
-    for i, cache in enumerate(caches):
-        binding.bind_ortvalue_input(f"cache_{i}", cache)
-        binding.bind_output(f"out_{i}", device, 0)
-    binding.bind_cpu_input("rows", rows)
-    binding.bind_cpu_input("length", np.asarray(length, dtype=np.int64))
-    kv_gather.run_with_iobinding(binding)
-    return list(binding.get_outputs())
 
 
 class OnnxRunner:
@@ -340,128 +285,3 @@ class OnnxRunner:
     def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
         for cache in self.self_kv if kind == "self" else self.cross_kv:
             cache[slots, :, :length] = 0
-
-
-class DeviceCacheRunner(OnnxRunner):
-    """Caches as OrtValues on the session's device, moved by the kv_* graphs through IO binding.
-
-    The append and move graphs are bound with their output on their input's own buffer: the
-    ScatterND inside writes only the rows it updates (onnxruntime skips its copy when input and
-    output share memory), so no step ever copies a whole cache.
-    """
-
-    kv_cache = "device"
-
-    def _open_caches(self, variant_dir: Path) -> None:
-        self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
-        self.kv_gather = self._session(variant_dir / KV_GATHER_FILE)
-        self.kv_append = self._session(variant_dir / KV_APPEND_FILE)
-        self.kv_move = self._session(variant_dir / KV_MOVE_FILE)
-        self.kv_write = self._session(variant_dir / KV_WRITE_FILE)
-        # Zeroed once: a never-written entry is masked, and masking must not meet NaN garbage (0 * NaN).
-        self.self_kv = [self._zeros(self.self_shape) for _ in range(2 * self.n_layers)]
-        self.cross_kv = [self._zeros(self.cross_shape) for _ in range(2 * self.n_layers)]
-        self._cross_values: list[ort.OrtValue] = []
-        self._zero_blocks: dict[int, ort.OrtValue] = {}  # by power-of-two length: no upload per encode
-
-    def _slots_to_zero(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Device caches are not read back to be checked: every slot is zeroed past its new sentence."""
-        return slots
-
-    def _zeros(self, shape: tuple[int, ...]) -> ort.OrtValue:
-        # Device id 0 everywhere: the server drives one GPU per process (one container per GPU).
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
-
-    def _run_in_place(
-        self, session: ort.InferenceSession, caches: list[ort.OrtValue], extra: dict[str, object]
-    ) -> None:
-        """Run a kv graph whose outputs out_i are written into the buffers of its inputs cache_i."""
-        binding = session.io_binding()
-        for i, cache in enumerate(caches):
-            binding.bind_ortvalue_input(f"cache_{i}", cache)
-            binding.bind_ortvalue_output(f"out_{i}", cache)
-        for name, value in extra.items():
-            if isinstance(value, ort.OrtValue):
-                binding.bind_ortvalue_input(name, value)
-            else:
-                binding.bind_cpu_input(name, np.asarray(value))
-        session.run_with_iobinding(binding)
-
-    def _gather(self, caches: list[ort.OrtValue], rows: np.ndarray, length: int) -> list[ort.OrtValue]:
-        return gather_rows(self.kv_gather, caches, rows, length, self.device)
-
-    def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
-        binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src_ids", ids)
-        binding.bind_cpu_input("src_mask", mask)
-        for name in self.cross_names:
-            binding.bind_output(name, self.device, 0)
-        self.encoder.run_with_iobinding(binding)
-        encoded = {f"encoded_{i}": value for i, value in enumerate(binding.get_outputs())}
-        self._run_in_place(self.kv_write, self.cross_kv, encoded | {"items": item_of_slot, "slots": slots})
-
-    def _decode(
-        self, feeds: Feeds, rows: np.ndarray, pos: np.ndarray, past_len: int, src_len: int, wanted: tuple[str, ...]
-    ) -> list[np.ndarray]:
-        if (key := self._cross_key(rows, src_len)) != self._cross_gather_key:
-            self._cross_values = self._gather(self.cross_kv, rows, src_len)
-            self._cross_gather_key = key
-        binding = self.decoder.io_binding()
-        for name, array in feeds.items():
-            binding.bind_cpu_input(name, array)
-        binding.bind_cpu_input("src_mask", np.ascontiguousarray(self.src_mask[rows, :src_len]))
-        past = self._gather(self.self_kv, rows, past_len)
-        for name, value in zip(self.cross_names + self.past_names, self._cross_values + past, strict=True):
-            binding.bind_ortvalue_input(name, value)
-        for name in wanted:
-            binding.bind_output(name, "cpu")  # only the (B, k) candidates cross to the host when serving
-        for name in self.new_names:
-            binding.bind_output(name, self.device, 0)
-        self.decoder.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        appended = {f"new_{i}": value for i, value in enumerate(outputs[len(wanted) :])}
-        self._run_in_place(self.kv_append, self.self_kv, appended | {"rows": rows, "positions": pos})
-        return [np.asarray(out.numpy()) for out in outputs[: len(wanted)]]
-
-    def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
-        caches = self.self_kv if kind == "self" else self.cross_kv
-        self._run_in_place(self.kv_move, caches, {"src": src, "dst": dst, "length": np.asarray(length, dtype=np.int64)})
-
-    def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
-        """kv_write of one zero block into every slot: the graph that writes encoder output, reused."""
-        caches, shape = (self.self_kv, self.self_shape) if kind == "self" else (self.cross_kv, self.cross_shape)
-        zeros = self._zero_block(length, shape[2])
-        blocks: dict[str, object] = {f"encoded_{i}": zeros for i in range(len(caches))}
-        self._run_in_place(self.kv_write, caches, blocks | {"items": np.zeros(len(slots), np.int64), "slots": slots})
-
-    def _zero_block(self, length: int, cache_len: int) -> ort.OrtValue:
-        """A device-resident zero block at least `length` long: zeroing past the stale part is harmless."""
-        bucket = min(1 << (length - 1).bit_length(), cache_len)
-        if bucket not in self._zero_blocks:
-            self._zero_blocks[bucket] = self._zeros((1, self.metadata.n_heads, bucket, self.metadata.head_dim))
-        return self._zero_blocks[bucket]
-
-
-def open_runner(
-    variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, kv_cache: str = "auto",
-    *, spin_threads: bool = True,
-) -> OnnxRunner:  # fmt: skip
-    """The runner for a cache placement; an explicit "device" fails loudly where "auto" falls back."""
-    if kv_cache not in KV_CACHES:
-        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
-    from server.backend.working_batch import WorkingBatchRunner  # it builds on this module's OnnxRunner
-
-    place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner}.get(place, OnnxRunner)
-    return runner_class(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
-
-
-def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: on CUDA. On CPU host memory is the device: numpy caches measure
-    faster there (`python -m bench.cache_shape`), kept as the working batch (docs/benchmarks.md)."""
-    if provider != "cuda":
-        return "working"
-    if PROVIDERS["cuda"] not in ort.get_available_providers():
-        log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
-        return "working"
-    return "device"

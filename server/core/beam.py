@@ -102,8 +102,7 @@ class BeamState:
     steps: int = 0  # tokens generated so far by every live row
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1 or self.max_len < 1:
-            raise ValueError(f"beam_size and max_len must be >= 1, got {self.beam_size} and {self.max_len}")
+        assert self.beam_size >= 1 and self.max_len >= 1, f"unchecked work: {self.beam_size=}, {self.max_len=}"
 
     @property
     def candidates_needed(self) -> int:

@@ -36,7 +36,6 @@ from server.core.scheduler import (
     EngineLimits,
     Event,
     FailureReason,
-    InvalidWorkError,
     QueueFullError,
     RequestDone,
     RequestFailed,
@@ -44,6 +43,7 @@ from server.core.scheduler import (
     SentenceDone,
     TokensEvent,
 )
+from server.core.work import InvalidWorkError
 
 __all__ = [
     "Admission",
@@ -282,10 +282,10 @@ class Engine:
     ) -> RequestHandle:
         """Queue a request (all its sentences or none); events arrive on `on_event` from the engine thread.
 
-        Raises InvalidWorkError for invalid work, QueueFullError when the queue bound would be exceeded
-        (counting the places other admitted calls hold), DrainingError once draining (unless `admitted`:
-        the call's `admission()`, whose places it takes over) or stopped, EngineFailedError once the loop
-        has died. `deadline` is `time.monotonic()` based.
+        The work is valid (`server.core.work`'s checks ran at the edge). Raises QueueFullError when the
+        queue bound would be exceeded (counting the places other admitted calls hold), DrainingError once
+        draining (unless `admitted`: the call's `admission()`, whose places it takes over) or stopped,
+        EngineFailedError once the loop has died. `deadline` is `time.monotonic()` based.
         """
         return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline, admitted)
 
@@ -396,7 +396,6 @@ class Engine:
         deadline: float | None,
         admitted: Admission | None = None,
     ) -> RequestHandle:
-        self._scheduler.validate(sentences, options)  # pure: reads only the spec and the limits
         with self._cond:
             queued = self._scheduled_queue + self._inbox_sentences
             self._ledger.accept(len(sentences), queued, self._failed, self._stopping, self._draining, admitted)

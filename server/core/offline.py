@@ -15,6 +15,7 @@ from server.core.scheduler import (
     Scheduler,
     SentenceDone,
 )
+from server.core.work import check_options, check_sources
 
 
 class OfflineDecodingError(RuntimeError):
@@ -63,6 +64,8 @@ def translate_ids(
     options = DecodeOptions(
         beam_size=beam_size, length_penalty=length_penalty, max_output_len=max_len or 0, num_hypotheses=num_hypotheses
     )
+    check_options(options, runner.max_slots, runner.spec.max_target_len)  # the rules the edge applies
+    check_sources(sources, runner.spec)
     scheduler.add(0, sources, options, deadline=None, now=0.0)
     results: dict[int, list[Hypothesis]] = {}
     while not scheduler.idle:

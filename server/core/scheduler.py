@@ -30,14 +30,11 @@ import numpy as np
 from model.config import default_output_limit
 from server.core.beam import Advance, BeamState, Hypothesis
 from server.core.runner import Candidates, EncodeItem, ModelSpec
+from server.core.work import DecodeOptions
 
 logger = logging.getLogger(__name__)
 
 INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
-
-
-class InvalidWorkError(ValueError):
-    """Work this scheduler can never run as asked (the caller's input, not a bug); nothing was enqueued."""
 
 
 class QueueFullError(Exception):
@@ -53,17 +50,6 @@ class FailureReason(enum.Enum):
     CANCELLED = "CANCELLED"
     INTERNAL = "INTERNAL"
     UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """How to decode every sentence of one request."""
-
-    beam_size: int = 4  # K: slots each sentence holds; 1 = greedy
-    length_penalty: float = 1.0  # hypotheses rank by score / length ** length_penalty
-    max_output_len: int = 0  # most generated tokens, EOS included; 0 = 3 x source tokens + 10 (output_limit)
-    num_hypotheses: int = 1  # best hypotheses returned per sentence, <= beam_size
-    stream_tokens: bool = False  # TokensEvent after every step (greedy rows only; beams report when done)
 
 
 @dataclass(frozen=True)
@@ -217,23 +203,6 @@ class Scheduler:
         taken, self._abandoned = self._abandoned, []
         return taken
 
-    def validate(self, sentences: list[list[int]], options: DecodeOptions) -> None:
-        """Raise InvalidWorkError for work this scheduler can never run."""
-        spec = self.spec
-        if not sentences:
-            raise InvalidWorkError("a request needs at least one sentence")
-        if not 1 <= options.beam_size <= self.limits.max_slots:
-            raise InvalidWorkError(f"beam_size must be in [1, {self.limits.max_slots}], got {options.beam_size}")
-        if not 1 <= options.num_hypotheses <= options.beam_size:
-            raise InvalidWorkError(f"num_hypotheses must be in [1, beam_size], got {options.num_hypotheses}")
-        if options.max_output_len < 0:
-            raise InvalidWorkError(f"max_output_len must be >= 0, got {options.max_output_len}")
-        for ids in sentences:
-            if not 1 <= len(ids) <= spec.max_source_len:
-                raise InvalidWorkError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
-            if min(ids) < 0 or max(ids) >= spec.source_vocab_size:
-                raise InvalidWorkError(f"source token ids must be in [0, {spec.source_vocab_size})")
-
     def add(
         self,
         request_id: int,
@@ -244,13 +213,13 @@ class Scheduler:
         *,
         admitted: bool = False,
     ) -> None:
-        """Queue every sentence of a request, or none (QueueFullError).
+        """Queue every sentence of a request, or none (QueueFullError). The work is valid
+        (`server.core.work`'s checks ran where it came in).
 
         `admitted`: the caller already counted these sentences against the bound (the engine does, at
         submit). They are then queued even over it: `isolate` may have refilled the queue with running
         sentences meanwhile, and refusing work already promised would leave its caller unanswered.
         """
-        self.validate(sentences, options)
         if request_id in self._requests:
             raise ValueError(f"request {request_id} is already scheduled")
         if not admitted and len(self._queue) + len(sentences) > self.limits.max_queue_sentences:

@@ -5,15 +5,14 @@ Nothing past the servicer sees a protobuf object; nothing here knows of the engi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
+from model.directory import DEFAULT_LENGTH_PENALTY, direction_name
 from model.languages import bcp47
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
-from server.core.engine import DecodeOptions
 from server.core.runner import ModelSpec
+from server.core.work import DecodeOptions, check_options
 from server.edge.errors import InvalidRequest
 from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -105,28 +104,20 @@ def _parse_options(
     model: ModelDescription,
     default_length_penalty: float,
 ) -> DecodeOptions:
+    """The request's options with the model's defaults for what it leaves unset, checked by the one set of
+    rules (`server.core.work.check_options`)."""
     # The default fits the server: one with fewer slots than the default decodes unset beams narrower.
     beam = options.beam_size if options.HasField("beam_size") else min(model.default_beam_size, limits.max_beam_size)
-    if not 1 <= beam <= limits.max_beam_size:
-        raise InvalidRequest(f"options.beam_size must be in 1..{limits.max_beam_size}, got {beam}")
-    penalty = options.length_penalty if options.HasField("length_penalty") else default_length_penalty
-    if not (math.isfinite(penalty) and 0.0 <= penalty <= MAX_LENGTH_PENALTY):
-        raise InvalidRequest(f"options.length_penalty must be in 0..{MAX_LENGTH_PENALTY}, got {penalty}")
-    if options.max_output_len > spec.max_target_len:
-        raise InvalidRequest(
-            f"options.max_output_len must be at most the model's {spec.max_target_len} tokens "
-            f"(0 = the default: 3 x source tokens + 10), got {options.max_output_len}"
-        )
-    n_best = options.num_hypotheses if options.HasField("num_hypotheses") else 1
-    if not 1 <= n_best <= beam:
-        raise InvalidRequest(f"options.num_hypotheses must be in 1..beam_size ({beam}), got {n_best}")
-    return DecodeOptions(
+    requested = DecodeOptions(
         beam_size=beam,
-        length_penalty=penalty,
-        max_output_len=options.max_output_len or min(model.default_max_output_len, spec.max_target_len),
-        num_hypotheses=n_best,
+        length_penalty=options.length_penalty if options.HasField("length_penalty") else default_length_penalty,
+        max_output_len=options.max_output_len,
+        num_hypotheses=options.num_hypotheses if options.HasField("num_hypotheses") else 1,
         stream_tokens=options.stream_tokens,
     )
+    check_options(requested, limits.max_beam_size, spec.max_target_len)
+    default_limit = min(model.default_max_output_len, spec.max_target_len)
+    return replace(requested, max_output_len=requested.max_output_len or default_limit)
 
 
 def text_result_to_pb(result: TextTranslation, job: TranslateJob) -> pb.TextResult:

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,11 +38,21 @@ from prometheus_client import CollectorRegistry
 from model.config import LANG_TAGS, ModelConfig
 from model.languages import bcp47, parse
 from model.tokenizer import TextTokenizer, open_tokenizer
-from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.backend.engines import (
+    OpenedGraphs,
+    OpenedModel,
+    RunnerSettings,
+    close_model,
+    in_this_process,
+    open_model,
+    start_engine,
+)
 from server.core.documents import RequestLimits
 from server.core.engine import Engine, EngineLimits
-from server.core.runner import ModelSpec, Runner
+from server.core.engine_client import EngineClient
+from server.core.runner import ModelSpec
 from server.core.splitter import PUNCTUATION, rule_for
+from server.core.stall_watch import start_stall_watch
 from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.detect import SourceDetector
@@ -74,7 +85,7 @@ class EngineDiedError(RuntimeError):
 class LoadedModel:
     """A model ready to serve: its runner (or the process holding it), tokenizer and what ListModels reports."""
 
-    runner: Runner | ModelProcess
+    runner: OpenedModel
     tokenizer: TextTokenizer
     description: ModelDescription
 
@@ -159,23 +170,21 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
         read_decoding_defaults,
         read_length_penalties,
     )
-    from server.backend.runtime import OnnxRunner
 
     provider = resolve_provider(config.provider)
 
-    def open_on(provider: str) -> tuple[str, OnnxRunner | ModelProcess]:
+    def open_on(provider: str) -> tuple[str, OpenedGraphs]:
         variant = choose_variant(model_dir, config.variant, provider)
         settings = RunnerSettings(
             model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
             config.spin_threads,
         )  # fmt: skip
-        return variant, ModelProcess(settings) if config.engine_processes else settings.open()
+        return variant, open_model(settings, config.engine_processes)
 
     variant, runner = open_on(provider)
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
         why = f"onnxruntime could not run {variant} on CUDA and fell back to {runner.provider} (its log says why)"
-        if isinstance(runner, ModelProcess):  # a child holding the fallback session is not kept
-            runner.close()
+        close_model(runner)  # a child holding the fallback session is not kept
         if config.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
             raise StartupError(f"{why}; fix the CUDA libraries or serve with --provider cpu")
         logger.warning("%s; --provider auto: serving on the CPU", why)
@@ -257,9 +266,9 @@ class TranslationServer:
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
-        self.engines: dict[str, Engine | EngineProcess] = {}  # by "<model name>#<replica>", in load order
+        self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
-        self._watchdogs: list[asyncio.Task[None]] = []
+        self._stop_watching = threading.Event()  # ends every engine's stall watch
         self.credentials = server_credentials(config)
         self.server = grpc.aio.server(
             interceptors=interceptors(config, self.metrics),
@@ -298,8 +307,7 @@ class TranslationServer:
     @property
     def engine(self) -> Engine | None:
         """The first model's engine (the only one of a single-model server) when it runs in this process."""
-        first = next(iter(self.engines.values()), None)
-        return first if isinstance(first, Engine) else None
+        return in_this_process(next(iter(self.engines.values()), None))
 
     async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
         """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
@@ -322,12 +330,7 @@ class TranslationServer:
             loop.call_soon_threadsafe(self.engine_died.set)
 
         observer = self.metrics.for_model(info.name)
-        engine: Engine | EngineProcess
-        if isinstance(model.runner, ModelProcess):  # the engine runs in that child process
-            engine = model.runner.start_engine(limits, observer, engine_failed, self.config.stall_seconds)
-        else:
-            engine = Engine(model.runner, limits, observer, on_failure=engine_failed)
-            engine.start()
+        engine = start_engine(model.runner, limits, observer, engine_failed, self.config.stall_seconds)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
         try:
@@ -336,7 +339,7 @@ class TranslationServer:
             raise StartupError(f"the model {info.name} does not run: {err}") from err
         # After warmup: a first call that builds kernels is not a hang. An engine process also watches its own.
         if self.config.stall_seconds > 0:
-            self._watchdogs.append(asyncio.create_task(watch_for_a_stall(engine, self.config.stall_seconds)))
+            start_stall_watch(engine, self.config.stall_seconds, self._stop_watching)
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
                     ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
@@ -362,13 +365,12 @@ class TranslationServer:
         await self.server.stop(max(0.0, grace - (time.monotonic() - started)) + MIN_STOP_GRACE_S)
         join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
         await asyncio.gather(*(self._off_loop(e.stop, join_timeout) for e in engines))  # joins the loop threads
-        for watchdog in self._watchdogs:
-            watchdog.cancel()
+        self._stop_watching.set()
         if not drained:
             logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
         return drained
 
-    async def _drain(self, engine: Engine | EngineProcess, grace: float) -> bool:
+    async def _drain(self, engine: EngineClient, grace: float) -> bool:
         """Finish the engine's work within `grace` (its watchdog still watches meanwhile); fail what is left
         UNAVAILABLE through its handlers, sent and counted as such, before grpc's stop could cancel them."""
         drained = await self._off_loop(engine.drain, grace)
@@ -382,22 +384,6 @@ class TranslationServer:
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, status)
-
-
-async def watch_for_a_stall(engine: Engine | EngineProcess, limit_s: float) -> None:
-    """Abandon the engine once one iteration has run over `limit_s`: a runner call that never returns
-    (a wedged GPU kernel, a deadlock) would otherwise hold every request until its deadline, and a
-    replica whose health still said SERVING would never be replaced."""
-    period = min(1.0, limit_s / 4)
-    while not engine.failed:
-        await asyncio.sleep(period)
-        stalled_s = engine.abandon_if_stalled(limit_s, time.monotonic())  # its on_failure tells `serve` to exit
-        if stalled_s is not None:
-            logger.critical(
-                "a runner call has run for %.1f s (--stall-seconds %.1f): the runner is hung; "
-                "failed every request UNAVAILABLE", stalled_s, limit_s,
-            )  # fmt: skip
-            return
 
 
 def connection_options(config: ServerConfig) -> list[tuple[str, int]]:

@@ -18,7 +18,6 @@ again, every few minutes. The parent:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -26,7 +25,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -36,6 +34,7 @@ from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event as ProcessEvent
 from types import FrameType
 
+from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig
 from server.edge.main import (
     LOG_FORMAT,
@@ -54,7 +53,6 @@ logger = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # where prometheus-client's multiprocess mode keeps its files
 RESTART_LIMIT = 3  # restarts within the window before the parent gives up
 RESTART_WINDOW_S = 300.0
-PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
 POLL_S = 0.2  # how often the parent looks at its signals while no process exits
 
 
@@ -97,14 +95,9 @@ def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> N
 
 
 def stop_with_parent(parent: int) -> None:
-    """Ask Linux for SIGTERM when the parent dies (killed, it cannot stop us), so that no server process
-    keeps the port alone; it then drains as on any SIGTERM. Elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    """SIGTERM to this process once the parent is gone (killed, it cannot stop us), so that no server process
+    keeps the port alone; it then drains as on any SIGTERM."""
+    follow_parent(parent, lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
 class Supervisor:

@@ -21,18 +21,17 @@ import grpc.aio
 
 from model.languages import AUTO, AmbiguousLanguage
 from model.tokenizer import TextTokenizer
-from server.backend.engine_process import EngineProcess
 from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine import (
     Admission,
     DrainingError,
-    Engine,
     Event,
     RequestDone,
     RequestFailed,
     SentenceDone,
     TokensEvent,
 )
+from server.core.engine_client import EngineClient
 from server.core.runner import ModelSpec
 from server.edge.convert import (
     ModelDescription,
@@ -71,7 +70,7 @@ _LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text wit
 class Backend:
     """A loaded model the servicer translates with, and its engine."""
 
-    engine: Engine | EngineProcess
+    engine: EngineClient
     spec: ModelSpec  # the runner's spec: languages and token limits
     tokenizer: TextTokenizer
     model: ModelDescription
@@ -409,7 +408,7 @@ class CallInbox:
 
 
 async def _engine_events(
-    engine: Engine | EngineProcess,
+    engine: EngineClient,
     admission: Admission,
     sources: list[list[int]],
     job: TranslateJob,

@@ -1,0 +1,39 @@
+"""The runner for a cache placement (`--kv-cache`): the one place that chooses among them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnxruntime as ort
+
+from server.backend import KV_CACHES
+from server.backend.device_cache import DeviceCacheRunner
+from server.backend.runtime import OnnxRunner
+from server.backend.sessions import PROVIDERS
+from server.backend.working_batch import WorkingBatchRunner
+
+log = logging.getLogger(__name__)
+
+
+def open_runner(
+    variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, kv_cache: str = "auto",
+    *, spin_threads: bool = True,
+) -> OnnxRunner:  # fmt: skip
+    """The runner for a cache placement; an explicit "device" fails loudly where "auto" falls back."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
+    place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
+    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner}.get(place, OnnxRunner)
+    return runner_class(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
+
+
+def auto_cache_place(variant_dir: Path, provider: str) -> str:
+    """Device caches only where they pay: on CUDA. On CPU host memory is the device: numpy caches measure
+    faster there (`python -m bench.cache_shape`), kept as the working batch (docs/benchmarks.md)."""
+    if provider != "cuda":
+        return "working"
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
+        return "working"
+    return "device"

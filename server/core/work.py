@@ -1,0 +1,61 @@
+"""The rules decoding work must meet, each in exactly one function.
+
+The edge checks a request with them once, before anything is queued (`server.edge.convert`, and
+`server.core.documents.prepare_texts` for the sources it tokenizes); offline callers check their work with
+the same functions (`server.core.offline.translate_ids`). The engine, its process boundary and the scheduler
+trust what they are given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from model.directory import MAX_LENGTH_PENALTY, ModelSpec
+
+
+class InvalidWorkError(ValueError):
+    """Work that can never run as asked (the caller's input, not a bug); the message names the rule."""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode every sentence of one request."""
+
+    beam_size: int = 4  # K: slots each sentence holds; 1 = greedy
+    length_penalty: float = 1.0  # hypotheses rank by score / length ** length_penalty
+    max_output_len: int = 0  # most generated tokens, EOS included; 0 = 3 x source tokens + 10 (output_limit)
+    num_hypotheses: int = 1  # best hypotheses returned per sentence, <= beam_size
+    stream_tokens: bool = False  # TokensEvent after every step (greedy rows only; beams report when done)
+
+
+def check_options(options: DecodeOptions, max_beam_size: int, max_target_len: int) -> None:
+    """Beam width within what the engine's slots hold, a finite length penalty in range, an output limit the
+    model can reach, no more hypotheses than the beam keeps."""
+    if not 1 <= options.beam_size <= max_beam_size:
+        raise InvalidWorkError(f"options.beam_size must be in 1..{max_beam_size}, got {options.beam_size}")
+    penalty = options.length_penalty
+    if not (math.isfinite(penalty) and 0.0 <= penalty <= MAX_LENGTH_PENALTY):
+        raise InvalidWorkError(f"options.length_penalty must be in 0..{MAX_LENGTH_PENALTY}, got {penalty}")
+    if not 0 <= options.max_output_len <= max_target_len:
+        raise InvalidWorkError(
+            f"options.max_output_len must be at most the model's {max_target_len} tokens "
+            f"(0 = the default: 3 x source tokens + 10), got {options.max_output_len}"
+        )
+    if not 1 <= options.num_hypotheses <= options.beam_size:
+        raise InvalidWorkError(
+            f"options.num_hypotheses must be in 1..beam_size ({options.beam_size}), got {options.num_hypotheses}"
+        )
+
+
+def check_sources(sources: Sequence[Sequence[int]], spec: ModelSpec) -> None:
+    """At least one source, each 1..max_source_len tokens of ids the model's source vocabulary has (the edge's
+    tokenizer makes only such ids; offline callers may bring any)."""
+    if not sources:
+        raise InvalidWorkError("a request needs at least one sentence")
+    for ids in sources:
+        if not 1 <= len(ids) <= spec.max_source_len:
+            raise InvalidWorkError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
+        if min(ids) < 0 or max(ids) >= spec.source_vocab_size:
+            raise InvalidWorkError(f"source token ids must be in [0, {spec.source_vocab_size})")
