@@ -11,7 +11,9 @@ token. Beam search, per source sentence with beam size K:
    best is passed over (as fairseq, transformers and CTranslate2 do); any other candidate becomes
    live until K are live. Candidates past those K are dropped.
 3. Stop when K hypotheses have finished, or when the generated length reaches `max_len`, at which
-   point the live hypotheses are finished as they are (normalised by their length).
+   point the live hypotheses are finished as they are (normalised by their length). A model with
+   `forced_eos_at_limit` (transformers' `forced_eos_token_id`) instead ends every live hypothesis with
+   EOS in place `max_len`, at no cost to its score (normalised by its length with that EOS).
 4. Return finished hypotheses by descending normalised score (ties: earlier finished first).
 
 Greedy is the same with K = 1 but stops at the first EOS and is normalised the same way.
@@ -90,6 +92,9 @@ def beam_search(
     new_live: list[tuple[tuple[int, ...], float]] = []
     last = torch.tensor([cfg.bos_id], device=device)
     for step in range(max_len):
+        if cfg.forced_eos_at_limit and step == max_len - 1:  # the only candidate left is EOS, at log-prob 0
+            finished.extend(Hypothesis(t, s, normalize(s, len(t) + 1, length_penalty)) for t, s in live)
+            return sorted(finished, key=lambda h: -h.normalized)
         logp = decoder.step(last, step)  # (R, V)
         scores = torch.tensor([s for _, s in live], device=device).unsqueeze(1) + logp
         flat = scores.view(-1)

@@ -15,6 +15,8 @@ import pytest
 from bench.hf_parity import transformers_ids
 from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
+from model.artifact import load_artifact
+from model.decode import beam_search
 from model.marian_tokenizer import MarianTokenizer
 from server.core.splitter import PUNCTUATION, rule_for, split
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -77,6 +79,7 @@ def test_outputs_at_the_limit_end_as_generate_ends_them(tmp_path: Path, layout: 
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["forced_eos_at_limit"] and config["renormalize_logits"] == (layout == "tc-big")
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    reference = load_artifact(tmp_path / "model")  # the PyTorch reference decode ends them the same way
     tokenizer = MarianTokenizer(tmp_path / "model")
     texts = SOURCES["fr"]
     model = onnx_model(tmp_path / "model")
@@ -87,8 +90,10 @@ def test_outputs_at_the_limit_end_as_generate_ends_them(tmp_path: Path, layout: 
             reply = served.stub.Translate(request(texts, "fr", "en", beam_size=beam, **options))
             max_len = max_len or 23  # the model's generation default: max_length 24 with the start token
             for text, result in zip(texts, reply.results, strict=True):
-                ids = transformers_ids(hf, tokenizer.encode_source(text, "en"), beam, max_len, model.runner.spec.pad_id)
+                source = tokenizer.encode_source(text, "en")
+                ids = transformers_ids(hf, source, beam, max_len, model.runner.spec.pad_id)
                 assert result.translation == tokenizer.decode(ids), (beam, max_len, text)
+                assert list(beam_search(reference, source, beam, max_len)[0].tokens) == ids, (beam, max_len, text)
                 at_limit += len(ids) == max_len - 1  # generate put EOS in the last place
     assert at_limit >= 8, "the limits must bind for the test to mean something"
 
