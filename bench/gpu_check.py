@@ -1,4 +1,4 @@
-"""python -m bench.gpu_check [--wheel-parts DIR] [--model-dir DIR] [--out DIR] [--limit N]
+"""python -m bench.gpu_check [--wheel-parts DIR] [--model-dir DIR | --shape opus-mt-de-en] [--out DIR] [--limit N]
 
 The CUDA path verified end to end on a GPU node, in one command:
 
@@ -12,6 +12,12 @@ The CUDA path verified end to end on a GPU node, in one command:
    that lets `--variant auto` serve fp16 there.
 5. the benchmark on CUDA (`python -m bench.run --device cuda`): device caches and IO binding, served and
    offline, against CTranslate2 and PyTorch.
+
+`--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
+a random MarianMTModel of that exact shape through the importer (`python -m bench.opus_size --prepare-only`,
+fp32 and fp16 graphs), parity runs on it, the BLEU gate is left out (random weights), and the benchmark adds
+transformers' batched `generate` (fp16) on the same weights, CTranslate2 converted from the same directory,
+and the served path at 64 and 256 in flight (`--concurrency 64,256`, 16 tokens per sentence).
 
 Each step's output goes to --out, with summary.json; the exit status is 1 if any step failed. `--provider
 cpu` runs the same steps on the CPU provider, which is how tests check the command itself.
@@ -30,7 +36,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.marian_random import SHAPES
+
 STEPS = ("onnxruntime", "export", "parity", "gate", "bench")
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "bench")  # with --shape: random weights, no BLEU gate
+SHAPE_BENCH_ARGS = ["--max-len", "16", "--concurrency", "64,256", "--latency-requests", "100"]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime
     onnxruntime.preload_dlls()
@@ -64,6 +74,14 @@ def install_wheel(parts: Path, site: Path) -> list[str]:
 
 def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
     python, model = sys.executable, str(args.model_dir)
+    work = args.out.resolve() / "work"
+    shaped: list[str] = []
+    if args.shape:
+        model = str(work / "model")
+        given = {a for a in args.bench_args if a.startswith("--")}
+        defaults = [v for i in range(0, len(SHAPE_BENCH_ARGS), 2) if SHAPE_BENCH_ARGS[i] not in given
+                    for v in SHAPE_BENCH_ARGS[i : i + 2]]  # fmt: skip
+        shaped = ["--hf-dir", str(work / "hf"), *defaults]
     check = (
         "import onnxruntime as ort, sys; print(ort.__version__, ort.get_available_providers()); "
         f"sys.exit({args.provider!r} == 'cuda' and 'CUDAExecutionProvider' not in ort.get_available_providers())"
@@ -71,15 +89,18 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
     limit = ["--limit", str(args.limit)] if args.limit else []
     commands = {
         "onnxruntime": [python, "-c", check],
+        "model": [python, "-m", "bench.opus_size", "--prepare-only", "--work", str(work), "--shape", str(args.shape),
+                  "--variants", "fp32,fp16"],
         "export": [python, "-m", "export", "--model-dir", model, "--variants", "fp32,fp16"],
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
-                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *args.bench_args],
+                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *args.bench_args],
     }  # fmt: skip
     if args.wheel_parts is not None:
         commands = {"install": install_wheel(args.wheel_parts, site)} | commands
-    return {name: command for name, command in commands.items() if name == "install" or name in args.steps}
+    steps = args.steps or (SHAPE_STEPS if args.shape else STEPS)
+    return {name: command for name, command in commands.items() if name == "install" or name in steps}
 
 
 def run_step(name: str, command: list[str], out: Path, env: dict[str, str]) -> StepResult:
@@ -99,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs for parity and the gate (0 = all)")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--steps", type=lambda s: s.split(","), default=list(STEPS), help=",".join(STEPS))
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a random model of this shape")
+    parser.add_argument("--steps", type=lambda s: s.split(","), default=None, help=",".join(("model", *STEPS)))
     parser.add_argument("--quick", action="store_true", help="the benchmark's smoke-test size")
     parser.add_argument("--bench-args", type=shlex.split, default=[], help="more bench.run options, one string")
     args = parser.parse_args(argv)
@@ -113,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, command in commands.items():
         results.append(result := run_step(name, command, args.out, env))
         print(f"{name}: {'ok' if result.returncode == 0 else 'FAILED'} in {result.seconds} s ({args.out / result.log})")
-        if result.returncode and name in ("install", "onnxruntime", "export"):  # later steps need these
+        if result.returncode and name in ("install", "onnxruntime", "model", "export"):  # later steps need these
             break
     passed = len(results) == len(commands) and all(r.returncode == 0 for r in results)
     summary = {"provider": args.provider, "passed": passed, "steps": [asdict(r) for r in results]}

@@ -52,10 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/opus-mt-de-en"))
     parser.add_argument("--work", type=Path, help="where the models are built (kept, and reused when present)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default=SHAPE, help="tiny: the pipeline's smoke test")
+    parser.add_argument("--variants", default="fp32,int8", help="the variants to export")
+    parser.add_argument("--prepare-only", action="store_true", help="build, import and export under --work; no bench")
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-opus-"))
-    hf_dir, model_dir = prepare(work, shape=args.shape)
+    hf_dir, model_dir = prepare(work, args.variants, shape=args.shape)
+    if args.prepare_only:
+        return
     defaults = [] if "--max-len" in rest else ["--max-len", "16"]
     defaults += [] if "--latency-requests" in rest else ["--latency-requests", "100"]
     command = shlex.join(["python", "-m", "bench.opus_size", *(argv if argv is not None else sys.argv[1:])])

@@ -123,6 +123,29 @@ def _ratio_rows(results: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _transformers_rows(results: dict[str, Any]) -> list[str]:
+    per_beam = results.get("ratios_to_transformers") or {}
+    if not per_beam:
+        return []
+    rows = [
+        "",
+        "Served against transformers' batched `generate` on the same weights (throughput at saturation over"
+        " generate's; single-sentence p50 over generate's one-sentence p50):",
+        "",
+        "| beam | generate tokens/s | generate p50 ms | served | throughput ratio | p50 latency ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, row in per_beam.items():
+        base = row["transformers"]
+        for name, r in row.items():
+            if name != "transformers":
+                rows.append(
+                    f"| {key[4:]} | {_fmt(base['tokens_per_s'])} | {_fmt(base['p50_ms'])} | {name} | "
+                    f"{_fmt(r['throughput'], 2)} | {_fmt(r['latency_p50'], 2)} |"
+                )
+    return rows
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     """The README-ready table: throughput, single-request latency, agreement, load sweep, ratios."""
     m = results["machine"]
@@ -150,7 +173,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_coverage_notes(results),
     ]
     rows = _engine_rows(results) + served_rows(results)
-    lines = header + rows + notes + _load_rows(results) + _ratio_rows(results)
+    lines = header + rows + notes + _load_rows(results) + _ratio_rows(results) + _transformers_rows(results)
     return "\n".join(lines) + "\n"
 
 

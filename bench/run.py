@@ -344,6 +344,28 @@ def ratios(offline: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ratios_to_transformers(offline: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """Each served variant against transformers' batched `generate` on the same weights (fp16 on CUDA): the
+    baseline most OPUS-MT users run. Throughput at saturation over generate's (higher is better), served
+    single-sentence p50 over generate's one-sentence p50 (lower is better)."""
+    generate = offline.get("transformers-generate", {})
+    out: dict[str, Any] = {}
+    for key in (f"beam{beam}" for beam in BEAMS):
+        if key not in generate:
+            continue
+        base = generate[key]
+        row: dict[str, Any] = {"transformers": {"tokens_per_s": base["throughput"]["tokens_per_s"],
+                                                "p50_ms": base["latency"]["p50_ms"]}}  # fmt: skip
+        for variant, path in served.items():
+            if key in path:
+                row[f"served-{variant}"] = {
+                    "throughput": path[key]["saturation_tokens_per_s"] / base["throughput"]["tokens_per_s"],
+                    "latency_p50": path[key]["single"]["p50_ms"] / base["latency"]["p50_ms"],
+                }
+        out[key] = row
+    return out
+
+
 def served_variants(requested: str, device: str) -> list[str]:
     """`auto`: each precision CTranslate2 is measured at on the device (fp32 and int8 on CPU, fp32 and fp16 on CUDA)."""
     if requested != "auto":
@@ -368,6 +390,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--latency-requests", type=int, default=0, help="single-sentence requests (0 = the budget's)")
     parser.add_argument("--offline-s", type=float, default=0, help="seconds per engine and beam (0 = budget's)")
     parser.add_argument("--load-s", type=float, default=0, help="seconds per loadgen run (0 = the budget's)")
+    parser.add_argument("--concurrency", default="", help="closed-loop levels, e.g. 64,256 (default: the budget's)")
     parser.add_argument(
         "--server-args", default="", help='more translate-server flags for the served path, e.g. "--engine-processes"'
     )
@@ -381,6 +404,8 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
         budget = replace(budget, offline_s=args.offline_s)
     if args.load_s:
         budget = replace(budget, load_s=args.load_s)
+    if args.concurrency:
+        budget = replace(budget, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
     settings = engines.EngineSettings(
         args.model_dir, args.device, args.threads, args.max_len, args.batch, hf_dir=args.hf_dir
     )
@@ -404,6 +429,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
         "offline": offline,
         "served": served,
         "ratios_to_ctranslate2": ratios(offline, served),
+        "ratios_to_transformers": ratios_to_transformers(offline, served),
         "wall_s": time.perf_counter() - started,
     }
     write_results(results, args.out)

@@ -76,3 +76,22 @@ def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path) -
     assert main(["--model-dir", str(tiny_model_dir), "--out", str(out)]) == 1
     summary = json.loads((out / "summary.json").read_text())
     assert not summary["passed"] and [s["name"] for s in summary["steps"]] == ["onnxruntime"]
+
+
+def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_path(tmp_path: Path) -> None:
+    """`--shape` (tiny here, opus-mt-de-en on a GPU node): a random Marian built through the importer, its
+    parity, and the benchmark with transformers' batched generate on the same weights as the baseline."""
+    out = tmp_path / "out"
+    bench = "--offline-s 0.5 --load-s 0.5 --latency-requests 2 --sentences 12 --served-variants fp32 --concurrency 2"
+    assert main(["--provider", "cpu", "--shape", "tiny", "--out", str(out), "--limit", "3", "--quick",
+                 "--bench-args", bench]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["name"] for s in summary["steps"]] == ["onnxruntime", "model", "parity", "bench"]
+    results = json.loads((out / "bench" / "results.json").read_text())
+    generate = results["offline"]["transformers-generate"]
+    # generate on the same weights decodes what our PyTorch reference decodes (the import is exact)
+    assert generate["beam1"]["agreement_with_pytorch"]["rate"] == 1.0
+    assert results["budget"]["concurrency"] == [2]
+    ratios = results["ratios_to_transformers"]["beam1"]["served-fp32"]
+    assert ratios["throughput"] > 0 and ratios["latency_p50"] > 0
+    assert "Served against transformers' batched `generate`" in (out / "bench" / "results.md").read_text()
