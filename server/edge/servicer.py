@@ -21,7 +21,7 @@ import grpc.aio
 
 from model.tokenizer import TextTokenizer
 from server.backend.engine_process import EngineProcess
-from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
+from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine import (
     Admission,
     DrainingError,
@@ -32,6 +32,7 @@ from server.core.engine import (
     SentenceDone,
     TokensEvent,
 )
+from server.core.markup_documents import prepare_request
 from server.core.runner import ModelSpec
 from server.edge.convert import (
     ModelDescription,
@@ -184,19 +185,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         """
         with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
             prepare = partial(
-                prepare_texts,
+                prepare_request,
                 job.texts,
-                job.source_lang,
-                job.target_lang,
+                job.text_type,
+                partial(
+                    prepare_texts,
+                    source_lang=job.source_lang,
+                    target_lang=job.target_lang,
+                    tokenizer=backend.tokenizer,
+                    limits=backend.limits,
+                    max_tokens=backend.spec.max_source_len,
+                ),
                 backend.tokenizer,
                 backend.limits,
-                backend.spec.max_source_len,
+                job.options.num_hypotheses,
             )
             # a short request is prepared in microseconds, less than the hop to a worker thread and back;
-            # splitting and tokenizing 2.5M characters must not block the loop
+            # parsing, splitting and tokenizing 2.5M characters must not block the loop
             small = sum(len(text) for text in job.texts) <= INLINE_PREPARE_CHARS
-            texts = prepare() if small else await asyncio.to_thread(prepare)
-            assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
+            assembler = prepare() if small else await asyncio.to_thread(prepare)
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
