@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from functools import partial
@@ -33,6 +33,7 @@ from server.core.engine import (
     TokensEvent,
 )
 from server.core.markup_documents import prepare_request
+from server.core.response_cache import CacheKey, Cancellable, ResponseCache, submit_through
 from server.core.runner import ModelSpec
 from server.edge.convert import (
     ModelDescription,
@@ -73,6 +74,7 @@ class Backend:
     tokenizer: TextTokenizer
     model: ModelDescription
     limits: RequestLimits  # what its engine can take
+    cache: ResponseCache | None = None  # finished sentences of the model, shared by its replicas; None = off
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
@@ -208,7 +210,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 yield blank
             if not assembler.sources:
                 return
-            events_of = _engine_events(backend.engine, admission, assembler.sources, job, context, call)
+            model = backend.model
+            key_of = partial(CacheKey.of, model.model_sha256, model.variant, job.lang_pair, job.options)
+            events_of = _engine_events(
+                backend.engine, admission, assembler.sources, job, context, call, backend.cache, key_of
+            )
             async with aclosing(events_of) as events:
                 async for event in events:
                     if isinstance(event, TokensEvent):
@@ -260,14 +266,21 @@ async def _engine_events(
     job: TranslateJob,
     context: Context,
     call: CallRecord,
+    cache: ResponseCache | None = None,
+    key_of: Callable[[list[int]], CacheKey] | None = None,  # the cache's key of a sentence; with `cache`
 ) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
-    """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
+    """Submit one request (through the response cache) and yield its events until it is done; cancel it if
+    the caller stops early."""
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    handle = engine.submit(
-        sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
-    )
+
+    def submit(sentences: list[list[int]], on_event: Callable[[Event], None]) -> Cancellable:
+        return engine.submit(
+            sentences, job.options, on_event, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
+        )
+
+    handle = submit_through(cache, key_of, sources, inbox.deliver, submit)
     finished = False
     try:
         while True:
