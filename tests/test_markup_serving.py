@@ -99,6 +99,9 @@ def test_malformed_markup_is_translated_and_only_limits_are_refused(served: Runn
     many = "".join(f"<p>Haus {n}</p>" for n in range(limits.max_markup_units + 1))
     error = status_of(lambda: served.stub.Translate(request([many], text_type=pb.TEXT_TYPE_HTML)))
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "units" in error.details
+    long = "<p>Kurz.</p><p>" + " ".join(["Haus"] * 80) + "</p>"  # its second unit is over the token limit
+    error = status_of(lambda: served.stub.Translate(request([long], text_type=pb.TEXT_TYPE_HTML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "texts[1]" in error.details and "unit" in error.details
     error = status_of(lambda: served.stub.Translate(request(["x"], text_type=7)))  # type: ignore[arg-type]
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "text_type" in error.details
 

@@ -59,7 +59,11 @@ def prepare_request(
             f"the request's markup has {len(units)} units to translate (blocks and attributes), over the limit"
             f" of {limits.max_markup_units}; send fewer or shorter documents per request"
         )
-    return MarkupAssembler(Assembler(tokenizer, prepare(units), num_hypotheses), documents, num_hypotheses)
+    try:
+        prepared = prepare(units)
+    except TextLimitError as err:  # its texts[i] is the i-th unit
+        raise TextLimitError(f"{err} (texts[i] here: the request's i-th unit, blocks and attributes in order)") from err
+    return MarkupAssembler(Assembler(tokenizer, prepared, num_hypotheses), documents, num_hypotheses)
 
 
 def _parse(index: int, text: str, text_type: TextType, limits: RequestLimits) -> MarkupDocument:
