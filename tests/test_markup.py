@@ -100,6 +100,33 @@ def test_a_changed_translation_keeps_every_tag_attribute_and_void_element_once_i
     assert out.count("<br>") == 1 and out.count("<img ") == 1 and out.count("<meta ") == 1
 
 
+def without_translated_values(tag: str) -> str:
+    return re.sub(r"""\b(alt|title|placeholder|aria-label)(\s*=\s*)("[^"]*"|'[^']*'|[^\s>]+)""", r"\1\2", tag)
+
+
+def test_a_reordering_translator_keeps_tags_attributes_and_void_elements_nested_as_they_came() -> None:
+    document = (
+        '<div class="card"><h2>Ein <em>kurzer</em> Titel</h2><p>Lesen Sie <a href="/a" title="Mehr lesen">den'
+        ' <strong>ganzen</strong> Artikel</a> oder <span data-id="7">schließen</span> Sie <img src="x.png"'
+        ' alt="Symbol"> das Fenster.<br/>Danke <i>sehr</i>!</p><ul><li>Eins <b>zwei</b></li></ul></div>'
+    )
+    out = render(parse(document, TextType.HTML, 256), reverse_words)
+    source_tags = [without_translated_values(t.raw) for t in tokens(document) if t.kind is not Kind.TEXT]
+    assert [without_translated_values(t.raw) for t in tokens(out) if t.kind is not Kind.TEXT] == source_tags
+    open_elements: list[list[str]] = []  # name, then the words inside it so far
+    for token in tokens(out):
+        if token.kind is Kind.START and token.name != "img":
+            open_elements.append([token.name])
+        elif token.kind is Kind.TEXT:
+            for element in open_elements:
+                element += _WORD.findall(token.raw)
+        elif token.kind is Kind.END:
+            name, *words = open_elements.pop()
+            assert name == token.name and words, f"{name} closed out of order or empty in {out}"
+    assert not open_elements
+    assert 'title="NESEL RHEM"' in out and 'alt="LOBMYS"' in out
+
+
 def test_units_are_blocks_with_their_inline_tags_inside() -> None:
     document = parse(PAGE, TextType.HTML, 256)
     assert "Klicken Sie hier, um zu beginnen." in document.units  # the link and the bold do not cut it

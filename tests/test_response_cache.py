@@ -188,7 +188,7 @@ def test_streaming_on_hits_sends_what_an_uncached_stream_does(cached: RunningSer
 def test_hits_answer_while_the_engine_is_held_and_misses_keep_their_deadline(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
-    with running_server(LoadedModel(gated, base.tokenizer, base.description), server_config()) as served:
+    with running_server(LoadedModel(gated, base.tokenizer, base.description), server_config(cache_size=100)) as served:
         warm = served.stub.Translate(request(UI_STRINGS, beam_size=1))
         gated.close_gate()
         assert served.stub.Translate(request(UI_STRINGS, beam_size=1), timeout=5) == warm
@@ -199,7 +199,7 @@ def test_hits_answer_while_the_engine_is_held_and_misses_keep_their_deadline(tin
 
 
 def test_the_cache_flags_and_their_default() -> None:
-    assert parse_config([], {}).cache_size == 10_000
+    assert parse_config([], {}).cache_size == 0  # off unless asked for: the images ask for 10,000
     config = parse_config(["--cache-size", "0", "--cache-bytes", "1024"], {})
     assert (config.cache_size, config.cache_bytes) == (0, 1024)
     assert parse_config([], {"TRANSLATE_CACHE_SIZE": "5"}).cache_size == 5
