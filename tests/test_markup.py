@@ -72,7 +72,8 @@ def tag_names(text: str) -> list[tuple[Kind, str]]:
 def tag_soup(rng: random.Random) -> str:
     pieces = ["<p>", "</p>", "<b>", "</b>", "<a href='x'>", "</a>", "<br>", '<img alt="Ein Bild">', "&amp;",
               "&lt;", "&", "<", ">", "Hallo", " Welt", ". ", "<!--", "-->", "<code>", "</code>", "<script>", "\n",
-              '<span translate="no">', "</span>", "<![CDATA[", "]]>", "<?x ", '="', "<div", "</", "&#"]  # fmt: skip
+              '<span translate="no">', "</span>", "<![CDATA[", "]]>", "<?x ", '="', "<div", "</", "&#",
+              "<![ x [", "<!DOCTYPE d [", "<!x"]  # fmt: skip
     return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
 
 
@@ -193,6 +194,13 @@ def test_depth_is_limited() -> None:
     with pytest.raises(MarkupDepthError):
         parse("<div>" * 11 + "x", TextType.HTML, 10)
     parse("<p>a" * 50 + "<li>b" * 50, TextType.HTML, 10)  # siblings that close each other do not nest
+
+
+def test_declarations_the_parser_asserts_on_become_text_and_reading_goes_on() -> None:
+    text = "<p>Vorher</p><![ x [ y ]]><p>Nachher <b>fett</b></p>"
+    document = parse(text, TextType.HTML, 9)
+    assert document.units == ["Vorher", "<![ x [ y ]]>", "Nachher fett"]
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
 
 
 def test_raw_tokens_join_to_the_input() -> None:

@@ -43,15 +43,20 @@ class _Event:
 class _Recorder(HTMLParser):
     """Records where each construct begins and what it is; the raw spans are cut afterwards."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, base: int) -> None:
         super().__init__(convert_charrefs=False)
         self.events: list[_Event] = []
+        self._base = base  # where `text`, the part of the input this parser reads, begins in the input
         self._line_starts = [0, *(m.end() for m in re.finditer("\n", text))]  # the parser counts lines by \n
 
-    def _add(self, kind: Kind, name: str = "", attrs: list[tuple[str, str | None]] | None = None) -> None:
+    def position(self) -> int:
+        """Where in the input the construct being read begins."""
         line, column = self.getpos()
+        return self._base + self._line_starts[line - 1] + column
+
+    def _add(self, kind: Kind, name: str = "", attrs: list[tuple[str, str | None]] | None = None) -> None:
         tag = len(self.get_starttag_text() or "") if kind in (Kind.START, Kind.VOID) else 0
-        self.events.append(_Event(self._line_starts[line - 1] + column, kind, name, tuple(attrs or ()), tag))
+        self.events.append(_Event(self.position(), kind, name, tuple(attrs or ()), tag))
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._add(Kind.START, tag, attrs)
@@ -86,13 +91,7 @@ class _Recorder(HTMLParser):
 
 def tokens(text: str) -> list[Token]:
     """`text` as tokens; `"".join(t.raw for t in tokens(text)) == text` for every string."""
-    recorder = _Recorder(text)
-    # The parser reads "&" only to report references, which are text to us; a stray "&#" would make it
-    # read the rest of the input as text. Read with "&" as "_", which has the same length, the raw
-    # spans come from `text` itself.
-    recorder.feed(text.replace("&", "_"))
-    recorder.close()
-    events = [e for e in recorder.events if e.start < len(text)]
+    events = [e for e in _events(text) if e.start < len(text)]
     if not events:
         return [Token(Kind.TEXT, text)] if text else []
     out = [Token(Kind.TEXT, text[: events[0].start])] if events[0].start > 0 else []
@@ -101,6 +100,31 @@ def tokens(text: str) -> list[Token]:
         if end > event.start:
             out += _cut(event, text[event.start : end])
     return _merge_text(out)
+
+
+def _events(text: str) -> list[_Event]:
+    """What the parser finds in `text`, in order.
+
+    The parser reads "&" only to report references, which are text to us, and a stray "&#" would make it
+    read the rest of the input as text: it reads a copy with "&" as "_" (the same length; the raw spans
+    come from `text` itself). Some malformed declarations (`<![ x [`) make it raise AssertionError: that
+    "<" becomes text and a new parser goes on after it, so each character is read about once.
+    """
+    readable = text.replace("&", "_")
+    events: list[_Event] = []
+    base = 0
+    while True:
+        recorder = _Recorder(readable[base:], base)
+        try:
+            recorder.feed(readable[base:])
+            recorder.close()
+        except AssertionError:  # it may have moved on inside the construct: that begins at the last "<"
+            failed_at = max(base, readable.rfind("<", base, recorder.position() + 1))
+            events += [e for e in recorder.events if e.start < failed_at]
+            events.append(_Event(failed_at, Kind.TEXT, "", (), 0))
+            base = failed_at + 1
+            continue
+        return events + recorder.events
 
 
 def _cut(event: _Event, raw: str) -> list[Token]:
