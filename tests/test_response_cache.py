@@ -16,6 +16,7 @@ from server.core.scheduler import DecodeOptions, Event, RequestDone, SentenceDon
 from server.edge.config import parse_config
 from server.edge.main import LoadedModel
 from server.edge.metrics import Metrics
+from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
     GatedRunner,
     RunningServer,
@@ -226,3 +227,23 @@ def test_the_bench_workload_repeats_only_interface_strings_at_about_the_share() 
     assert rest == [q.texts for q in unique[: len(rest)]]  # each unique sentence once, in order
     with pytest.raises(ValueError, match="too few"):
         repeated_workload(unique[:10], 300, share=0.3)
+
+
+def test_the_real_runtime_answers_the_same_from_the_cache_in_an_engine_process(tiny_exported_dir: Path) -> None:
+    """fp32 onnxruntime: an engine process behind a cache answers as an in-process engine without one."""
+    from server.edge.main import load_model
+
+    def loaded(engine_processes: bool) -> LoadedModel:
+        config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8,
+                               threads=1, engine_processes=engine_processes)  # fmt: skip
+        return load_model(config, tiny_exported_dir)
+
+    documents = ["<p>Das <b>Haus</b> ist groß.</p><p>Er wartete.</p>", *TEXTS[:3]]
+    html = request(documents, text_type=pb.TEXT_TYPE_HTML, beam_size=2)
+    with running_server(loaded(False), server_config(cache_size=0)) as plain:
+        expected = [plain.stub.Translate(request(TEXTS, beam_size=2)), plain.stub.Translate(html)]
+    with running_server(loaded(True), server_config(cache_size=100, engine_processes=True)) as cached:
+        for _ in range(2):
+            assert [cached.stub.Translate(request(TEXTS, beam_size=2)), cached.stub.Translate(html)] == expected
+        hits = sample_value(cached.registry, "translation_cache_lookups_total", result="hit")
+        assert hits == 5 + 9 + 5  # every unit of the first html call was in TEXTS; the second round hits all
