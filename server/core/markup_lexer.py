@@ -1,10 +1,11 @@
 """HTML and XML as a flat list of tokens whose raw texts, joined, are the input byte for byte.
 
 The standard library's `html.parser` reads the markup: it reads malformed input (but for a few
-declarations, see `_events`), keeps entities unexpanded when told (`convert_charrefs=False`), and says where each construct begins
-(`getpos`); entities are left to the caller (`html.unescape` of a text's raw span). A token's raw
-text runs from where its construct begins to where the next one does, so nothing the parser skips
-or buffers is lost; what follows a tag's closing `>` inside that span becomes a text token of its own.
+declarations, see `_events`), keeps entities unexpanded when told (`convert_charrefs=False`), and
+says where each construct begins (`getpos`); entities are left to the caller (`html.unescape` of a
+text's raw span). A token's raw text runs from where its construct begins to where the next one
+does, so nothing the parser skips or buffers is lost; what follows a tag's closing `>` inside that
+span becomes a text token of its own.
 """
 
 from __future__ import annotations
