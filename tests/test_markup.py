@@ -189,6 +189,13 @@ def test_xml_stays_well_formed_and_every_unknown_element_is_a_unit() -> None:
     assert "<![CDATA[<roh>]]>" in out and ">Hilfe<" in out
 
 
+def test_xliff_inline_codes_stay_inside_their_segment() -> None:
+    text = '<source>Hallo <g id="1">Welt</g>, <x id="2"/>bis <ph id="3">{name}</ph> morgen.</source>'
+    document = parse(text, TextType.XML, 9)
+    assert document.units == ["Hallo Welt, bis {name} morgen."]
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
+
+
 def test_depth_is_limited() -> None:
     parse("<div>" * 10 + "x", TextType.HTML, 10)
     with pytest.raises(MarkupDepthError):

@@ -50,6 +50,7 @@ BLOCKS = _names(
 INLINES = _names(  # XML mode: every element not named here is a block
     "a abbr acronym b bdi bdo big button cite data del dfn em font i img input ins label mark q rp rt ruby s"
     " small span strike strong sub sup time tt u wbr"
+    " g x bx ex ph bpt ept it mrk"  # XLIFF's inline codes
 )
 KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole; end a unit
 KEPT_INLINES = frozenset({"code", "kbd", "samp", "var", "textarea", "svg", "math"})  # copied whole inside a unit

@@ -69,7 +69,7 @@ class TextType(_TextType, metaclass=_TextTypeEnumTypeWrapper):
     element under translate="no" or class="notranslate" (inherited; translate="yes" turns it back on).
     Attributes alt, title, placeholder and aria-label are translated; no other attribute is touched.
     Escaped text stays escaped, and the output has the input's tag tree. XML: every element not an
-    HTML inline name is a block.
+    HTML inline name or an XLIFF inline code (g, x, ph, mrk...) is a block.
     """
 
 TEXT_TYPE_TEXT: TextType.ValueType  # 0
