@@ -32,7 +32,7 @@ from server.core.engine import (
     SentenceDone,
     TokensEvent,
 )
-from server.core.markup_documents import prepare_request
+from server.core.markup_documents import RequestAssembler, prepare_request
 from server.core.response_cache import CacheKey, Cancellable, ResponseCache, submit_through
 from server.core.runner import ModelSpec
 from server.edge.convert import (
@@ -186,22 +186,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         still being split waits for this call instead of refusing it at submit.
         """
         with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
-            prepare = partial(
-                prepare_request,
-                job.texts,
-                job.text_type,
-                partial(
-                    prepare_texts,
-                    source_lang=job.source_lang,
-                    target_lang=job.target_lang,
-                    tokenizer=backend.tokenizer,
-                    limits=backend.limits,
-                    max_tokens=backend.spec.max_source_len,
-                ),
-                backend.tokenizer,
-                backend.limits,
-                job.options.num_hypotheses,
-            )
+            prepare = _preparation(job, backend)
             # a short request is prepared in microseconds, less than the hop to a worker thread and back;
             # parsing, splitting and tokenizing 2.5M characters must not block the loop
             small = sum(len(text) for text in job.texts) <= INLINE_PREPARE_CHARS
@@ -210,11 +195,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 yield blank
             if not assembler.sources:
                 return
-            model = backend.model
-            key_of = partial(CacheKey.of, model.model_sha256, model.variant, job.lang_pair, job.options)
-            events_of = _engine_events(
-                backend.engine, admission, assembler.sources, job, context, call, backend.cache, key_of
-            )
+            key_of, sources = _cache_key(job, backend), assembler.sources
+            events_of = _engine_events(backend.engine, admission, sources, job, context, call, backend.cache, key_of)
             async with aclosing(events_of) as events:
                 async for event in events:
                     if isinstance(event, TokensEvent):
@@ -225,6 +207,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
                     if done is not None:
                         yield done
+
+
+def _preparation(job: TranslateJob, backend: Backend) -> Callable[[], RequestAssembler]:
+    """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called."""
+    texts = partial(
+        prepare_texts,
+        source_lang=job.source_lang,
+        target_lang=job.target_lang,
+        tokenizer=backend.tokenizer,
+        limits=backend.limits,
+        max_tokens=backend.spec.max_source_len,
+    )
+    limits, n_best = backend.limits, job.options.num_hypotheses
+    return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best)
+
+
+def _cache_key(job: TranslateJob, backend: Backend) -> Callable[[list[int]], CacheKey]:
+    """A sentence's key in the model's response cache, for this request's pair and options."""
+    return partial(CacheKey.of, backend.model.model_sha256, backend.model.variant, job.lang_pair, job.options)
 
 
 class CallInbox:
