@@ -1,10 +1,11 @@
-"""Throughput with and without the response cache on traffic where a share of requests repeat UI strings.
+"""Throughput with and without the response cache on traffic where a share of requests repeat a text.
 
 Each request is one text: with probability `--repeat-share` one of a few dozen short interface strings
-(menus, buttons, messages) in the request's source language, else the next unused sentence of the test
-set, so only the interface strings ever repeat. The arms alternate (no cache, cache, no cache, ...), each
-on a fresh `translate-server` (a cold cache) driven by the same closed-loop requests from bench.loadgen;
-each arm reports requests per second and the server's CPU seconds over the run.
+(menus, buttons, messages; `--repeats sentences`: 20 test sentences per language, kept out of the rest)
+in the request's source language, else the next unused sentence of the test set, so only those repeat.
+The arms alternate (no cache, cache, no cache, ...), each on a fresh `translate-server` (a cold cache)
+driven by the same closed-loop requests from bench.loadgen; each arm reports requests per second and
+the server's CPU seconds over the run.
 
 Usage: python -m bench.cache_repeats --model-dir model/shipped --variant int8 --requests 600 --rounds 2
 """
@@ -38,9 +39,11 @@ UI_STRINGS = {
 }  # fmt: skip
 
 
-def repeated_workload(unique: list[Query], requests: int, share: float, seed: int = 0) -> list[Query]:
-    """`requests` queries: an interface string of the next unique query's direction with probability
-    `share`, else that unique query (each used once; ValueError if there are too few)."""
+def repeated_workload(
+    unique: list[Query], requests: int, share: float, pool: dict[str, list[str]] = UI_STRINGS, seed: int = 0
+) -> list[Query]:
+    """`requests` queries: a text of `pool` (by source language) in the next unique query's direction with
+    probability `share`, else that unique query (each used once; ValueError if there are too few)."""
     rng = random.Random(seed)
     fresh = iter(unique)
     out: list[Query] = []
@@ -49,8 +52,8 @@ def repeated_workload(unique: list[Query], requests: int, share: float, seed: in
         if direction is None:
             raise ValueError(f"{len(unique)} unique sentences are too few for {requests} requests")
         if rng.random() < share:
-            ui = rng.choice(UI_STRINGS[direction.source_language])
-            out.append(Query((ui,), direction.source_language, direction.target_language))
+            text = rng.choice(pool[direction.source_language])
+            out.append(Query((text,), direction.source_language, direction.target_language))
             fresh = iter([direction, *fresh])  # the unique sentence waits for the next request
         else:
             out.append(direction)
@@ -88,7 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", default="int8")
     parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
     parser.add_argument("--requests", type=int, default=600, help="requests per arm (one text each)")
-    parser.add_argument("--repeat-share", type=float, default=0.3, help="share of requests that are UI strings")
+    parser.add_argument("--repeat-share", type=float, default=0.3, help="share of requests that repeat a text")
+    parser.add_argument(
+        "--repeats", choices=("ui", "sentences"), default="ui",
+        help="what repeats: interface strings, or 20 test sentences per language kept out of the unique ones",
+    )  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=8, help="closed-loop workers")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="cores the server uses (one engine per core)")
@@ -96,8 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     settings = EngineSettings(args.model_dir, "cpu", args.threads, max_len=256, max_batch=16)
-    queries = repeated_workload(loadgen.load_queries(args.data), args.requests, args.repeat_share)
-    repeats = sum(1 for q in queries if q.texts[0] in UI_STRINGS[q.source_language])
+    unique, pool = loadgen.load_queries(args.data), UI_STRINGS
+    if args.repeats == "sentences":
+        unique, kept = unique[:-40], unique[-40:]
+        pool = {lang: [q.texts[0] for q in kept if q.source_language == lang] for lang in UI_STRINGS}
+    queries = repeated_workload(unique, args.requests, args.repeat_share, pool)
+    repeats = sum(1 for q in queries if q.texts[0] in pool[q.source_language])
     runs = [one_arm(settings, args.variant, size, queries, args) for _ in range(args.rounds) for size in (0, 10_000)]
     command = " ".join(["python -m bench.cache_repeats", *(sys.argv[1:] if argv is None else argv)])
     results = {"command": command, "machine": machine(),
