@@ -7,6 +7,8 @@ import re
 import xml.etree.ElementTree as ElementTree
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.core.markup import MarkupDepthError, MarkupDocument, TextType, parse
 from server.core.markup_lexer import Kind, tokens
@@ -207,6 +209,20 @@ def test_declarations_the_parser_asserts_on_become_text_and_reading_goes_on() ->
     text = "<p>Vorher</p><![ x [ y ]]><p>Nachher <b>fett</b></p>"
     document = parse(text, TextType.HTML, 9)
     assert document.units == ["Vorher", "<![ x [ y ]]>", "Nachher fett"]
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
+
+
+MARKUP_PIECES = st.sampled_from(["<p>", "</p>", "<b ", "</", "<!--", "-->", "<![", "&", "#", ";", "=", '"', "'", ">"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(MARKUP_PIECES, st.text(max_size=4)), max_size=25), st.sampled_from(list(TextType)[1:]))
+def test_any_string_comes_back_whole_under_identity_and_with_its_tags_under_a_translator(
+    pieces: list[str], text_type: TextType
+) -> None:
+    text = "".join(pieces)
+    document = parse(text, text_type, 256)
+    assert render(document, lambda unit: unit) == text
     assert tag_names(render(document, reverse_words)) == tag_names(text)
 
 
