@@ -58,7 +58,7 @@ HTML_VOIDS = _names("area base br col embed hr img input link meta param source 
 TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
 IMPLIED_CLOSE = frozenset({"p", "li", "dt", "dd", "td", "th", "tr", "option"})  # `<li>a<li>b`: siblings
 _TAG_NAME = re.compile(r"<[^\s/>]*")
-_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:(\s*=\s*)("[^"]*"|'[^']*'|[^\s"'>]+))?""")
+_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+))?""")  # name, value
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,10 @@ def parse(text: str, text_type: TextType, max_depth: int) -> MarkupDocument:
 class _Kept:
     """An element copied whole: its tokens until its matching end tag."""
 
-    name: str
-    inline: bool
-    raw: list[str]
-    depth: int = 1
+    name: str  # the element's tag name, as the parser lowercased it
+    inline: bool  # carried inside the unit (code, svg...) rather than ending it (script, pre...)
+    raw: list[str]  # its tokens' raw texts so far
+    depth: int = 1  # elements of its name open inside it, itself included
 
 
 @dataclass
@@ -227,13 +227,13 @@ class _Builder:
         pieces: list[Piece] = []
         done = 0
         for match in _ATTRIBUTE.finditer(raw, name.end()):
-            value = match.group(3)
+            value = match.group(2)
             if value is None or match.group(1).lower() not in TRANSLATED_ATTRIBUTES:
                 continue
             text = html.unescape(value.strip("\"'"))
             if translatable(text):
-                pieces += [raw[done : match.start(3)], AttributeSlot(self._unit(text), value)]
-                done = match.end(3)
+                pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
+                done = match.end(2)
         return (*pieces, raw[done:])
 
     def _unit(self, text: str) -> int:
