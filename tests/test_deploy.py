@@ -39,6 +39,8 @@ COUNTERS = [
     "translation_output_tokens_total",
     "translation_sentences_total",
     "translation_sentences_failed_total",
+    "translation_cache_lookups_total",
+    "translation_cache_evictions_total",
 ]
 HISTOGRAMS = [
     "translation_request_duration_seconds",
@@ -55,6 +57,8 @@ GAUGES = [
     "translation_max_slots",
     "translation_model_info",
     "translation_requests_in_flight",
+    "translation_cache_entries",
+    "translation_cache_bytes",
 ]
 EXPORTED = set(COUNTERS) | set(GAUGES) | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
 METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
@@ -73,6 +77,7 @@ DASHBOARD_MUST_SHOW = {
     "padding efficiency": "translation_padding_efficiency_ratio_sum",
     "decode step time": "translation_decode_step_duration_seconds_bucket",
     "encoder call time": "translation_encode_duration_seconds_bucket",
+    "response cache hit rate": "translation_cache_lookups_total",
 }
 
 

@@ -110,6 +110,7 @@ def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     args = ["--port", str(grpc_port), "--metrics-port", str(metrics_port), "--model-dir", str(model_dir)]
     args += ["--model-dir", str(second)]
     args += ["--host", "127.0.0.1", "--variant", "fp32", "--provider", "cpu", "--threads", "1", "--drain-seconds", "2"]
+    args += ["--cache-size", "100"]  # as the images run: the cache panels get series (no sentence repeats per model)
     log_path = tmp_path_factory.mktemp("logs") / "server.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "server.edge.main", *args], cwd=ROOT, stdout=log, stderr=log)

@@ -112,6 +112,15 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--max-output-len", type=_count(0), default=0,
         help="most tokens per sentence (0 = 3 x source tokens + 10, at most the model limit)",
     )  # fmt: skip
+    markup = parser.add_mutually_exclusive_group()
+    markup.add_argument(
+        "--html", dest="text_type", action="store_const", const=pb.TEXT_TYPE_HTML, default=pb.TEXT_TYPE_TEXT,
+        help="the texts are HTML (without texts, all of stdin is one document), printed back as HTML",
+    )  # fmt: skip
+    markup.add_argument(
+        "--xml", dest="text_type", action="store_const", const=pb.TEXT_TYPE_XML,
+        help="the texts are XML (without texts, all of stdin is one document), printed back as XML",
+    )  # fmt: skip
     parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
     parser.add_argument(
@@ -129,8 +138,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
 def make_options(args: argparse.Namespace) -> pb.TranslationOptions:
     options = pb.TranslationOptions(
-        source_language=args.source, target_language=args.target, max_output_len=args.max_output_len, model=args.model
-    )
+        source_language=args.source, target_language=args.target, max_output_len=args.max_output_len, model=args.model,
+        text_type=args.text_type,
+    )  # fmt: skip
     if args.beam_size is not None:
         options.beam_size = args.beam_size
     if args.length_penalty is not None:
@@ -184,7 +194,8 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
             for chunk in chunks(texts, args.batch):
                 for result in translate_chunk(stub, chunk, options, args.timeout, metadata):
                     language = f"{result.detected_source_language or '-'}\t" if args.show_detected else ""
-                    out.write(language + _one_line(result.translation) + "\n")
+                    text = result.translation if args.text_type != pb.TEXT_TYPE_TEXT else _one_line(result.translation)
+                    out.write(language + text + "\n")
                     progress.update(1)
                 out.flush()
     except grpc.RpcError as error:
@@ -224,6 +235,8 @@ def read_texts(args: argparse.Namespace, stdin: Iterable[bytes]) -> list[str]:
         # Python hands over argument bytes that are not UTF-8 as lone surrogates; surrogateescape restores them.
         raw_texts = [text.encode("utf-8", "surrogateescape") for text in args.texts]
         return [decode_text(raw, f"argument {n}", args.errors) for n, raw in enumerate(raw_texts, 1)]
+    if args.text_type != pb.TEXT_TYPE_TEXT:  # a document spans lines: all of stdin is one text
+        return [decode_text(b"".join(stdin), "stdin", args.errors)]
     return [decode_text(line.rstrip(b"\r\n"), f"stdin line {n}", args.errors) for n, line in enumerate(stdin, 1)]
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
 from server.core.splitter import Split, join, split
+from server.core.tag_placement import TagPlacement
 
 
 class TextLimitError(ValueError):
@@ -37,6 +38,8 @@ class RequestLimits:
     max_sentences: int = 512  # sentences in one request after splitting
     max_beam_size: int = 8  # widest beam a request may ask for
     max_response_bytes: int = 16 * 1024 * 1024  # the server's gRPC send limit, for one Translate response
+    max_markup_depth: int = 256  # HTML/XML: elements open inside one another
+    max_markup_units: int = 512  # HTML/XML: units (blocks and translated attributes) in one request
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class TextTranslation:
     input_tokens: int  # source tokens over the text's sentences
     output_tokens: int  # tokens of the best hypothesis over the text's sentences
     sentences: int  # sentences translated
+    tag_placement: TagPlacement = TagPlacement.NONE  # HTML/XML: how inline tags reached the translation
 
     @property
     def translation(self) -> str:

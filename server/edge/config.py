@@ -85,6 +85,11 @@ class ServerConfig:
     tls_key: Path | None = None  # PEM private key of tls_cert
     tls_client_ca: Path | None = None  # PEM CA bundle: require client certificates it signed (mutual TLS)
     auth_token_file: Path | None = None  # file holding a bearer token every call but health checks must carry
+    # Finished sentences kept per model to answer repeats without decoding (least recently used go first),
+    # at most this many entries and about cache_bytes of memory. 0 (the default, so that a benchmark cycling
+    # over a test set measures decoding) = no cache; the images set 10,000.
+    cache_size: int = 0
+    cache_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -95,11 +100,11 @@ class ServerConfig:
         _check_choice("provider", self.provider, PROVIDERS)
         _check_choice("kv_cache", self.kv_cache, KV_CACHES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
-        for name in ("max_slots", "max_queue", "max_message_bytes", "processes"):
+        for name in ("max_slots", "max_queue", "max_message_bytes", "processes", "cache_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         seconds = ("drain_seconds", "shutdown_delay_seconds", "stall_seconds", *CONNECTION_SECONDS)
-        for name in (*seconds, "threads", "engines", "max_concurrent_rpcs"):
+        for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.processes > 1 and self.port == 0:
@@ -187,6 +192,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-key", Path, "PEM private key of --tls-cert")
     add("tls-client-ca", Path, "PEM CA bundle; require client certificates signed by it (mutual TLS)")
     add("auth-token-file", Path, "file with a bearer token that every call except health checks must carry")
+    add("cache-size", int, "finished sentences cached per model to answer repeats without decoding (0 = no cache)")
+    add("cache-bytes", int, "most memory the cache of one model holds, in bytes (an estimate)")
     switch = partial(_add_switch, parser, environ, defaults)
     switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
     switch("engine-processes", "run each engine (scheduler, sessions, caches) in a process of its own")

@@ -11,13 +11,17 @@ from dataclasses import dataclass, field, replace
 from model.directory import DEFAULT_LENGTH_PENALTY, direction_name
 from model.languages import bcp47
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from server.core.markup import TextType
 from server.core.runner import ModelSpec
+from server.core.tag_placement import TagPlacement
 from server.core.work import DecodeOptions, check_options
 from server.edge.errors import InvalidRequest
 from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
 
 DEFAULT_BEAM_SIZE = 4
+TEXT_TYPES = {pb.TEXT_TYPE_TEXT: TextType.TEXT, pb.TEXT_TYPE_HTML: TextType.HTML, pb.TEXT_TYPE_XML: TextType.XML}
+TAG_PLACEMENTS = {TagPlacement.NONE: pb.TAG_PLACEMENT_NONE, TagPlacement.PROPORTIONAL: pb.TAG_PLACEMENT_PROPORTIONAL}
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class TranslateJob:
     sentence_lang: str  # whose sentence rules split the texts (server.edge.routing.LanguageRoute)
     options: DecodeOptions  # stream_tokens as asked; the unary method turns it off
     return_scores: bool
+    text_type: TextType = TextType.TEXT  # how the texts are read: plain, HTML or XML
 
     @property
     def lang_pair(self) -> str:
@@ -80,7 +85,12 @@ def parse_request(
     source, target = route.source, route.target
     pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
     options = _parse_options(request.options, spec, limits, model, pair_default)
-    return TranslateJob(texts, source, target, route.sentence_language, options, request.options.return_scores)
+    text_type = TEXT_TYPES.get(request.options.text_type)
+    if text_type is None:
+        raise InvalidRequest(f"options.text_type must be TEXT, HTML or XML, got {request.options.text_type}")
+    return TranslateJob(
+        texts, source, target, route.sentence_language, options, request.options.return_scores, text_type
+    )
 
 
 def check_texts(texts: list[str], limits: RequestLimits) -> None:
@@ -127,6 +137,7 @@ def text_result_to_pb(result: TextTranslation, job: TranslateJob) -> pb.TextResu
         input_tokens=result.input_tokens,
         output_tokens=result.output_tokens,
         sentences=result.sentences,
+        tag_placement=TAG_PLACEMENTS[result.tag_placement],
     )
     if job.options.num_hypotheses > 1 or job.return_scores:
         for text, score in result.hypotheses:
@@ -167,6 +178,8 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
             max_output_len=spec.max_target_len,
             max_beam_size=limits.max_beam_size,
             max_message_bytes=limits.max_response_bytes,
+            max_markup_depth=limits.max_markup_depth,
+            max_markup_units=limits.max_markup_units,
         ),
         variant=model.variant,
         available_variants=model.available_variants,

@@ -50,6 +50,7 @@ from server.backend.engines import (
 from server.core.documents import RequestLimits
 from server.core.engine import Engine, EngineLimits
 from server.core.engine_client import EngineClient
+from server.core.response_cache import ResponseCache
 from server.core.runner import ModelSpec
 from server.core.splitter import PUNCTUATION, rule_for
 from server.core.stall_watch import start_stall_watch
@@ -267,6 +268,7 @@ class TranslationServer:
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
+        self.caches: dict[str, ResponseCache] = {}  # by model name
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._stop_watching = threading.Event()  # ends every engine's stall watch
         self.credentials = server_credentials(config)
@@ -344,7 +346,17 @@ class TranslationServer:
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
                     ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
-        return Backend(engine, model.runner.spec, model.tokenizer, info, request_limits(self.config, slots))
+        limits_in_force = request_limits(self.config, slots)
+        return Backend(engine, model.runner.spec, model.tokenizer, info, limits_in_force, self._cache_of(info.name))
+
+    def _cache_of(self, model: str) -> ResponseCache | None:
+        """The model's response cache, one for all its engines; None when --cache-size is 0."""
+        if self.config.cache_size == 0:
+            return None
+        if model not in self.caches:
+            observer = self.metrics.for_cache(model)
+            self.caches[model] = ResponseCache(self.config.cache_size, self.config.cache_bytes, observer)
+        return self.caches[model]
 
     async def shutdown(self, grace: float, delay: float = 0.0) -> bool:
         """NOT_SERVING, drain, then stop grpc; True if no in-flight work was cut off.

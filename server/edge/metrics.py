@@ -16,6 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from server.core.observer import StepStats
 
 __all__ = [
+    "CacheMetrics",
     "Metrics",
     "ModelMetrics",
     "StepStats",
@@ -161,6 +162,26 @@ class Metrics:
             ["language", "model"],
             registry=registry,
         )
+        self.cache_lookups = Counter(
+            "translation_cache_lookups_total",
+            "Sentences looked up in the response cache, by result: `hit` (answered without decoding) or `miss`.",
+            ["result", "model"],
+            registry=registry,
+        )
+        self.cache_evictions = Counter(
+            "translation_cache_evictions_total",
+            "Entries the response cache dropped (least recently used) to stay within --cache-size/--cache-bytes.",
+            ["model"],
+            registry=registry,
+        )
+        self.cache_entries = Gauge(
+            "translation_cache_entries", "Sentences in the response cache.", ["model"], registry=registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.cache_bytes = Gauge(
+            "translation_cache_bytes", "Estimated memory of the response cache's entries.", ["model"],
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.model_info = Gauge(
             "translation_model_info",
             "The served model; always 1.",
@@ -196,6 +217,32 @@ class Metrics:
     def for_model(self, model: str) -> ModelMetrics:
         """The observer of one more engine of `model`; its series carry `model`."""
         return ModelMetrics(self, model)
+
+    def for_cache(self, model: str) -> CacheMetrics:
+        """The observer of `model`'s response cache (server.core.response_cache.CacheObserver)."""
+        return CacheMetrics(self, model)
+
+
+class CacheMetrics:
+    """One model's response cache series."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._hits = metrics.cache_lookups.labels(result="hit", model=model)
+        self._misses = metrics.cache_lookups.labels(result="miss", model=model)
+        self._evictions = metrics.cache_evictions.labels(model=model)
+        self._entries = metrics.cache_entries.labels(model=model)
+        self._bytes = metrics.cache_bytes.labels(model=model)
+
+    def observe_lookups(self, hits: int, misses: int) -> None:
+        self._hits.inc(hits)
+        self._misses.inc(misses)
+
+    def observe_evictions(self, count: int) -> None:
+        self._evictions.inc(count)
+
+    def set_size(self, entries: int, size_bytes: int) -> None:
+        self._entries.set(entries)
+        self._bytes.set(size_bytes)
 
 
 class ModelMetrics:

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -21,7 +21,7 @@ import grpc.aio
 
 from model.languages import AUTO, AmbiguousLanguage
 from model.tokenizer import TextTokenizer
-from server.core.documents import Assembler, PartialSentence, RequestLimits, TextTranslation, prepare_texts
+from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine import (
     Admission,
     DrainingError,
@@ -31,7 +31,9 @@ from server.core.engine import (
     SentenceDone,
     TokensEvent,
 )
-from server.core.engine_client import EngineClient
+from server.core.engine_client import Cancellable, EngineClient
+from server.core.markup_documents import RequestAssembler, prepare_request
+from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.core.runner import ModelSpec
 from server.edge.convert import (
     ModelDescription,
@@ -75,6 +77,7 @@ class Backend:
     tokenizer: TextTokenizer
     model: ModelDescription
     limits: RequestLimits  # what its engine can take
+    cache: ResponseCache | None = None  # finished sentences of the model, shared by its replicas; None = off
 
 
 @dataclass(frozen=True)
@@ -344,25 +347,17 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         still being split waits for this call instead of refusing it at submit.
         """
         with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
-            prepare = partial(
-                prepare_texts,
-                job.texts,
-                job.sentence_lang,
-                job.target_lang,
-                backend.tokenizer,
-                backend.limits,
-                backend.spec.max_source_len,
-            )
+            prepare = _preparation(job, backend)
             # a short request is prepared in microseconds, less than the hop to a worker thread and back;
-            # splitting and tokenizing 2.5M characters must not block the loop
+            # parsing, splitting and tokenizing 2.5M characters must not block the loop
             small = sum(len(text) for text in job.texts) <= INLINE_PREPARE_CHARS
-            texts = prepare() if small else await asyncio.to_thread(prepare)
-            assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
+            assembler = prepare() if small else await asyncio.to_thread(prepare)
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
                 return
-            events_of = _engine_events(backend.engine, admission, assembler.sources, job, context, call)
+            key_of, sources = _cache_key(job, backend), assembler.sources
+            events_of = _engine_events(backend.engine, admission, sources, job, context, call, backend.cache, key_of)
             async with aclosing(events_of) as events:
                 async for event in events:
                     if isinstance(event, TokensEvent):
@@ -373,6 +368,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
                     if done is not None:
                         yield done
+
+
+def _preparation(job: TranslateJob, backend: Backend) -> Callable[[], RequestAssembler]:
+    """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called."""
+    texts = partial(
+        prepare_texts,
+        source_lang=job.sentence_lang,  # whose sentence rules split the texts
+        target_lang=job.target_lang,
+        tokenizer=backend.tokenizer,
+        limits=backend.limits,
+        max_tokens=backend.spec.max_source_len,
+    )
+    limits, n_best = backend.limits, job.options.num_hypotheses
+    return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best)
+
+
+def _cache_key(job: TranslateJob, backend: Backend) -> Callable[[list[int]], CacheKey]:
+    """A sentence's key in the model's response cache, for this request's pair and options."""
+    return partial(CacheKey.of, backend.model.model_sha256, backend.model.variant, job.lang_pair, job.options)
 
 
 class CallInbox:
@@ -414,14 +428,21 @@ async def _engine_events(
     job: TranslateJob,
     context: Context,
     call: CallRecord,
+    cache: ResponseCache | None = None,
+    key_of: Callable[[list[int]], CacheKey] | None = None,  # the cache's key of a sentence; with `cache`
 ) -> AsyncGenerator[TokensEvent | SentenceDone, None]:
-    """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
+    """Submit one request (through the response cache) and yield its events until it is done; cancel it if
+    the caller stops early."""
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    handle = engine.submit(
-        sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
-    )
+
+    def submit(sentences: list[list[int]], on_event: Callable[[Event], None]) -> Cancellable:
+        return engine.submit(
+            sentences, job.options, on_event, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
+        )
+
+    handle = submit_through(cache, key_of, sources, inbox.deliver, submit)
     finished = False
     try:
         while True:

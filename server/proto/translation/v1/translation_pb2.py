@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-server/proto/translation/v1/translation.proto\x12\x0etranslation.v1\"\xa1\x02\n\x12TranslationOptions\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\x16\n\tbeam_size\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x16\n\x0emax_output_len\x18\x05 \x01(\r\x12\x1b\n\x0enum_hypotheses\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x15\n\rreturn_scores\x18\x07 \x01(\x08\x12\x15\n\rstream_tokens\x18\x08 \x01(\x08\x12\r\n\x05model\x18\t \x01(\tB\x0c\n\n_beam_sizeB\x11\n\x0f_length_penaltyB\x11\n\x0f_num_hypotheses\"V\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x33\n\x07options\x18\x02 \x01(\x0b\x32\".translation.v1.TranslationOptions\"8\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\x05score\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"\xe8\x01\n\nTextResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0btranslation\x18\x02 \x01(\t\x12.\n\nhypotheses\x18\x03 \x03(\x0b\x32\x1a.translation.v1.Hypothesis\x12\x14\n\x0cinput_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x11\n\tsentences\x18\x06 \x01(\r\x12 \n\x18\x64\x65tected_source_language\x18\x07 \x01(\t\x12$\n\x1c\x64\x65tected_language_confidence\x18\x08 \x01(\x02\"@\n\x11TranslateResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.translation.v1.TextResult\"`\n\x12PartialTranslation\x12\x12\n\ntext_index\x18\x01 \x01(\r\x12\x16\n\x0esentence_index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x87\x01\n\x17TranslateStreamResponse\x12\x35\n\x07partial\x18\x01 \x01(\x0b\x32\".translation.v1.PartialTranslationH\x00\x12,\n\x06result\x18\x02 \x01(\x0b\x32\x1a.translation.v1.TextResultH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"n\n\x0cLanguagePair\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x14\n\x0csource_bcp47\x18\x03 \x01(\t\x12\x14\n\x0ctarget_bcp47\x18\x04 \x01(\t\x12\x12\n\ntarget_tag\x18\x05 \x01(\t\"\xcb\x01\n\x06Limits\x12\x1d\n\x15max_texts_per_request\x18\x01 \x01(\r\x12\x1a\n\x12max_chars_per_text\x18\x02 \x01(\r\x12!\n\x19max_sentences_per_request\x18\x03 \x01(\r\x12\x19\n\x11max_source_tokens\x18\x04 \x01(\r\x12\x16\n\x0emax_output_len\x18\x05 \x01(\r\x12\x15\n\rmax_beam_size\x18\x06 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\r\"\xc1\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tlanguages\x18\x02 \x03(\t\x12+\n\x05pairs\x18\x03 \x03(\x0b\x32\x1c.translation.v1.LanguagePair\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.translation.v1.Limits\x12\x0f\n\x07variant\x18\x05 \x01(\t\x12\x1a\n\x12\x61vailable_variants\x18\x06 \x03(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\r\n\x05opset\x18\x08 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12S\n\x16\x64\x65\x66\x61ult_length_penalty\x18\x0b \x03(\x0b\x32\x33.translation.v1.ModelInfo.DefaultLengthPenaltyEntry\x12\x19\n\x11\x64\x65\x66\x61ult_beam_size\x18\x0c \x01(\r\x12\x1e\n\x16\x64\x65\x66\x61ult_max_output_len\x18\r \x01(\r\x1a;\n\x19\x44\x65\x66\x61ultLengthPenaltyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.translation.v1.ModelInfo2\x93\x02\n\nTranslator\x12P\n\tTranslate\x12 .translation.v1.TranslateRequest\x1a!.translation.v1.TranslateResponse\x12^\n\x0fTranslateStream\x12 .translation.v1.TranslateRequest\x1a\'.translation.v1.TranslateStreamResponse0\x01\x12S\n\nListModels\x12!.translation.v1.ListModelsRequest\x1a\".translation.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-server/proto/translation/v1/translation.proto\x12\x0etranslation.v1\"\xce\x02\n\x12TranslationOptions\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\x16\n\tbeam_size\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x16\n\x0emax_output_len\x18\x05 \x01(\r\x12\x1b\n\x0enum_hypotheses\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x15\n\rreturn_scores\x18\x07 \x01(\x08\x12\x15\n\rstream_tokens\x18\x08 \x01(\x08\x12\r\n\x05model\x18\t \x01(\t\x12+\n\ttext_type\x18\x10 \x01(\x0e\x32\x18.translation.v1.TextTypeB\x0c\n\n_beam_sizeB\x11\n\x0f_length_penaltyB\x11\n\x0f_num_hypotheses\"V\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x33\n\x07options\x18\x02 \x01(\x0b\x32\".translation.v1.TranslationOptions\"8\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\x05score\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"\x9d\x02\n\nTextResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0btranslation\x18\x02 \x01(\t\x12.\n\nhypotheses\x18\x03 \x03(\x0b\x32\x1a.translation.v1.Hypothesis\x12\x14\n\x0cinput_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x11\n\tsentences\x18\x06 \x01(\r\x12 \n\x18\x64\x65tected_source_language\x18\x07 \x01(\t\x12$\n\x1c\x64\x65tected_language_confidence\x18\x08 \x01(\x02\x12\x33\n\rtag_placement\x18\x10 \x01(\x0e\x32\x1c.translation.v1.TagPlacement\"@\n\x11TranslateResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.translation.v1.TextResult\"`\n\x12PartialTranslation\x12\x12\n\ntext_index\x18\x01 \x01(\r\x12\x16\n\x0esentence_index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x87\x01\n\x17TranslateStreamResponse\x12\x35\n\x07partial\x18\x01 \x01(\x0b\x32\".translation.v1.PartialTranslationH\x00\x12,\n\x06result\x18\x02 \x01(\x0b\x32\x1a.translation.v1.TextResultH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"n\n\x0cLanguagePair\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x14\n\x0csource_bcp47\x18\x03 \x01(\t\x12\x14\n\x0ctarget_bcp47\x18\x04 \x01(\t\x12\x12\n\ntarget_tag\x18\x05 \x01(\t\"\xff\x01\n\x06Limits\x12\x1d\n\x15max_texts_per_request\x18\x01 \x01(\r\x12\x1a\n\x12max_chars_per_text\x18\x02 \x01(\r\x12!\n\x19max_sentences_per_request\x18\x03 \x01(\r\x12\x19\n\x11max_source_tokens\x18\x04 \x01(\r\x12\x16\n\x0emax_output_len\x18\x05 \x01(\r\x12\x15\n\rmax_beam_size\x18\x06 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\r\x12\x18\n\x10max_markup_depth\x18\x10 \x01(\r\x12\x18\n\x10max_markup_units\x18\x11 \x01(\r\"\xc1\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tlanguages\x18\x02 \x03(\t\x12+\n\x05pairs\x18\x03 \x03(\x0b\x32\x1c.translation.v1.LanguagePair\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.translation.v1.Limits\x12\x0f\n\x07variant\x18\x05 \x01(\t\x12\x1a\n\x12\x61vailable_variants\x18\x06 \x03(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\r\n\x05opset\x18\x08 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12S\n\x16\x64\x65\x66\x61ult_length_penalty\x18\x0b \x03(\x0b\x32\x33.translation.v1.ModelInfo.DefaultLengthPenaltyEntry\x12\x19\n\x11\x64\x65\x66\x61ult_beam_size\x18\x0c \x01(\r\x12\x1e\n\x16\x64\x65\x66\x61ult_max_output_len\x18\r \x01(\r\x1a;\n\x19\x44\x65\x66\x61ultLengthPenaltyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"?\n\x12ListModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.translation.v1.ModelInfo*E\n\x08TextType\x12\x12\n\x0eTEXT_TYPE_TEXT\x10\x00\x12\x12\n\x0eTEXT_TYPE_HTML\x10\x01\x12\x11\n\rTEXT_TYPE_XML\x10\x02*F\n\x0cTagPlacement\x12\x16\n\x12TAG_PLACEMENT_NONE\x10\x00\x12\x1e\n\x1aTAG_PLACEMENT_PROPORTIONAL\x10\x01\x32\x93\x02\n\nTranslator\x12P\n\tTranslate\x12 .translation.v1.TranslateRequest\x1a!.translation.v1.TranslateResponse\x12^\n\x0fTranslateStream\x12 .translation.v1.TranslateRequest\x1a\'.translation.v1.TranslateStreamResponse0\x01\x12S\n\nListModels\x12!.translation.v1.ListModelsRequest\x1a\".translation.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._loaded_options = None
   _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._serialized_options = b'8\001'
+  _globals['_TEXTTYPE']._serialized_start=2046
+  _globals['_TEXTTYPE']._serialized_end=2115
+  _globals['_TAGPLACEMENT']._serialized_start=2117
+  _globals['_TAGPLACEMENT']._serialized_end=2187
   _globals['_TRANSLATIONOPTIONS']._serialized_start=66
-  _globals['_TRANSLATIONOPTIONS']._serialized_end=355
-  _globals['_TRANSLATEREQUEST']._serialized_start=357
-  _globals['_TRANSLATEREQUEST']._serialized_end=443
-  _globals['_HYPOTHESIS']._serialized_start=445
-  _globals['_HYPOTHESIS']._serialized_end=501
-  _globals['_TEXTRESULT']._serialized_start=504
-  _globals['_TEXTRESULT']._serialized_end=736
-  _globals['_TRANSLATERESPONSE']._serialized_start=738
-  _globals['_TRANSLATERESPONSE']._serialized_end=802
-  _globals['_PARTIALTRANSLATION']._serialized_start=804
-  _globals['_PARTIALTRANSLATION']._serialized_end=900
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=903
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1038
-  _globals['_LISTMODELSREQUEST']._serialized_start=1040
-  _globals['_LISTMODELSREQUEST']._serialized_end=1059
-  _globals['_LANGUAGEPAIR']._serialized_start=1061
-  _globals['_LANGUAGEPAIR']._serialized_end=1171
-  _globals['_LIMITS']._serialized_start=1174
-  _globals['_LIMITS']._serialized_end=1377
-  _globals['_MODELINFO']._serialized_start=1380
-  _globals['_MODELINFO']._serialized_end=1829
-  _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._serialized_start=1770
-  _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._serialized_end=1829
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1831
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1894
-  _globals['_TRANSLATOR']._serialized_start=1897
-  _globals['_TRANSLATOR']._serialized_end=2172
+  _globals['_TRANSLATIONOPTIONS']._serialized_end=400
+  _globals['_TRANSLATEREQUEST']._serialized_start=402
+  _globals['_TRANSLATEREQUEST']._serialized_end=488
+  _globals['_HYPOTHESIS']._serialized_start=490
+  _globals['_HYPOTHESIS']._serialized_end=546
+  _globals['_TEXTRESULT']._serialized_start=549
+  _globals['_TEXTRESULT']._serialized_end=834
+  _globals['_TRANSLATERESPONSE']._serialized_start=836
+  _globals['_TRANSLATERESPONSE']._serialized_end=900
+  _globals['_PARTIALTRANSLATION']._serialized_start=902
+  _globals['_PARTIALTRANSLATION']._serialized_end=998
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1001
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1136
+  _globals['_LISTMODELSREQUEST']._serialized_start=1138
+  _globals['_LISTMODELSREQUEST']._serialized_end=1157
+  _globals['_LANGUAGEPAIR']._serialized_start=1159
+  _globals['_LANGUAGEPAIR']._serialized_end=1269
+  _globals['_LIMITS']._serialized_start=1272
+  _globals['_LIMITS']._serialized_end=1527
+  _globals['_MODELINFO']._serialized_start=1530
+  _globals['_MODELINFO']._serialized_end=1979
+  _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._serialized_start=1920
+  _globals['_MODELINFO_DEFAULTLENGTHPENALTYENTRY']._serialized_end=1979
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1981
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2044
+  _globals['_TRANSLATOR']._serialized_start=2190
+  _globals['_TRANSLATOR']._serialized_end=2465
 # @@protoc_insertion_point(module_scope)

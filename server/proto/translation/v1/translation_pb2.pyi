@@ -13,6 +13,8 @@ INVALID_ARGUMENT naming the limit, never truncated):
 A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
 per request to what it can ever take; ListModels reports the limits in force.
 Languages: "de" and "en"; pairs de-en and en-de.
+HTML/XML texts (`text_type`): at most 256 elements open inside one another and 512 units to
+translate (blocks and translated attributes) per request; malformed markup is never refused.
 
 Status codes:
   INVALID_ARGUMENT   empty request, unknown language or pair, too many texts or sentences, a text
@@ -37,6 +39,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -47,6 +50,56 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _TextType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TextTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TextType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TEXT_TYPE_TEXT: _TextType.ValueType  # 0
+    TEXT_TYPE_HTML: _TextType.ValueType  # 1
+    TEXT_TYPE_XML: _TextType.ValueType  # 2
+
+class TextType(_TextType, metaclass=_TextTypeEnumTypeWrapper):
+    """What a text is. With HTML or XML, each block element (p, li, td, th, h1-h6, div, caption, title...)
+    is one unit and `<br>` ends one; inline elements (a, b, em, span, img...) stay inside the unit and
+    are carried into its translation (see TextResult.tag_placement). Copied byte for byte: script,
+    style, template, pre, code, kbd, samp, var, textarea, svg, math, comments, and the text of every
+    element under translate="no" or class="notranslate" (inherited; translate="yes" turns it back on).
+    Attributes alt, title, placeholder and aria-label are translated; no other attribute is touched.
+    Escaped text stays escaped, and the output has the input's tag tree. XML: every element not an
+    HTML inline name or an XLIFF inline code (g, x, ph, mrk...) is a block.
+    """
+
+TEXT_TYPE_TEXT: TextType.ValueType  # 0
+TEXT_TYPE_HTML: TextType.ValueType  # 1
+TEXT_TYPE_XML: TextType.ValueType  # 2
+Global___TextType: _TypeAlias = TextType  # noqa: Y015
+
+class _TagPlacement:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TagPlacementEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TagPlacement.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TAG_PLACEMENT_NONE: _TagPlacement.ValueType  # 0
+    """No tag moved: plain text, or markup whose translated units kept no inline tag."""
+    TAG_PLACEMENT_PROPORTIONAL: _TagPlacement.ValueType  # 1
+    """The fallback while the model gives no alignment: each tag goes to the same relative offset of the
+    translated unit, snapped to a word's start (opening tags) or end (closing tags), in source order.
+    """
+
+class TagPlacement(_TagPlacement, metaclass=_TagPlacementEnumTypeWrapper):
+    """How a result's inline tags reached its translation."""
+
+TAG_PLACEMENT_NONE: TagPlacement.ValueType  # 0
+"""No tag moved: plain text, or markup whose translated units kept no inline tag."""
+TAG_PLACEMENT_PROPORTIONAL: TagPlacement.ValueType  # 1
+"""The fallback while the model gives no alignment: each tag goes to the same relative offset of the
+translated unit, snapped to a word's start (opening tags) or end (closing tags), in source order.
+"""
+Global___TagPlacement: _TypeAlias = TagPlacement  # noqa: Y015
 
 @_typing.final
 class TranslationOptions(_message.Message):
@@ -63,6 +116,7 @@ class TranslationOptions(_message.Message):
     RETURN_SCORES_FIELD_NUMBER: _builtins.int
     STREAM_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    TEXT_TYPE_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
     """Language of the texts as BCP-47 ("pt-BR", "zh-Hant"), ISO 639-1 ("pt") or ISO 639-3 ("por"), or the
     model's own code (ListModels); matched to the served models' languages: the same language first (a
@@ -95,6 +149,8 @@ class TranslationOptions(_message.Message):
     """The model to translate with, by its ListModels name, where several serve the pair. Default: the
     first model (in the server's load order) that serves source_language -> target_language.
     """
+    text_type: Global___TextType.ValueType
+    """How the texts are read: plain text (default), HTML or XML (see TextType)."""
     def __init__(
         self,
         *,
@@ -107,10 +163,11 @@ class TranslationOptions(_message.Message):
         return_scores: _builtins.bool = ...,
         stream_tokens: _builtins.bool = ...,
         model: _builtins.str = ...,
+        text_type: Global___TextType.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "num_hypotheses", b"num_hypotheses"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language", "text_type", b"text_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__beam_size: _TypeAlias = _typing.Literal["beam_size"]  # noqa: Y015
     _WhichOneofArgType__beam_size: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size"]  # noqa: Y015
@@ -206,6 +263,7 @@ class TextResult(_message.Message):
     SENTENCES_FIELD_NUMBER: _builtins.int
     DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _builtins.int
     DETECTED_LANGUAGE_CONFIDENCE_FIELD_NUMBER: _builtins.int
+    TAG_PLACEMENT_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Position of the text in `TranslateRequest.texts`."""
     translation: _builtins.str
@@ -221,6 +279,8 @@ class TextResult(_message.Message):
     model names it (a pair's source in ListModels), and the detector's confidence in it, 0..1.
     """
     detected_language_confidence: _builtins.float
+    tag_placement: Global___TagPlacement.ValueType
+    """HTML/XML: how inline tags were carried into `translation`."""
     @_builtins.property
     def hypotheses(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hypothesis]:
         """The n-best list, best first, `num_hypotheses` long (one, the text itself, for a text with
@@ -240,10 +300,11 @@ class TextResult(_message.Message):
         sentences: _builtins.int = ...,
         detected_source_language: _builtins.str = ...,
         detected_language_confidence: _builtins.float = ...,
+        tag_placement: Global___TagPlacement.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_language_confidence", b"detected_language_confidence", "detected_source_language", b"detected_source_language", "hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "translation", b"translation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_language_confidence", b"detected_language_confidence", "detected_source_language", b"detected_source_language", "hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "tag_placement", b"tag_placement", "translation", b"translation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -410,6 +471,8 @@ class Limits(_message.Message):
     MAX_OUTPUT_LEN_FIELD_NUMBER: _builtins.int
     MAX_BEAM_SIZE_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_MARKUP_DEPTH_FIELD_NUMBER: _builtins.int
+    MAX_MARKUP_UNITS_FIELD_NUMBER: _builtins.int
     max_texts_per_request: _builtins.int
     """Most texts in one request."""
     max_chars_per_text: _builtins.int
@@ -424,6 +487,10 @@ class Limits(_message.Message):
     """Largest `beam_size`."""
     max_message_bytes: _builtins.int
     """The server's gRPC message size limit in bytes, for a request and for a Translate response."""
+    max_markup_depth: _builtins.int
+    """HTML/XML: most elements open inside one another in one text."""
+    max_markup_units: _builtins.int
+    """HTML/XML: most units to translate (blocks and translated attributes) in one request."""
     def __init__(
         self,
         *,
@@ -434,10 +501,12 @@ class Limits(_message.Message):
         max_output_len: _builtins.int = ...,
         max_beam_size: _builtins.int = ...,
         max_message_bytes: _builtins.int = ...,
+        max_markup_depth: _builtins.int = ...,
+        max_markup_units: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_message_bytes", b"max_message_bytes", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_markup_depth", b"max_markup_depth", "max_markup_units", b"max_markup_units", "max_message_bytes", b"max_message_bytes", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,301 @@
+"""HTML and XML documents as translation units and back: what is translated, what is left as it came.
+
+A document becomes `units` (plain texts for the model: one per block element's inline content, one
+per translated attribute) and `parts` (the raw markup around them). Block elements (p, li, td, th,
+h1-h6, div, caption, title and the like) and `<br>` end a unit; inline elements (a, b, em, span,
+img...) stay inside it and are put back into its translation by `server.core.tag_placement`.
+Left byte for byte: script, style, template and pre (which end a unit), code, kbd, samp, var,
+textarea, svg and math (carried inside one, whole), comments, declarations, CDATA, and the text
+of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
+turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated.
+
+A unit whose translation is its own text comes back as it came, entities and all; otherwise its
+text is escaped again, so `&lt;script&gt;` stays text. Tags keep their order, so the output has
+the input's tag tree (and well-formed XML stays well-formed).
+"""
+
+from __future__ import annotations
+
+import enum
+import html
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from server.core.markup_lexer import Kind, Token, tokens
+from server.core.splitter import translatable
+from server.core.tag_placement import Edge, place
+
+
+class TextType(enum.Enum):
+    TEXT = "text"  # plain text: today's behaviour
+    HTML = "html"
+    XML = "xml"
+
+
+class MarkupDepthError(ValueError):
+    """A document nests elements deeper than the limit."""
+
+
+def _names(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+BLOCKS = _names(
+    "address article aside blockquote body br caption center col colgroup dd details dialog dir div dl dt"
+    " fieldset figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html legend li"
+    " link main menu meta nav noscript ol optgroup option p section select summary table tbody td tfoot th"
+    " thead title tr ul"
+)
+INLINES = _names(  # XML mode: every element not named here is a block
+    "a abbr acronym b bdi bdo big button cite data del dfn em font i img input ins label mark q rp rt ruby s"
+    " small span strike strong sub sup time tt u wbr"
+    " g x bx ex ph bpt ept it mrk"  # XLIFF's inline codes
+)
+KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole; end a unit
+KEPT_INLINES = frozenset({"code", "kbd", "samp", "var", "textarea", "svg", "math"})  # copied whole inside a unit
+HTML_VOIDS = _names("area base br col embed hr img input link meta param source track wbr")
+TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
+IMPLIED_CLOSE = frozenset({"p", "li", "dt", "dd", "td", "th", "tr", "option"})  # `<li>a<li>b`: siblings
+_TAG_NAME = re.compile(r"<[^\s/>]*")
+_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+))?""")  # name, value
+
+
+@dataclass(frozen=True)
+class AttributeSlot:
+    """A translated attribute's value inside a tag."""
+
+    unit: int  # index into MarkupDocument.units
+    raw: str  # the value as it came, quotes included
+
+
+Piece = str | AttributeSlot  # raw markup, or an attribute value to fill in
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing inside a unit: text for the model, or a tag or kept piece that the translation carries."""
+
+    edge: Edge | None  # None: text; else where the tag snaps to in the translation
+    pieces: tuple[Piece, ...]  # the raw markup
+    text: str = ""  # text items: the unescaped text the model sees
+    # Text kept as it came (translate="no"): a stray "<" in it is escaped when translated words may follow
+    kept_text: bool = False
+
+
+@dataclass(frozen=True)
+class Block:
+    """One translation unit of inline content."""
+
+    unit: int  # index into MarkupDocument.units
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True)
+class MarkupDocument:
+    units: list[str]  # plain texts to translate, in document order
+    parts: list[Piece | Block]  # the document: raw markup, attribute slots and units
+
+    def render(self, translations: Sequence[str]) -> tuple[str, bool]:
+        """The document with each unit's translation; and whether some tag was placed in a changed text."""
+        out: list[str] = []
+        placed = False
+        for part in self.parts:
+            if isinstance(part, Block):
+                text, moved = _render_block(part, self.units, translations)
+                out.append(text)
+                placed |= moved
+            else:
+                out.append(_render_piece(part, self.units, translations))
+        return "".join(out), placed
+
+
+def parse(text: str, text_type: TextType, max_depth: int) -> MarkupDocument:
+    """`text` as units and markup; never raises on malformed markup, only `MarkupDepthError` past `max_depth`."""
+    builder = _Builder(xml=text_type is TextType.XML, max_depth=max_depth)
+    for token in tokens(text):
+        builder.feed(token)
+    builder.flush()
+    return MarkupDocument(builder.units, builder.parts)
+
+
+@dataclass
+class _Kept:
+    """An element copied whole: its tokens until its matching end tag."""
+
+    name: str  # the element's tag name, as the parser lowercased it
+    inline: bool  # carried inside the unit (code, svg...) rather than ending it (script, pre...)
+    raw: list[str]  # its tokens' raw texts so far
+    depth: int = 1  # elements of its name open inside it, itself included
+
+
+@dataclass
+class _Builder:
+    xml: bool
+    max_depth: int
+    units: list[str] = field(default_factory=list)
+    parts: list[Piece | Block] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)  # the unit being gathered
+    stack: list[tuple[str, bool]] = field(default_factory=list)  # open elements: (name, translate)
+    kept: _Kept | None = None
+
+    @property
+    def translate(self) -> bool:
+        return self.stack[-1][1] if self.stack else True
+
+    def feed(self, token: Token) -> None:
+        if self.kept is not None:
+            self._keep(token, self.kept)
+        elif token.kind is Kind.TEXT:
+            text = html.unescape(token.raw)
+            kept = Item(Edge.ANY, (token.raw,), kept_text=True)
+            self.items.append(Item(None, (token.raw,), text) if self.translate else kept)
+        elif token.kind is Kind.OTHER:
+            self.items.append(Item(Edge.ANY, (token.raw,)))
+        elif token.kind is Kind.END:
+            self._end(token)
+        else:
+            self._start(token)
+
+    def _start(self, token: Token) -> None:
+        name = _local(token.name)
+        void = token.kind is Kind.VOID or (not self.xml and name in HTML_VOIDS)
+        if not void and name in KEPT_BLOCKS | KEPT_INLINES:
+            self.kept = _Kept(token.name, name in KEPT_INLINES, [token.raw])
+            return
+        translate = _translate_of(token.attrs, self.translate)
+        pieces = self._tag(token.raw, translate)
+        if self._is_block(name):
+            self.flush()
+            self.parts += pieces
+        else:
+            self.items.append(Item(Edge.ANY if void else Edge.OPEN, pieces))
+        if void:
+            return
+        if not self.xml and name in IMPLIED_CLOSE and self.stack and self.stack[-1][0] == token.name:
+            self.stack.pop()
+        self.stack.append((token.name, translate))
+        if len(self.stack) > self.max_depth:
+            raise MarkupDepthError(f"elements nest deeper than {self.max_depth}")
+
+    def _end(self, token: Token) -> None:
+        names = [name for name, _ in self.stack]
+        matched = token.name in names
+        if matched:
+            del self.stack[len(names) - 1 - names[::-1].index(token.name) :]
+        if self._is_block(_local(token.name)):
+            self.flush()
+            self.parts.append(token.raw)
+        else:
+            self.items.append(Item(Edge.CLOSE if matched else Edge.ANY, (token.raw,)))
+
+    def _keep(self, token: Token, kept: _Kept) -> None:
+        kept.raw.append(token.raw)
+        if token.kind is Kind.START and token.name == kept.name:
+            kept.depth += 1
+        elif token.kind is Kind.END and token.name == kept.name:
+            kept.depth -= 1
+        if kept.depth == 0:
+            self.kept = None
+            self._add_kept(kept)
+
+    def _add_kept(self, kept: _Kept) -> None:
+        raw = "".join(kept.raw)
+        if kept.inline:
+            self.items.append(Item(Edge.ANY, (raw,)))
+        else:
+            self.flush()
+            self.parts.append(raw)
+
+    def flush(self) -> None:
+        """End the unit being gathered: a Block if it has something to translate, else its markup as it came."""
+        if self.kept is not None:  # never closed: copied to the end
+            kept, self.kept = self.kept, None
+            self._add_kept(kept)
+        text = "".join(item.text for item in self.items)
+        if translatable(text):
+            self.parts.append(Block(self._unit(text), tuple(self.items)))
+        else:
+            self.parts += [piece for item in self.items for piece in item.pieces]
+        self.items = []
+
+    def _tag(self, raw: str, translate: bool) -> tuple[Piece, ...]:
+        """A start tag's markup, with a slot for each attribute value to translate."""
+        name = _TAG_NAME.match(raw)
+        if not translate or name is None:
+            return (raw,)
+        pieces: list[Piece] = []
+        done = 0
+        for match in _ATTRIBUTE.finditer(raw, name.end()):
+            value = match.group(2)
+            if value is None or match.group(1).lower() not in TRANSLATED_ATTRIBUTES:
+                continue
+            text = html.unescape(value.strip("\"'"))
+            if translatable(text):
+                pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
+                done = match.end(2)
+        return (*pieces, raw[done:])
+
+    def _unit(self, text: str) -> int:
+        self.units.append(text)
+        return len(self.units) - 1
+
+    def _is_block(self, name: str) -> bool:
+        if name in BLOCKS:
+            return True
+        return self.xml and name not in INLINES and name not in KEPT_INLINES
+
+
+def _local(name: str) -> str:
+    """The name without its XML namespace prefix."""
+    return name.rpartition(":")[2]
+
+
+def _translate_of(attrs: tuple[tuple[str, str | None], ...], inherited: bool) -> bool:
+    """Whether an element's text and attributes are translated: its `translate`, its class, else its parent's."""
+    values = dict(attrs)
+    flag = values.get("translate")
+    if flag is not None and flag.strip().lower() in ("yes", "no", ""):
+        return flag.strip().lower() != "no"
+    if "notranslate" in (values.get("class") or "").split():
+        return False
+    return inherited
+
+
+def _render_piece(piece: Piece, units: list[str], translations: Sequence[str]) -> str:
+    if isinstance(piece, str):
+        return piece
+    translation = translations[piece.unit]
+    if translation == units[piece.unit]:
+        return piece.raw
+    quote = piece.raw[0] if piece.raw[0] in "\"'" else '"'
+    return quote + html.escape(translation, quote=True) + quote
+
+
+def _render_block(block: Block, units: list[str], translations: Sequence[str]) -> tuple[str, bool]:
+    """The unit's markup around its translation; as it came when the translation is its own text."""
+    source, translation = units[block.unit], translations[block.unit]
+    rendered = ["".join(_render_piece(p, units, translations) for p in item.pieces) for item in block.items]
+    if translation == source:
+        return "".join(rendered), False
+    # Tags with no text between them move together, so `<span translate="no">Acme</span>` stays whole
+    groups: list[tuple[int, Edge, list[str]]] = []  # (source offset, edge, markup)
+    offset, after_text = 0, True
+    for item, markup in zip(block.items, rendered, strict=True):
+        if item.edge is None:
+            offset, after_text = offset + len(item.text), True
+            continue
+        markup = markup.replace("<", "&lt;") if item.kept_text else markup
+        if after_text:
+            groups.append((offset, item.edge, [markup]))
+        else:
+            start, edge, members = groups[-1]
+            groups[-1] = (start, edge if edge is item.edge else Edge.ANY, [*members, markup])
+        after_text = False
+    positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation)
+    out, done = [], 0
+    for (_, _, members), position in zip(groups, positions, strict=True):
+        out += [html.escape(translation[done:position], quote=False), *members]
+        done = position
+    out.append(html.escape(translation[done:], quote=False))
+    return "".join(out), bool(groups)

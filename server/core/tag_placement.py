@@ -1,0 +1,62 @@
+"""Where inline tags go in a translated sentence when the model gives no alignment: proportional placement.
+
+A unit's tags sit at character offsets of its source text. Each is moved to the same relative offset
+of the translation, then to the nearest word edge there (an opening tag to a word's start, a closing
+one to a word's end), never before the tag that preceded it, so every tag keeps its order and the
+tag tree is the source's. Two tags that had words between them in the source get at least one word
+between them in the translation when it has one left: a link never ends up empty.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+
+class TagPlacement(enum.Enum):
+    """How a result's inline tags were carried into its translation (reported per result)."""
+
+    NONE = "none"  # no tag had to move: plain text, or markup whose units kept their text
+    PROPORTIONAL = "proportional"  # the fallback here: relative offsets snapped to word edges
+
+
+class Edge(enum.Enum):
+    OPEN = "open"  # snaps to the start of a word
+    CLOSE = "close"  # snaps to the end of a word
+    ANY = "any"  # a tag or kept piece with no text of its own here: anywhere but inside a word
+
+
+def word_edges(text: str) -> tuple[list[int], list[int], list[int]]:
+    """Offsets where a run of letters and digits starts, where one ends (each with 0 and len(text)), and every
+    offset not inside such a run."""
+    starts, ends, outside = {0}, {len(text)}, []
+    for i in range(len(text) + 1):
+        before = i > 0 and text[i - 1].isalnum()
+        after = i < len(text) and text[i].isalnum()
+        if after and not before:
+            starts.add(i)
+        if before and not after:
+            ends.add(i)
+        if not (before and after):
+            outside.append(i)
+    return sorted(starts), sorted(ends), outside
+
+
+def place(offsets: Sequence[int], edges: Sequence[Edge], source: str, target: str) -> list[int]:
+    """The offsets in `target` for tags at `offsets` (non-decreasing) of `source`; non-decreasing too."""
+    starts, ends, outside = word_edges(target)
+    choices = {Edge.OPEN: starts, Edge.CLOSE: ends, Edge.ANY: outside}
+    scale = len(target) / len(source) if source else 0.0
+    placed: list[int] = []
+    for index, (offset, edge) in enumerate(zip(offsets, edges, strict=True)):
+        floor = placed[-1] if placed else 0
+        candidates = [c for c in choices[edge] if c >= floor] or [len(target)]
+        position = min(candidates, key=lambda c: abs(c - offset * scale))
+        if index and _has_word(source[offsets[index - 1] : offset]) and not _has_word(target[floor:position]):
+            position = next((c for c in candidates if _has_word(target[floor:c])), position)
+        placed.append(position)
+    return placed
+
+
+def _has_word(text: str) -> bool:
+    return any(char.isalnum() for char in text)

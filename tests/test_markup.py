@@ -1,0 +1,233 @@
+"""HTML/XML in and out (server.core.markup): units, what stays byte for byte, tags carried, escaping kept."""
+
+from __future__ import annotations
+
+import random
+import re
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.core.markup import MarkupDepthError, MarkupDocument, TextType, parse
+from server.core.markup_lexer import Kind, tokens
+from server.core.tag_placement import Edge, place
+
+PAGE = """<!DOCTYPE html>
+<html lang="de"><head><title>Willkommen &amp; hallo</title>
+<meta charset="utf-8"><style>p > a { color: red }</style>
+<script>if (a < b && c) { document.write("<p>nein</p>"); }</script></head>
+<body class=main>
+<!-- a comment, <p>not markup</p> -->
+<h1 id="top">Das Haus ist <em>sehr</em> groß.</h1>
+<p>Klicken Sie <a href="/hilfe?a=1&amp;b=2" title='Hilfe öffnen'>hier</a>, um zu <b>beginnen</b>.<br>Neue Zeile</p>
+<p>Ein Bild: <img src="katze.png" alt="Eine Katze" data-x="Eine Katze"> und &lt;script&gt; als Text &#x2014; ok.</p>
+<ul><li>Eins<li>Zwei &nbsp;<span class="notranslate">Acme GmbH</span></ul>
+<table><tr><td>Zelle</td><th>Kopf</th></tr><caption>Tabelle</caption></table>
+<pre>  Vorformatiert <b>bleibt</b>  </pre>
+<p>Befehl <code>ls -l &amp;&amp; rm</code>, Taste <kbd>Strg</kbd>, <var>x</var> und <samp>Ausgabe</samp>.</p>
+<div translate="no">Nicht übersetzen <p translate="yes">Doch übersetzen</p> und wieder nicht</div>
+<textarea placeholder="Ihr Name">Vorgabe</textarea><input placeholder="Suchen" aria-label="Suche" value="Wert">
+<svg><text>Grafik</text></svg><math><mi>x</mi></math><template><p>Vorlage</p></template>
+</body></html>"""
+KEPT = [
+    '<script>if (a < b && c) { document.write("<p>nein</p>"); }</script>',
+    "<style>p > a { color: red }</style>",
+    "<!-- a comment, <p>not markup</p> -->",
+    "<pre>  Vorformatiert <b>bleibt</b>  </pre>",
+    "<code>ls -l &amp;&amp; rm</code>",
+    "<kbd>Strg</kbd>",
+    "<var>x</var>",
+    "<samp>Ausgabe</samp>",
+    '<textarea placeholder="Ihr Name">Vorgabe</textarea>',
+    "<svg><text>Grafik</text></svg>",
+    "<math><mi>x</mi></math>",
+    "<template><p>Vorlage</p></template>",
+    '<span class="notranslate">Acme GmbH</span>',
+    "Nicht übersetzen",
+    "und wieder nicht</div>",
+    'href="/hilfe?a=1&amp;b=2"',
+    'data-x="Eine Katze"',
+    'value="Wert"',
+]
+_WORD = re.compile(r"[^\W_]+")
+
+
+def reverse_words(text: str) -> str:
+    """A fake translator that changes every word and their order, keeping the whitespace around the text."""
+    words = _WORD.findall(text)[::-1]
+    core = " ".join(w[::-1].upper() for w in words) + ("." if text.rstrip().endswith(".") else "")
+    lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    return lead + core + trail
+
+
+def render(document: MarkupDocument, translate: object) -> str:
+    assert callable(translate)
+    return document.render([translate(unit) for unit in document.units])[0]
+
+
+def tag_names(text: str) -> list[tuple[Kind, str]]:
+    return [(t.kind, t.name) for t in tokens(text) if t.kind in (Kind.START, Kind.END, Kind.VOID)]
+
+
+def tag_soup(rng: random.Random) -> str:
+    pieces = ["<p>", "</p>", "<b>", "</b>", "<a href='x'>", "</a>", "<br>", '<img alt="Ein Bild">', "&amp;",
+              "&lt;", "&", "<", ">", "Hallo", " Welt", ". ", "<!--", "-->", "<code>", "</code>", "<script>", "\n",
+              '<span translate="no">', "</span>", "<![CDATA[", "]]>", "<?x ", '="', "<div", "</", "&#",
+              "<![ x [", "<!DOCTYPE d [", "<!x"]  # fmt: skip
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+
+
+def test_identity_translation_returns_any_markup_byte_for_byte() -> None:
+    rng = random.Random(7)
+    for text in [PAGE, "", "plain text", *(tag_soup(rng) for _ in range(2000))]:
+        for text_type in (TextType.HTML, TextType.XML):
+            assert render(parse(text, text_type, 256), lambda unit: unit) == text
+
+
+def test_malformed_markup_never_raises_and_keeps_every_tag() -> None:
+    rng = random.Random(11)
+    for _ in range(2000):
+        text = tag_soup(rng)
+        for text_type in (TextType.HTML, TextType.XML):
+            out = render(parse(text, text_type, 256), reverse_words)
+            assert tag_names(out) == tag_names(text), text
+
+
+def test_a_changed_translation_keeps_every_tag_attribute_and_void_element_once_in_order() -> None:
+    out = render(parse(PAGE, TextType.HTML, 256), reverse_words)
+    assert tag_names(out) == tag_names(PAGE)
+    for kept in KEPT:
+        assert out.count(kept) == PAGE.count(kept), kept
+    assert out.count("<br>") == 1 and out.count("<img ") == 1 and out.count("<meta ") == 1
+
+
+def without_translated_values(tag: str) -> str:
+    return re.sub(r"""\b(alt|title|placeholder|aria-label)(\s*=\s*)("[^"]*"|'[^']*'|[^\s>]+)""", r"\1\2", tag)
+
+
+def test_a_reordering_translator_keeps_tags_attributes_and_void_elements_nested_as_they_came() -> None:
+    document = (
+        '<div class="card"><h2>Ein <em>kurzer</em> Titel</h2><p>Lesen Sie <a href="/a" title="Mehr lesen">den'
+        ' <strong>ganzen</strong> Artikel</a> oder <span data-id="7">schließen</span> Sie <img src="x.png"'
+        ' alt="Symbol"> das Fenster.<br/>Danke <i>sehr</i>!</p><ul><li>Eins <b>zwei</b></li></ul></div>'
+    )
+    out = render(parse(document, TextType.HTML, 256), reverse_words)
+    source_tags = [without_translated_values(t.raw) for t in tokens(document) if t.kind is not Kind.TEXT]
+    assert [without_translated_values(t.raw) for t in tokens(out) if t.kind is not Kind.TEXT] == source_tags
+    open_elements: list[list[str]] = []  # name, then the words inside it so far
+    for token in tokens(out):
+        if token.kind is Kind.START and token.name != "img":
+            open_elements.append([token.name])
+        elif token.kind is Kind.TEXT:
+            for element in open_elements:
+                element += _WORD.findall(token.raw)
+        elif token.kind is Kind.END:
+            name, *words = open_elements.pop()
+            assert name == token.name and words, f"{name} closed out of order or empty in {out}"
+    assert not open_elements
+    assert 'title="NESEL RHEM"' in out and 'alt="LOBMYS"' in out
+
+
+def test_units_are_blocks_with_their_inline_tags_inside() -> None:
+    document = parse(PAGE, TextType.HTML, 256)
+    assert "Klicken Sie hier, um zu beginnen." in document.units  # the link and the bold do not cut it
+    assert "Das Haus ist sehr groß." in document.units
+    assert "Neue Zeile" in document.units  # <br> ends a unit
+    assert {"Eins", "Zelle", "Kopf", "Tabelle", "Willkommen & hallo"} <= set(document.units)
+    assert not any(re.search(r"<|href|src|class=|data-", unit) and "<script>" not in unit for unit in document.units)
+
+
+def test_attributes_alt_title_placeholder_aria_label_are_units_of_their_own() -> None:
+    document = parse(PAGE, TextType.HTML, 256)
+    assert {"Eine Katze", "Hilfe öffnen", "Suchen", "Suche"} <= set(document.units)
+    assert "Ihr Name" not in document.units  # on a textarea, kept whole
+    out = render(document, reverse_words)
+    assert 'alt="EZTAK ENIE"' in out and "title='NENFFÖ EFLIH'" in out
+    assert 'href="/hilfe?a=1&amp;b=2"' in out and 'src="katze.png"' in out and 'id="top"' in out
+
+
+def test_escaped_text_stays_escaped() -> None:
+    document = parse("<p>Schreiben Sie &lt;script&gt;alert(1)&lt;/script&gt; nie &amp; nimmer.</p>", TextType.HTML, 9)
+    assert document.units == ["Schreiben Sie <script>alert(1)</script> nie & nimmer."]
+    out = document.render(["Never write <script>alert(1)</script> & so on."])[0]
+    assert out == "<p>Never write &lt;script&gt;alert(1)&lt;/script&gt; &amp; so on.</p>"
+    assert tag_names(out) == [(Kind.START, "p"), (Kind.END, "p")]
+
+
+def test_translate_no_is_inherited_and_translate_yes_turns_it_back_on() -> None:
+    document = parse(PAGE, TextType.HTML, 256)
+    assert "Doch übersetzen" in document.units
+    assert not any("Nicht" in unit or "Acme" in unit for unit in document.units)
+    out = render(document, reverse_words)
+    assert "NEZTESREBÜ HCOD" in out
+
+
+def test_inline_tags_are_carried_to_the_translated_words() -> None:
+    document = parse('<p>Click <a href="/x">here</a> to <b>start</b>.</p>', TextType.HTML, 9)
+    out, moved = document.render(["Klicken Sie hier, um zu beginnen."])
+    assert moved
+    assert out == '<p>Klicken <a href="/x">Sie hier</a>, um zu <b>beginnen</b>.</p>'
+
+
+def test_a_tag_around_words_keeps_a_word_inside() -> None:
+    assert place([0, 4], [Edge.OPEN, Edge.CLOSE], "Hello world", "Hi") == [0, 2]
+    assert place([6, 11], [Edge.OPEN, Edge.CLOSE], "Hello world", "Hallo Welt") == [6, 10]
+    assert place([0, 0, 3], [Edge.OPEN, Edge.ANY, Edge.CLOSE], "ab cd", "x") == [0, 0, 1]  # order kept
+
+
+def test_xml_stays_well_formed_and_every_unknown_element_is_a_unit() -> None:
+    text = (
+        '<?xml version="1.0"?>\n<resources><string name="ok">Speichern &amp; schließen</string>'
+        '<string name="help" translate="no">Hilfe</string><item><b>Fett</b> und <i>kursiv</i></item>'
+        "<x:note xmlns:x='urn:x'><![CDATA[<roh>]]> Text</x:note></resources>"
+    )
+    document = parse(text, TextType.XML, 256)
+    assert document.units == ["Speichern & schließen", "Fett und kursiv", " Text"]
+    out = render(document, reverse_words)
+    root = ElementTree.fromstring(out)
+    assert [e.tag for e in root.iter()] == [e.tag for e in ElementTree.fromstring(text).iter()]
+    assert "<![CDATA[<roh>]]>" in out and ">Hilfe<" in out
+
+
+def test_xliff_inline_codes_stay_inside_their_segment() -> None:
+    text = '<source>Hallo <g id="1">Welt</g>, <x id="2"/>bis <ph id="3">{name}</ph> morgen.</source>'
+    document = parse(text, TextType.XML, 9)
+    assert document.units == ["Hallo Welt, bis {name} morgen."]
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
+
+
+def test_depth_is_limited() -> None:
+    parse("<div>" * 10 + "x", TextType.HTML, 10)
+    with pytest.raises(MarkupDepthError):
+        parse("<div>" * 11 + "x", TextType.HTML, 10)
+    parse("<p>a" * 50 + "<li>b" * 50, TextType.HTML, 10)  # siblings that close each other do not nest
+
+
+def test_declarations_the_parser_asserts_on_become_text_and_reading_goes_on() -> None:
+    text = "<p>Vorher</p><![ x [ y ]]><p>Nachher <b>fett</b></p>"
+    document = parse(text, TextType.HTML, 9)
+    assert document.units == ["Vorher", "<![ x [ y ]]>", "Nachher fett"]
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
+
+
+MARKUP_PIECES = st.sampled_from(["<p>", "</p>", "<b ", "</", "<!--", "-->", "<![", "&", "#", ";", "=", '"', "'", ">"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(MARKUP_PIECES, st.text(max_size=4)), max_size=25), st.sampled_from(list(TextType)[1:]))
+def test_any_string_comes_back_whole_under_identity_and_with_its_tags_under_a_translator(
+    pieces: list[str], text_type: TextType
+) -> None:
+    text = "".join(pieces)
+    document = parse(text, text_type, 256)
+    assert render(document, lambda unit: unit) == text
+    assert tag_names(render(document, reverse_words)) == tag_names(text)
+
+
+def test_raw_tokens_join_to_the_input() -> None:
+    rng = random.Random(3)
+    for _ in range(3000):
+        text = tag_soup(rng)
+        assert "".join(t.raw for t in tokens(text)) == text

@@ -1,0 +1,120 @@
+"""HTML and XML over gRPC: the units are the sentences plain text would translate, the markup comes back whole."""
+
+from __future__ import annotations
+
+import html
+import io
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from server.client.cli import build_parser, read_texts, run
+from server.core.markup import TextType, parse
+from server.core.markup_lexer import Kind, tokens
+from server.edge.main import LoadedModel
+from server.proto.translation.v1 import translation_pb2 as pb
+from tests.serving import RunningServer, fake_model, request, running_server, server_config, status_of
+
+DOCUMENT = (
+    '<h1 id="t">Das Haus ist groß.</h1>\n<p>Er <a href="/hilfe?a=1&amp;b=2">wartete</a> auf <b>sie</b>. Es hörte auf'
+    ' zu regnen.<br>Neue Zeile</p><img src="k.png" alt="Eine Katze"><pre>Das <b>bleibt</b></pre>'
+    '<p translate="no">Geheimpolizei</p><p>Sie schrieben &lt;script&gt; <code>x &lt; y</code>.</p>'
+)
+KEPT = ['href="/hilfe?a=1&amp;b=2"', 'src="k.png"', "<pre>Das <b>bleibt</b></pre>", "<code>x &lt; y</code>",
+        '<p translate="no">Geheimpolizei</p>', 'id="t"']  # fmt: skip
+
+
+@pytest.fixture()
+def model(tiny_model_dir: Path) -> LoadedModel:
+    return fake_model(tiny_model_dir)
+
+
+@pytest.fixture()
+def served(model: LoadedModel) -> Iterator[RunningServer]:
+    with running_server(model, server_config()) as running:
+        yield running
+
+
+def tags(text: str) -> list[str]:
+    """Every tag with its name, in order (attribute values left out: alt and title are translated)."""
+    return [f"{t.kind.value}:{t.name}" for t in tokens(text) if t.kind in (Kind.START, Kind.END, Kind.VOID)]
+
+
+def test_html_units_translate_as_plain_text_does_and_the_markup_comes_back(served: RunningServer) -> None:
+    units = parse(DOCUMENT, TextType.HTML, 256).units
+    plain = {u: r.translation for u, r in zip(units, served.stub.Translate(request(units)).results, strict=True)}
+    result = served.stub.Translate(request([DOCUMENT], text_type=pb.TEXT_TYPE_HTML)).results[0]
+    out = result.translation
+    assert tags(out) == tags(DOCUMENT)
+    for kept in KEPT:
+        assert kept in out, kept
+    assert f'alt="{html.escape(plain["Eine Katze"])}"' in out
+    assert f'<h1 id="t">{html.escape(plain["Das Haus ist groß."], quote=False)}</h1>' in out
+    assert "<script>" not in out  # the escaped text stays escaped whatever the model writes
+    assert result.tag_placement == pb.TAG_PLACEMENT_PROPORTIONAL
+    assert result.sentences == sum(r.sentences for r in served.stub.Translate(request(units)).results)
+
+
+def test_plain_text_stays_plain_text(served: RunningServer) -> None:
+    text = "Er sagte <b>nein</b> &amp; ging."
+    plain = served.stub.Translate(request([text])).results[0]  # TEXT by default: the model reads the tags
+    marked = served.stub.Translate(request([text], text_type=pb.TEXT_TYPE_HTML)).results[0]
+    words = served.stub.Translate(request(["Er sagte nein & ging."])).results[0]
+    assert plain.tag_placement == pb.TAG_PLACEMENT_NONE
+    assert plain.input_tokens > marked.input_tokens == words.input_tokens
+
+
+def test_xml_comes_back_parseable_with_the_same_elements(served: RunningServer) -> None:
+    text = '<?xml version="1.0"?><doc><s id="1">Das Haus ist groß.</s><s id="2" translate="no">Er wartete.</s></doc>'
+    out = served.stub.Translate(request([text], text_type=pb.TEXT_TYPE_XML)).results[0].translation
+    root = ElementTree.fromstring(out)
+    assert [(e.tag, e.attrib) for e in root.iter()] == [(e.tag, e.attrib) for e in ElementTree.fromstring(text).iter()]
+    assert '<s id="2" translate="no">Er wartete.</s>' in out
+
+
+def test_streaming_names_the_document_and_the_sentence_within_it(served: RunningServer) -> None:
+    texts = ["<p>Er wartete.</p>", DOCUMENT]
+    messages = list(served.stub.TranslateStream(request(texts, text_type=pb.TEXT_TYPE_HTML, stream_tokens=True)))
+    results = {m.result.index: m.result for m in messages if m.HasField("result")}
+    partials = [m.partial for m in messages if m.HasField("partial") and m.partial.finished]
+    unary = served.stub.Translate(request(texts, text_type=pb.TEXT_TYPE_HTML)).results
+    assert [results[i].translation for i in range(2)] == [r.translation for r in unary]
+    assert sorted((p.text_index, p.sentence_index) for p in partials) == [
+        (i, s) for i, r in enumerate(unary) for s in range(r.sentences)
+    ]
+
+
+def test_malformed_markup_is_translated_and_only_limits_are_refused(served: RunningServer) -> None:
+    broken = "<div><p>Das Haus <b>ist groß.</div></i><p>Er <a href='x>wartete"
+    out = served.stub.Translate(request([broken], text_type=pb.TEXT_TYPE_HTML)).results[0].translation
+    assert tags(out) == tags(broken)
+    limits = served.stub.ListModels(pb.ListModelsRequest()).models[0].limits
+    assert limits.max_markup_depth == 256 and limits.max_markup_units == 512
+    deep = "<div>" * (limits.max_markup_depth + 1) + "Das Haus"
+    error = status_of(lambda: served.stub.Translate(request([deep], text_type=pb.TEXT_TYPE_HTML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "deeper than 256" in error.details
+    many = "".join(f"<p>Haus {n}</p>" for n in range(limits.max_markup_units + 1))
+    error = status_of(lambda: served.stub.Translate(request([many], text_type=pb.TEXT_TYPE_HTML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "units" in error.details
+    long = "<p>Kurz.</p><p>" + " ".join(["Haus"] * 80) + "</p>"  # its second unit is over the token limit
+    error = status_of(lambda: served.stub.Translate(request([long], text_type=pb.TEXT_TYPE_HTML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "texts[1]" in error.details and "unit" in error.details
+    error = status_of(lambda: served.stub.Translate(request(["x"], text_type=7)))  # type: ignore[arg-type]
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "text_type" in error.details
+
+
+@pytest.mark.parametrize(("flag", "text_type"), [("--html", pb.TEXT_TYPE_HTML), ("--xml", pb.TEXT_TYPE_XML)])
+def test_the_cli_sends_stdin_as_one_document_and_prints_it_whole(
+    served: RunningServer, flag: str, text_type: pb.TextType.ValueType
+) -> None:
+    document = "<doc>\n<p>Das Haus ist groß.</p>\n<p>Er wartete.</p>\n</doc>"
+    args = build_parser().parse_args(["--server", served.address, "--source", "de", "--target", "en", flag])
+    texts = read_texts(args, io.BytesIO(document.encode()))
+    assert texts == [document]
+    out, err = io.StringIO(), io.StringIO()
+    assert run(args, texts, out, err) == 0, err.getvalue()
+    expected = served.stub.Translate(request([document], text_type=text_type)).results[0].translation
+    assert out.getvalue() == expected + "\n"
