@@ -91,16 +91,25 @@ def resolve_commit(name: ModelName, hub: HubSettings) -> str:
 
 def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
     """The snapshot directory of `commit` with the files the importer reads, downloaded unless cached."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import errors, snapshot_download
 
     started = time.monotonic()
-    with hub_errors(name, hub), _progress(name, hub, started):
-        directory = Path(
+
+    def snapshot(local_only: bool) -> Path:
+        return Path(
             snapshot_download(
-                name.repository, revision=commit, cache_dir=hub.cache, local_files_only=hub.offline,
+                name.repository, revision=commit, cache_dir=hub.cache, local_files_only=local_only,
                 allow_patterns=HUB_FILES,
             )
         )  # fmt: skip
+
+    with hub_errors(name, hub), _progress(name, hub, started):
+        try:  # a commit's snapshot is immutable: one already cached (and complete) needs no network
+            directory = snapshot(local_only=True)
+        except errors.LocalEntryNotFoundError:
+            if hub.offline:
+                raise
+            directory = snapshot(local_only=False)
     size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
     log.info("fetched %s@%s: %.1f MB in %.1f s (%s)", name.repository, commit[:12], size / MB,
              time.monotonic() - started, directory)  # fmt: skip

@@ -109,3 +109,11 @@ def fake_hub() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def closed_endpoint() -> str:
+    """A loopback URL where nothing listens: the hub unreachable, as without a network."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

@@ -23,7 +23,7 @@ from export.hub import BuildPlan, ensure_model
 from server.edge.config import ServerConfig, parse_config
 from server.edge.main import TranslationServer, load_models
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.hub_cache import REPO, SHA, block_network, cache_folder, fake_hub, hub_cache, tiny_marian
+from tests.hub_cache import REPO, SHA, block_network, cache_folder, closed_endpoint, fake_hub, hub_cache, tiny_marian
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
 
 BLOCKED = "from tests.hub_cache import block_network; block_network(); "
@@ -72,8 +72,10 @@ def test_model_flags_and_hub_variables_are_parsed_once() -> None:
     assert config.models == ("a/b", "c/d@v1") and config.hf_offline
     assert config.hf_hub_cache == Path("/h/hub") and config.model_cache == Path("/h/translate-service")
     config = parse_config(["--model", "x/y", "--model", "z/w", "--cache-dir", "/c"], {**env, "HF_HUB_CACHE": "/x/hub"})
-    assert config.models == ("x/y", "z/w") and config.model_cache == Path("/c") and config.hf_hub_cache == Path("/x/hub")
-    assert parse_config([], {"HF_HUB_CACHE": "/x/hub", "HF_HUB_OFFLINE": "0"}).model_cache == Path("/x/translate-service")
+    assert config.models == ("x/y", "z/w") and config.model_cache == Path("/c")
+    assert config.hf_hub_cache == Path("/x/hub")
+    beside = parse_config([], {"HF_HUB_CACHE": "/x/hub", "HF_HUB_OFFLINE": "0"})
+    assert beside.model_cache == Path("/x/translate-service") and not beside.hf_offline
     assert parse_config([], {"XDG_CACHE_HOME": "/x"}).model_cache == Path("/x/huggingface/translate-service")
     default = parse_config([], {})
     assert not default.hf_offline and default.model_cache == Path.home() / ".cache/huggingface/translate-service"
@@ -111,6 +113,13 @@ def test_a_branch_resolves_offline_from_the_cache_and_a_sha_needs_no_ref(
     assert again.directory == built.directory and not again.built
     with pytest.raises(FetchError, match="not in the Hugging Face cache and HF_HUB_OFFLINE is set"):
         ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline)
+
+
+def test_an_unreachable_hub_falls_back_to_the_cached_ref(tmp_path: Path, hub: Path, offline: HubSettings) -> None:
+    """Online, but every connection refused (the network blocked): the branch resolves from refs/ and builds."""
+    started = time.monotonic()
+    built = ensure_model(REPO, BuildPlan(), tmp_path / "cache", HubSettings(hub, offline=False))
+    assert built.revision == SHA and built.built and time.monotonic() - started < 120
 
 
 def test_a_local_transformers_directory_is_served_under_its_name(
@@ -256,17 +265,23 @@ def _serve(hub: Path, model: str, tmp_path: Path, **env: str) -> subprocess.Comp
     [
         ("nobody/no-such-model", False, "nobody/no-such-model is not in the Hugging Face cache and HF_HUB_OFFLINE"),
         ("nobody/no-such-model", True, "no repository nobody/no-such-model on the hub, or it is private"),
+        (REPO, None, f"{REPO} is not in the Hugging Face cache and the hub cannot be reached"),
         (f"{REPO}@no-such-branch", True, f"{REPO} has no revision 'no-such-branch'"),
         ("some-org/gated-model", True, "some-org/gated-model is gated: accept its terms on the hub and set HF_TOKEN"),
         ("not a hub id!", False, "is neither a directory nor a hub id"),
     ],
 )
 def test_bad_input_ends_the_server_in_one_line_with_status_2(
-    tmp_path: Path, hub: Path, model: str, online: bool, says: str
+    tmp_path: Path, hub: Path, model: str, online: bool | None, says: str
 ) -> None:
+    """online True: the stand-in hub answers; None: the hub's address refuses connections; False: HF_HUB_OFFLINE.
+    Unreachable or offline, the Hugging Face cache is empty."""
+    empty = tmp_path / "empty-hub"  # nothing cached
     with fake_hub() as endpoint:
         env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"} if online else {}
-        result = _serve(hub, model, tmp_path, **env)
+        if online is None:
+            env = {"HF_ENDPOINT": closed_endpoint(), "HF_HUB_OFFLINE": "0"}
+        result = _serve(hub if online else empty, model, tmp_path, **env)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and last.startswith("translate-server: ") and says in last, result.stderr
     assert not published(tmp_path / "cache") and not leftovers(tmp_path / "cache")
