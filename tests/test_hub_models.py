@@ -25,6 +25,7 @@ from server.edge.main import TranslationServer, load_models
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.hub_cache import REPO, SHA, block_network, cache_folder, closed_endpoint, fake_hub, hub_cache, tiny_marian
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
+from tests.test_client_cli import cli
 
 BLOCKED = "from tests.hub_cache import block_network; block_network(); "
 
@@ -90,6 +91,12 @@ def test_served_by_id_offline_and_a_second_start_builds_nothing(
         assert (info.name, info.revision, info.variant) == (REPO, SHA, "fp32")
         reply = server.stub.Translate(request(["Das Haus ist groß."], model=REPO), timeout=60)
         assert len(reply.results) == 1
+        # the translate CLI names it the same way: --list-models shows id and commit, --model ID picks it
+        code, listed, _ = cli(server, "--list-models")
+        assert code == 0 and listed.startswith(f"{REPO} at {SHA[:12]}: de-en")
+        code, out, _ = cli(server, "--model", REPO, texts=["Das Haus ist groß."])
+        assert code == 0 and out.strip() == reply.results[0].translation.strip()
+        assert cli(server, "--model", "Helsinki-NLP/opus-mt-xx-yy", texts=["Haus"])[0] == 3  # INVALID_ARGUMENT
     (directory,) = published(tmp_path / "cache")
     before = [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in [directory, *directory.rglob("*")]]
 
