@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ import pytest
 import export.hub
 from export import publish
 from export.fetch import FetchError, HubSettings
-from export.hub import BuildPlan, ensure_model
+from export.hub import BuildPlan, ensure_model, plan_for
+from model.directory import FORMAT_VERSION
 from server.edge.config import ServerConfig, parse_config
 from server.edge.main import TranslationServer, load_models
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -108,6 +110,27 @@ def test_served_by_id_offline_and_a_second_start_builds_nothing(
     (again,) = load_models(config)
     assert again.description.name == REPO and time.monotonic() - started < 30
     assert [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in [directory, *directory.rglob("*")]] == before
+
+
+def test_the_cache_key_changes_with_the_format_version_and_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = BuildPlan().folder()
+    assert base.startswith(f"f{FORMAT_VERSION}-fp32-")
+    int8 = BuildPlan(("fp32", "int8"))
+    assert len({base, int8.folder(), BuildPlan(opset=17).folder(), replace(int8, int8_7bit=True).folder()}) == 4
+    monkeypatch.setattr(export.hub, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    assert BuildPlan().folder() != base
+
+
+def test_auto_builds_fp32_and_an_asked_variant_is_built_beside_it(
+    tmp_path: Path, hub: Path, offline: HubSettings
+) -> None:
+    """auto: no quality gate has measured a fetched model's faster variants, so fp32 is built and served; int8
+    asked for is built beside fp32 (7-bit weights per channel where the CPU has no int8 dot products)."""
+    assert plan_for("auto", "cpu", "vnni") == plan_for("auto", "cuda", "plain") == BuildPlan()
+    assert plan_for("int8", "cpu", "plain") == BuildPlan(("fp32", "int8"), int8_7bit=True)
+    assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp32", "fp16"))
+    (model,) = load_models(replace(server_config(tmp_path, hub), variant="int8"))
+    assert model.description.variant == "int8" and model.description.available_variants == ["fp32", "int8"]
 
 
 def test_a_branch_resolves_offline_from_the_cache_and_a_sha_needs_no_ref(

@@ -146,13 +146,19 @@ def fetch_models(config: ServerConfig) -> list[ModelSource]:
     plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
     cache = config.model_cache
     hub = HubSettings(config.hf_hub_cache, config.hf_offline)
-    try:
-        built = [ensure_model(model, plan, cache, hub) for model in config.models]
-    except (FetchError, BuildError) as err:
-        raise ModelSourceError(str(err)) from err
-    except OSError as err:
-        raise StartupError(f"cannot build into the model cache {cache}: {err}") from err
-    return [ModelSource(b.directory, b.name, b.revision) for b in built]
+    sources = []
+    for model in config.models:
+        try:
+            built = ensure_model(model, plan, cache, hub)
+        except (FetchError, BuildError) as err:
+            raise ModelSourceError(str(err)) from err
+        except OSError as err:
+            raise StartupError(f"cannot build {model} into the model cache {cache}: {err}") from err
+        except Exception as err:  # a fault of the importer or exporter on this model: its traceback is logged
+            logger.exception("building %s failed", model)
+            raise StartupError(f"cannot build {model}: {type(err).__name__}: {err}") from err
+        sources.append(ModelSource(built.directory, built.name, built.revision))
+    return sources
 
 
 def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
