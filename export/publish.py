@@ -175,22 +175,26 @@ def obtain(final: Path, identity: Mapping[str, object], build: Callable[[Path], 
                 log.info("another replica is building %s (lock %s): waiting for it", final, lock.path)
                 waiting_logged = True
             time.sleep(POLL_S)
-            continue
-        if not lock.acquire():
-            continue
-        try:
-            if not final.exists():
-                sweep_stale(final.parent)
-                staging = final.with_name(f"{STAGING_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
-                staging.mkdir()
-                try:
-                    build(staging)
-                    write_manifest(staging, identity)
-                except BaseException:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    raise
-                builds += 1
-                if not publish(staging, final):
-                    log.info("another replica published %s first: using it", final)
-        finally:
-            lock.release()
+        elif lock.acquire():
+            try:
+                if not final.exists():  # another replica may have published between the check and the lock
+                    build_and_publish(final, identity, build)
+                    builds += 1
+            finally:
+                lock.release()
+
+
+def build_and_publish(final: Path, identity: Mapping[str, object], build: Callable[[Path], None]) -> None:
+    """Build into a fresh staging directory beside `final`, write its manifest, rename it into place; a build
+    that raises leaves nothing behind."""
+    sweep_stale(final.parent)
+    staging = final.with_name(f"{STAGING_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        build(staging)
+        write_manifest(staging, identity)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if not publish(staging, final):
+        log.info("another replica published %s first: using it", final)
