@@ -120,8 +120,9 @@ def model_directories(config: ServerConfig) -> list[Path]:
 
 
 def load_models(config: ServerConfig) -> list[LoadedModel]:
-    """Every configured model, each under its directory's name, which must be unique, loaded once per engine
-    (`engine_plan`): replicas of a model share its name and are listed one after the other."""
+    """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
+    unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
+    the other."""
     sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config)
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
