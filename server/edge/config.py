@@ -178,6 +178,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         dest="models",
+        metavar="ID[@REVISION]",
         action="append",
         default=None,
         help=f"a hub id (org/name[@revision]) or transformers directory to fetch, build, cache and serve; repeatable "
