@@ -18,11 +18,12 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from export.fetch import FetchError, HubSettings, ModelName, download, local_revision, parse_name, resolve_commit
-from export.publish import obtain
+from export.publish import Stopped, never, obtain
 from model.directory import FORMAT_VERSION, VARIANTS
 
 log = logging.getLogger(__name__)
@@ -78,31 +79,46 @@ def plan_for(variant: str, provider: str, cpu_int8: str) -> BuildPlan:
     return BuildPlan(("fp32", variant), int8_7bit=variant == "int8" and per_channel)
 
 
-def ensure_model(text: str, plan: BuildPlan, cache_dir: Path, hub: HubSettings) -> BuiltModel:
-    """The cached build of the model `text` names, built and published first when missing or corrupt."""
+def ensure_model(
+    text: str, plan: BuildPlan, cache_dir: Path, hub: HubSettings, stopped: Callable[[], bool] = never
+) -> BuiltModel:
+    """The cached build of the model `text` names, built and published first when missing or corrupt; raises
+    export.publish.Stopped once `stopped()` is true while it waits or between the steps of a build."""
     name = parse_name(text)
     commit = local_revision(name.local) if name.local else resolve_commit(name, hub)
     origin = "local" if name.local else name.cache_folder
     final = cache_dir / origin / commit / plan.folder()
     identity = {"repository": name.repository, "revision": commit, "format_version": FORMAT_VERSION,
                 "recipe": plan.recipe()}  # fmt: skip
-    directory, built = obtain(final, identity, lambda staging: build(name, commit, staging, plan, hub))
+    directory, built = obtain(
+        final, identity, lambda staging: build(name, commit, staging, plan, hub, stopped), stopped
+    )
     if not built:
         log.info("%s@%s: serving the cached build %s", name.repository, commit[:12], directory)
     return BuiltModel(name.repository, commit, directory, built)
 
 
-def build(name: ModelName, commit: str, out: Path, plan: BuildPlan, hub: HubSettings) -> None:
-    """Import the transformers files into `out`, then export the plan's graphs into `out/onnx`."""
+def build(
+    name: ModelName, commit: str, out: Path, plan: BuildPlan, hub: HubSettings, stopped: Callable[[], bool] = never
+) -> None:
+    """Import the transformers files into `out`, then export the plan's graphs into `out/onnx`; between the
+    steps, stop (Stopped) when asked to."""
     source = name.local or download(name, commit, hub)
     started = time.monotonic()
+    _unless(stopped, f"building {name.repository}")
     log.info("building %s@%s (%s) in %s", name.repository, commit[:12], plan.recipe(), out)
     _import(name, source, out)
     log.info("imported %s in %.1f s", name.repository, time.monotonic() - started)
+    _unless(stopped, f"building {name.repository}")
     _export(out, plan)
     (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log.info("built %s: %.1f MB in %.1f s", name.repository, size / MB, time.monotonic() - started)
+
+
+def _unless(stopped: Callable[[], bool], what: str) -> None:
+    if stopped():
+        raise Stopped(f"stopped {what}")
 
 
 def _import(name: ModelName, source: Path, out: Path) -> None:

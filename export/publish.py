@@ -38,6 +38,14 @@ class PublishError(RuntimeError):
     """A built directory does not match its own manifest; the message says which file."""
 
 
+class Stopped(Exception):
+    """The caller stopped waiting for, or building, a directory (the server is shutting down)."""
+
+
+def never() -> bool:
+    return False
+
+
 def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -154,9 +162,12 @@ def sweep_stale(parent: Path) -> None:
                     shutil.rmtree(leftover, ignore_errors=True)
 
 
-def obtain(final: Path, identity: Mapping[str, object], build: Callable[[Path], None]) -> tuple[Path, bool]:
+def obtain(
+    final: Path, identity: Mapping[str, object], build: Callable[[Path], None], stopped: Callable[[], bool] = never
+) -> tuple[Path, bool]:
     """`final`, verified against its manifest, built by `build(staging)` and published unless a valid one is
-    there already or another replica publishes it meanwhile; returns it and whether this call built it."""
+    there already or another replica publishes it meanwhile; returns it and whether this call built it.
+    Raises Stopped once `stopped()` is true while it waits for another replica's build."""
     final.parent.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(final.with_name(final.name + ".lock"))
     builds = 0
@@ -171,6 +182,8 @@ def obtain(final: Path, identity: Mapping[str, object], build: Callable[[Path], 
             log.warning("%s is not a complete build (%s): building it again", final, reason)
             discard(final)
         if lock.held_elsewhere():
+            if stopped():
+                raise Stopped(f"stopped waiting for another replica to build {final}")
             if not waiting_logged:
                 log.info("another replica is building %s (lock %s): waiting for it", final, lock.path)
                 waiting_logged = True

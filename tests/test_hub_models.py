@@ -5,13 +5,17 @@ killed mid-build leave one complete directory or none; every bad input ends the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +27,7 @@ from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
 from server.edge.config import ServerConfig, parse_config
-from server.edge.main import TranslationServer, load_models
+from server.edge.main import StartupError, TranslationServer, load_models
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.hub_cache import REPO, SHA, block_network, cache_folder, closed_endpoint, fake_hub, hub_cache, tiny_marian
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
@@ -160,6 +164,25 @@ def test_a_local_transformers_directory_is_served_under_its_name(
     assert not ensure_model(str(marian), BuildPlan(), tmp_path / "cache", offline).built
 
 
+@contextmanager
+def loading_server(config: ServerConfig) -> Iterator[tuple[RunningServer, concurrent.futures.Future[None]]]:
+    """A started server and its `load()` running in the background: health answers while models are fetched."""
+
+    async def started() -> tuple[TranslationServer, int]:  # grpc.aio binds a server to the loop that makes it
+        server = TranslationServer(config)
+        return server, await server.start()
+
+    with server_loop() as loop:
+        server, port = asyncio.run_coroutine_threadsafe(started(), loop).result(60)
+        running = RunningServer(server, port, loop)
+        try:
+            yield running, running.start(server.load())
+        finally:
+            running.channel.close()
+            if not server.stopping.is_set():
+                running.run(server.shutdown(0.0))
+
+
 def test_health_is_not_serving_until_the_build_is_published(
     tmp_path: Path, hub: Path, offline: HubSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,16 +195,7 @@ def test_health_is_not_serving_until_the_build_is_published(
         real_build(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(export.hub, "build", held_build)
-    config = server_config(tmp_path, hub)
-
-    async def started() -> tuple[TranslationServer, int]:  # grpc.aio binds a server to the loop that makes it
-        server = TranslationServer(config)
-        return server, await server.start()
-
-    with server_loop() as loop:
-        server, port = asyncio.run_coroutine_threadsafe(started(), loop).result(60)
-        running = RunningServer(server, port, loop)
-        loading = running.start(server.load())
+    with loading_server(server_config(tmp_path, hub)) as (running, loading):
         try:
             assert building.wait(60)
             assert health_status(running.channel) == "NOT_SERVING"
@@ -191,8 +205,33 @@ def test_health_is_not_serving_until_the_build_is_published(
             assert health_status(running.channel) == "SERVING"
         finally:
             release.set()
-            running.channel.close()
-            running.run(server.shutdown(0.0))
+
+
+def test_shutdown_stops_a_start_waiting_for_another_replicas_build(
+    tmp_path: Path, hub: Path, offline: HubSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another replica holds the build lock (fresh); a SIGTERM'd server stops waiting at once, builds nothing."""
+    final = tmp_path / "cache" / cache_folder(hub).name / SHA / BuildPlan().folder()
+    final.parent.mkdir(parents=True)
+    lock = final.with_name(final.name + ".lock")
+    lock.write_text("another-host 1\n")
+    caplog.set_level(logging.INFO, logger="export.publish")
+    with loading_server(server_config(tmp_path, hub)) as (running, loading):
+        wait_until(lambda: "another replica is building" in caplog.text, timeout=60)  # waiting on the lock
+        assert not loading.done() and health_status(running.channel) == "NOT_SERVING"
+        stopped_at = time.monotonic()
+        running.run(running.server.shutdown(0.0))
+        with pytest.raises(StartupError, match="stopped waiting for another replica to build"):
+            loading.result(30)
+        assert time.monotonic() - stopped_at < 5
+    assert not published(tmp_path / "cache") and lock.exists()  # the other replica's lock is left to it
+
+
+def test_a_build_asked_to_stop_stops_between_its_steps_and_leaves_nothing(tmp_path: Path, offline: HubSettings) -> None:
+    with pytest.raises(publish.Stopped, match=f"stopped building {REPO}"):
+        ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline, stopped=lambda: True)
+    assert not published(tmp_path / "cache") and not leftovers(tmp_path / "cache")
+    assert not list((tmp_path / "cache").rglob("*.lock"))
 
 
 def test_a_corrupt_published_directory_is_detected_and_rebuilt(tmp_path: Path, offline: HubSettings) -> None:

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -119,11 +120,11 @@ def model_directories(config: ServerConfig) -> list[Path]:
     return directories + found
 
 
-def load_models(config: ServerConfig) -> list[LoadedModel]:
+def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: False) -> list[LoadedModel]:
     """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
     unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
-    the other."""
-    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config)
+    the other. A --model still building or waiting for another replica's build gives up once `stopped()`."""
+    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
         raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
@@ -133,13 +134,14 @@ def load_models(config: ServerConfig) -> list[LoadedModel]:
     return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
 
 
-def fetch_models(config: ServerConfig) -> list[ModelSource]:
+def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
     """Each --model fetched, imported and built for the served variant, or found built in the cache."""
     if not config.models:
         return []
     try:  # the [import] extra: huggingface_hub and the graph builder
         from export.fetch import FetchError, HubSettings
         from export.hub import BuildError, ensure_model, plan_for
+        from export.publish import Stopped
     except ImportError as err:
         raise ModelSourceError(f"--model needs pip install 'translate-service[import]' ({err})") from err
     from model.directory import int8_kernels
@@ -150,9 +152,11 @@ def fetch_models(config: ServerConfig) -> list[ModelSource]:
     sources = []
     for model in config.models:
         try:
-            built = ensure_model(model, plan, cache, hub)
+            built = ensure_model(model, plan, cache, hub, stopped)
         except (FetchError, BuildError) as err:
             raise ModelSourceError(str(err)) from err
+        except Stopped as err:
+            raise StartupError(f"{err}: the server is shutting down") from err
         except OSError as err:
             raise StartupError(f"cannot build {model} into the model cache {cache}: {err}") from err
         except Exception as err:  # a fault of the importer or exporter on this model: its traceback is logged
@@ -299,6 +303,9 @@ class TranslationServer:
         # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
         # behind that work would start late.
         self._lifecycle = ThreadPoolExecutor(max_workers=MAX_LIFECYCLE_THREADS, thread_name_prefix="lifecycle")
+        # Set at shutdown: a model still being fetched or built stops at its next step (the loading thread would
+        # otherwise keep the process alive until the build ends).
+        self.stopping = threading.Event()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
@@ -350,7 +357,7 @@ class TranslationServer:
     async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
         """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
         if models is None:
-            models = await self._off_loop(load_models, self.config)
+            models = await self._off_loop(load_models, self.config, self.stopping.is_set)
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
         sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
@@ -400,6 +407,7 @@ class TranslationServer:
         arrived before the signal has its answer; it then sends GOAWAY and waits for the last responses.
         """
         started = time.monotonic()
+        self.stopping.set()
         await self.health.enter_graceful_shutdown()
         engines = list(self.engines.values())
         drains = await asyncio.gather(*(self._drain(engine, grace) for engine in engines))  # side by side
