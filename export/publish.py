@@ -75,10 +75,11 @@ def mismatch(directory: Path, identity: Mapping[str, object]) -> str | None:
         return f"{MANIFEST_FILE} names another build: {manifest.get('identity')}"
     for name, expected in manifest.get("files", {}).items():
         path = directory / name
-        if not path.is_file():
+        try:  # another replica may move a bad directory aside while this one reads it
+            if path.stat().st_size != expected["size"] or file_sha256(path) != expected["sha256"]:
+                return f"{name} differs from {MANIFEST_FILE}"
+        except FileNotFoundError:
             return f"{name} is missing"
-        if path.stat().st_size != expected["size"] or file_sha256(path) != expected["sha256"]:
-            return f"{name} differs from {MANIFEST_FILE}"
     return None
 
 

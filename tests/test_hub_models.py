@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,6 +247,30 @@ def test_a_corrupt_published_directory_is_detected_and_rebuilt(tmp_path: Path, o
     assert rebuilt.built and rebuilt.directory == built.directory
     assert graph.read_bytes() != bytes(data) and published(tmp_path / "cache") == [built.directory]
     assert not leftovers(tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: (d / publish.MANIFEST_FILE).unlink(), "no readable MANIFEST.json"),
+        (lambda d: (d / "onnx" / "graph.bin").unlink(), "onnx/graph.bin is missing"),
+        (lambda d: (d / "onnx" / "graph.bin").write_bytes(b"\0" * 10), "onnx/graph.bin differs"),
+        (lambda d: (d / publish.MANIFEST_FILE).write_text('{"identity": {}, "files": {}}'), "names another build"),
+    ],
+    ids=["no-manifest", "missing-file", "truncated-file", "other-identity"],
+)
+def test_a_partial_or_foreign_directory_is_rebuilt(tmp_path: Path, damage: Any, reason: str) -> None:
+    final, identity = tmp_path / "model", {"repository": "x", "revision": "y"}
+
+    def build(staging: Path) -> None:
+        (staging / "onnx").mkdir()
+        (staging / "onnx" / "graph.bin").write_bytes(bytes(range(256)) * 100)
+
+    assert publish.obtain(final, identity, build) == (final, True)
+    damage(final)
+    assert reason in (publish.mismatch(final, identity) or "")
+    assert publish.obtain(final, identity, build) == (final, True)
+    assert publish.mismatch(final, identity) is None and not leftovers(tmp_path)
 
 
 def test_two_builders_without_the_lock_still_publish_one_directory(
