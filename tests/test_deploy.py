@@ -488,7 +488,7 @@ def test_k8s_deployment_is_gpu_probed_hardened_and_drains() -> None:
     m = _manifests()
     pod = m["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}  # valueFrom (a secret) has no value
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # The shutdown (server/edge/main.py): the drain and the open-port delay side by side, then 1 s to flush answers;
     # a preStop hook would run before SIGTERM, inside the same grace period.
@@ -531,17 +531,31 @@ def test_production_configs_turn_reflection_off() -> None:
     assert {"name": "TRANSLATE_NO_REFLECTION", "value": "1"} in container["env"]
 
 
-def test_the_deployments_serve_a_mounted_directory_of_models_beside_the_shipped_one() -> None:
-    """compose and Kubernetes mount model directories at /models (read-only) and serve each of them, besides
-    the shipped model the images bake in (TRANSLATE_MODEL_DIR)."""
+def test_the_deployments_serve_opus_mt_by_id_from_a_shared_cache_beside_the_shipped_model() -> None:
+    """compose and Kubernetes serve opus-mt-de-en and opus-mt-en-de by hub id (parsed as the server parses
+    TRANSLATE_MODEL), with a writable volume at /models that the images make the cache of built models and the
+    Hugging Face cache, shared by replicas (ReadWriteMany), besides the shipped model the images bake in; the
+    startup probe outlasts a first start that downloads and builds."""
+    from server.edge.config import parse_config
+
+    ids = ("Helsinki-NLP/opus-mt-de-en", "Helsinki-NLP/opus-mt-en-de")
     translate = _compose_config("compose.yaml")["services"]["translate"]
-    assert translate["environment"]["TRANSLATE_MODELS_DIR"] == "/models"
-    assert any(v["target"] == "/models" and v.get("read_only") for v in translate["volumes"])
+    assert parse_config([], {"TRANSLATE_MODEL": translate["environment"]["TRANSLATE_MODEL"]}).models == ids
+    volume = next(v for v in translate["volumes"] if v["target"] == "/models")
+    assert volume["type"] == "volume" and not volume.get("read_only")
     deployment = _manifests()["Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "TRANSLATE_MODELS_DIR", "value": "/models"} in container["env"]
-    assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert parse_config([], {"TRANSLATE_MODEL": env["TRANSLATE_MODEL"]}).models == ids
+    assert {"name": "models", "mountPath": "/models"} in container["volumeMounts"]
     claim = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
-    assert claim["persistentVolumeClaim"]["claimName"] == _manifests()["PersistentVolumeClaim"]["metadata"]["name"]
+    pvc = _manifests()["PersistentVolumeClaim"]
+    assert claim["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
     for dockerfile in DOCKERFILES:
-        assert "TRANSLATE_MODEL_DIR=/app/model/shipped" in dockerfile.read_text()
+        runtime = " ".join(_stages(dockerfile)["runtime"])
+        assert "TRANSLATE_MODEL_DIR=/app/model/shipped" in runtime and "TRANSLATE_CACHE_DIR=/models" in runtime
+        assert "HF_HOME=/models/huggingface" in runtime and "install -d -o 10001 -g 10001 /models" in runtime
+        assert "COPY export/*.py export/" in runtime and "requirements-hub.txt" in " ".join(_stages(dockerfile)["venv"])

@@ -214,7 +214,8 @@ def list_models(stub: pb_grpc.TranslatorStub, timeout: float | None, metadata: M
     """One line per served model: its name, its pairs, and how it runs."""
     for model in stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=metadata).models:
         pairs = ", ".join(_pair(p) for p in model.pairs)
-        out.write(f"{model.name}: {pairs} ({model.variant}, {model.provider})\n")
+        revision = f" at {model.revision[:12]}" if model.revision else ""
+        out.write(f"{model.name}{revision}: {pairs} ({model.variant}, {model.provider})\n")
 
 
 def _pair(pair: pb.LanguagePair) -> str:

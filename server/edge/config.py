@@ -42,6 +42,12 @@ class ServerConfig:
     # models_dir; requests are routed by language pair (and model name). Neither given: the shipped model.
     model_dirs: tuple[Path, ...] = ()
     models_dir: Path | None = None
+    # Models by hub id (org/name[@revision]) or transformers directory, fetched, built and cached before serving
+    # (export/hub.py), each served under that id; beside the directories above, instead of the shipped model.
+    models: tuple[str, ...] = ()
+    cache_dir: Path | None = None  # the cache of built model directories; None: `model_cache`, beside the HF cache
+    hf_hub_cache: Path | None = None  # HF_HUB_CACHE (or HF_HOME/hub); None: huggingface_hub's default
+    hf_offline: bool = False  # HF_HUB_OFFLINE: resolve revisions and read files from the caches only
     variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
@@ -117,6 +123,12 @@ class ServerConfig:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
     @property
+    def model_cache(self) -> Path:
+        """Where built models are cached: cache_dir, else translate-service beside the Hugging Face cache."""
+        hub = self.hf_hub_cache or Path("~/.cache/huggingface/hub").expanduser()
+        return self.cache_dir or hub.parent / "translate-service"
+
+    @property
     def log_level_number(self) -> int:
         return int(logging.getLevelName(self.log_level))
 
@@ -168,6 +180,16 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         f"{os.pathsep!r}); neither this nor --models-dir: the shipped model",
     )
     add("models-dir", Path, "serve every model directory (one with onnx/) inside this directory")
+    parser.add_argument(
+        "--model",
+        dest="models",
+        metavar="ID[@REVISION]",
+        action="append",
+        default=None,
+        help=f"a hub id (org/name[@revision]) or transformers directory to fetch, build, cache and serve; repeatable "
+        f"({env_name('model')} takes several separated by {os.pathsep!r})",
+    )
+    add("cache-dir", Path, "the cache of built models (default: translate-service beside the Hugging Face cache)")
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
     add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
@@ -238,4 +260,21 @@ def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Serv
     if values["model_dirs"] is None:  # no flag: the environment's list
         values["model_dirs"] = [Path(d) for d in raw_dirs.split(os.pathsep) if d] if raw_dirs else []
     values["model_dirs"] = tuple(values["model_dirs"])
+    if values["models"] is None:
+        values["models"] = [m for m in environ.get(env_name("model"), "").split(os.pathsep) if m]
+    values["models"] = tuple(values["models"])
+    values["hf_hub_cache"] = hf_hub_cache(environ)
+    values["hf_offline"] = environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
     return ServerConfig(**values)
+
+
+def hf_hub_cache(environ: Mapping[str, str]) -> Path | None:
+    """Where huggingface_hub keeps its cache, by the variables it documents: HF_HUB_CACHE, else HF_HOME/hub,
+    else $XDG_CACHE_HOME/huggingface/hub; None where none is set (its default, ~/.cache/huggingface/hub)."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]).expanduser() / "huggingface" / "hub"
+    return None

@@ -28,7 +28,7 @@ TAG_PLACEMENTS = {TagPlacement.NONE: pb.TAG_PLACEMENT_NONE, TagPlacement.PROPORT
 class ModelDescription:
     """What ListModels reports about the served model, gathered once at load time."""
 
-    name: str  # model directory name, e.g. "shipped"
+    name: str  # model directory name, e.g. "shipped", or the hub id it was built from
     variant: str  # exported variant in use: fp32, int8 or fp16
     available_variants: list[str]  # variants exported for this model
     provider: str  # onnxruntime execution provider in use
@@ -44,6 +44,7 @@ class ModelDescription:
     default_beam_size: int = DEFAULT_BEAM_SIZE
     default_max_output_len: int = 0
     target_tags: Mapping[str, str] = field(default_factory=dict)  # tag text by target code, e.g. {"pob": ">>pob<<"}
+    revision: str = ""  # the hub commit sha (or a transformers directory's content hash) it was built from
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
         provider=model.provider,
         opset=model.opset,
         model_sha256=model.model_sha256,
+        revision=model.revision,
         dtype=model.dtype,
         default_length_penalty={
             name: model.default_length_penalty.get(name, DEFAULT_LENGTH_PENALTY)

@@ -78,8 +78,21 @@ class StartupError(RuntimeError):
     """The server cannot start as configured; the message says why, for the operator."""
 
 
+class ModelSourceError(StartupError):
+    """A --model that cannot be served as named (unknown, unreachable, not importable): exit status 2."""
+
+
 class EngineDiedError(RuntimeError):
     """The decoding loop died while serving (its traceback is logged); the process must be restarted."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model directory to serve, the name requests route by, and the commit it was built from ("" if none)."""
+
+    directory: Path
+    name: str
+    revision: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,32 +115,66 @@ def resolve_provider(requested: str) -> str:
 
 def model_directories(config: ServerConfig) -> list[Path]:
     """The directories to serve, in load order: each --model-dir, then every directory inside --models-dir
-    that holds an export (onnx/), by name; neither given: the shipped model. An empty --models-dir beside a
-    --model-dir is no error (an image's mount point with nothing mounted yet); with nothing to serve it is."""
+    that holds an export (onnx/), by name; none of these nor a --model given: the shipped model. An empty
+    --models-dir beside another model is no error (an image's mount point with nothing mounted yet); with
+    nothing to serve it is."""
     directories = list(config.model_dirs)
     if config.models_dir is None:
-        return directories or [DEFAULT_MODEL_DIR]
+        return directories or ([] if config.models else [DEFAULT_MODEL_DIR])
     if not config.models_dir.is_dir():
         raise StartupError(f"models directory {config.models_dir} does not exist")
     found = sorted(d for d in config.models_dir.iterdir() if (d / "onnx").is_dir())
-    if not found and not directories:
+    if not found and not directories and not config.models:
         raise StartupError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
     if not found:
         logger.warning("no model directory (one with onnx/) in %s", config.models_dir)
     return directories + found
 
 
-def load_models(config: ServerConfig) -> list[LoadedModel]:
-    """Every configured model, each under its directory's name, which must be unique, loaded once per engine
-    (`engine_plan`): replicas of a model share its name and are listed one after the other."""
-    directories = model_directories(config)
-    names = [d.resolve().name for d in directories]
+def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: False) -> list[LoadedModel]:
+    """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
+    unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
+    the other. A --model still building or waiting for another replica's build gives up once `stopped()`."""
+    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
+    names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
-        raise StartupError(f"two model directories share the name {duplicated}: rename one, names route requests")
-    engines, threads = engine_plan(available_cores(), len(directories), resolve_provider(config.provider), config)
+        raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
+    engines, threads = engine_plan(available_cores(), len(sources), resolve_provider(config.provider), config)
     logger.info("%d engine(s) per model, %s intra-op thread(s) each", engines, threads or "onnxruntime's default")
     each = replace(config, threads=threads)
-    return [load_model(each, directory) for directory in directories for _ in range(engines)]
+    return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
+
+
+def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
+    """Each --model fetched, imported and built for the served variant, or found built in the cache."""
+    if not config.models:
+        return []
+    try:  # the [import] extra: huggingface_hub and the graph builder
+        from export.fetch import FetchError, HubSettings
+        from export.hub import BuildError, ensure_model, plan_for
+        from export.publish import Stopped
+    except ImportError as err:
+        raise ModelSourceError(f"--model needs pip install 'translate-service[import]' ({err})") from err
+    from model.directory import int8_kernels
+
+    plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
+    cache = config.model_cache
+    hub = HubSettings(config.hf_hub_cache, config.hf_offline)
+    sources = []
+    for model in config.models:
+        try:
+            built = ensure_model(model, plan, cache, hub, stopped)
+        except (FetchError, BuildError) as err:
+            raise ModelSourceError(str(err)) from err
+        except Stopped as err:
+            raise StartupError(f"{err}: the server is shutting down") from err
+        except OSError as err:
+            raise StartupError(f"cannot build {model} into the model cache {cache}: {err}") from err
+        except Exception as err:  # a fault of the importer or exporter on this model: its traceback is logged
+            logger.exception("building %s failed", model)
+            raise StartupError(f"cannot build {model}: {type(err).__name__}: {err}") from err
+        sources.append(ModelSource(built.directory, built.name, built.revision))
+    return sources
 
 
 def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -152,17 +199,18 @@ def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) ->
     return engines, threads
 
 
-def load_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
-    """Open the configured variant of the exported model; StartupError naming the cause if it cannot."""
+def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, revision: str = "") -> LoadedModel:
+    """Open the configured variant of the exported model, named `name` (default: the directory's name);
+    StartupError naming the cause if it cannot."""
     if not model_dir.is_dir():
         raise StartupError(f"model directory {model_dir} does not exist")
     try:
-        return _open_model(config, model_dir)
+        return _open_model(config, model_dir, name or model_dir.resolve().name, revision)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
 
-def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
+def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:
     # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
     from model.directory import (
         available_variants,
@@ -200,7 +248,8 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
         model_dir, variant, runner.provider, runner.kv_cache, provider,
     )  # fmt: skip
     description = ModelDescription(
-        name=model_dir.resolve().name,
+        name=name,
+        revision=revision,
         variant=variant,
         available_variants=available_variants(model_dir),
         provider=runner.provider,
@@ -212,7 +261,7 @@ def _open_model(config: ServerConfig, model_dir: Path) -> LoadedModel:
         default_max_output_len=max_output_len or 0,
         target_tags=target_tags(runner.spec, ModelConfig.from_dict(meta.model_config)),
     )
-    log_sentence_rules(model_dir.resolve().name, runner.spec)
+    log_sentence_rules(name, runner.spec)
     tokenizer = load_tokenizer(model_dir, runner.spec, ModelConfig.from_dict(meta.model_config))
     return LoadedModel(runner, tokenizer, description)
 
@@ -263,6 +312,9 @@ class TranslationServer:
         # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
         # behind that work would start late.
         self._lifecycle = ThreadPoolExecutor(max_workers=MAX_LIFECYCLE_THREADS, thread_name_prefix="lifecycle")
+        # Set at shutdown: a model still being fetched or built stops at its next step (the loading thread would
+        # otherwise keep the process alive until the build ends).
+        self.stopping = threading.Event()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
@@ -314,7 +366,7 @@ class TranslationServer:
     async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
         """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
         if models is None:
-            models = await self._off_loop(load_models, self.config)
+            models = await self._off_loop(load_models, self.config, self.stopping.is_set)
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
         sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
@@ -369,6 +421,7 @@ class TranslationServer:
         arrived before the signal has its answer; it then sends GOAWAY and waits for the last responses.
         """
         started = time.monotonic()
+        self.stopping.set()
         await self.health.enter_graceful_shutdown()
         engines = list(self.engines.values())
         drains = await asyncio.gather(*(self._drain(engine, grace) for engine in engines))  # side by side
@@ -561,6 +614,10 @@ def run(config: ServerConfig, model: LoadedModel | None = None, on_serving: Call
     """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
     try:
         asyncio.run(serve(config, model, on_serving))
+    except ModelSourceError as err:  # bad input, as a bad flag is: status 2
+        logger.debug("the server stopped", exc_info=err)
+        print(f"translate-server: {err}", file=sys.stderr)
+        sys.exit(2)
     except (StartupError, EngineDiedError) as err:
         logger.debug("the server stopped", exc_info=err)
         sys.exit(f"translate-server: {err}")

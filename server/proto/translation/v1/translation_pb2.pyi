@@ -551,8 +551,11 @@ class ModelInfo(_message.Message):
     DEFAULT_LENGTH_PENALTY_FIELD_NUMBER: _builtins.int
     DEFAULT_BEAM_SIZE_FIELD_NUMBER: _builtins.int
     DEFAULT_MAX_OUTPUT_LEN_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Model name (the model directory's name, e.g. "shipped")."""
+    """Model name: the hub id it was fetched by (e.g. "Helsinki-NLP/opus-mt-de-en"), else the model
+    directory's name (e.g. "shipped"). TranslationOptions.model takes it.
+    """
     variant: _builtins.str
     """Exported variant in use: "fp32", "int8" or "fp16"."""
     provider: _builtins.str
@@ -572,6 +575,10 @@ class ModelInfo(_message.Message):
     default_max_output_len: _builtins.int
     """The output limit a request that sets none gets, in tokens: the model's generation default (an imported
     model's max_length), or 0 for 3 x source tokens + 10.
+    """
+    revision: _builtins.str
+    """The commit sha of the hub repository the model was built from (translate-server --model ID[@REVISION]),
+    "sha256-<hex>" of a transformers directory's files, or empty for a model directory served as it is.
     """
     @_builtins.property
     def languages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -612,10 +619,11 @@ class ModelInfo(_message.Message):
         default_length_penalty: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         default_beam_size: _builtins.int = ...,
         default_max_output_len: _builtins.int = ...,
+        revision: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_beam_size", b"default_beam_size", "default_length_penalty", b"default_length_penalty", "default_max_output_len", b"default_max_output_len", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_beam_size", b"default_beam_size", "default_length_penalty", b"default_length_penalty", "default_max_output_len", b"default_max_output_len", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "revision", b"revision", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,175 @@
+"""A served model directory for a hub id or a transformers directory: fetched, imported, exported, cached.
+
+    python -m export.hub Helsinki-NLP/opus-mt-de-en[@REVISION] [--cache-dir DIR] [--variants fp32,int8]
+
+The cache holds one directory per (repository, commit sha, model-directory FORMAT_VERSION, build recipe):
+`<cache>/models--org--name/<sha>/f<FORMAT_VERSION>-<variants>-<recipe hash>/`, published whole by
+export/publish.py. A start that finds it verified makes no download and builds nothing. `translate-server
+--model` calls `ensure_model`; this entrypoint fills a shared volume ahead of the servers (an init container).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.fetch import FetchError, HubSettings, ModelName, download, local_revision, parse_name, resolve_commit
+from export.publish import Stopped, never, obtain
+from model.directory import FORMAT_VERSION, VARIANTS
+
+log = logging.getLogger(__name__)
+
+OPSET = 18
+MB = 1e6
+
+
+class BuildError(Exception):
+    """The fetched model cannot be built into a served directory; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Which graphs to build and how: the part of a cached directory's key that is this project's choice."""
+
+    variants: tuple[str, ...] = ("fp32",)  # always fp32 (the others derive from it or fall back to it)
+    int8_7bit: bool = False  # int8 with 7-bit weights per output channel (CPUs without VNNI)
+    opset: int = OPSET
+
+    def recipe(self) -> str:
+        from export.quantize import int8_recipe
+
+        parts = [f"opset {self.opset}", *self.variants]
+        if "int8" in self.variants:
+            parts.append(int8_recipe(self.int8_7bit, self.int8_7bit))
+        return "; ".join(parts)
+
+    def folder(self) -> str:
+        """f<FORMAT_VERSION>-<variants>-<hash of the recipe>: a changed recipe or format never reuses a build."""
+        digest = hashlib.sha256(f"{FORMAT_VERSION}\n{self.recipe()}".encode()).hexdigest()[:8]
+        return f"f{FORMAT_VERSION}-{'+'.join(self.variants)}-{digest}"
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model directory ready to serve and what ListModels says of its origin."""
+
+    name: str  # the hub id (or the local directory's name): the name requests route by
+    revision: str  # the commit sha it was built from (a content hash for a local directory)
+    directory: Path  # the published model directory
+    built: bool  # True when this call built it, False when it came from the cache
+
+
+def plan_for(variant: str, provider: str, cpu_int8: str) -> BuildPlan:
+    """The graphs `--variant` needs on `provider`. auto builds fp32 only: no quality gate has measured the
+    faster variants of an imported model (model.directory.choose_variant serves fp32 without one)."""
+    if variant in ("auto", "fp32"):
+        return BuildPlan()
+    from export.quantize import int8_flags_for
+
+    per_channel, _ = int8_flags_for(cpu_int8)
+    return BuildPlan(("fp32", variant), int8_7bit=variant == "int8" and per_channel)
+
+
+def ensure_model(
+    text: str, plan: BuildPlan, cache_dir: Path, hub: HubSettings, stopped: Callable[[], bool] = never
+) -> BuiltModel:
+    """The cached build of the model `text` names, built and published first when missing or corrupt; raises
+    export.publish.Stopped once `stopped()` is true while it waits or between the steps of a build."""
+    name = parse_name(text)
+    commit = local_revision(name.local) if name.local else resolve_commit(name, hub)
+    origin = "local" if name.local else name.cache_folder
+    final = cache_dir / origin / commit / plan.folder()
+    identity = {"repository": name.repository, "revision": commit, "format_version": FORMAT_VERSION,
+                "recipe": plan.recipe()}  # fmt: skip
+    directory, built = obtain(
+        final, identity, lambda staging: build(name, commit, staging, plan, hub, stopped), stopped
+    )
+    if not built:
+        log.info("%s@%s: serving the cached build %s", name.repository, commit[:12], directory)
+    return BuiltModel(name.repository, commit, directory, built)
+
+
+def build(
+    name: ModelName, commit: str, out: Path, plan: BuildPlan, hub: HubSettings, stopped: Callable[[], bool] = never
+) -> None:
+    """Import the transformers files into `out`, then export the plan's graphs into `out/onnx`; between the
+    steps, stop (Stopped) when asked to."""
+    source = name.local or download(name, commit, hub)
+    started = time.monotonic()
+    _unless(stopped, f"building {name.repository}")
+    log.info("building %s@%s (%s) in %s", name.repository, commit[:12], plan.recipe(), out)
+    _import(name, source, out)
+    log.info("imported %s in %.1f s", name.repository, time.monotonic() - started)
+    _unless(stopped, f"building {name.repository}")
+    _export(out, plan)
+    (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    log.info("built %s: %.1f MB in %.1f s", name.repository, size / MB, time.monotonic() - started)
+
+
+def _unless(stopped: Callable[[], bool], what: str) -> None:
+    if stopped():
+        raise Stopped(f"stopped {what}")
+
+
+def _import(name: ModelName, source: Path, out: Path) -> None:
+    from export.hf import UnsupportedModel, import_model
+    from export.hf import parse_args as import_args
+
+    # The importer reads the languages from the directory's name (opus-mt-de-en) where the tokenizer config
+    # names none: a link under the repository's name gives it that name, not the snapshot's sha.
+    with tempfile.TemporaryDirectory(prefix="translate-import-") as links:
+        link = Path(links) / name.repository.split("/")[-1]
+        link.symlink_to(source.resolve(), target_is_directory=True)
+        try:
+            import_model(import_args(["--model", str(link), "--out", str(out)]))
+        except (UnsupportedModel, KeyError) as err:
+            raise BuildError(f"{name.text}: the importer cannot carry this model: {err}") from err
+
+
+def _export(out: Path, plan: BuildPlan) -> None:
+    from export.__main__ import main as export_main
+
+    argv = ["--model-dir", str(out), "--variants", ",".join(plan.variants), "--opset", str(plan.opset)]
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        status = export_main([*argv, *(["--int8-7bit"] if plan.int8_7bit else [])])
+    if status != 0:
+        reason = errors.getvalue().strip().splitlines()
+        raise BuildError(reason[-1] if reason else f"python -m export exited {status}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.hub", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a hub id (org/name[@revision]) or a transformers directory")
+    parser.add_argument("--cache-dir", type=Path, required=True, help="the cache of built model directories")
+    parser.add_argument("--variants", default="fp32", help=f"comma-separated, from {', '.join(VARIANTS)}")
+    parser.add_argument("--int8-7bit", action="store_true", help="int8 with 7-bit weights (CPUs without VNNI)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    variants = tuple(dict.fromkeys(["fp32", *(v for v in args.variants.split(",") if v)]))
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"unknown variants {unknown}")
+    from huggingface_hub import constants  # huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE at import
+
+    hub = HubSettings(Path(constants.HF_HUB_CACHE), bool(constants.HF_HUB_OFFLINE))
+    try:
+        built = ensure_model(args.model, BuildPlan(variants, args.int8_7bit), args.cache_dir, hub)
+    except (FetchError, BuildError) as err:
+        print(f"export.hub: error: {err}", file=sys.stderr)
+        return 2
+    print(built.directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
