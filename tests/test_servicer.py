@@ -698,9 +698,10 @@ def test_stream_sends_a_text_as_soon_as_it_is_done_not_in_request_order(
     assert [m.result.index for m in messages] == [1, 0]  # both start together; the short one finishes first
 
 
-@pytest.fixture(scope="module", params=["host", "device"])
+@pytest.fixture(scope="module", params=["auto", "host", "device"])
 def onnx_served(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[tuple[RunningServer, LoadedModel]]:
-    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, with either cache placement."""
+    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, with each cache placement (auto, the
+    default, is the working batch)."""
     export_tiny_onnx(tiny_model_dir)
     model = onnx_model(tiny_model_dir, kv_cache=request.param)
     with running_server(model, config()) as running:
