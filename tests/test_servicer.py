@@ -648,14 +648,17 @@ def test_request_limits_match_the_proto_documentation() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: signal.Signals) -> None:
+    """The signal comes after the call's first partial output and before its first result: it is provably
+    decoding (ordering, not a sleep), and it still gets every result."""
     with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         assert stub.Translate(request(["Hallo."], beam_size=1), timeout=30).results[0].sentences == 1
-        in_flight = stub.Translate.future(request(["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]), timeout=60)
-        time.sleep(0.2)  # the request is decoding: each step takes 50 ms
-        assert not in_flight.done()
+        texts = ["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]
+        in_flight = stub.TranslateStream(request(texts, stream_tokens=True), timeout=60)
+        assert next(in_flight).HasField("partial")  # decoding, no text done yet
         process.send_signal(sig)
-        assert [r.sentences for r in in_flight.result(60).results] == [1, 1, 1]
+        results = [m.result for m in in_flight if m.HasField("result")]
+        assert sorted((r.index, r.sentences) for r in results) == [(0, 1), (1, 1), (2, 1)]
         assert process.wait(60) == 0
 
 
