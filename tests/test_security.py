@@ -204,6 +204,31 @@ def test_a_bearer_token_is_required_for_every_call_but_health(guarded: RunningSe
     assert unauthenticated == 4, "refused calls are counted like any other"
 
 
+def test_without_one_token_the_request_is_refused_before_it_is_parsed(guarded: RunningServer) -> None:
+    """Bytes that do not parse, sent over gRPC without a token, with the right one twice, or with a wrong
+    one, are UNAUTHENTICATED; the same bytes with the token are INVALID_ARGUMENT (parsed, and refused as
+    malformed), and a valid request with the token repeated is refused too.
+
+    Deliberate breaks: a refusal that parses the request first (`_refusing` given the request's
+    deserializer in `server/edge/interceptors.py`) fails the first assertion (UNKNOWN, "was corrupt", not
+    UNAUTHENTICATED); accepting any number of `authorization` headers (`if not values` in
+    `AuthInterceptor.authorized`) fails the repeated-header one (INVALID_ARGUMENT: it was parsed)."""
+    garbage = b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"  # field 1, a length varint that never ends
+    send = guarded.channel.unary_unary(
+        "/translation.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+    )
+    bearer = ("authorization", f"Bearer {TOKEN}")
+    for metadata in ((), (bearer, bearer), (("authorization", "Bearer wrong"),)):
+        error = status_of(lambda: send(garbage, timeout=10, metadata=metadata))  # noqa: B023
+        assert (error.code, error.details) == (grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE), metadata
+    parsed = status_of(lambda: send(garbage, timeout=10, metadata=(bearer,)))
+    assert parsed.code == grpc.StatusCode.INVALID_ARGUMENT, "the bytes do not parse: only the token kept them out"
+    valid = request(["Das Haus ist groß."], beam_size=1)
+    twice = status_of(lambda: guarded.stub.Translate(valid, timeout=10, metadata=(bearer, bearer)))
+    assert twice.code == grpc.StatusCode.UNAUTHENTICATED
+    assert guarded.stub.Translate(valid, timeout=10, metadata=(bearer,)).results[0].sentences == 1
+
+
 def test_reflection_needs_the_token_too(guarded: RunningServer) -> None:
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
