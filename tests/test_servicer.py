@@ -22,6 +22,7 @@ from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
 from server.core.engine import RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
+from server.edge import interceptors
 from server.edge import servicer as servicer_module
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
@@ -491,7 +492,28 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         assert drained.result(30) is True
 
 
-def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_model_dir: Path) -> None:
+def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parse spy (on the deserializer the server's ParseInterceptor calls) sees the call in progress and
+    never the refused one.
+
+    Deliberate break: `maximum_concurrent_rpcs=None` in `server/edge/main.py` fails it: the second call is
+    parsed (the spy sees "Steuerpult")."""
+    parsed: list[list[str]] = []
+    parsing = interceptors.ParseInterceptor._parsing
+
+    def spying(self: interceptors.ParseInterceptor, handler: grpc.RpcMethodHandler, path: str) -> object:
+        parse = handler.request_deserializer
+
+        def spy(raw: bytes) -> object:
+            message = parse(raw)
+            parsed.append(list(getattr(message, "texts", [])))
+            return message
+
+        return parsing(self, handler._replace(request_deserializer=spy), path)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(interceptors.ParseInterceptor, "_parsing", spying)
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_concurrent_rpcs=1)) as served:
@@ -499,6 +521,7 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß."]))
         gated.wait_for_step()
         refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"]), timeout=10))
+        assert parsed == [["Das Haus ist groß."]], "the refused call was read"
         gated.gate.set()
         assert in_flight.result(30).results[0].sentences == 1
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED  # retryable: the same call succeeds later
