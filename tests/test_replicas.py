@@ -64,7 +64,8 @@ def _cmdline(pid: int) -> bytes:
 
 @contextmanager
 def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
-    """`translate-server --processes 2` on loopback, once both processes serve (their slots summed)."""
+    """`translate-server --processes 2` on loopback, once both processes serve (their slots summed, and each
+    has logged that it serves)."""
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "server.log"
     command = [
@@ -76,7 +77,9 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     served = Served(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
     try:
+        # both processes serving, not only loaded: one killed while still starting stops the whole server
         wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
+        wait_until(lambda: process.poll() is not None or log.read_text().count("server.edge.main: serving ") == 2, 120)
         assert process.poll() is None, log.read_text()[-3000:]
         yield served
     finally:
