@@ -437,3 +437,19 @@ def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_di
     assert served["beam1"]["saturation_tokens_per_s"] > 0 and served["beam4"]["saturation_tokens_per_s"] > 0
     assert not any(run["errors"] for beam in (1, 4) for run in served[f"beam{beam}"]["closed"])
     assert any("--engine-processes" in row for row in served_rows({"served": {"fp32": served}}))
+
+
+def test_memory_step_reaches_the_working_batchs_largest_shape(
+    tiny_exported_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.memory_step's forced step fills every slot to the model's longest output, and each phase's
+    resident set is reported."""
+    from bench.memory_step import main as memory_step
+    from model.directory import read_metadata
+
+    memory_step(["--model-dir", str(tiny_exported_dir), "--variant", "fp32", "--slots", "4", "--load-seconds", "0.2"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    meta = read_metadata(tiny_exported_dir / "onnx" / "fp32")
+    assert report["largest_shape"] == [4, meta.n_heads, meta.max_target_len, meta.head_dim]
+    phases = ("start_mib", "load_mib", "largest_step_mib", "load_after_mib", "after_malloc_trim_mib")
+    assert all(report[phase] > 0 for phase in phases) and report["arena"] is True
