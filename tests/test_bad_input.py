@@ -23,9 +23,10 @@ from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits, TextLimitError, model_text, prepare_texts
 from server.core.engine import InvalidWorkError
-from server.core.splitter import translatable
+from server.core.splitter import join, translatable
 from server.edge.errors import MALFORMED_MESSAGE, status_for
-from tests.fakes import FakeRunner
+from server.edge.main import LoadedModel
+from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
     RunningServer,
     fake_model,
@@ -81,21 +82,39 @@ ODD_TEXTS = {
 }
 
 
-def test_odd_characters_are_translated_one_result_per_text(served: RunningServer) -> None:
+def expected_translation(text: str, beam: int, model: LoadedModel) -> str:
+    """`text` translated without the server: its sentences (as the server splits and cleans them) decoded
+    one by one by the fake model's reference decoder, detokenized and put back between their separators."""
+    spec, tokenizer = model.runner.spec, model.tokenizer
+    (prepared,) = prepare_texts([text], "de", "en", tokenizer, RequestLimits(), spec.max_source_len)
+    best = [reference_decode(ids, beam, DEFAULT_LENGTH_PENALTY, MAX_TARGET_LEN, spec)[0] for ids in prepared.sources]
+    return join([tokenizer.decode(list(h.tokens)) for h in best], prepared.split.separators)
+
+
+def test_odd_characters_are_translated_one_result_per_text(served: RunningServer, tiny_model_dir: Path) -> None:
+    """Each odd text's answer is its own translation, in Translate and TranslateStream alike.
+
+    Deliberate break: an empty translation for every text that was translated (`text_result_to_pb` in
+    `server/edge/convert.py`) fails this test on the first text; the former index-and-count checks passed."""
+    model = fake_model(tiny_model_dir)
     texts = list(ODD_TEXTS.values())
     reply = served.stub.Translate(request(texts, beam_size=2), timeout=30)
-    assert [r.index for r in reply.results] == list(range(len(texts)))
     streamed = served.stub.TranslateStream(request(texts, beam_size=1, stream_tokens=True), timeout=30)
-    assert sorted(m.result.index for m in streamed if m.HasField("result")) == list(range(len(texts)))
+    by_index = {m.result.index: m.result for m in streamed if m.HasField("result")}
+    assert [r.index for r in reply.results] == list(range(len(texts))) == sorted(by_index)
+    for index, text in enumerate(texts):
+        assert reply.results[index].translation == expected_translation(text, 2, model), text
+        assert by_index[index].translation == expected_translation(text, 1, model), text
     assert_still_serving(served)
 
 
 @pytest.mark.parametrize("name", list(ODD_TEXTS))
-def test_each_odd_text_alone_is_translated(served: RunningServer, name: str) -> None:
+def test_each_odd_text_alone_is_translated(served: RunningServer, tiny_model_dir: Path, name: str) -> None:
     text = ODD_TEXTS[name]
     (result,) = served.stub.Translate(request([text], beam_size=1), timeout=30).results
     assert result.index == 0
     assert (result.sentences == 0) == (not translatable(text)), "only texts with nothing to translate skip the model"
+    assert result.translation == expected_translation(text, 1, fake_model(tiny_model_dir))
     if not translatable(text):
         assert result.translation == text
 

@@ -167,12 +167,17 @@ def test_progress_bar_only_on_a_terminal_with_many_texts() -> None:
     assert not isinstance(make_progress(10_000, io.StringIO()), tqdm)
 
 
-def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The serving install (`pip install .`) has no tqdm: large interactive input still translates."""
+def test_no_progress_bar_without_tqdm(served: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving install (`pip install .`) has no tqdm: large interactive input still translates, every
+    line, and nothing but errors reaches the terminal."""
     monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` raise ImportError
-    bar = make_progress(10_000, FakeTerminal())
-    bar.update(1)
-    bar.close()
+    texts = ["Das Haus ist groß.", "Leidenschaft"] * (PROGRESS_MIN_TEXTS // 2 + 1)
+    out, terminal = io.StringIO(), FakeTerminal()
+    args = build_parser({}).parse_args(["--server", served.address, "--source", "de", "--target", "en"])
+    assert run(args, texts, out, terminal) == 0
+    expected = [r.translation for r in served.stub.Translate(request(texts[:2])).results]
+    assert out.getvalue().splitlines() == expected * (len(texts) // 2)
+    assert terminal.getvalue() == ""
 
 
 def test_console_entry_point_reads_stdin(served: RunningServer) -> None:

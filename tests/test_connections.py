@@ -79,6 +79,38 @@ def test_a_connection_past_its_idle_time_or_age_is_closed_and_the_next_call_dial
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
 
 
+def test_a_client_already_connected_reaches_a_replica_that_took_over_its_servers_name(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two servers behind one name (a Unix socket path, as a service name resolves to its replicas): the
+    client connects to the first; the name then points at the second (a rollout, an autoscaler's new
+    replica) while the first keeps running. Once the first's --max-connection-age closes the connection,
+    the same channel dials the name again and its calls reach the second.
+
+    Deliberate break: the first server without --max-connection-age (0) fails it: every call stays on the
+    first server and the second never gets one (the wait for its first call times out)."""
+    name = tmp_path / "translator"  # the server binds "unix:PATH:0", a socket file named "translator:0"
+    first_config = server_config(host=f"unix:{name}", max_connection_age_s=0.5)
+    with running_server(fake_model(tiny_model_dir), first_config) as first:
+        socket_path = Path(f"{name}:0")
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            assert stub.Translate(request(["Hallo."])).results[0].sentences == 1
+            second_config = server_config(host=f"unix:{tmp_path / 'replica'}")
+            with running_server(fake_model(tiny_model_dir), second_config) as second:
+                (tmp_path / "replica:0").replace(socket_path)  # the name now leads to the second server
+
+                def calls_on(served: RunningServer) -> float:
+                    return sample_value(served.registry, "translation_requests_total", method="Translate")
+
+                def second_served() -> bool:
+                    assert stub.Translate(request(["Hallo."]), timeout=30).results[0].sentences == 1
+                    return calls_on(second) > 0
+
+                wait_until(second_served, timeout=60)
+                assert calls_on(first) >= 1  # it served the calls before the name moved, and is still up
+
+
 def test_a_call_in_flight_when_its_connection_ages_out_finishes_within_the_grace(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))

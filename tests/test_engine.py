@@ -362,12 +362,10 @@ def test_a_stalled_runner_call_is_abandoned_and_its_thread_leaves_quietly_if_it_
     assert engine.failed and engine.abandon_if_stalled(0.0, time.monotonic() + 200) is None  # once only
     with pytest.raises(EngineFailedError):
         engine.submit([src(17)], DecodeOptions(beam_size=1), Collector())
-    started = time.monotonic()
-    engine.stop()  # must not join the stuck thread
-    assert time.monotonic() - started < 1.0
-    runner.open()  # the call returns: the thread must leave without delivering or publishing
+    engine.stop()  # must not join the stuck thread: it returns while the thread still waits at the gate
     thread = engine._thread
-    assert thread is not None
+    assert thread is not None and thread.is_alive()
+    runner.open()  # the call returns: the thread must leave without delivering or publishing
     thread.join(WAIT_S)
     assert not thread.is_alive()
     assert engine.queue_depth == 0 and engine.active_slots == 0
@@ -383,7 +381,8 @@ def test_stop_with_a_timeout_abandons_a_runner_call_that_outlasts_it(engine_fact
     assert runner.entered.wait(WAIT_S)
     started = time.monotonic()
     engine.stop(join_timeout_s=0.2)
-    assert 0.2 <= time.monotonic() - started < 2.0
+    assert time.monotonic() - started >= 0.2  # it waited its timeout for the thread ...
+    assert engine._thread is not None and engine._thread.is_alive()  # ... and returned with the call still stuck
     assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE)
     runner.open()
 

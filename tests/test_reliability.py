@@ -104,18 +104,15 @@ def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny
         while (depth := engine.queue_depth) < max_queue:  # the depth the admission check sees
             admitted.append(served.stub.Translate.future(request([POLICE], beam_size=1)))
             wait_until(lambda: engine.queue_depth == depth + 1)
-        started = time.monotonic()
         refused = [served.stub.Translate.future(request([CONSOLE], beam_size=1)) for _ in range(excess)]
-        errors = [status_of(lambda f=f: f.result(10)) for f in refused]  # type: ignore[misc]
-        assert time.monotonic() - started < 2.0, "refusals come at once, not after the queue moves"
+        errors = [status_of(lambda f=f: f.result(60)) for f in refused]  # type: ignore[misc]
+        assert not any(f.done() for f in admitted), "refusals come at once, while the queue cannot move"
         assert {e.code for e in errors} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert all("queue is full" in e.details for e in errors)
         assert count(served, "RESOURCE_EXHAUSTED") == excess
         assert engine.queue_depth == max_queue, "nothing of a refused request was queued"
-        for service in ("", SERVICE_NAME):
-            asked = time.monotonic()
+        for service in ("", SERVICE_NAME):  # answered while the engine is frozen: health never waits on it
             assert health_status(served.channel, service) == "SERVING"
-            assert time.monotonic() - asked < 1.0
         gate.gate.set()
         assert [f.result(30).results[0].sentences for f in admitted] == [1] * len(admitted)
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)

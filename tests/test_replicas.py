@@ -64,7 +64,8 @@ def _cmdline(pid: int) -> bytes:
 
 @contextmanager
 def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
-    """`translate-server --processes 2` on loopback, once both processes serve (their slots summed)."""
+    """`translate-server --processes 2` on loopback, once both processes serve (their slots summed, and each
+    has logged that it serves)."""
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "server.log"
     command = [
@@ -76,7 +77,9 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     served = Served(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
     try:
+        # both processes serving, not only loaded: one killed while still starting stops the whole server
         wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
+        wait_until(lambda: process.poll() is not None or log.read_text().count("server.edge.main: serving ") == 2, 120)
         assert process.poll() is None, log.read_text()[-3000:]
         yield served
     finally:
@@ -108,11 +111,29 @@ def test_processes_share_the_port_and_their_metrics_are_summed(tiny_exported_dir
     with replicas(tiny_exported_dir, tmp_path) as served:
         assert len(served.children()) == 2
         assert served.metric("translation_model_info", variant="fp32") == 1  # the same model in both: one series
-        codes = asyncio.run(translate_over(served.address, channels=8, calls=40))
+        codes = asyncio.run(translate_over(served.address, channels=16, calls=40))  # all on one process: 2^-15
         assert codes == [grpc.StatusCode.OK] * 40
         wait_until(lambda: served.metric("translation_requests_total", code="OK", method="Translate") == 40, 10)
         assert served.metric("translation_sentences_total") == 40 * len(TEXTS)
         assert served.metric("translation_active_slots") == 0
+        per_process = {pid: requests_served_by(pid) for pid in served.children()}
+        assert sum(per_process.values()) == 40 and all(per_process.values()), per_process  # both served
+
+
+def requests_served_by(pid: int) -> float:
+    """OK Translate calls one server process counted, from its own file in the multiprocess metrics dir."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    environ = dict(
+        entry.split(b"=", 1) for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in entry
+    )
+    (counters,) = Path(environ[b"PROMETHEUS_MULTIPROC_DIR"].decode()).glob(f"counter_{pid}.db")
+    return sum(
+        sample.value
+        for family in MultiProcessCollector.merge([str(counters)], accumulate=True)
+        for sample in family.samples
+        if sample.name == "translation_requests_total" and sample.labels.get("method") == "Translate"
+    )
 
 
 def test_server_processes_with_engine_processes_serve_and_leave_no_process_behind(
@@ -124,7 +145,7 @@ def test_server_processes_with_engine_processes_serve_and_leave_no_process_behin
         servers = served.children()
         engines = [pid for server in servers for pid in _children(server) if b"spawn_main" in _cmdline(pid)]
         assert len(servers) == 2 and len(engines) == 2
-        codes = asyncio.run(translate_over(served.address, channels=8, calls=40))
+        codes = asyncio.run(translate_over(served.address, channels=16, calls=40))  # all on one process: 2^-15
         assert codes == [grpc.StatusCode.OK] * 40
         wait_until(lambda: served.metric("translation_sentences_total") == 40 * len(TEXTS), 10)
         assert served.metric("translation_decode_step_duration_seconds_count") > 0

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +204,31 @@ def test_a_bearer_token_is_required_for_every_call_but_health(guarded: RunningSe
     assert unauthenticated == 4, "refused calls are counted like any other"
 
 
+def test_without_one_token_the_request_is_refused_before_it_is_parsed(guarded: RunningServer) -> None:
+    """Bytes that do not parse, sent over gRPC without a token, with the right one twice, or with a wrong
+    one, are UNAUTHENTICATED; the same bytes with the token are INVALID_ARGUMENT (parsed, and refused as
+    malformed), and a valid request with the token repeated is refused too.
+
+    Deliberate breaks: a refusal that parses the request first (`_refusing` given the request's
+    deserializer in `server/edge/interceptors.py`) fails the first assertion (UNKNOWN, "was corrupt", not
+    UNAUTHENTICATED); accepting any number of `authorization` headers (`if not values` in
+    `AuthInterceptor.authorized`) fails the repeated-header one (INVALID_ARGUMENT: it was parsed)."""
+    garbage = b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"  # field 1, a length varint that never ends
+    send = guarded.channel.unary_unary(
+        "/translation.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+    )
+    bearer = ("authorization", f"Bearer {TOKEN}")
+    for metadata in ((), (bearer, bearer), (("authorization", "Bearer wrong"),)):
+        error = status_of(lambda: send(garbage, timeout=10, metadata=metadata))  # noqa: B023
+        assert (error.code, error.details) == (grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE), metadata
+    parsed = status_of(lambda: send(garbage, timeout=10, metadata=(bearer,)))
+    assert parsed.code == grpc.StatusCode.INVALID_ARGUMENT, "the bytes do not parse: only the token kept them out"
+    valid = request(["Das Haus ist groß."], beam_size=1)
+    twice = status_of(lambda: guarded.stub.Translate(valid, timeout=10, metadata=(bearer, bearer)))
+    assert twice.code == grpc.StatusCode.UNAUTHENTICATED
+    assert guarded.stub.Translate(valid, timeout=10, metadata=(bearer,)).results[0].sentences == 1
+
+
 def test_reflection_needs_the_token_too(guarded: RunningServer) -> None:
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -300,34 +326,63 @@ def test_unsafe_load_detector_catches_what_it_should(tmp_path: Path) -> None:
     assert len(unsafe_loads(bad)) == 3
 
 
+class OpenedFiles:
+    """Every file this process opens while `recording`: Python's own opens (the `open` audit event: builtins
+    and `io.open`, `os.open`, `Path.read_*`), and the two libraries that open files natively, onnxruntime
+    (a session from a path) and SentencePiece (a model file), spied at their classes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import onnxruntime
+        import sentencepiece
+
+        self.paths: list[Path] = []
+        self.recording = False
+        sys.addaudithook(self._audit)  # audit hooks cannot be removed: it records only while asked to
+        self._spy(monkeypatch, onnxruntime.InferenceSession, "__init__")
+        self._spy(monkeypatch, sentencepiece.SentencePieceProcessor, "LoadFromFile")
+
+    def _audit(self, event: str, args: tuple[object, ...]) -> None:
+        if self.recording and event == "open" and isinstance(args[0], str | bytes | os.PathLike):
+            self.paths.append(Path(os.fsdecode(args[0])))
+
+    def _spy(self, monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> None:
+        """Record the path that `cls.name` is given first."""
+        original = getattr(cls, name)
+
+        def spy(this: object, *args: object, **kwargs: object) -> object:
+            path = args[0] if args else None
+            if self.recording and isinstance(path, str | os.PathLike):
+                self.paths.append(Path(path))
+            return original(this, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, spy)
+
+    @contextmanager
+    def record(self) -> Iterator[list[Path]]:
+        self.paths, self.recording = [], True
+        try:
+            yield self.paths
+        finally:
+            self.recording = False
+
+
 def test_the_model_is_read_only_from_the_configured_directory(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import server.backend.runtime
-    import server.edge.main
+    """Every file opened while a model loads, through any function, is under the model directory.
 
+    Deliberate break: `Path("/etc/hostname").read_text()` added to `load_model` fails this test (the audit
+    hook records `/etc/hostname`); the former spies on three loader functions let it pass."""
     export_tiny_onnx(tiny_model_dir)
-    opened: list[Path] = []
-
-    def recording(module: object, name: str, argument: int = 0) -> None:
-        original = getattr(module, name)
-
-        def wrapper(*args: object, **kwargs: object) -> object:
-            opened.append(Path(str(args[argument])))
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, wrapper)
-
-    recording(server.backend.runtime, "make_session")
-    recording(server.backend.runtime, "read_metadata")
-    recording(server.edge.main, "open_tokenizer")  # its model directory
-    load_model(ServerConfig(variant="fp32", provider="cpu", threads=1), tiny_model_dir)
+    files = OpenedFiles(monkeypatch)
     root = tiny_model_dir.resolve()
-    assert len(opened) == 4  # metadata, encoder, decoder, tokenizer
-    assert all(path.resolve().is_relative_to(root) for path in opened), opened
-    opened.clear()
-    load_model(ServerConfig(variant="fp32", provider="cpu", threads=1, kv_cache="device"), tiny_model_dir)
-    assert len(opened) == 8  # and the four kv_* graphs
-    assert all(path.resolve().is_relative_to(root) for path in opened), opened
+    for kv_cache, graphs in (("auto", 2), ("device", 6)):  # encoder and decoder; and the four kv_* graphs
+        config = ServerConfig(variant="fp32", provider="cpu", threads=1, kv_cache=kv_cache)
+        load_model(config, tiny_model_dir)  # once first: what it imports on first use is not model data
+        with files.record() as opened:
+            load_model(config, tiny_model_dir)
+        assert all(path.resolve().is_relative_to(root) for path in opened), opened
+        onnx = {path.name for path in opened if path.suffix == ".onnx"}
+        assert len(onnx) == graphs and {"metadata.json", "tokenizer.model"} <= {path.name for path in opened}
     with pytest.raises(ValueError, match="variant must be one of"):
         ServerConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path

@@ -22,6 +22,7 @@ from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
 from server.core.engine import RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
+from server.edge import interceptors
 from server.edge import servicer as servicer_module
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
@@ -491,7 +492,28 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         assert drained.result(30) is True
 
 
-def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_model_dir: Path) -> None:
+def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parse spy (on the deserializer the server's ParseInterceptor calls) sees the call in progress and
+    never the refused one.
+
+    Deliberate break: `maximum_concurrent_rpcs=None` in `server/edge/main.py` fails it: the second call is
+    parsed (the spy sees "Steuerpult")."""
+    parsed: list[list[str]] = []
+    parsing = interceptors.ParseInterceptor._parsing
+
+    def spying(self: interceptors.ParseInterceptor, handler: grpc.RpcMethodHandler, path: str) -> object:
+        parse = handler.request_deserializer
+
+        def spy(raw: bytes) -> object:
+            message = parse(raw)
+            parsed.append(list(getattr(message, "texts", [])))
+            return message
+
+        return parsing(self, handler._replace(request_deserializer=spy), path)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(interceptors.ParseInterceptor, "_parsing", spying)
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_concurrent_rpcs=1)) as served:
@@ -499,6 +521,7 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(tiny_
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß."]))
         gated.wait_for_step()
         refused = status_of(lambda: served.stub.Translate(request(["Steuerpult"]), timeout=10))
+        assert parsed == [["Das Haus ist groß."]], "the refused call was read"
         gated.gate.set()
         assert in_flight.result(30).results[0].sentences == 1
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED  # retryable: the same call succeeds later
@@ -648,14 +671,17 @@ def test_request_limits_match_the_proto_documentation() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: signal.Signals) -> None:
+    """The signal comes after the call's first partial output and before its first result: it is provably
+    decoding (ordering, not a sleep), and it still gets every result."""
     with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         assert stub.Translate(request(["Hallo."], beam_size=1), timeout=30).results[0].sentences == 1
-        in_flight = stub.Translate.future(request(["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]), timeout=60)
-        time.sleep(0.2)  # the request is decoding: each step takes 50 ms
-        assert not in_flight.done()
+        texts = ["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]
+        in_flight = stub.TranslateStream(request(texts, stream_tokens=True), timeout=60)
+        assert next(in_flight).HasField("partial")  # decoding, no text done yet
         process.send_signal(sig)
-        assert [r.sentences for r in in_flight.result(60).results] == [1, 1, 1]
+        results = [m.result for m in in_flight if m.HasField("result")]
+        assert sorted((r.index, r.sentences) for r in results) == [(0, 1), (1, 1), (2, 1)]
         assert process.wait(60) == 0
 
 
@@ -698,9 +724,10 @@ def test_stream_sends_a_text_as_soon_as_it_is_done_not_in_request_order(
     assert [m.result.index for m in messages] == [1, 0]  # both start together; the short one finishes first
 
 
-@pytest.fixture(scope="module", params=["host", "device"])
+@pytest.fixture(scope="module", params=["auto", "host", "device"])
 def onnx_served(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[tuple[RunningServer, LoadedModel]]:
-    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, with either cache placement."""
+    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, with each cache placement (auto, the
+    default, is the working batch)."""
     export_tiny_onnx(tiny_model_dir)
     model = onnx_model(tiny_model_dir, kv_cache=request.param)
     with running_server(model, config()) as running:

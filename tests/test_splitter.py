@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -132,14 +133,30 @@ def test_sentences_of_languages_with_and_without_pysbd_rules(language: str, text
     assert join(parts.pieces, parts.separators) == text
 
 
-def test_concurrent_splits_do_not_see_each_others_text() -> None:
-    """The server splits requests on a thread pool; pysbd keeps its input on the segmenter instance."""
-    texts = [" ".join(f"Satz {w} Nummer {i} ist hier." for i in range(40)) for w in ("eins", "zwei", "drei", "vier")]
+def test_concurrent_splits_do_not_see_each_others_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server splits requests on a thread pool; pysbd keeps its input on the segmenter instance. Two
+    splits are held at once inside pysbd, after each stored its input (a barrier in
+    `Segmenter.sentences_with_char_spans`), so a segmenter they shared would answer one of them from the
+    other's text, whatever the thread switches.
+
+    Deliberate break: one segmenter per language for every thread (a module-level dict in place of
+    `_PER_THREAD` in `server/core/splitter.py`) fails it: a text comes back cut at the other's sentence ends."""
+    import pysbd
+
+    texts = [" ".join(f"Satz {w} Nummer {i} ist hier." for i in range(n)) for w, n in (("eins", 30), ("zwei", 40))]
     alone = [split(text, "de").pieces for text in texts]
-    assert all(len(pieces) == 40 for pieces in alone)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        together = list(pool.map(lambda text: split(text, "de").pieces, texts * 10))
-    assert together == alone * 10
+    assert [len(pieces) for pieces in alone] == [30, 40]
+    both_inside = threading.Barrier(2)
+    spans = pysbd.Segmenter.sentences_with_char_spans
+
+    def held(self: pysbd.Segmenter, sentences: list[str]) -> object:
+        both_inside.wait(timeout=60)
+        return spans(self, sentences)
+
+    monkeypatch.setattr(pysbd.Segmenter, "sentences_with_char_spans", held)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        together = list(pool.map(lambda text: split(text, "de").pieces, texts))
+    assert together == alone
 
 
 # One line of words without anything pysbd cuts at inside it, and any last character.
