@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.backend import runtime
-from server.backend.runtime import open_runner
+from server.backend.runners import open_runner
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem

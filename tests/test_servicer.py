@@ -507,6 +507,7 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(
         parse = handler.request_deserializer
 
         def spy(raw: bytes) -> object:
+            assert parse is not None, "every method here parses its request"
             message = parse(raw)
             parsed.append(list(getattr(message, "texts", [])))
             return message
@@ -678,7 +679,7 @@ def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: 
         assert stub.Translate(request(["Hallo."], beam_size=1), timeout=30).results[0].sentences == 1
         texts = ["Das Haus ist groß.", "Er wartete.", "Geheimpolizei"]
         in_flight = stub.TranslateStream(request(texts, stream_tokens=True), timeout=60)
-        assert next(in_flight).HasField("partial")  # decoding, no text done yet
+        assert next(iter(in_flight)).HasField("partial")  # decoding, no text done yet
         process.send_signal(sig)
         results = [m.result for m in in_flight if m.HasField("result")]
         assert sorted((r.index, r.sentences) for r in results) == [(0, 1), (1, 1), (2, 1)]

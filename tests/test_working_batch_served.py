@@ -16,7 +16,7 @@ import pytest
 
 from model.artifact import load_artifact
 from model.decode import beam_search
-from model.tokenizer import Tokenizer
+from model.tokenizer import TextTokenizer
 from server.backend.runtime import OnnxRunner
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
@@ -61,7 +61,7 @@ class Spies:
 def served(tiny_exported_dir: Path) -> Iterator[tuple[RunningServer, LoadedModel, Spies]]:
     model = onnx_model(tiny_exported_dir, max_slots=MAX_SLOTS)  # kv_cache "auto", as the server's default
     runner = runner_of(model)
-    assert isinstance(runner, WorkingBatchRunner), f"auto on CPU serves the working batch, got {runner.kv_cache}"
+    assert isinstance(runner, WorkingBatchRunner), f"auto on CPU serves the working batch, got {type(runner)}"
     spies = Spies()
     spies.wrap(runner, "encode", lambda: bool(runner.stepped_last.any()))  # a source joining a running batch
     spies.wrap(runner, "_compact")
@@ -78,7 +78,7 @@ class Asked:
     beam: int
 
 
-def expected_translation(asked: Asked, tokenizer: Tokenizer, decode: Callable[[list[int]], list[int]]) -> str:
+def expected_translation(asked: Asked, tokenizer: TextTokenizer, decode: Callable[[list[int]], list[int]]) -> str:
     """The text decoded sentence by sentence by `decode` (source ids -> best output ids), joined as served."""
     parts = split(asked.text, asked.source)
     if not parts.pieces:
