@@ -146,7 +146,8 @@ def _pysbd_cuts(line: str, language: str) -> list[int]:
         found = line.find(segment.strip(), cursor) if segment.strip() else -1
         if found >= 0:
             cursor = found + len(segment.strip())
-            if language not in _CUTS_CLAUSES or line[cursor - 1] not in _CLAUSE_MARKS:
+            clause = language in _CUTS_CLAUSES and line[cursor - 1] in _CLAUSE_MARKS
+            if not clause or not line[cursor:].strip():  # a clause's cut is dropped, but not the line's end
                 cuts.append(cursor)
     return cuts
 
