@@ -59,6 +59,8 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
         model = build(weights, cfg, DTYPES[variant], opset)
         check_graph(model, out_dir / name)
         onnx.save(model, str(out_dir / name))
+        del model  # the checker reads the file: a graph of weights is not held twice
+        onnx.checker.check_model(str(out_dir / name))
     meta = build_metadata(model_dir, variant, opset)
     meta.write(out_dir)
     export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)

@@ -30,7 +30,10 @@ class GraphBuilder:
         self.dtype = np.dtype(dtype)  # the float type of weights and activations
         self.elem = ELEM_TYPES[self.dtype]
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        # Initializers are written straight into the model that `model` returns: one copy of each weight.
+        self._model = onnx.ModelProto(ir_version=IR_VERSION, producer_name="export.builder")
+        self._graph = self._model.graph
+        self._graph.name = name
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self._scope: list[str] = []
@@ -80,7 +83,10 @@ class GraphBuilder:
 
     def weight(self, name: str, array: np.ndarray) -> str:
         """A float initializer in the graph's dtype under `name`."""
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=self.dtype), name))
+        tensor = self._graph.initializer.add()
+        tensor.name, tensor.data_type = name, self.elem
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = np.ascontiguousarray(array, dtype=self.dtype).tobytes()
         return name
 
     def const(self, values: object, dtype: np.dtype | type, name: str = "const") -> str:
@@ -89,7 +95,7 @@ class GraphBuilder:
         key = (array.dtype.str, array.tobytes(), array.shape)
         if key not in self._constants:
             unique = f"{name}_{len(self._constants)}"
-            self.initializers.append(numpy_helper.from_array(array, unique))
+            self._graph.initializer.append(numpy_helper.from_array(array, unique))
             self._constants[key] = unique
         return self._constants[key]
 
@@ -109,9 +115,10 @@ class GraphBuilder:
         self.outputs.append(helper.make_tensor_value_info(name, elem, list(dims)))
 
     def model(self, opset: int) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers)
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION, producer_name="export.builder"
-        )
-        onnx.checker.check_model(model)
+        """The finished model; the builder hands over its graph and is spent."""
+        model, self._model = self._model, onnx.ModelProto()
+        model.opset_import.append(helper.make_opsetid("", opset))
+        model.graph.node.extend(self.nodes)
+        model.graph.input.extend(self.inputs)
+        model.graph.output.extend(self.outputs)
         return model

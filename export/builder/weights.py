@@ -64,4 +64,4 @@ def load_weights(model_dir: Path, cfg: ModelConfig) -> Weights:
         raise WeightsError(f"{model_dir / WEIGHTS_FILE} holds tensors the config has no place for: {unknown[:5]}")
     if wrong := [f"{k} {stored[k].shape} != {v}" for k, v in expected.items() if stored[k].shape != v]:
         raise WeightsError(f"{model_dir / WEIGHTS_FILE}: shapes disagree with the config: {wrong[:5]}")
-    return {name: array.astype(np.float32) for name, array in stored.items()}
+    return {name: array.astype(np.float32, copy=False) for name, array in stored.items()}
