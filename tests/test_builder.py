@@ -59,7 +59,8 @@ def build_option_model(out: Path, options: dict[str, Any], seed: int = 0) -> Tra
     sizes = (
         {"vocab_size": TARGET_VOCAB, "src_vocab_size": tok.vocab_size} if separate else {"vocab_size": tok.vocab_size}
     )
-    cfg = replace(TINY_CONFIG, **sizes, **options, tokenizer_sha256=file_sha256(out / TOKENIZER_FILE))
+    fields = {**TINY_CONFIG.to_dict(), **sizes, **options, "tokenizer_sha256": file_sha256(out / TOKENIZER_FILE)}
+    cfg = ModelConfig(**fields)
     torch.manual_seed(seed)
     model = perturb(make_model(cfg), seed)
     save_artifact(model, out, dtype=torch.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import onnx
 
 from export.builder.decoder import decoder_step_graph
 from export.builder.encoder import encoder_graph
-from export.builder.weights import load_weights
+from export.builder.weights import Weights, load_weights
 from export.kv_ops import export_kv_ops
+from model.config import ModelConfig
 from model.directory import DECODER_FILE, ENCODER_FILE, FORMAT_VERSION, ExportMetadata
 from model.files import load_config, weights_sha256
 from model.tokenizer import open_tokenizer
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_OPSETS = range(17, 21)  # LayerNormalization is an ONNX op from opset 17
 EXPORTER = f"export.builder (onnx {onnx.__version__} helper, from model.safetensors)"
-DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
+DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
 FLOAT_RECIPES = {
     "fp32": "float32 graphs built from the weights",
     "fp16": "float16 graphs built from the weights; log_softmax and top-k in float32",
@@ -55,8 +57,12 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
     cfg = load_config(model_dir)
     weights = load_weights(model_dir, cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, build in ((ENCODER_FILE, encoder_graph), (DECODER_FILE, decoder_step_graph)):
-        model = build(weights, cfg, DTYPES[variant], opset)
+    graphs: dict[str, Callable[[Weights, ModelConfig, np.dtype, int], onnx.ModelProto]] = {
+        ENCODER_FILE: encoder_graph,
+        DECODER_FILE: decoder_step_graph,
+    }
+    for name, build in graphs.items():
+        model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
         check_graph(model, out_dir / name)
         onnx.save(model, str(out_dir / name))
         del model  # the checker reads the file: a graph of weights is not held twice

@@ -13,17 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from export.builder import layers
 from export.builder.graph import GraphBuilder
-from export.builder.layers import (
-    embed,
-    feed_forward,
-    keep_mask,
-    layer_norm,
-    multi_head_attention,
-    project_kv,
-    residual_input,
-    residual_output,
-)
 from export.builder.ranking import add_candidate_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
@@ -34,9 +25,9 @@ BANNED_LOG_PROB = -1e9  # model.transformer.BANNED_LOG_PROB: finite, so adding a
 def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: ModelConfig) -> str:
     """Attend from this step's h (B, 1, D) to the past plus its own keys and values; names the graph's
     new_* (B, H, 1, Dh) and present_* (B, H, P + 1, Dh) outputs of layer i."""
-    kv_dims = ["B", cfg.n_heads, "P", cfg.head_dim]
+    kv_dims: list[int | str] = ["B", cfg.n_heads, "P", cfg.head_dim]
     with b.scope("self_attn"):
-        new = project_kv(b, w, f"decoder.{i}.self_attn", h, cfg)
+        new = layers.project_kv(b, w, f"decoder.{i}.self_attn", h, cfg)
         present = []
         for kind, value in zip("kv", new, strict=True):
             past = b.add_input(f"past_{kind}_{i}", b.elem, kv_dims)
@@ -44,7 +35,7 @@ def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: 
             present.append(
                 b.op_to("Concat", f"present_{kind}_{i}", past, f"new_{kind}_{i}", name=f"{kind}_cache", axis=2)
             )
-        return multi_head_attention(b, w, f"decoder.{i}.self_attn", h, (present[0], present[1]), keep, cfg)
+        return layers.multi_head_attention(b, w, f"decoder.{i}.self_attn", h, (present[0], present[1]), keep, cfg)
 
 
 def decoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keeps: tuple[str, str], cfg: ModelConfig) -> str:
@@ -52,15 +43,15 @@ def decoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keeps: tuple[str,
     prefix = f"decoder.{i}"
     self_keep, src_keep = keeps
     with b.scope(f"decoder/layers.{i}"):
-        h = residual_input(b, w, f"{prefix}.norm1", x, cfg)
-        x = residual_output(b, w, f"{prefix}.norm1", x, self_attention(b, w, i, h, self_keep, cfg), cfg)
-        h = residual_input(b, w, f"{prefix}.norm2", x, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm1", x, self_attention(b, w, i, h, self_keep, cfg), cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
         with b.scope("cross_attn"):
             cross = (f"cross_k_{i}", f"cross_v_{i}")
-            attended = multi_head_attention(b, w, f"{prefix}.cross_attn", h, cross, src_keep, cfg)
-        x = residual_output(b, w, f"{prefix}.norm2", x, attended, cfg)
-        h = residual_input(b, w, f"{prefix}.norm3", x, cfg)
-        return residual_output(b, w, f"{prefix}.norm3", x, feed_forward(b, w, prefix, h, cfg), cfg)
+            attended = layers.multi_head_attention(b, w, f"{prefix}.cross_attn", h, cross, src_keep, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm2", x, attended, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm3", x, cfg)
+        return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
 def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
@@ -76,10 +67,10 @@ def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str
     with b.scope("decoder"):
         column = b.ints(1)
         ids, steps = b.op("Unsqueeze", tokens, column), b.op("Unsqueeze", positions, column)  # (B, 1)
-        x = embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
+        x = layers.embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
         own = b.op("Expand", b.const([[True]], np.bool_), b.op("Concat", b.op("Shape", tokens), column, axis=0))
-        self_keep = keep_mask(b, b.op("Concat", past_keep, own, axis=1))  # each row also sees its own step
-        return x, self_keep, keep_mask(b, src_mask)
+        self_keep = layers.keep_mask(b, b.op("Concat", past_keep, own, axis=1))  # each row also sees its own step
+        return x, self_keep, layers.keep_mask(b, src_mask)
 
 
 def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
@@ -87,7 +78,7 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
     logits bias if any, log-softmax in float32, and banned ids (pad, under `ban_pad`) set after normalising."""
     with b.scope("decoder"):
         if cfg.norm_placement == "pre":
-            x = layer_norm(b, w, "decoder_norm", x, "decoder_norm")
+            x = layers.layer_norm(b, w, "decoder_norm", x, "decoder_norm")
         with b.scope("logits"):
             logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)
             if cfg.final_logits_bias:

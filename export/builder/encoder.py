@@ -7,17 +7,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from export.builder import layers
 from export.builder.graph import GraphBuilder
-from export.builder.layers import (
-    embed,
-    feed_forward,
-    keep_mask,
-    layer_norm,
-    multi_head_attention,
-    project_kv,
-    residual_input,
-    residual_output,
-)
 from export.builder.weights import Weights
 from model.config import ModelConfig
 
@@ -26,13 +17,13 @@ def encoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keep: str, cfg: M
     """Self-attention then feed-forward, each in a pre- or post-norm residual: (B, S, D) -> (B, S, D)."""
     prefix = f"encoder.{i}"
     with b.scope(f"encoder/layers.{i}"):
-        h = residual_input(b, w, f"{prefix}.norm1", x, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
         with b.scope("self_attn"):
-            kv = project_kv(b, w, f"{prefix}.self_attn", h, cfg)
-            attended = multi_head_attention(b, w, f"{prefix}.self_attn", h, kv, keep, cfg)
-        x = residual_output(b, w, f"{prefix}.norm1", x, attended, cfg)
-        h = residual_input(b, w, f"{prefix}.norm2", x, cfg)
-        return residual_output(b, w, f"{prefix}.norm2", x, feed_forward(b, w, prefix, h, cfg), cfg)
+            kv = layers.project_kv(b, w, f"{prefix}.self_attn", h, cfg)
+            attended = layers.multi_head_attention(b, w, f"{prefix}.self_attn", h, kv, keep, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm1", x, attended, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
+        return layers.residual_output(b, w, f"{prefix}.norm2", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
 def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
@@ -43,17 +34,17 @@ def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> 
         length = b.op("Gather", b.op("Shape", src_ids), b.const(1, np.int64), axis=0)  # S, a scalar
         positions = b.op("Range", b.const(0, np.int64), length, b.const(1, np.int64))  # (S,)
         table = "src_embed.weight" if cfg.src_vocab_size else "embed.weight"
-        x = embed(b, w, table, src_ids, positions, cfg)  # (B, S, D)
-        keep = keep_mask(b, src_mask)  # (B, 1, 1, S)
+        x = layers.embed(b, w, table, src_ids, positions, cfg)  # (B, S, D)
+        keep = layers.keep_mask(b, src_mask)  # (B, 1, 1, S)
     for i in range(cfg.n_encoder_layers):
         x = encoder_layer(b, w, i, x, keep, cfg)
     if cfg.norm_placement == "pre":
         with b.scope("encoder"):
-            x = layer_norm(b, w, "encoder_norm", x, "encoder_norm")  # memory (B, S, D)
-    kv_dims = ["B", cfg.n_heads, "S", cfg.head_dim]
+            x = layers.layer_norm(b, w, "encoder_norm", x, "encoder_norm")  # memory (B, S, D)
+    kv_dims: list[int | str] = ["B", cfg.n_heads, "S", cfg.head_dim]
     for i in range(cfg.n_decoder_layers):
         with b.scope(f"decoder/layers.{i}/cross_attn"):
-            k, v = project_kv(b, w, f"decoder.{i}.cross_attn", x, cfg)
+            k, v = layers.project_kv(b, w, f"decoder.{i}.cross_attn", x, cfg)
         for kind, value in (("k", k), ("v", v)):
             b.add_output(b.rename(value, f"cross_{kind}_{i}"), b.elem, kv_dims)
     return b.model(opset)

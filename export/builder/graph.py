@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import onnx
@@ -57,18 +58,18 @@ class GraphBuilder:
         self._used.add(unique)
         return unique
 
-    def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, **attrs: Any) -> str:
         """Adds a node and returns its (first) output's name."""
         return self.op_n(op_type, *inputs, name=name, outputs=outputs, **attrs)[0]
 
-    def op_n(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, **attrs: object) -> list[str]:
+    def op_n(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, **attrs: Any) -> list[str]:
         """Adds a node with `outputs` outputs and returns their names."""
         node_name = self._node_name(op_type, name)
         names = [f"{node_name}_output_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=node_name, **attrs))
         return names
 
-    def op_to(self, op_type: str, output: str, *inputs: str, name: str | None = None, **attrs: object) -> str:
+    def op_to(self, op_type: str, output: str, *inputs: str, name: str | None = None, **attrs: Any) -> str:
         """Adds a node that writes a value of a fixed name (a graph output); returns that name."""
         node_name = self._node_name(op_type, name)
         self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=node_name, **attrs))
