@@ -8,11 +8,11 @@ import logging
 import sys
 from pathlib import Path
 
-from export.onnx_export import SUPPORTED_OPSETS, export_float
+from export.builder.build import SUPPORTED_OPSETS, export_float
 from export.quantize import export_int8
-from model.artifact import CONFIG_FILE, WEIGHTS_FILE, load_config
 from model.config import ModelConfig
 from model.directory import VARIANTS
+from model.files import CONFIG_FILE, WEIGHTS_FILE, load_config
 
 
 class ExportError(Exception):

@@ -2,12 +2,13 @@
 
     python -m export.hf --model DIR_OR_HUB_ID --out models/opus-mt-de-en [--source-lang de --target-lang en]
 
-Reads config.json, generation_config.json where present, model.safetensors (or pytorch_model.bin,
-loaded with `torch.load(weights_only=True)`), source.spm, target.spm, vocab.json and target_vocab.json
-where present. Writes config.json (model.config.ModelConfig), model.safetensors (float32, our names),
-the tokenizer files, languages.json, decoding.json (the model's generation defaults) and MODEL_CARD.md.
-A hub id is fetched with huggingface_hub (`pip install 'translate-service[import]'`). What the model
-does that ours cannot represent fails the import with a message naming it.
+Reads config.json, generation_config.json where present, model.safetensors (without torch; a checkpoint
+only as pytorch_model.bin, a pickle, needs torch: `pip install 'translate-service[train]'`), source.spm,
+target.spm, vocab.json and target_vocab.json where present. Writes config.json (model.config.ModelConfig),
+model.safetensors (float32, our names), the tokenizer files, languages.json, decoding.json (the model's
+generation defaults) and MODEL_CARD.md. A hub id is fetched with huggingface_hub
+(`pip install 'translate-service[import]'`). What the model does that ours cannot represent fails the
+import with a message naming it.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
+from safetensors.numpy import load_file, save_file
 
-from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
+from export.builder.positions import sinusoid_table
 from model.config import ModelConfig
+from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.marian_tokenizer import (
     EOS,
     LANGUAGES_FILE,
@@ -40,7 +42,6 @@ from model.marian_tokenizer import (
     read_vocab,
 )
 from model.tokenizer import tokenizer_sha256
-from model.transformer import sinusoidal_positions
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 # Config switches of older BART-style configs that MarianMTModel would need to honour to be representable.
@@ -139,12 +140,24 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
     )
 
 
-def load_weights(directory: Path) -> dict[str, torch.Tensor]:
+def load_weights(directory: Path) -> dict[str, np.ndarray]:
     if (directory / "model.safetensors").is_file():
         return load_file(str(directory / "model.safetensors"))
     if (directory / "pytorch_model.bin").is_file():
-        return dict(torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True))
+        return load_pickled_weights(directory / "pytorch_model.bin")
     raise UnsupportedModel(f"no model.safetensors or pytorch_model.bin in {directory}")
+
+
+def load_pickled_weights(path: Path) -> dict[str, np.ndarray]:
+    """A pytorch_model.bin: the one checkpoint format that needs torch to read."""
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedModel(
+            f"{path} is a torch pickle and torch is not installed: pip install 'translate-service[train]'"
+        ) from None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
 def layer_rename(side: str, rest: str) -> str:
@@ -166,26 +179,26 @@ def _split_layer_key(rest: str) -> tuple[str, str, str]:
     return match.group(1), match.group(2), match.group(3)
 
 
-def convert_weights(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def convert_weights(hf: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
     """transformers' state dict -> ours, float32; checks ties, positions and that nothing is left over."""
-    weights = {k.removeprefix("model."): v.float() for k, v in hf.items()}
+    weights = {k.removeprefix("model."): v.astype(np.float32) for k, v in hf.items()}
     target = weights.pop("decoder.embed_tokens.weight", None)
     shared = weights.pop("shared.weight", None)
     source = weights.pop("encoder.embed_tokens.weight", None)
     target = target if target is not None else shared
     if target is None:
         raise UnsupportedModel("no decoder or shared embedding table among the weights")
-    ours: dict[str, torch.Tensor] = {"embed.weight": target}
+    ours: dict[str, np.ndarray] = {"embed.weight": target}
     if cfg.src_vocab_size:
         if source is None:
             raise UnsupportedModel("no encoder embedding table among the weights of a model with two vocabularies")
         ours["src_embed.weight"] = source
-    elif source is not None and not torch.equal(source, target):
+    elif source is not None and not np.array_equal(source, target):
         raise UnsupportedModel("encoder and decoder embeddings differ although the config shares them")
     lm_head = weights.pop("lm_head.weight", None)
-    if lm_head is not None and not torch.equal(lm_head, target):
+    if lm_head is not None and not np.array_equal(lm_head, target):
         raise UnsupportedModel("lm_head is not tied to the decoder embedding; an untied output is not representable")
-    bias = weights.pop("final_logits_bias", torch.zeros(1, cfg.vocab_size))
+    bias = weights.pop("final_logits_bias", np.zeros((1, cfg.vocab_size), dtype=np.float32))
     ours["logits_bias"] = bias.reshape(cfg.vocab_size)
     for side in ("encoder", "decoder"):
         check_positions(weights.pop(f"{side}.embed_positions.weight", None), cfg)
@@ -197,12 +210,12 @@ def convert_weights(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
     return ours
 
 
-def check_positions(saved: torch.Tensor | None, cfg: ModelConfig) -> None:
+def check_positions(saved: np.ndarray | None, cfg: ModelConfig) -> None:
     """A saved position table must be the [sin | cos] sinusoids our model rebuilds."""
     if saved is None:
         return
-    rebuilt = sinusoidal_positions(saved.size(0), cfg.d_model, cfg.position_layout)
-    if not torch.allclose(saved, rebuilt, atol=1e-5):
+    rebuilt = sinusoid_table(saved.shape[0], cfg.d_model, cfg.position_layout)
+    if not np.allclose(saved, rebuilt, atol=1e-5):
         raise UnsupportedModel(
             "embed_positions is not the [sin | cos] sinusoid table; learned positions are not supported"
         )
@@ -292,11 +305,13 @@ def import_model(args: argparse.Namespace) -> Path:
     pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
     (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
     cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in weights.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"}
+    )
     (out / CONFIG_FILE).write_text(cfg.to_json() + "\n")
     defaults = generation_defaults(source.directory, hf, pairs, weights_sha256(out))
     (out / DECODING_FILE).write_text(json.dumps(defaults, indent=2, sort_keys=True) + "\n")
-    (out / CARD_FILE).write_text(card(source, cfg, pairs, sum(v.numel() for v in weights.values())))
+    (out / CARD_FILE).write_text(card(source, cfg, pairs, sum(v.size for v in weights.values())))
     return out
 
 

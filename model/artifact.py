@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.config import ModelConfig
+from model.files import CONFIG_FILE, SHIPPED_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_config, weights_sha256
 from model.transformer import Transformer
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.model"
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+__all__ = [
+    "CONFIG_FILE", "SHIPPED_DIR", "TOKENIZER_FILE", "WEIGHTS_FILE",
+    "load_artifact", "load_config", "save_artifact", "weights_sha256",
+]  # fmt: skip
 
 
 def save_artifact(model: Transformer, out_dir: Path, dtype: torch.dtype = torch.float16) -> Path:
@@ -25,13 +23,6 @@ def save_artifact(model: Transformer, out_dir: Path, dtype: torch.dtype = torch.
     save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     (out_dir / CONFIG_FILE).write_text(model.cfg.to_json() + "\n")
     return out_dir
-
-
-def load_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {CONFIG_FILE} in model directory {model_dir}")
-    return ModelConfig.from_dict(json.loads(path.read_text()))
 
 
 def load_artifact(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
@@ -44,7 +35,3 @@ def load_artifact(model_dir: Path, device: str | torch.device = "cpu") -> Transf
     state = {k: v.float() for k, v in load_file(str(weights)).items()}
     model.load_state_dict(state, strict=True)
     return model.to(device).eval()
-
-
-def weights_sha256(model_dir: Path) -> str:
-    return hashlib.sha256((model_dir / WEIGHTS_FILE).read_bytes()).hexdigest()

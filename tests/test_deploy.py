@@ -129,9 +129,8 @@ def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, pr
     assert list(stages) == ["export", "venv", "runtime"], list(stages)
     export, venv, runtime = (" ".join(stages[s]) for s in ("export", "venv", "runtime"))
     assert f"python -m export --model-dir model/shipped --variants {variants}" in export
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in export
-    # torch stays in the export stage: the serving stages never install it nor copy site-packages from export.
-    assert "torch" not in venv and "torch" not in runtime
+    # No stage installs torch (the graphs are built from the weights; the pinned files are checked below).
+    assert not [line for stage in stages.values() for line in stage if "torch" in line]
     assert "COPY --from=export /src/model/shipped/" in runtime and "--from=export /usr" not in runtime
     # The runtime stage takes only Python sources from the context, never model/shipped/ with its weights.
     assert "COPY model/*.py model/" in runtime and "COPY model/ " not in runtime
@@ -200,7 +199,7 @@ def test_image_requirements_pin_the_pyproject_dependencies() -> None:
     # onnxruntime is chosen per image (onnxruntime-gpu or onnxruntime), never in the shared serving list.
     assert set(serving_pins) == serving - {"onnxruntime"}
     assert export <= set(export_pins) and "onnxruntime" in export_pins
-    assert "torch" not in serving_pins
+    assert "torch" not in serving_pins and "torch" not in export_pins
 
 
 def _required_imports(path: Path) -> set[str]:

@@ -247,7 +247,7 @@ def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
 def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> None:
     """A changed export recipe (say, a new quantization scheme) must come with a new variants.json:
     otherwise `auto` silently falls back to fp32 on every node."""
-    from export.onnx_export import FLOAT_RECIPES
+    from export.builder.build import FLOAT_RECIPES
     from export.quantize import int8_recipe
 
     expected = FLOAT_RECIPES | {"int8": int8_recipe()}
@@ -365,19 +365,16 @@ def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
     rows, and ties that only the float32 add of a large row score creates (values an ulp apart)."""
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
-    from export.onnx_export import add_candidate_selection
+    from export.builder.graph import GraphBuilder
+    from export.builder.ranking import add_candidate_selection
     from server.core.beam import row_candidates
 
+    b = GraphBuilder("ranking", np.dtype(np.float32))
+    add_candidate_selection(b, b.add_input("x", TensorProto.FLOAT, ["B", "V"]))
     path = tmp_path / "ranking.onnx"
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["log_probs"])], "ranking",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "V"])],
-        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["B", "V"])],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
-    add_candidate_selection(path)
+    onnx.save(b.model(18), str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     tiny = np.float32(-2.0) + np.arange(4, dtype=np.float32) * np.spacing(np.float32(2.0))  # 4 values, 1 ulp apart

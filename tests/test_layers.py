@@ -4,6 +4,9 @@ decoding core free of grpc, onnxruntime and prometheus. Checked on every import 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "model": ("server", "export", "bench", "grpc", "onnxruntime", "prometheus_client"),
     "model/directory.py": ("torch", "onnxruntime", "server", "export"),
+    "model/files.py": ("torch",),
     "model/config.py": ("torch",),
     "model/tokenizer.py": ("torch",),
     "model/marian_tokenizer.py": ("torch",),
     "export": ("server", "bench", "grpc", "prometheus_client"),
-    "server": ("export", "bench"),
+    # export/hf.py alone imports torch, and only to read a pytorch_model.bin (test_no_torch_to_build_or_serve)
+    "export/builder": ("torch",),
+    "export/__main__.py": ("torch",),
+    "export/quantize.py": ("torch",),
+    "export/kv_ops.py": ("torch",),
+    "server": ("export", "bench", "torch"),
     "server/core": (
         "grpc",
         "grpc_health",
@@ -62,6 +71,59 @@ def test_layers_import_downward_only(package: str) -> None:
         if any(name == banned or name.startswith(f"{banned}.") for banned in FORBIDDEN[package])
     ]
     assert not violations, "\n".join(violations)
+
+
+# A meta-path finder that makes `import torch` fail, as in an environment without it.
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is blocked: {name}")
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def run_without_torch(code: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", NO_TORCH + code]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_no_torch_to_build_or_serve(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Building graphs (python -m export), importing a safetensors Marian, the contract and the server all run
+    where torch cannot be imported; the server's modules load without it."""
+    from tests.marian_tiny import build_marian_dir
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    hf_dir = build_marian_dir(tmp_path / "hf")
+    code = f"""
+import export.__main__, export.hf, model.directory, server.edge.main, server.backend.runtime
+import server.backend.working_batch, server.backend.engine_process
+assert export.__main__.main(["--model-dir", {str(model_dir)!r}, "--variants", "fp32,int8,fp16"]) == 0
+assert export.hf.main(["--model", {str(hf_dir)!r}, "--out", {str(tmp_path / "marian")!r}]) == 0
+assert export.__main__.main(["--model-dir", {str(tmp_path / "marian")!r}, "--variants", "fp32"]) == 0
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (model_dir / "onnx" / "fp16" / "decoder_step.onnx").is_file()
+    assert (tmp_path / "marian" / "onnx" / "fp32" / "decoder_step.onnx").is_file()
+
+
+def test_a_pickled_checkpoint_without_torch_names_the_extra(tmp_path: Path) -> None:
+    from tests.marian_tiny import build_marian_dir
+
+    hf_dir = build_marian_dir(tmp_path / "hf")
+    (hf_dir / "model.safetensors").rename(hf_dir / "pytorch_model.bin")
+    code = f"""
+import export.hf
+sys.exit(export.hf.main(["--model", {str(hf_dir)!r}, "--out", {str(tmp_path / "out")!r}]))
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'translate-service[train]'" in lines[0], result.stderr
 
 
 def test_the_check_sees_nested_imports(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -204,10 +205,30 @@ def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, r
     StartupError naming the cause if it cannot."""
     if not model_dir.is_dir():
         raise StartupError(f"model directory {model_dir} does not exist")
+    build_missing_graphs(model_dir)
     try:
         return _open_model(config, model_dir, name or model_dir.resolve().name, revision)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
+
+
+def build_missing_graphs(model_dir: Path) -> None:
+    """Build the graphs of a model directory that has weights and no export yet, as `python -m export` does
+    (its own process: the server never imports export/); the build needs no torch."""
+    from model.directory import available_variants
+    from model.files import CONFIG_FILE, WEIGHTS_FILE
+
+    has_weights = all((model_dir / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE))
+    if available_variants(model_dir) or not has_weights:
+        return
+    command = [sys.executable, "-m", "export", "--model-dir", str(model_dir)]
+    logger.info("no graphs exported in %s: building them (%s)", model_dir, " ".join(command[1:]))
+    started = time.perf_counter()
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StartupError(f"building the graphs of {model_dir} failed: {last}")
+    logger.info("built the graphs of %s in %.1f s", model_dir, time.perf_counter() - started)
 
 
 def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:

@@ -1,0 +1,1 @@
+"""Inference graphs written node by node from model.safetensors and config.json, with onnx.helper: no torch."""

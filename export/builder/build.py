@@ -1,0 +1,74 @@
+"""A float variant (fp32 or fp16) of a model directory: the graphs built from its weights, checked, with
+their metadata and the weightless cache graphs beside them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from export.builder.decoder import decoder_step_graph
+from export.builder.encoder import encoder_graph
+from export.builder.weights import Weights, load_weights
+from export.kv_ops import export_kv_ops
+from model.config import ModelConfig
+from model.directory import DECODER_FILE, ENCODER_FILE, FORMAT_VERSION, ExportMetadata
+from model.files import load_config, weights_sha256
+from model.tokenizer import open_tokenizer
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_OPSETS = range(17, 21)  # LayerNormalization is an ONNX op from opset 17
+EXPORTER = f"export.builder (onnx {onnx.__version__} helper, from model.safetensors)"
+DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
+FLOAT_RECIPES = {
+    "fp32": "float32 graphs built from the weights",
+    "fp16": "float16 graphs built from the weights; log_softmax and top-k in float32",
+}
+
+
+def check_graph(model: onnx.ModelProto, path: Path) -> None:
+    """The no-`If` rule: an If blocks CUDA graphs and forces host-device copies."""
+    if "If" in {node.op_type for node in model.graph.node}:
+        raise RuntimeError(f"{path} contains an If node")
+
+
+def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
+    cfg = load_config(model_dir)
+    tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
+    return ExportMetadata(
+        format_version=FORMAT_VERSION,
+        model_config=cfg.to_dict(), variant=variant, dtype="float16" if variant == "fp16" else "float32",
+        opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
+        n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+        tag_ids=dict(tokenizer.tag_ids), language_pairs=[[s, t] for s, t in tokenizer.pairs],
+        max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=FLOAT_RECIPES[variant],
+    )  # fmt: skip
+
+
+def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Path:
+    """Build fp32, or fp16 (weights rounded to float16, mask constants finite in half precision)."""
+    started = time.perf_counter()
+    cfg = load_config(model_dir)
+    weights = load_weights(model_dir, cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    graphs: dict[str, Callable[[Weights, ModelConfig, np.dtype, int], onnx.ModelProto]] = {
+        ENCODER_FILE: encoder_graph,
+        DECODER_FILE: decoder_step_graph,
+    }
+    for name, build in graphs.items():
+        model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
+        check_graph(model, out_dir / name)
+        onnx.save(model, str(out_dir / name))
+        del model  # the checker reads the file: a graph of weights is not held twice
+        onnx.checker.check_model(str(out_dir / name))
+    meta = build_metadata(model_dir, variant, opset)
+    meta.write(out_dir)
+    export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)
+    log.info("built %s graphs in %s in %.1f s", variant, out_dir, time.perf_counter() - started)
+    return out_dir

@@ -1,0 +1,115 @@
+"""decoder_step.onnx from the weights: one step for B rows at any mix of positions against a gathered cache.
+
+In: tokens (B,), positions (B,), src_mask (B, S), past_keep (B, P), cross_k_i / cross_v_i (B, H, S, Dh),
+past_k_i / past_v_i (B, H, P, Dh), then the ranking's row_scores (B,) and top_k (1,).
+Out: log_probs (B, V) float32, new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), and
+present_k_i / present_v_i (B, H, P + 1, Dh), the past with this step appended, which the working batch feeds
+back as the next past. No `If` node: every row runs the same nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from export.builder import layers
+from export.builder.graph import GraphBuilder
+from export.builder.ranking import add_candidate_selection
+from export.builder.weights import Weights
+from model.config import ModelConfig
+
+BANNED_LOG_PROB = -1e9  # model.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
+
+
+def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: ModelConfig) -> str:
+    """Attend from this step's h (B, 1, D) to the past plus its own keys and values; names the graph's
+    new_* (B, H, 1, Dh) and present_* (B, H, P + 1, Dh) outputs of layer i."""
+    kv_dims: list[int | str] = ["B", cfg.n_heads, "P", cfg.head_dim]
+    with b.scope("self_attn"):
+        new = layers.project_kv(b, w, f"decoder.{i}.self_attn", h, cfg)
+        present = []
+        for kind, value in zip("kv", new, strict=True):
+            past = b.add_input(f"past_{kind}_{i}", b.elem, kv_dims)
+            b.rename(value, f"new_{kind}_{i}")
+            present.append(
+                b.op_to("Concat", f"present_{kind}_{i}", past, f"new_{kind}_{i}", name=f"{kind}_cache", axis=2)
+            )
+        return layers.multi_head_attention(b, w, f"decoder.{i}.self_attn", h, (present[0], present[1]), keep, cfg)
+
+
+def decoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keeps: tuple[str, str], cfg: ModelConfig) -> str:
+    """Masked self-attention, encoder-decoder attention, feed-forward: (B, 1, D) -> (B, 1, D)."""
+    prefix = f"decoder.{i}"
+    self_keep, src_keep = keeps
+    with b.scope(f"decoder/layers.{i}"):
+        h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm1", x, self_attention(b, w, i, h, self_keep, cfg), cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
+        with b.scope("cross_attn"):
+            cross = (f"cross_k_{i}", f"cross_v_{i}")
+            attended = layers.multi_head_attention(b, w, f"{prefix}.cross_attn", h, cross, src_keep, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm2", x, attended, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm3", x, cfg)
+        return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
+
+
+def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
+    """The row inputs and the cross caches; returns x (B, 1, D) and the keep masks, self (B, 1, 1, P + 1) and
+    source (B, 1, 1, S)."""
+    tokens = b.add_input("tokens", TensorProto.INT64, ["B"])
+    positions = b.add_input("positions", TensorProto.INT64, ["B"])
+    src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
+    past_keep = b.add_input("past_keep", TensorProto.BOOL, ["B", "P"])
+    for i in range(cfg.n_decoder_layers):
+        for kind in "kv":
+            b.add_input(f"cross_{kind}_{i}", b.elem, ["B", cfg.n_heads, "S", cfg.head_dim])
+    with b.scope("decoder"):
+        column = b.ints(1)
+        ids, steps = b.op("Unsqueeze", tokens, column), b.op("Unsqueeze", positions, column)  # (B, 1)
+        x = layers.embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
+        own = b.op("Expand", b.const([[True]], np.bool_), b.op("Concat", b.op("Shape", tokens), column, axis=0))
+        self_keep = layers.keep_mask(b, b.op("Concat", past_keep, own, axis=1))  # each row also sees its own step
+        return x, self_keep, layers.keep_mask(b, src_mask)
+
+
+def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
+    """(B, 1, D) -> float32 log-probabilities (B, V): the output projection tied to the target embedding, the
+    logits bias if any, log-softmax in float32, and banned ids (pad, under `ban_pad`) set after normalising
+    (and also excluded before it under `renormalize_logits`)."""
+    with b.scope("decoder"):
+        if cfg.norm_placement == "pre":
+            x = layers.layer_norm(b, w, "decoder_norm", x, "decoder_norm")
+        with b.scope("logits"):
+            logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)
+            if cfg.final_logits_bias:
+                logits = b.op("Add", logits, b.weight("logits_bias", w["logits_bias"]))
+            logits = b.op("Squeeze", logits, b.ints(1))  # (B, V)
+            if b.elem != TensorProto.FLOAT:
+                logits = b.op("Cast", logits, to=TensorProto.FLOAT)
+        banned_ids = np.zeros(cfg.vocab_size, dtype=np.bool_)
+        banned_ids[cfg.pad_id] = True
+        banned = b.const(banned_ids, np.bool_, "banned") if cfg.ban_pad else ""
+        if cfg.ban_pad and cfg.renormalize_logits:  # banned before normalising: the rest sum to one
+            minus_inf = b.const(-np.inf, np.float32, "minus_inf")
+            logits = b.op("Where", banned, minus_inf, logits, name="ban_before_softmax")
+        result = b.op("LogSoftmax", logits, axis=-1)
+        if cfg.ban_pad:
+            fill = b.const(BANNED_LOG_PROB, np.float32, "banned_log_prob")
+            result = b.op("Where", banned, fill, result, name="ban")
+    return b.rename(result, "log_probs")
+
+
+def decoder_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
+    b = GraphBuilder("decoder_step", dtype)
+    x, self_keep, src_keep = step_inputs(b, w, cfg)
+    for i in range(cfg.n_decoder_layers):
+        x = decoder_layer(b, w, i, x, (self_keep, src_keep), cfg)
+    b.add_output(log_probs(b, w, x, cfg), TensorProto.FLOAT, ["B", cfg.vocab_size])
+    layers = [(kind, i) for i in range(cfg.n_decoder_layers) for kind in "kv"]
+    for kind, i in layers:
+        b.add_output(f"new_{kind}_{i}", b.elem, ["B", cfg.n_heads, 1, cfg.head_dim])
+    add_candidate_selection(b, "log_probs")
+    for kind, i in layers:
+        b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, "P1", cfg.head_dim])
+    return b.model(opset)

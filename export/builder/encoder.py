@@ -1,0 +1,50 @@
+"""encoder.onnx from the weights: src_ids (B, S), src_mask (B, S) -> cross_k_i, cross_v_i (B, H, S, Dh) for every
+decoder layer i, the encoder-decoder keys and values the decoder step reads instead of recomputing them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from export.builder import layers
+from export.builder.graph import GraphBuilder
+from export.builder.weights import Weights
+from model.config import ModelConfig
+
+
+def encoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keep: str, cfg: ModelConfig) -> str:
+    """Self-attention then feed-forward, each in a pre- or post-norm residual: (B, S, D) -> (B, S, D)."""
+    prefix = f"encoder.{i}"
+    with b.scope(f"encoder/layers.{i}"):
+        h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
+        with b.scope("self_attn"):
+            kv = layers.project_kv(b, w, f"{prefix}.self_attn", h, cfg)
+            attended = layers.multi_head_attention(b, w, f"{prefix}.self_attn", h, kv, keep, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm1", x, attended, cfg)
+        h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
+        return layers.residual_output(b, w, f"{prefix}.norm2", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
+
+
+def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
+    b = GraphBuilder("encoder", dtype)
+    src_ids = b.add_input("src_ids", TensorProto.INT64, ["B", "S"])
+    src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
+    with b.scope("encoder"):
+        length = b.op("Gather", b.op("Shape", src_ids), b.const(1, np.int64), axis=0)  # S, a scalar
+        positions = b.op("Range", b.const(0, np.int64), length, b.const(1, np.int64))  # (S,)
+        table = "src_embed.weight" if cfg.src_vocab_size else "embed.weight"
+        x = layers.embed(b, w, table, src_ids, positions, cfg)  # (B, S, D)
+        keep = layers.keep_mask(b, src_mask)  # (B, 1, 1, S)
+    for i in range(cfg.n_encoder_layers):
+        x = encoder_layer(b, w, i, x, keep, cfg)
+    if cfg.norm_placement == "pre":
+        with b.scope("encoder"):
+            x = layers.layer_norm(b, w, "encoder_norm", x, "encoder_norm")  # memory (B, S, D)
+    kv_dims: list[int | str] = ["B", cfg.n_heads, "S", cfg.head_dim]
+    for i in range(cfg.n_decoder_layers):
+        with b.scope(f"decoder/layers.{i}/cross_attn"):
+            k, v = layers.project_kv(b, w, f"decoder.{i}.cross_attn", x, cfg)
+        for kind, value in (("k", k), ("v", v)):
+            b.add_output(b.rename(value, f"cross_{kind}_{i}"), b.elem, kv_dims)
+    return b.model(opset)

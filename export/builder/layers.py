@@ -1,0 +1,113 @@
+"""The Transformer's sublayers written as ONNX nodes, one small function each, mirroring model/transformer.py.
+
+Every function takes the builder, the checkpoint prefix of its weights and value names, and returns the name
+of its output. Dimensions as everywhere: B rows, T query positions, S key positions, D, H heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+from export.builder.graph import GraphBuilder
+from export.builder.positions import sinusoid_table
+from export.builder.weights import Weights
+from model.config import ModelConfig
+
+MASK_VALUE = -1e4  # model.transformer.MASK_VALUE: finite, so float16 neither overflows nor yields NaN rows
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
+
+
+def linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
+    """x @ W^T + bias, as torch.nn.Linear; the transposed weight is stored, so MatMul reads it directly
+    (and dynamic quantization finds a MatMul weight initializer to quantize)."""
+    with b.scope(scope):
+        weight = b.weight(f"{prefix}.weight", w[f"{prefix}.weight"].T)  # (in, out)
+        product = b.op("MatMul", x, weight)
+        return b.op("Add", product, b.weight(f"{prefix}.bias", w[f"{prefix}.bias"]))
+
+
+def layer_norm(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
+    with b.scope(scope):
+        scale, bias = (
+            b.weight(f"{prefix}.weight", w[f"{prefix}.weight"]),
+            b.weight(f"{prefix}.bias", w[f"{prefix}.bias"]),
+        )
+        return b.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=LAYER_NORM_EPS)
+
+
+def split_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
+    """(B, T, D) -> (B, H, T, Dh)."""
+    heads = b.op("Reshape", x, b.ints(0, -1, cfg.n_heads, cfg.head_dim))  # (B, T, H, Dh)
+    return b.op("Transpose", heads, perm=[0, 2, 1, 3])
+
+
+def merge_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
+    """(B, H, T, Dh) -> (B, T, D)."""
+    rows = b.op("Transpose", x, perm=[0, 2, 1, 3])  # (B, T, H, Dh)
+    return b.op("Reshape", rows, b.ints(0, -1, cfg.d_model))
+
+
+def project_kv(b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig) -> tuple[str, str]:
+    """Keys and values of x (B, S, D), each (B, H, S, Dh)."""
+    k = split_heads(b, linear(b, w, f"{prefix}.k_proj", x, "k_proj"), cfg)
+    v = split_heads(b, linear(b, w, f"{prefix}.v_proj", x, "v_proj"), cfg)
+    return k, v
+
+
+def attention(b: GraphBuilder, q: str, k: str, v: str, keep: str, cfg: ModelConfig) -> str:
+    """softmax(q k^T / sqrt(Dh), masked where `keep` is False) v: q (B, H, T, Dh), k and v (B, H, S, Dh),
+    keep broadcastable to (B, H, T, S) -> (B, H, T, Dh)."""
+    scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))  # (B, H, T, S)
+    scaled = b.op("Div", scores, b.scalar(math.sqrt(cfg.head_dim)))
+    masked = b.op("Where", keep, scaled, b.scalar(MASK_VALUE))
+    return b.op("MatMul", b.op("Softmax", masked, axis=-1), v)
+
+
+def multi_head_attention(
+    b: GraphBuilder, w: Weights, prefix: str, x: str, kv: tuple[str, str], keep: str, cfg: ModelConfig
+) -> str:
+    """Queries of x (B, T, D) against precomputed heads kv (B, H, S, Dh) -> (B, T, D)."""
+    q = split_heads(b, linear(b, w, f"{prefix}.q_proj", x, "q_proj"), cfg)
+    heads = attention(b, q, kv[0], kv[1], keep, cfg)
+    return linear(b, w, f"{prefix}.out_proj", merge_heads(b, heads, cfg), "out_proj")
+
+
+def activation(b: GraphBuilder, x: str, kind: str) -> str:
+    """The config's feed-forward nonlinearity: ReLU, SiLU (x * sigmoid(x)) or exact GELU (erf)."""
+    if kind == "relu":
+        return b.op("Relu", x)
+    if kind == "swish":
+        return b.op("Mul", x, b.op("Sigmoid", x))
+    erf = b.op("Erf", b.op("Div", x, b.scalar(math.sqrt(2.0))))
+    return b.op("Mul", b.op("Mul", x, b.op("Add", erf, b.scalar(1.0))), b.scalar(0.5))
+
+
+def feed_forward(b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig) -> str:
+    with b.scope("ff"):
+        hidden = activation(b, linear(b, w, f"{prefix}.ff.w1", x, "w1"), cfg.activation)
+        return linear(b, w, f"{prefix}.ff.w2", hidden, "w2")
+
+
+def residual_input(b: GraphBuilder, w: Weights, norm: str, x: str, cfg: ModelConfig) -> str:
+    """What a sublayer reads: LayerNorm(x) under pre-norm, x itself under post-norm."""
+    return layer_norm(b, w, norm, x, norm.rsplit(".", 1)[1]) if cfg.norm_placement == "pre" else x
+
+
+def residual_output(b: GraphBuilder, w: Weights, norm: str, x: str, out: str, cfg: ModelConfig) -> str:
+    """x + out under pre-norm; LayerNorm(x + out) under post-norm."""
+    total = b.op("Add", x, out, name=f"{norm.rsplit('.', 1)[1]}_residual")
+    return total if cfg.norm_placement == "pre" else layer_norm(b, w, norm, total, norm.rsplit(".", 1)[1])
+
+
+def embed(b: GraphBuilder, w: Weights, table: str, ids: str, positions: str, cfg: ModelConfig) -> str:
+    """Token embedding (times sqrt(D) when `scale_embedding`) plus the sinusoid at each position."""
+    tokens = b.op("Gather", b.weight(table, w[table]), ids, axis=0)
+    if cfg.scale_embedding:
+        tokens = b.op("Mul", tokens, b.scalar(math.sqrt(cfg.d_model)))
+    sinusoids = b.weight("sinusoids", sinusoid_table(cfg.max_len, cfg.d_model, cfg.position_layout))
+    return b.op("Add", tokens, b.op("Gather", sinusoids, positions, axis=0))
+
+
+def keep_mask(b: GraphBuilder, mask: str) -> str:
+    """(B, S) bool -> (B, 1, 1, S): every head and query of a row sees the same keys."""
+    return b.op("Unsqueeze", mask, b.ints(1, 2))
