@@ -7,6 +7,7 @@ or an untrained model falls far below. The quality figures come from `python -m 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import sacrebleu
 from bench.variants import translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
-from model.directory import choose_variant
+from model.directory import VARIANTS_FILE, read_metadata
 from model.tokenizer import Tokenizer
 from server.core.offline import translate_ids
 from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
@@ -70,10 +71,16 @@ def test_shipped_model_translates_short_held_out_sentences(exported_shipped: Pat
     assert chrf >= CHRF_FLOOR, f"chrF {chrf:.1f} on 50 short test sentences {source}->{target}: {hypotheses[:5]}"
 
 
-def test_the_committed_cuda_gate_record_is_trusted_for_a_fresh_fp16_export(exported_shipped: Path) -> None:
-    """model/shipped/variants.json holds the fp16 BLEU gate measured with the CUDA provider (on an H100): it
-    stays valid for these weights and this fp16 recipe, so `--variant auto` serves fp16 on a GPU node (the
-    Docker image's default) rather than falling back to fp32 with a warning."""
-    command = [sys.executable, "-m", "export", "--model-dir", str(exported_shipped), "--variants", "fp16"]
+def test_every_committed_gate_record_names_the_recipe_a_fresh_export_writes(exported_shipped: Path) -> None:
+    """model/shipped/variants.json holds the BLEU gate per provider (the CPU's here; a CUDA record needs
+    `python -m bench.variants --provider cuda` on a GPU node): each record is trusted only for the recipe it
+    measured, so every variant it gated must name exactly what `python -m export` writes today, else
+    `--variant auto` would fall back to fp32 on that provider with a warning."""
+    command = [sys.executable, "-m", "export", "--model-dir", str(exported_shipped), "--variants", "fp32,int8,fp16"]
     subprocess.run(command, check=True, capture_output=True, timeout=600)
-    assert choose_variant(exported_shipped, "auto", "cuda") == "fp16"
+    records = json.loads((exported_shipped / VARIANTS_FILE).read_text())
+    assert "cpu" in records
+    for provider, record in records.items():
+        for variant, gated in record["variants"].items():
+            written = read_metadata(exported_shipped / "onnx" / variant).recipe
+            assert gated["recipe"] == written, (provider, variant)
