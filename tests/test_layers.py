@@ -27,8 +27,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "export/__main__.py": ("torch",),
     "export/quantize.py": ("torch",),
     "export/kv_ops.py": ("torch",),
-    "server": ("export", "bench", "torch"),
+    # the server fetches and builds hub models through export/ (one layer down), never bench/ or torch
+    "server": ("bench", "torch"),
     "server/core": (
+        "export",
         "grpc",
         "grpc_health",
         "grpc_reflection",
@@ -39,7 +41,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "server.backend",
         "server.client",
     ),
-    "server/backend": ("grpc", "prometheus_client", "torch", "server.edge", "server.client"),
+    "server/backend": ("export", "grpc", "prometheus_client", "torch", "server.edge", "server.client"),
     "server/edge": ("torch", "server.client.cli"),  # the health check dials in as clients do: client.channels
     "server/client": ("torch", "onnxruntime", "prometheus_client", "server.core", "server.backend", "server.edge"),
 }

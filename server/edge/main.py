@@ -214,7 +214,7 @@ def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, r
 
 def build_missing_graphs(model_dir: Path) -> None:
     """Build the graphs of a model directory that has weights and no export yet, as `python -m export` does
-    (its own process: the server never imports export/); the build needs no torch."""
+    (in its own process, so that the memory the build takes goes with it); the build needs no torch."""
     from model.directory import available_variants
     from model.files import CONFIG_FILE, WEIGHTS_FILE
 
