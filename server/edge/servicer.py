@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -33,6 +32,7 @@ from server.core.engine import (
     TokensEvent,
 )
 from server.core.runner import ModelSpec
+from server.edge.admission import sentences_to_hold
 from server.edge.convert import (
     ModelDescription,
     TranslateJob,
@@ -52,15 +52,12 @@ from server.edge.errors import (
     unary_call,
 )
 from server.edge.metrics import Metrics
+from server.edge.preparation import PreparationLane
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
-# Requests of at most this many characters are split and tokenized on the event loop (pysbd takes
-# under 2 ms for 512 characters of many short sentences); longer ones in a worker thread
-INLINE_PREPARE_CHARS = 512
-_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text without one has no sentence
 
 
 @dataclass(frozen=True)
@@ -80,6 +77,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self.metrics = metrics
         self._backends: list[Backend] = []
         self._turn = itertools.count()  # round robin among equally loaded engines
+        self._lane = PreparationLane()  # splits and tokenizes admitted calls between arrivals
 
     def attach(self, backends: list[Backend]) -> None:
         """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order."""
@@ -128,13 +126,6 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             )
         return message
 
-    def _least_sentences(self, texts: list[str], limits: RequestLimits) -> int:
-        """Sentences the request queues at least, counted at C speed before any splitting: one per text
-        with a letter or a digit. None for a request over the sentence limit: splitting refuses it
-        INVALID_ARGUMENT, which it must get rather than "queue full, retry" while the queue is busy."""
-        least = sum(1 for text in texts if _LETTER_OR_DIGIT.search(text))
-        return least if least <= limits.max_sentences else 0
-
     def _require_backends(self) -> list[Backend]:
         if not self._backends:
             raise Unavailable("the model is still loading; retry shortly")
@@ -178,11 +169,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
-        Admitted by the engine first, holding the queue places it will need at least: a request the
-        queue cannot take is refused before any splitting, and a drain that begins while the texts are
-        still being split waits for this call instead of refusing it at submit.
+        Admitted by the engine first, holding the queue places for the sentences it counts
+        (`server.edge.admission`): a request the queue cannot take is refused before any splitting, and
+        a drain that begins while the texts are still being split waits for this call instead of
+        refusing it at submit. Splitting then waits for
+        a lull in the calls arriving (`server.edge.preparation`): no refusal waits behind it.
         """
-        with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
+        self._lane.arrived()
+        with backend.engine.admission(sentences_to_hold(job.texts, backend.limits.max_sentences)) as admission:
             prepare = partial(
                 prepare_texts,
                 job.texts,
@@ -192,10 +186,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 backend.limits,
                 backend.spec.max_source_len,
             )
-            # a short request is prepared in microseconds, less than the hop to a worker thread and back;
-            # splitting and tokenizing 2.5M characters must not block the loop
-            small = sum(len(text) for text in job.texts) <= INLINE_PREPARE_CHARS
-            texts = prepare() if small else await asyncio.to_thread(prepare)
+            texts = await self._lane.prepare(prepare, sum(len(text) for text in job.texts))
             assembler = Assembler(backend.tokenizer, texts, job.options.num_hypotheses)
             for blank in assembler.blank_texts():
                 yield blank
