@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ COUNTERS = [
     "translation_output_tokens_total",
     "translation_sentences_total",
     "translation_sentences_failed_total",
+    "translation_child_process_cpu_seconds_total",
 ]
 HISTOGRAMS = [
     "translation_request_duration_seconds",
@@ -55,9 +57,28 @@ GAUGES = [
     "translation_max_slots",
     "translation_model_info",
     "translation_requests_in_flight",
+    "translation_child_process_resident_memory_bytes",
+    "translation_child_process_virtual_memory_bytes",
+    "translation_child_process_start_time_seconds",
+    "translation_child_process_open_fds",
+    "translation_child_process_max_fds",
+]
+# prometheus-client's process, platform and GC collectors (server/edge/process_metrics.py)
+PROCESS = [
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_info",
+    "python_gc_objects_collected_total",
+    "python_gc_objects_uncollectable_total",
+    "python_gc_collections_total",
 ]
 EXPORTED = set(COUNTERS) | set(GAUGES) | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
-METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
+EXPORTED |= set(PROCESS)
+METRIC_NAME = re.compile(r"\b(?:translation|process|python)_[a-z0-9_]+\b")
 # What the dashboard must show (issue 5): each entry is a metric some panel has to query.
 DASHBOARD_MUST_SHOW = {
     "request rate and errors by status": "translation_requests_total",
@@ -73,6 +94,10 @@ DASHBOARD_MUST_SHOW = {
     "padding efficiency": "translation_padding_efficiency_ratio_sum",
     "decode step time": "translation_decode_step_duration_seconds_bucket",
     "encoder call time": "translation_encode_duration_seconds_bucket",
+    "memory of the process serving /metrics": "process_resident_memory_bytes",
+    "its CPU": "process_cpu_seconds_total",
+    "memory of engine and server processes": "translation_child_process_resident_memory_bytes",
+    "CPU of engine and server processes": "translation_child_process_cpu_seconds_total",
 }
 
 
@@ -374,7 +399,12 @@ def test_alert_rules_check_and_unit_tests() -> None:
     unit = _run([promtool, "test", "rules", "alerts_test.yml"], cwd=PROMETHEUS)
     assert unit.returncode == 0, unit.stdout + unit.stderr
     alerts = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}
-    assert {"TranslationHighP99Latency", "TranslationHighErrorRate", "TranslationQueueFull"} <= alerts
+    assert {
+        "TranslationHighP99Latency",
+        "TranslationHighErrorRate",
+        "TranslationQueueFull",
+        "TranslationMemoryGrowing",
+    } <= alerts
 
 
 def test_alert_rules_and_adapter_use_exported_metrics() -> None:
@@ -418,7 +448,7 @@ def test_dashboard_queries_use_only_exported_metrics_and_cover_the_issue() -> No
     used: set[str] = set()
     for title, expr in dashboard_queries(_dashboard()):
         names = set(METRIC_NAME.findall(expr))
-        assert names, f"{title}: {expr} queries no translation metric"
+        assert names, f"{title}: {expr} queries no metric of the service"
         assert names <= EXPORTED, f"{title}: unknown metrics {names - EXPORTED}"
         used |= names
     missing = {what: m for what, m in DASHBOARD_MUST_SHOW.items() if m not in used}
@@ -436,13 +466,15 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
 
 
 def test_exported_metric_list_matches_the_service() -> None:
-    """The contract list above is what server/edge/metrics.py registers."""
+    """The contract list above is what server/edge/metrics.py and process_metrics.py register (this process
+    standing in for a child process)."""
     from prometheus_client import CollectorRegistry
 
-    from server.edge import metrics
+    from server.edge import metrics, process_metrics
 
     registry = CollectorRegistry()
     metrics.Metrics(registry)
+    process_metrics.register_process_collectors(registry, lambda: {"server-0": os.getpid()})
     registered = set()
     for family in registry.collect():
         if family.type == "counter":

@@ -44,6 +44,7 @@ from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.edge.metrics import Metrics, start_metrics_server
+from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from server.edge.servicer import Backend, TranslatorServicer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -237,6 +238,7 @@ class TranslationServer:
         self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, Engine | EngineProcess] = {}  # by "<model name>#<replica>", in load order
+        self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._watchdogs: list[asyncio.Task[None]] = []
         self.credentials = server_credentials(config)
@@ -308,6 +310,8 @@ class TranslationServer:
             engine.start()
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
+        if isinstance(model.runner, ModelProcess) and model.runner.pid is not None:
+            self.engine_pids[f"engine-{info.name}#{replica}"] = model.runner.pid
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
@@ -492,6 +496,7 @@ async def serve(
         "required" if config.auth_token_file else "not required",
     )
     if config.metrics_port >= 0:
+        register_process_collectors(server.registry, lambda: server.engine_pids)
         try:
             metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
         except OSError as err:
@@ -530,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    disable_created_metrics()
     if config.processes > 1:
         from server.edge.replicas import run_replicas
 
