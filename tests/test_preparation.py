@@ -16,8 +16,10 @@ from server.edge import preparation
 from server.edge.admission import counted_sentences, sentences_to_hold
 from server.edge.preparation import PreparationLane
 
+Log = list[tuple[str, int]]  # ("arrive" or "prepare", index) in the order they happened
 
-def recording(log: list[tuple[str, int]], index: int) -> Callable[[], int]:
+
+def recording(log: Log, index: int) -> Callable[[], int]:
     def work() -> int:
         log.append(("prepare", index))
         return index
@@ -25,7 +27,7 @@ def recording(log: list[tuple[str, int]], index: int) -> Callable[[], int]:
     return work
 
 
-async def arrivals(lane: PreparationLane, log: list[tuple[str, int]], turns: int) -> None:
+async def arrivals(lane: PreparationLane, log: Log, turns: int) -> None:
     """A call reaches the servicer in each of `turns` turns of the loop, as in a burst."""
     for index in range(turns):
         lane.arrived()
@@ -39,7 +41,7 @@ def test_nothing_is_prepared_while_calls_keep_arriving_and_then_all_in_admission
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)  # no flood guard: the lull alone decides
 
     async def burst() -> tuple[list[tuple[str, int]], list[int]]:
-        lane, log = PreparationLane(), []
+        lane, log = PreparationLane(), Log()
         admitted = [asyncio.ensure_future(lane.prepare(recording(log, i), chars=20)) for i in range(3)]
         await arrivals(lane, log, 200)
         return log, list(await asyncio.gather(*admitted))
@@ -53,7 +55,7 @@ def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: p
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 0.02)
 
     async def flood() -> list[float]:
-        lane, log, times = PreparationLane(), [], []
+        lane, log, times = PreparationLane(), Log(), []
 
         def work() -> None:
             times.append(time.monotonic())
@@ -70,7 +72,7 @@ def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: p
 
 def test_a_call_that_ends_while_it_waits_is_never_prepared_and_a_failure_reaches_its_own_call() -> None:
     async def scenario() -> tuple[list[tuple[str, int]], BaseException | None]:
-        lane, log = PreparationLane(), []
+        lane, log = PreparationLane(), Log()
         gone = asyncio.ensure_future(lane.prepare(recording(log, 0), chars=20))
 
         def failing() -> int:

@@ -43,6 +43,7 @@ from server.core.runner import ModelSpec, Runner
 from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
+from server.edge.logs import configure_logging
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from server.edge.servicer import Backend, TranslatorServicer
@@ -56,7 +57,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "transl
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
 MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
-LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
@@ -534,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = parse_config(argv, os.environ)
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
-    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    configure_logging(config.log_level, config.log_format)
     disable_created_metrics()
     if config.processes > 1:
         from server.edge.replicas import run_replicas

@@ -37,8 +37,8 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from types import FrameType
 
 from server.edge.config import ServerConfig
+from server.edge.logs import configure_logging
 from server.edge.main import (
-    LOG_FORMAT,
     StartupError,
     available_cores,
     engine_plan,
@@ -92,7 +92,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> None:
     """A server process's entry point (spawned: a fresh interpreter that reads MULTIPROC_ENV at import)."""
-    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    configure_logging(config.log_level, config.log_format)
     disable_created_metrics()
     stop_with_parent(parent)
     run(config, on_serving=serving.set)

@@ -176,6 +176,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         a lull in the calls arriving (`server.edge.preparation`): no refusal waits behind it.
         """
         self._lane.arrived()
+        call.texts = len(job.texts)
         with backend.engine.admission(sentences_to_hold(job.texts, backend.limits.max_sentences)) as admission:
             prepare = partial(
                 prepare_texts,
@@ -198,11 +199,20 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     if isinstance(event, TokensEvent):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
                         continue
+                    call.queue_wait_s = max(call.queue_wait_s, event.queue_wait_s)
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
                     if done is not None:
+                        _count_text(call, done)
                         yield done
+
+
+def _count_text(call: CallRecord, text: TextTranslation) -> None:
+    """A text answered: its sentences and tokens go into the call's access record."""
+    call.sentences += text.sentences
+    call.input_tokens += text.input_tokens
+    call.output_tokens += text.output_tokens
 
 
 class CallInbox:
