@@ -221,6 +221,8 @@ def test_image_requirements_pin_the_pyproject_dependencies() -> None:
     assert set(serving_pins) == serving - {"onnxruntime"}
     assert export <= set(export_pins) and "onnxruntime" in export_pins
     assert "torch" not in serving_pins
+    tracing = {_normalise(r) for r in project["optional-dependencies"]["tracing"]}
+    assert set(_requirement_names(DOCKER / "requirements-tracing.txt")) == tracing
 
 
 def _required_imports(path: Path) -> set[str]:
@@ -350,8 +352,9 @@ def _compose_command() -> list[str]:
     return [str(binary)]
 
 
-def _compose_config(*files: str) -> dict[str, Any]:
+def _compose_config(*files: str, profiles: tuple[str, ...] = ()) -> dict[str, Any]:
     args = [arg for f in files for arg in ("-f", str(DOCKER / f))]
+    args += [arg for profile in profiles for arg in ("--profile", profile)]
     result = _run([*_compose_command(), *args, "config", "--format", "json"])
     assert result.returncode == 0, result.stderr
     config: dict[str, Any] = json.loads(result.stdout)
@@ -370,6 +373,13 @@ def test_compose_stack_validates() -> None:
     assert translate["stop_grace_period"] in ("30s", 30_000_000_000)
     mounts = {m["target"] for s in ("prometheus", "grafana") for m in services[s]["volumes"]}
     assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/alerts.yml", "/etc/grafana/provisioning"} <= mounts
+
+
+def test_compose_tracing_profile_adds_a_collector_the_service_can_be_pointed_at() -> None:
+    services = _compose_config("compose.yaml", profiles=("tracing",))["services"]
+    assert set(services) == {"translate", "prometheus", "grafana", "jaeger"}
+    assert any(port["target"] == 4317 for port in services["jaeger"]["ports"])  # OTLP/gRPC
+    assert "TRANSLATE_OTLP_ENDPOINT" in services["translate"]["environment"]
 
 
 def test_compose_cpu_override_drops_the_gpu_reservation() -> None:

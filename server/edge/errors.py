@@ -34,6 +34,7 @@ from server.core.engine import (
 )
 from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
 from server.edge.metrics import Metrics
+from server.edge.tracing import NO_TRACE, CallTrace, Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ class CallRecord:
     input_tokens: int = 0  # of those sentences
     output_tokens: int = 0  # of their best hypotheses
     queue_wait_s: float = 0.0  # the longest any of its sentences waited for slots
+    submitted: float = 0.0  # time.monotonic() when its sentences went to the engine
+    trace: CallTrace = NO_TRACE  # its span, when tracing is on (server.edge.tracing)
 
     def access_record(self, method: str, code: grpc.StatusCode, seconds: float) -> dict[str, object]:
         """The call's access log fields (server.edge.logs): counts and timings, never text."""
@@ -152,8 +155,12 @@ class CallRecord:
         }
 
 
-def _new_call(context: grpc.aio.ServicerContext[Req, Resp]) -> CallRecord:
-    return CallRecord(request_id=request_id(context.invocation_metadata()))
+def _new_call(context: grpc.aio.ServicerContext[Req, Resp], tracing: Tracing | None, method: str) -> CallRecord:
+    metadata = context.invocation_metadata()
+    call = CallRecord(request_id=request_id(metadata))
+    if tracing is not None:
+        call.trace = tracing.start(method, metadata, call.request_id)
+    return call
 
 
 def _request_id_metadata(call: CallRecord) -> tuple[tuple[str, str], ...]:
@@ -167,6 +174,7 @@ def cancelled_by_deadline(context: grpc.aio.ServicerContext[Req, Resp], call: Ca
 
 class Observed(Protocol):
     metrics: Metrics | None
+    tracing: Tracing | None
 
 
 S = TypeVar("S", bound=Observed)
@@ -186,7 +194,7 @@ def unary_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-            call = _new_call(context)
+            call = _new_call(context, self.tracing, method)
             _count_in_flight(self.metrics, method, +1)
             try:
                 response = await fn(self, request, context, call)
@@ -217,7 +225,7 @@ def stream_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
-            call = _new_call(context)
+            call = _new_call(context, self.tracing, method)
             _count_in_flight(self.metrics, method, +1)
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
@@ -286,6 +294,7 @@ def _count_in_flight(metrics: Metrics | None, method: str, change: int) -> None:
 def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:
     seconds = time.monotonic() - call.started
     log_call(call.access_record(method, code, seconds))
+    call.trace.end(code.name)
     if metrics is None:
         return
     metrics.observe_request(method, code.name, call.lang_pair, seconds, call.model)

@@ -47,6 +47,7 @@ from server.edge.logs import configure_logging
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from server.edge.servicer import Backend, TranslatorServicer
+from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -227,7 +228,9 @@ def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
 class TranslationServer:
     """One grpc.aio server with the Translator, health and reflection services, and one engine per model."""
 
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, registry: CollectorRegistry | None = None, tracing: Tracing | None = None
+    ) -> None:
         self.config = config
         # Loading, draining and stopping run on threads of their own (one per engine, so that engines drain
         # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
@@ -235,7 +238,7 @@ class TranslationServer:
         self._lifecycle = ThreadPoolExecutor(max_workers=MAX_LIFECYCLE_THREADS, thread_name_prefix="lifecycle")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
+        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics, tracing)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, Engine | EngineProcess] = {}  # by "<model name>#<replica>", in load order
         self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
@@ -458,9 +461,10 @@ async def create_server(
     config: ServerConfig,
     model: LoadedModel | Sequence[LoadedModel] | None = None,
     registry: CollectorRegistry | None = None,
+    tracing: Tracing | None = None,
 ) -> tuple[TranslationServer, int]:
     """A started, loaded and warmed-up server and its bound port; `model` defaults to the configured ones."""
-    server = TranslationServer(config, registry)
+    server = TranslationServer(config, registry, tracing)
     port = await server.start()
     try:
         await server.load(model)
@@ -485,7 +489,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = TranslationServer(config)
+    try:
+        tracing = open_tracing(config.otlp_endpoint)
+    except RuntimeError as err:
+        raise StartupError(str(err)) from err
+    server = TranslationServer(config, tracing=tracing)
     port = await server.start()
     logger.info(
         "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
@@ -525,6 +533,8 @@ async def serve(
     grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
     delay = 0.0 if failure is not None else config.shutdown_delay_seconds
     await server.shutdown(grace, delay)
+    if tracing is not None:
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
     if failure is not None:
         raise failure
 

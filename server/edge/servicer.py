@@ -53,6 +53,7 @@ from server.edge.errors import (
 )
 from server.edge.metrics import Metrics
 from server.edge.preparation import PreparationLane
+from server.edge.tracing import Tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -72,9 +73,10 @@ class Backend:
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
-    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None) -> None:
+    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
         self.limits = limits  # before loading: the documented limits, for refusals that need one
         self.metrics = metrics
+        self.tracing = tracing
         self._backends: list[Backend] = []
         self._turn = itertools.count()  # round robin among equally loaded engines
         self._lane = PreparationLane()  # splits and tokenizes admitted calls between arrivals
@@ -177,6 +179,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         """
         self._lane.arrived()
         call.texts = len(job.texts)
+        call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
         with backend.engine.admission(sentences_to_hold(job.texts, backend.limits.max_sentences)) as admission:
             prepare = partial(
                 prepare_texts,
@@ -200,6 +203,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
                         continue
                     call.queue_wait_s = max(call.queue_wait_s, event.queue_wait_s)
+                    output_tokens = len(event.hypotheses[0].tokens) if event.hypotheses else 0
+                    call.trace.sentence(
+                        event.sentence_index, call.submitted, event.queue_wait_s, event.input_tokens, output_tokens
+                    )
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
@@ -258,7 +265,8 @@ async def _engine_events(
     """Submit one request and yield its events until it is done; cancel it if the caller stops early."""
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
-    deadline = None if remaining is None else time.monotonic() + remaining
+    call.submitted = time.monotonic()
+    deadline = None if remaining is None else call.submitted + remaining
     handle = engine.submit(
         sources, job.options, inbox.deliver, deadline=deadline, lang_pair=job.lang_pair, admitted=admission
     )
