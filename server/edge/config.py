@@ -47,7 +47,9 @@ class ServerConfig:
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
     max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
-    max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
+    # Sentences per engine allowed to wait for a slot; beyond it RESOURCE_EXHAUSTED. About what an engine clears
+    # within a typical client deadline: a longer queue turns refusals into timeouts (docs/service.md).
+    max_queue: int = 512
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
     # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
@@ -173,7 +175,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("provider", str, "execution provider", PROVIDERS)
     add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
     add("max-slots", int, "decoding slots (beam rows) per step")
-    add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
+    add("max-queue", int, "sentences per engine that may wait for a slot before RESOURCE_EXHAUSTED")
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")

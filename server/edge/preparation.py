@@ -1,8 +1,8 @@
 """Splitting and tokenizing admitted calls without delaying anyone's admission.
 
 A call is admitted or refused the moment its handler runs (`Engine.admission`), but the handler only
-runs once the event loop gets to it: preparing a call on the loop (pysbd splitting and tokenizing, about
-a millisecond a sentence) delays every call gRPC has not handed over yet, and in a burst each refusal
+runs once the event loop gets to it: preparing a call on the loop (pysbd splitting and tokenizing, the
+slowest Python a call runs) delays every call gRPC has not handed over yet, and in a burst each refusal
 would wait behind the preparation of every call admitted before it. So preparation takes the loop only
 when new calls have stopped arriving: `PreparationLane` prepares admitted calls one at a time, in the
 order they were admitted, each once `QUIET_ITERATIONS` turns of the loop have passed without a new call.
