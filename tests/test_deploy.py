@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -41,6 +42,7 @@ COUNTERS = [
     "translation_sentences_failed_total",
     "translation_cache_lookups_total",
     "translation_cache_evictions_total",
+    "translation_child_process_cpu_seconds_total",
 ]
 HISTOGRAMS = [
     "translation_request_duration_seconds",
@@ -59,9 +61,28 @@ GAUGES = [
     "translation_requests_in_flight",
     "translation_cache_entries",
     "translation_cache_bytes",
+    "translation_child_process_resident_memory_bytes",
+    "translation_child_process_virtual_memory_bytes",
+    "translation_child_process_start_time_seconds",
+    "translation_child_process_open_fds",
+    "translation_child_process_max_fds",
+]
+# prometheus-client's process, platform and GC collectors (server/edge/process_metrics.py)
+PROCESS = [
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_info",
+    "python_gc_objects_collected_total",
+    "python_gc_objects_uncollectable_total",
+    "python_gc_collections_total",
 ]
 EXPORTED = set(COUNTERS) | set(GAUGES) | {f"{h}_{suffix}" for h in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
-METRIC_NAME = re.compile(r"\btranslation_[a-z0-9_]+\b")
+EXPORTED |= set(PROCESS)
+METRIC_NAME = re.compile(r"\b(?:translation|process|python)_[a-z0-9_]+\b")
 # What the dashboard must show (issue 5): each entry is a metric some panel has to query.
 DASHBOARD_MUST_SHOW = {
     "request rate and errors by status": "translation_requests_total",
@@ -78,6 +99,10 @@ DASHBOARD_MUST_SHOW = {
     "decode step time": "translation_decode_step_duration_seconds_bucket",
     "encoder call time": "translation_encode_duration_seconds_bucket",
     "response cache hit rate": "translation_cache_lookups_total",
+    "memory of the process serving /metrics": "process_resident_memory_bytes",
+    "its CPU": "process_cpu_seconds_total",
+    "memory of engine and server processes": "translation_child_process_resident_memory_bytes",
+    "CPU of engine and server processes": "translation_child_process_cpu_seconds_total",
 }
 
 
@@ -200,6 +225,8 @@ def test_image_requirements_pin_the_pyproject_dependencies() -> None:
     assert set(serving_pins) == serving - {"onnxruntime"}
     assert export <= set(export_pins) and "onnxruntime" in export_pins
     assert "torch" not in serving_pins and "torch" not in export_pins
+    tracing = {_normalise(r) for r in project["optional-dependencies"]["tracing"]}
+    assert set(_requirement_names(DOCKER / "requirements-tracing.txt")) == tracing
 
 
 def _required_imports(path: Path) -> set[str]:
@@ -329,8 +356,9 @@ def _compose_command() -> list[str]:
     return [str(binary)]
 
 
-def _compose_config(*files: str) -> dict[str, Any]:
+def _compose_config(*files: str, profiles: tuple[str, ...] = ()) -> dict[str, Any]:
     args = [arg for f in files for arg in ("-f", str(DOCKER / f))]
+    args += [arg for profile in profiles for arg in ("--profile", profile)]
     result = _run([*_compose_command(), *args, "config", "--format", "json"])
     assert result.returncode == 0, result.stderr
     config: dict[str, Any] = json.loads(result.stdout)
@@ -349,6 +377,13 @@ def test_compose_stack_validates() -> None:
     assert translate["stop_grace_period"] in ("30s", 30_000_000_000)
     mounts = {m["target"] for s in ("prometheus", "grafana") for m in services[s]["volumes"]}
     assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/alerts.yml", "/etc/grafana/provisioning"} <= mounts
+
+
+def test_compose_tracing_profile_adds_a_collector_the_service_can_be_pointed_at() -> None:
+    services = _compose_config("compose.yaml", profiles=("tracing",))["services"]
+    assert set(services) == {"translate", "prometheus", "grafana", "jaeger"}
+    assert any(port["target"] == 4317 for port in services["jaeger"]["ports"])  # OTLP/gRPC
+    assert "TRANSLATE_OTLP_ENDPOINT" in services["translate"]["environment"]
 
 
 def test_compose_cpu_override_drops_the_gpu_reservation() -> None:
@@ -378,7 +413,12 @@ def test_alert_rules_check_and_unit_tests() -> None:
     unit = _run([promtool, "test", "rules", "alerts_test.yml"], cwd=PROMETHEUS)
     assert unit.returncode == 0, unit.stdout + unit.stderr
     alerts = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}
-    assert {"TranslationHighP99Latency", "TranslationHighErrorRate", "TranslationQueueFull"} <= alerts
+    assert {
+        "TranslationHighP99Latency",
+        "TranslationHighErrorRate",
+        "TranslationQueueFull",
+        "TranslationMemoryGrowing",
+    } <= alerts
 
 
 def test_alert_rules_and_adapter_use_exported_metrics() -> None:
@@ -422,7 +462,7 @@ def test_dashboard_queries_use_only_exported_metrics_and_cover_the_issue() -> No
     used: set[str] = set()
     for title, expr in dashboard_queries(_dashboard()):
         names = set(METRIC_NAME.findall(expr))
-        assert names, f"{title}: {expr} queries no translation metric"
+        assert names, f"{title}: {expr} queries no metric of the service"
         assert names <= EXPORTED, f"{title}: unknown metrics {names - EXPORTED}"
         used |= names
     missing = {what: m for what, m in DASHBOARD_MUST_SHOW.items() if m not in used}
@@ -440,13 +480,15 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
 
 
 def test_exported_metric_list_matches_the_service() -> None:
-    """The contract list above is what server/edge/metrics.py registers."""
+    """The contract list above is what server/edge/metrics.py and process_metrics.py register (this process
+    standing in for a child process)."""
     from prometheus_client import CollectorRegistry
 
-    from server.edge import metrics
+    from server.edge import metrics, process_metrics
 
     registry = CollectorRegistry()
     metrics.Metrics(registry)
+    process_metrics.register_process_collectors(registry, lambda: {"server-0": os.getpid()})
     registered = set()
     for family in registry.collect():
         if family.type == "counter":

@@ -73,6 +73,8 @@ def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_serve
             sentences = sample_value(running.registry, "translation_sentences_total")
             if in_process:
                 assert all(isinstance(e, EngineProcess) for e in running.server.engines.values())
+                (pid,) = running.server.engine_pids.values()  # its process series: server.edge.process_metrics
+                assert running.server.engine_pids == {f"engine-{model.description.name}#0": pid} and pid_alive(pid)
                 assert steps > 0 and sentences == 2 * 4  # the child's measurements, in the server's registry
                 assert sample_value(running.registry, "translation_max_slots") == 8
     assert answers[True, 1] == answers[False, 1] and answers[True, 2] == answers[False, 2]

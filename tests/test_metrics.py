@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, enable_created_metrics, generate_latest
 
 from server.core.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
 from server.edge.metrics import Metrics, StepStats, start_metrics_server
+from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from tests.fakes import Collector, FakeRunner, reference_decode
-from tests.serving import sample_value
+from tests.serving import sample_value, wait_until
 
 
 @pytest.fixture
@@ -199,3 +202,39 @@ def test_failed_requests_count_their_unfinished_sentences_by_stage(registry: Col
     assert value(registry, failed, lang_pair="en-de", reason="UNAVAILABLE", stage="decoding") == 1
     assert value(registry, "translation_queue_wait_seconds_count") == 1, "only the sentence that got slots waited"
     assert [type(e) for e in events] == [RequestFailed, RequestFailed]
+
+
+def test_process_platform_and_gc_series_describe_this_process(registry: CollectorRegistry) -> None:
+    register_process_collectors(registry)
+    assert value(registry, "process_resident_memory_bytes") > 1_000_000
+    assert value(registry, "process_cpu_seconds_total") > 0
+    assert value(registry, "process_open_fds") > 0
+    assert value(registry, "python_gc_collections_total", generation="0") >= 0
+    assert value(registry, "python_info", implementation="CPython") == 1
+
+
+def test_child_processes_have_their_own_labelled_series_until_they_exit(registry: CollectorRegistry) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(60)"])
+    try:
+        children = {"engine-tiny#0": child.pid}
+        register_process_collectors(registry, lambda: children)
+        name = "translation_child_process_resident_memory_bytes"
+        wait_until(lambda: value(registry, name, process="engine-tiny#0") > 64 << 20)  # its 64 MiB, not ours
+        assert value(registry, "translation_child_process_cpu_seconds_total", process="engine-tiny#0") >= 0
+        assert value(registry, "process_resident_memory_bytes") != value(registry, name, process="engine-tiny#0")
+    finally:
+        child.kill()
+        child.wait()
+    assert registry.get_sample_value(name, {"process": "engine-tiny#0"}) is None  # listed, but gone: left out
+
+
+def test_no_created_series_once_disabled(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry)
+    metrics.observe_request("Translate", "OK", "de-en", 0.03)
+    assert "_created" in generate_latest(registry).decode()  # prometheus-client's default: the switch matters
+    disable_created_metrics()
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        enable_created_metrics()
+    assert "_created" not in text and "translation_requests_total{" in text

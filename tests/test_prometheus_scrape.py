@@ -335,17 +335,20 @@ def test_dashboard_queries_run_on_live_data(traffic: Traffic) -> None:
     # Error queries may be empty only if nothing failed that way. One request did, at the edge
     # (INVALID_ARGUMENT), so every query has data but two: no request failed inside the engine
     # (tests/test_metrics.py drives that series through a real Engine), and none was refused
-    # RESOURCE_EXHAUSTED (tests/test_servicer.py counts both reasons).
+    # RESOURCE_EXHAUSTED (tests/test_servicer.py counts both reasons); and this server has no engine or
+    # server processes of its own (tests/test_metrics.py reads a child's series).
     assert empty == [
         ("Error rate by status", "translation_requests_rejected_total"),
         ("Failed sentences by reason and stage", "translation_sentences_failed_total"),
+        ("Resident memory by process", "translation_child_process_resident_memory_bytes"),
+        ("CPU by process", "translation_child_process_cpu_seconds_total"),
     ], f"queries with no data after traffic: {empty}"
 
 
 def test_alert_rules_evaluate_and_stay_quiet_under_healthy_traffic(traffic: Traffic) -> None:
     groups = traffic.prometheus.api("rules")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 6, [r["name"] for r in rules]
+    assert len(rules) == 7, [r["name"] for r in rules]
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
     firing = [r["name"] for r in rules if r["state"] == "firing"]
     assert not firing, firing
@@ -356,6 +359,9 @@ def test_metrics_endpoint_is_plain_prometheus_text(service: Service) -> None:
         assert reply.headers["Content-Type"].startswith("text/plain")
         body = reply.read().decode()
     assert "translation_model_info{" in body and "translation_requests_total{" in body
+    for series in ("process_resident_memory_bytes ", "process_cpu_seconds_total ", "python_gc_collections_total{"):
+        assert series in body, series  # server.edge.process_metrics
+    assert "_created" not in body
 
 
 def test_image_healthcheck_command_reports_serving(service: Service) -> None:

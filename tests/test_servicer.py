@@ -22,8 +22,7 @@ from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
 from server.core.engine import RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
-from server.edge import interceptors
-from server.edge import servicer as servicer_module
+from server.edge import interceptors, preparation
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
 from server.edge.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
@@ -123,10 +122,10 @@ def test_short_requests_are_prepared_on_the_loop_and_long_ones_in_a_worker_threa
         hops.append(1)
         return await to_thread(func)
 
-    monkeypatch.setattr(servicer_module.asyncio, "to_thread", counted)
+    monkeypatch.setattr(preparation.asyncio, "to_thread", counted)
     short = "Das Haus ist groß."
-    long = " ".join([short] * (servicer_module.INLINE_PREPARE_CHARS // len(short) + 1))
-    assert len(short) <= servicer_module.INLINE_PREPARE_CHARS < len(long)
+    long = " ".join([short] * (preparation.INLINE_PREPARE_CHARS // len(short) + 1))
+    assert len(short) <= preparation.INLINE_PREPARE_CHARS < len(long)
     assert served.stub.Translate(request([short])).results[0].translation == expected_hypotheses(model, short)[0][0]
     assert not hops
     assert served.stub.Translate(request([long])).results[0].translation == expected_hypotheses(model, long)[0][0]
@@ -459,7 +458,7 @@ def test_health_is_not_serving_until_loaded_then_serving(model: LoadedModel) -> 
 def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(servicer_module, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
+    monkeypatch.setattr(preparation, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
     with running_server(LoadedModel(base.runner, held, base.description), config(max_queue=2)) as served:
@@ -561,7 +560,7 @@ class HeldTokenizer(Tokenizer):
 def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(servicer_module, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
+    monkeypatch.setattr(preparation, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
     with running_server(LoadedModel(base.runner, held, base.description), config()) as served:

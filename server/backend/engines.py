@@ -47,6 +47,11 @@ def close_model(model: OpenedModel) -> None:
         model.close()
 
 
+def child_pid(model: OpenedModel) -> int | None:
+    """The pid of the child process holding the model, None for a runner in this process."""
+    return model.pid if isinstance(model, ModelProcess) else None
+
+
 def in_this_process(engine: EngineClient | None) -> Engine | None:
     """The engine itself where it runs in this process (tests reach into it), else None."""
     return engine if isinstance(engine, Engine) else None

@@ -73,6 +73,7 @@ class SentenceDone:
     sentence_index: int
     hypotheses: list[Hypothesis]  # best first, num_hypotheses of them
     input_tokens: int  # source length, tag and EOS included
+    queue_wait_s: float = 0.0  # seconds it waited in the queue before it first got slots
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class _Sentence:
     beam: BeamState
     enqueued_at: float
     waited: bool = False  # it got slots once: its queue wait was reported (a rerun after isolate() reports none)
+    queue_wait_s: float = 0.0  # seconds from enqueued_at to its first slots
     slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
@@ -357,7 +359,8 @@ class Scheduler:
             self._running.append(head)
             batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
             if not head.waited:
-                batch.queue_waits.append(now - head.enqueued_at)
+                head.queue_wait_s = now - head.enqueued_at
+                batch.queue_waits.append(head.queue_wait_s)
                 head.waited = True
             budget -= len(head.source_ids)
 
@@ -385,7 +388,8 @@ class Scheduler:
             self._release(sentence)
             sentence.done = True
             hypotheses = sentence.beam.best(request.options.num_hypotheses)
-            events.append((request.request_id, SentenceDone(sentence.index, hypotheses, len(sentence.source_ids))))
+            done = SentenceDone(sentence.index, hypotheses, len(sentence.source_ids), sentence.queue_wait_s)
+            events.append((request.request_id, done))
             request.pending -= 1
             if request.pending == 0:
                 del self._requests[request.request_id]

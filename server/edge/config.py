@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from server.backend import KV_CACHES
+from server.edge.logs import LOG_FORMATS
 
 ENV_PREFIX = "TRANSLATE_"
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "model" / "shipped"
@@ -52,7 +53,9 @@ class ServerConfig:
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
     max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
-    max_queue: int = 1024  # sentences allowed to wait for a slot; beyond it requests get RESOURCE_EXHAUSTED
+    # Sentences per engine allowed to wait for a slot; beyond it RESOURCE_EXHAUSTED. About what an engine clears
+    # within a typical client deadline: a longer queue turns refusals into timeouts (docs/service.md).
+    max_queue: int = 512
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
     # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
@@ -79,6 +82,10 @@ class ServerConfig:
     engine_processes: bool = False
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
+    log_format: str = "text"  # text for people, json for log pipelines: one object per line (server/edge/logs.py)
+    # OTLP/gRPC collector to send traces to (e.g. http://localhost:4317); empty = no tracing. The standard
+    # OTEL_* variables (service name, sampler, headers) configure the rest (server/edge/tracing.py).
+    otlp_endpoint: str = ""
     max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
     max_connection_age_s: float = 300.0  # GOAWAY each connection after this long (0 = never): new replicas get traffic
     max_connection_age_grace_s: float = 30.0  # then its calls have this long to finish before it closes (0 = no limit)
@@ -106,6 +113,7 @@ class ServerConfig:
         _check_choice("provider", self.provider, PROVIDERS)
         _check_choice("kv_cache", self.kv_cache, KV_CACHES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
+        _check_choice("log_format", self.log_format, LOG_FORMATS)
         for name in ("max_slots", "max_queue", "max_message_bytes", "processes", "cache_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -194,7 +202,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("provider", str, "execution provider", PROVIDERS)
     add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
     add("max-slots", int, "decoding slots (beam rows) per step")
-    add("max-queue", int, "sentences that may wait for a slot before RESOURCE_EXHAUSTED")
+    add("max-queue", int, "sentences per engine that may wait for a slot before RESOURCE_EXHAUSTED")
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
@@ -202,6 +210,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
     add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
+    add("log-format", str.lower, "text, or json: one object per line with an access record per call", LOG_FORMATS)
+    add("otlp-endpoint", str, "send OpenTelemetry traces to this OTLP/gRPC collector (needs the [tracing] extra)")
     add("max-message-bytes", int, "gRPC message size limit in bytes")
     add("max-connection-age-s", float, "close each client connection after this many seconds, gracefully (0 = never)")
     add("max-connection-age-grace-s", float, "calls on a connection past its age may run this long (0 = no limit)")

@@ -3,7 +3,9 @@
 Servicer methods raise; the `unary_call` / `stream_call` wrappers turn what they raise into a
 status with a message safe for clients (never exception text for unexpected faults: those are
 logged with their traceback and answered INTERNAL) and record the call's status code, language
-pair and duration in the metrics.
+pair and duration in the metrics and its access log record. Each call has a request id (the
+client's `x-request-id` metadata, or a new one) that its access record, its error log lines and its
+trailing metadata carry.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from server.core.engine import (
     QueueFullError,
     RequestFailed,
 )
+from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
 from server.edge.metrics import Metrics
+from server.edge.tracing import NO_TRACE, CallTrace, Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +123,48 @@ def rejection_reason(exc: BaseException) -> str | None:
 
 @dataclass
 class CallRecord:
-    """What a servicer method learns about its call that the metrics need."""
+    """What a servicer method learns about its call that the metrics and its access record need."""
 
+    request_id: str = ""  # the client's x-request-id, or one made for the call
     lang_pair: str = ""  # set once the request's languages are validated
     model: str = ""  # the model routed to, set with lang_pair
     first_result_s: float | None = None  # seconds from the call's start to its first result
     started: float = field(default_factory=time.monotonic)  # when the servicer got the call
+    texts: int = 0  # texts in the request, once it is validated
+    sentences: int = 0  # sentences of the texts answered so far
+    input_tokens: int = 0  # of those sentences
+    output_tokens: int = 0  # of their best hypotheses
+    queue_wait_s: float = 0.0  # the longest any of its sentences waited for slots
+    submitted: float = 0.0  # time.monotonic() when its sentences went to the engine
+    trace: CallTrace = NO_TRACE  # its span, when tracing is on (server.edge.tracing)
+
+    def access_record(self, method: str, code: grpc.StatusCode, seconds: float) -> dict[str, object]:
+        """The call's access log fields (server.edge.logs): counts and timings, never text."""
+        return {
+            "request_id": self.request_id,
+            "method": method,
+            "model": self.model,
+            "pair": self.lang_pair,
+            "status": code.name,
+            "duration_ms": round(seconds * 1000, 2),
+            "texts": self.texts,
+            "sentences": self.sentences,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "queue_wait_ms": round(self.queue_wait_s * 1000, 2),
+        }
+
+
+def _new_call(context: grpc.aio.ServicerContext[Req, Resp], tracing: Tracing | None, method: str) -> CallRecord:
+    metadata = context.invocation_metadata()
+    call = CallRecord(request_id=request_id(metadata))
+    if tracing is not None:
+        call.trace = tracing.start(method, metadata, call.request_id)
+    return call
+
+
+def _request_id_metadata(call: CallRecord) -> tuple[tuple[str, str], ...]:
+    return ((REQUEST_ID_KEY, call.request_id),)
 
 
 def cancelled_by_deadline(context: grpc.aio.ServicerContext[Req, Resp], call: CallRecord) -> bool:
@@ -134,6 +174,7 @@ def cancelled_by_deadline(context: grpc.aio.ServicerContext[Req, Resp], call: Ca
 
 class Observed(Protocol):
     metrics: Metrics | None
+    tracing: Tracing | None
 
 
 S = TypeVar("S", bound=Observed)
@@ -153,7 +194,7 @@ def unary_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-            call = CallRecord()
+            call = _new_call(context, self.tracing, method)
             _count_in_flight(self.metrics, method, +1)
             try:
                 response = await fn(self, request, context, call)
@@ -163,6 +204,7 @@ def unary_call(
             finally:
                 _count_in_flight(self.metrics, method, -1)
             call.first_result_s = time.monotonic() - call.started
+            context.set_trailing_metadata(_request_id_metadata(call))
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
             return response
 
@@ -183,7 +225,7 @@ def stream_call(
     ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
         @functools.wraps(fn)
         async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
-            call = CallRecord()
+            call = _new_call(context, self.tracing, method)
             _count_in_flight(self.metrics, method, +1)
             try:
                 # aclosing: when the client goes away, the inner generators' cleanup (freeing slots) runs now
@@ -197,6 +239,7 @@ def stream_call(
                 raise
             finally:
                 _count_in_flight(self.metrics, method, -1)
+            context.set_trailing_metadata(_request_id_metadata(call))
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
 
         return wrapper
@@ -221,11 +264,11 @@ async def _fail(
         return  # KeyboardInterrupt, SystemExit: not a request outcome
     code, message = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
-        logger.error("%s failed", method, exc_info=exc)
+        logger.error("%s failed (request id %s)", method, call.request_id, exc_info=exc)
     _observe(metrics, method, call, code)
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
         metrics.observe_rejected(method, reason, call.model)
-    await context.abort(code, message, trailing_metadata(exc))
+    await context.abort(code, message, trailing_metadata(exc) + _request_id_metadata(call))
 
 
 def deadline_passed(remaining: float | None, elapsed: float) -> bool:
@@ -249,8 +292,11 @@ def _count_in_flight(metrics: Metrics | None, method: str, change: int) -> None:
 
 
 def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:
+    seconds = time.monotonic() - call.started
+    log_call(call.access_record(method, code, seconds))
+    call.trace.end(code.name)
     if metrics is None:
         return
-    metrics.observe_request(method, code.name, call.lang_pair, time.monotonic() - call.started, call.model)
+    metrics.observe_request(method, code.name, call.lang_pair, seconds, call.model)
     if call.first_result_s is not None:
         metrics.observe_first_result(method, call.first_result_s, call.model)

@@ -43,6 +43,7 @@ from server.backend.engines import (
     OpenedGraphs,
     OpenedModel,
     RunnerSettings,
+    child_pid,
     close_model,
     in_this_process,
     open_model,
@@ -59,8 +60,11 @@ from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig, parse_config
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 from server.edge.detect import SourceDetector
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
+from server.edge.logs import configure_logging
 from server.edge.metrics import Metrics, start_metrics_server
+from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from server.edge.servicer import Backend, TranslatorServicer
+from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -71,7 +75,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "transl
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
 MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
-LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
@@ -327,7 +330,9 @@ def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
 class TranslationServer:
     """One grpc.aio server with the Translator, health and reflection services, and one engine per model."""
 
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, registry: CollectorRegistry | None = None, tracing: Tracing | None = None
+    ) -> None:
         self.config = config
         # Loading, draining and stopping run on threads of their own (one per engine, so that engines drain
         # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
@@ -338,10 +343,11 @@ class TranslationServer:
         self.stopping = threading.Event()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics)
+        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics, tracing)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.caches: dict[str, ResponseCache] = {}  # by model name
+        self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._stop_watching = threading.Event()  # ends every engine's stall watch
         self.credentials = server_credentials(config)
@@ -408,6 +414,8 @@ class TranslationServer:
         engine = start_engine(model.runner, limits, observer, engine_failed, self.config.stall_seconds)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
+        if (pid := child_pid(model.runner)) is not None:
+            self.engine_pids[f"engine-{info.name}#{replica}"] = pid
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
@@ -548,9 +556,10 @@ async def create_server(
     config: ServerConfig,
     model: LoadedModel | Sequence[LoadedModel] | None = None,
     registry: CollectorRegistry | None = None,
+    tracing: Tracing | None = None,
 ) -> tuple[TranslationServer, int]:
     """A started, loaded and warmed-up server and its bound port; `model` defaults to the configured ones."""
-    server = TranslationServer(config, registry)
+    server = TranslationServer(config, registry, tracing)
     port = await server.start()
     try:
         await server.load(model)
@@ -575,7 +584,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = TranslationServer(config)
+    try:
+        tracing = open_tracing(config.otlp_endpoint)
+    except RuntimeError as err:
+        raise StartupError(str(err)) from err
+    server = TranslationServer(config, tracing=tracing)
     port = await server.start()
     logger.info(
         "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
@@ -586,6 +599,7 @@ async def serve(
         "required" if config.auth_token_file else "not required",
     )
     if config.metrics_port >= 0:
+        register_process_collectors(server.registry, lambda: server.engine_pids)
         try:
             metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
         except OSError as err:
@@ -614,6 +628,8 @@ async def serve(
     grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
     delay = 0.0 if failure is not None else config.shutdown_delay_seconds
     await server.shutdown(grace, delay)
+    if tracing is not None:
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
     if failure is not None:
         raise failure
 
@@ -623,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = parse_config(argv, os.environ)
     except ValueError as err:
         sys.exit(f"translate-server: {err}")
-    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    configure_logging(config.log_level, config.log_format)
+    disable_created_metrics()
     if config.processes > 1:
         from server.edge.replicas import run_replicas
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from server.core.observer import StepStats
+from server.edge.process_metrics import Children, register_process_collectors
 
 __all__ = [
     "CacheMetrics",
@@ -308,11 +309,15 @@ class ModelMetrics:
                 ).inc(count)
 
 
-def start_multiprocess_metrics_server(port: int, path: str, addr: str = "0.0.0.0") -> int:
+def start_multiprocess_metrics_server(
+    port: int, path: str, addr: str = "0.0.0.0", children: Children | None = None
+) -> int:
     """Serve `/metrics` summed over the server processes that write their series under `path` (prometheus
-    client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import)."""
+    client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import),
+    with this process's own process series and each of `children`'s (server.edge.process_metrics)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
+    register_process_collectors(registry, children)
     return start_metrics_server(port, registry, addr)
 
 

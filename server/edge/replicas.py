@@ -36,8 +36,8 @@ from types import FrameType
 
 from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig
+from server.edge.logs import configure_logging
 from server.edge.main import (
-    LOG_FORMAT,
     StartupError,
     available_cores,
     engine_plan,
@@ -47,6 +47,7 @@ from server.edge.main import (
     run,
 )
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
+from server.edge.process_metrics import disable_created_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> None:
     """A server process's entry point (spawned: a fresh interpreter that reads MULTIPROC_ENV at import)."""
-    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    configure_logging(config.log_level, config.log_format)
+    disable_created_metrics()
     stop_with_parent(parent)
     run(config, on_serving=serving.set)
 
@@ -110,6 +112,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.failure: str | None = None
         self.restarts: deque[float] = deque()
+        self.pids: dict[str, int] = {}  # "server-<index>" -> pid of each running server process, for its metrics
 
     def start(self, index: int) -> ServerProcess:
         serving = self.context.Event()
@@ -118,6 +121,8 @@ class Supervisor:
         )
         process.start()
         logger.info("server process %d started (pid %s)", index, process.pid)
+        if process.pid is not None:
+            self.pids[f"server-{index}"] = process.pid
         return ServerProcess(index, process, serving)
 
     def stop_all(self, running: dict[int, ServerProcess]) -> None:
@@ -145,6 +150,7 @@ class Supervisor:
     def ended(self, server: ServerProcess, running: dict[int, ServerProcess]) -> None:
         """Account for a server process that exited: restart it, or stop everything."""
         server.process.join()
+        self.pids.pop(f"server-{server.index}", None)
         if server.process.pid is not None:
             forget_process(server.process.pid, self.metrics_dir)
         code = server.process.exitcode
@@ -188,7 +194,10 @@ def run_replicas(config: ServerConfig) -> int | str:
     try:
         if config.metrics_port >= 0:
             try:
-                port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, metrics_address(config.host))
+                address = metrics_address(config.host)
+                port = start_multiprocess_metrics_server(
+                    config.metrics_port, metrics_dir, address, supervisor.pids.copy
+                )
             except OSError as err:
                 return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
             logger.info("metrics of all server processes on :%d/metrics", port)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing, suppress
@@ -35,6 +34,7 @@ from server.core.engine_client import Cancellable, EngineClient
 from server.core.markup_documents import RequestAssembler, prepare_request
 from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.core.runner import ModelSpec
+from server.edge.admission import sentences_to_hold
 from server.edge.convert import (
     ModelDescription,
     TranslateJob,
@@ -56,16 +56,14 @@ from server.edge.errors import (
     unary_call,
 )
 from server.edge.metrics import Metrics
+from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
 from server.edge.routing import LanguageRoute, describe_pairs, route_pair
+from server.edge.tracing import Tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
-# Requests of at most this many characters are split and tokenized on the event loop, which is cheaper than
-# the hop to a worker thread and back (docs/decisions.md); longer ones in a worker thread
-INLINE_PREPARE_CHARS = 512
-_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum accepts: a text without one has no sentence
 
 
 @dataclass(frozen=True)
@@ -137,11 +135,13 @@ def _detect_all(detector: SourceDetector, texts: list[str]) -> tuple[dict[str, l
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
-    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None) -> None:
+    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
         self.limits = limits  # before loading: the documented limits, for refusals that need one
         self.metrics = metrics
+        self.tracing = tracing
         self._backends: list[Backend] = []
         self._turn = itertools.count()  # round robin among equally loaded engines
+        self._lane = PreparationLane()  # splits and tokenizes admitted calls between arrivals
 
     def attach(self, backends: list[Backend], detector: SourceDetector | None = None) -> None:
         """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order;
@@ -188,13 +188,6 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 "or use TranslateStream (one message per text)"
             )
         return message
-
-    def _least_sentences(self, texts: list[str], limits: RequestLimits) -> int:
-        """Sentences the request queues at least, counted at C speed before any splitting: one per text
-        with a letter or a digit. None for a request over the sentence limit: splitting refuses it
-        INVALID_ARGUMENT, which it must get rather than "queue full, retry" while the queue is busy."""
-        least = sum(1 for text in texts if _LETTER_OR_DIGIT.search(text))
-        return least if least <= limits.max_sentences else 0
 
     def _require_backends(self) -> list[Backend]:
         if not self._backends:
@@ -342,16 +335,18 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
-        Admitted by the engine first, holding the queue places it will need at least: a request the
-        queue cannot take is refused before any splitting, and a drain that begins while the texts are
-        still being split waits for this call instead of refusing it at submit.
+        Admitted by the engine first, holding the queue places for the sentences it counts
+        (`server.edge.admission`): a request the queue cannot take is refused before any splitting, and
+        a drain that begins while the texts are still being split waits for this call instead of
+        refusing it at submit. Splitting then waits for
+        a lull in the calls arriving (`server.edge.preparation`): no refusal waits behind it.
         """
-        with backend.engine.admission(self._least_sentences(job.texts, backend.limits)) as admission:
-            prepare = _preparation(job, backend)
-            # a short request is prepared in microseconds, less than the hop to a worker thread and back;
-            # parsing, splitting and tokenizing 2.5M characters must not block the loop
-            small = sum(len(text) for text in job.texts) <= INLINE_PREPARE_CHARS
-            assembler = prepare() if small else await asyncio.to_thread(prepare)
+        self._lane.arrived()
+        call.texts = len(job.texts)
+        call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
+        with backend.engine.admission(sentences_to_hold(job.texts, backend.limits.max_sentences)) as admission:
+            prepare = _preparation(job, backend)  # parsing (HTML/XML), splitting and tokenizing
+            assembler = await self._lane.prepare(prepare, sum(len(text) for text in job.texts))
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
@@ -363,10 +358,16 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     if isinstance(event, TokensEvent):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
                         continue
+                    call.queue_wait_s = max(call.queue_wait_s, event.queue_wait_s)
+                    output_tokens = len(event.hypotheses[0].tokens) if event.hypotheses else 0
+                    call.trace.sentence(
+                        event.sentence_index, call.submitted, event.queue_wait_s, event.input_tokens, output_tokens
+                    )
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
                     if done is not None:
+                        _count_text(call, done)
                         yield done
 
 
@@ -387,6 +388,13 @@ def _preparation(job: TranslateJob, backend: Backend) -> Callable[[], RequestAss
 def _cache_key(job: TranslateJob, backend: Backend) -> Callable[[list[int]], CacheKey]:
     """A sentence's key in the model's response cache, for this request's pair and options."""
     return partial(CacheKey.of, backend.model.model_sha256, backend.model.variant, job.lang_pair, job.options)
+
+
+def _count_text(call: CallRecord, text: TextTranslation) -> None:
+    """A text answered: its sentences and tokens go into the call's access record."""
+    call.sentences += text.sentences
+    call.input_tokens += text.input_tokens
+    call.output_tokens += text.output_tokens
 
 
 class CallInbox:
@@ -435,7 +443,8 @@ async def _engine_events(
     the caller stops early."""
     inbox = CallInbox(asyncio.get_running_loop())
     remaining = context.time_remaining()
-    deadline = None if remaining is None else time.monotonic() + remaining
+    call.submitted = time.monotonic()
+    deadline = None if remaining is None else call.submitted + remaining
 
     def submit(sentences: list[list[int]], on_event: Callable[[Event], None]) -> Cancellable:
         return engine.submit(

@@ -1,0 +1,191 @@
+"""How fast a burst the queue cannot take is refused, against the floor of as many no-op calls.
+
+Starts `translate-server` (the shipped model unless told otherwise) with the given server flags, then
+per round fires BURST Translate calls of one 6-sentence German text at once over a few channels, each
+with a deadline, with BURST ListModels calls between them: the floor, what gRPC and the event loop take
+to answer calls that do no work, under the same decoding load (on a small machine the engines' decoding
+slows every answer, refusals and no-op calls alike). Then, the engines idle, BURST ListModels calls
+alone and BURST Translate calls without texts (INVALID_ARGUMENT before admission). Reports per round
+each p50/p95 (from a call's sending to its status), the Translate status counts and the OK throughput
+(sentences of OK calls over the time to the last OK answer). The server is warm (a call per channel
+before the first round).
+
+Usage:
+  python -m bench.burst --rounds 3 -- --max-queue 64
+  python -m bench.burst --rounds 3 --out bench/results/burst-q64.json -- --max-queue 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.loadgen import percentile
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+BURST = 400
+CHANNELS = 4
+TEXT = (
+    "Das Haus ist groß. Er wartete lange auf den Zug. Sie schrieben ein Buch über die Stadt. "
+    "Es hörte auf zu regnen. Wir gingen nach Hause. Der Hund schläft im Garten."
+)  # 6 sentences
+START_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Round:
+    """One burst of Translate calls mixed with no-op calls, then a burst of each floor alone."""
+
+    codes: dict[str, int]  # Translate status name -> count
+    refused_p50_ms: float  # RESOURCE_EXHAUSTED answers, from sending to status
+    refused_p95_ms: float
+    loaded_noop_p50_ms: float  # the no-op calls sent between the Translate calls of the same burst
+    loaded_noop_p95_ms: float
+    noop_p95_ms: float  # a burst of no-op calls alone, the engines idle
+    invalid_p95_ms: float  # a burst of Translate calls with no texts: refused INVALID_ARGUMENT before admission
+    ok_sentences_per_s: float  # sentences of OK calls over the first send to the last OK answer
+    wall_s: float  # first send to last answer of the Translate burst
+
+
+async def _timed(call: grpc.aio.UnaryUnaryCall, sent: float) -> tuple[str, float, int]:  # type: ignore[type-arg]
+    try:
+        response = await call
+    except grpc.aio.AioRpcError as err:
+        return err.code().name, time.perf_counter() - sent, 0
+    sentences = sum(r.sentences for r in getattr(response, "results", ()))
+    return "OK", time.perf_counter() - sent, sentences
+
+
+Call = tuple[str, object, float]  # method, request, deadline in seconds
+
+
+async def burst(stubs: list[Any], calls: list[Call]) -> list[tuple[str, float, int]]:
+    """Send the calls without awaiting any, round robin over the stubs; (code, seconds, sentences) of each."""
+    pending = []
+    for index, (method, message, deadline_s) in enumerate(calls):
+        sent = time.perf_counter()
+        pending.append(_timed(getattr(stubs[index % len(stubs)], method)(message, timeout=deadline_s), sent))
+    return list(await asyncio.gather(*pending))
+
+
+async def run_rounds(address: str, rounds: int, beam: int, deadline_s: float) -> list[Round]:
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(CHANNELS)
+    ]
+    stubs: list[Any] = [pb_grpc.TranslatorStub(channel) for channel in channels]  # the async stubs
+    options = pb.TranslationOptions(source_language="de", target_language="en", beam_size=beam)
+    translate = pb.TranslateRequest(texts=[TEXT], options=options)
+    for stub in stubs:  # connected and warm
+        await stub.Translate(translate, timeout=START_TIMEOUT_S)
+    no_op: Call = ("ListModels", pb.ListModelsRequest(), 60.0)
+    measured = []
+    for _ in range(rounds):
+        # BURST translations, with BURST no-op calls between them: the floor under the same decoding load
+        started = time.perf_counter()
+        mixed = await burst(stubs, [c for _ in range(BURST) for c in (("Translate", translate, deadline_s), no_op)])
+        wall = time.perf_counter() - started
+        translations, loaded = mixed[0::2], mixed[1::2]
+        idle = await burst(stubs, [no_op] * BURST)
+        invalid = await burst(stubs, [("Translate", pb.TranslateRequest(options=options), 60.0)] * BURST)
+        ok_end = max((s for c, s, _ in translations if c == "OK"), default=0.0)
+        ok_sentences = sum(n for c, _, n in translations if c == "OK")
+        refused = [s * 1000 for c, s, _ in translations if c == "RESOURCE_EXHAUSTED"]
+        measured.append(
+            Round(
+                codes=dict(Counter(c for c, _, _ in translations)),
+                refused_p50_ms=round(percentile(refused, 50), 1),
+                refused_p95_ms=round(percentile(refused, 95), 1),
+                loaded_noop_p50_ms=round(percentile([s * 1000 for _, s, _ in loaded], 50), 1),
+                loaded_noop_p95_ms=round(percentile([s * 1000 for _, s, _ in loaded], 95), 1),
+                noop_p95_ms=round(percentile([s * 1000 for _, s, _ in idle], 95), 1),
+                invalid_p95_ms=round(percentile([s * 1000 for _, s, _ in invalid], 95), 1),
+                ok_sentences_per_s=round(ok_sentences / ok_end, 1) if ok_end else 0.0,
+                wall_s=round(wall, 2),
+            )
+        )
+        print(json.dumps(asdict(measured[-1])), flush=True)
+    for channel in channels:
+        await channel.close(None)
+    return measured
+
+
+@contextmanager
+def server(flags: list[str], log: Path) -> Iterator[str]:
+    """`translate-server` with `flags` on a free loopback port, its log in `log`; yields its address once
+    health says SERVING (every model loaded and warm)."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "server.edge.main", "--port", str(port), "--host", "localhost"]
+    with log.open("w") as sink:
+        process = subprocess.Popen([*command, "--metrics-port", "-1", *flags], stderr=sink, cwd=ROOT)
+    address = f"localhost:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with grpc.insecure_channel(address) as channel:
+            while not _serving(channel):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not start; see {log}")
+                time.sleep(0.5)
+        yield address
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _serving(channel: grpc.Channel) -> bool:
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", help="a running server instead of starting one")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--beam", type=int, default=8)
+    parser.add_argument("--deadline", type=float, default=30.0, help="each Translate call's deadline, seconds")
+    parser.add_argument("--out", type=Path, help="write the rounds and their medians here as JSON")
+    parser.add_argument("--log", type=Path, default=Path("/tmp/bench-burst-server.log"), help="the server's log")
+    parser.add_argument("server_flags", nargs="*", help="translate-server flags (after --)")
+    args = parser.parse_args()
+    if args.address:
+        rounds = asyncio.run(run_rounds(args.address, args.rounds, args.beam, args.deadline))
+    else:
+        with server(args.server_flags, args.log) as address:
+            rounds = asyncio.run(run_rounds(address, args.rounds, args.beam, args.deadline))
+    medians = {
+        name: statistics.median(getattr(r, name) for r in rounds)
+        for name in ("refused_p95_ms", "loaded_noop_p95_ms", "noop_p95_ms", "ok_sentences_per_s", "refused_p50_ms")
+    }
+    print(json.dumps({"flags": args.server_flags, "median_of_rounds": medians}))
+    if args.out:
+        args.out.write_text(json.dumps({"flags": args.server_flags, "rounds": [asdict(r) for r in rounds],
+                                        "median_of_rounds": medians}, indent=1) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

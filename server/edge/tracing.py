@@ -1,0 +1,132 @@
+"""OpenTelemetry traces of calls, off unless `--otlp-endpoint` names a collector (the `[tracing]` extra).
+
+Each Translator call is a SERVER span named after its gRPC method, child of the client's span when its
+metadata carries a W3C `traceparent`; it records the request id, model, language pair, beam width and
+status. Each sentence adds two child spans when it finishes: `queue_wait` (from submission until it got
+slots) and `decode` (from then until its translation came back, its encoder call included), with its
+index and token counts. The engine measures; the spans are written here, after the fact, from what its
+events carry: the decoding core never imports OpenTelemetry.
+
+The standard OTEL_* variables configure what the flag does not (OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER,
+OTEL_EXPORTER_OTLP_HEADERS, ...); they are read by the SDK when `open_tracing` builds it, never at import.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+try:  # the API, which the SDK brings: without the [tracing] extra, open_tracing refuses to start
+    from opentelemetry import trace as otel
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:
+    otel = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+SERVICE_NAME = "translate-server"  # the service.name spans carry unless OTEL_SERVICE_NAME says otherwise
+SERVICE = "translation.v1.Translator"
+INSTALL_HINT = "tracing needs the OpenTelemetry SDK: pip install 'translate-service[tracing]'"
+
+
+class CallTrace:
+    """A call's trace; this base records nothing (tracing off)."""
+
+    def describe(self, model: str, pair: str, beam_size: int) -> None:
+        """The call was routed and validated."""
+
+    def sentence(
+        self, index: int, submitted: float, queue_wait_s: float, input_tokens: int, output_tokens: int
+    ) -> None:
+        """Sentence `index` came back now; it was submitted at `submitted` (time.monotonic()) and waited
+        `queue_wait_s` for slots."""
+
+    def end(self, code: str) -> None:
+        """The call ended with gRPC status `code` (its name)."""
+
+
+NO_TRACE = CallTrace()
+
+
+class Tracing:
+    """Starts a span per call on `provider` (the OTLP exporter's, or a test's in-memory one)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self._tracer = provider.get_tracer("server.edge.tracing")
+        self._propagator = TraceContextTextMapPropagator()
+
+    def start(self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None, request_id: str) -> CallTrace:
+        carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
+        span = self._tracer.start_span(
+            f"{SERVICE}/{method}",
+            context=self._propagator.extract(carrier),
+            kind=otel.SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": SERVICE,
+                "rpc.method": method,
+                "translation.request_id": request_id,
+            },
+        )
+        return _SpanTrace(self._tracer, span)
+
+    def shutdown(self) -> None:
+        """Send what is buffered and stop exporting."""
+        self.provider.shutdown()
+
+
+class _SpanTrace(CallTrace):
+    def __init__(self, tracer: otel.Tracer, span: otel.Span) -> None:
+        self._tracer, self._span = tracer, span
+
+    def describe(self, model: str, pair: str, beam_size: int) -> None:
+        self._span.set_attribute("translation.model", model)
+        self._span.set_attribute("translation.pair", pair)
+        self._span.set_attribute("translation.beam_size", beam_size)
+
+    def sentence(
+        self, index: int, submitted: float, queue_wait_s: float, input_tokens: int, output_tokens: int
+    ) -> None:
+        now_ns, now = time.time_ns(), time.monotonic()
+        start_ns = now_ns - round((now - submitted) * 1e9)
+        slots_ns = start_ns + round(queue_wait_s * 1e9)
+        parent = otel.set_span_in_context(self._span)
+        attributes = {"translation.sentence_index": index}
+        queued = self._tracer.start_span("queue_wait", context=parent, start_time=start_ns, attributes=attributes)
+        queued.end(end_time=slots_ns)
+        tokens = {**attributes, "translation.input_tokens": input_tokens, "translation.output_tokens": output_tokens}
+        decoded = self._tracer.start_span("decode", context=parent, start_time=slots_ns, attributes=tokens)
+        decoded.end(end_time=now_ns)
+
+    def end(self, code: str) -> None:
+        self._span.set_attribute("rpc.grpc.status_code", code)
+        if code != "OK":
+            self._span.set_status(otel.Status(otel.StatusCode.ERROR, code))
+        self._span.end()
+
+
+def open_tracing(endpoint: str) -> Tracing | None:
+    """Tracing that exports to the OTLP/gRPC collector at `endpoint`; None when `endpoint` is empty.
+
+    Raises RuntimeError naming the extra to install when the SDK is missing.
+    """
+    if not endpoint:
+        return None
+    if otel is None:
+        raise RuntimeError(INSTALL_HINT)
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as err:
+        raise RuntimeError(INSTALL_HINT) from err
+    resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)  # OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return Tracing(provider)

@@ -1,0 +1,109 @@
+"""Structured logs (server/edge/logs.py): one access record per call, with the request id the client sees."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from server.edge.config import parse_config
+from server.edge.logs import ACCESS_LOGGER, JsonFormatter, configure_logging, log_call, request_id
+from server.proto.translation.v1 import translation_pb2 as pb
+from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, running_server, server_config
+
+TEXTS = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
+FIELDS = {
+    "request_id", "method", "model", "pair", "status", "duration_ms", "texts", "sentences", "input_tokens",
+    "output_tokens", "queue_wait_ms",
+}  # fmt: skip
+
+
+@pytest.fixture()
+def served(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    with running_server(fake_model(tiny_model_dir), server_config()) as running:
+        yield running
+
+
+def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    """Each access record as its JSON line reads."""
+    records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
+    return [json.loads(JsonFormatter().format(r)) for r in records]
+
+
+def test_a_call_writes_one_json_access_record_with_the_clients_request_id_and_no_text(
+    served: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    reply, call = served.stub.Translate.with_call(request(TEXTS), metadata=(("x-request-id", "client-42"),))
+    assert ("x-request-id", "client-42") in call.trailing_metadata()
+    (record,) = access_records(caplog)
+    assert set(record) == FIELDS | {"time", "level", "logger", "pid", "message"}
+    assert record["request_id"] == "client-42" and record["method"] == "Translate" and record["status"] == "OK"
+    assert (record["model"], record["pair"], record["texts"]) == (FAKE_DESCRIPTION.name, "de-en", 2)
+    assert record["sentences"] == sum(r.sentences for r in reply.results) == 3
+    assert record["input_tokens"] == sum(r.input_tokens for r in reply.results)
+    assert record["output_tokens"] == sum(r.output_tokens for r in reply.results)
+    assert 0 <= float(record["queue_wait_ms"]) <= float(record["duration_ms"])  # type: ignore[arg-type]
+    line = JsonFormatter().format(next(r for r in caplog.records if r.name == ACCESS_LOGGER))
+    assert not any(word in line for word in ("Haus", "Geheimpolizei", *(r.translation for r in reply.results)))
+
+
+def test_a_refused_call_gets_a_new_request_id_in_its_status_and_its_record(
+    served: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    with pytest.raises(grpc.RpcError) as raised:
+        served.stub.Translate(request(TEXTS, target="fr"), metadata=(("x-request-id", "not a plain id"),))
+    error = raised.value
+    assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    sent = dict(error.trailing_metadata() or ())["x-request-id"]
+    assert len(sent) == 32 and sent != "not a plain id"  # replaced: it goes into logs
+    (record,) = access_records(caplog)
+    assert (record["request_id"], record["status"], record["sentences"]) == (sent, "INVALID_ARGUMENT", 0)
+    served.stub.ListModels(pb.ListModelsRequest())
+    assert [r["method"] for r in access_records(caplog)] == ["Translate", "ListModels"]
+
+
+def test_request_ids_are_kept_when_plain_and_made_otherwise() -> None:
+    assert request_id([("x-request-id", "4bf92f35-77b3.a")]) == "4bf92f35-77b3.a"
+    for bad in ("", "x" * 129, "a b", "é"):
+        assert request_id([("x-request-id", bad)]) != bad
+    assert request_id(None) != request_id(None)
+
+
+def test_log_format_json_writes_one_object_per_line_and_text_a_readable_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", "json")
+        log_call({"request_id": "r1", "status": "OK", "sentences": 2})
+        logging.getLogger("server.edge.main").info("serving %s", "shipped")
+        configure_logging("INFO", "text")
+        log_call({"request_id": "r2", "status": "OK"})
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = capsys.readouterr().err.splitlines()
+    access, plain = json.loads(lines[0]), json.loads(lines[1])
+    assert (access["request_id"], access["sentences"], access["message"], access["logger"]) == (
+        "r1",
+        2,
+        "call",
+        ACCESS_LOGGER,
+    )
+    assert plain["message"] == "serving shipped" and plain["level"] == "INFO"
+    assert lines[2].endswith("translation.access: request_id=r2 status=OK")
+
+
+def test_the_log_format_is_text_unless_json_is_asked_for() -> None:
+    assert parse_config([], {}).log_format == "text"
+    assert parse_config(["--log-format", "json"], {}).log_format == "json"
+    assert parse_config([], {"TRANSLATE_LOG_FORMAT": "JSON"}).log_format == "json"
+    with pytest.raises(SystemExit):
+        parse_config(["--log-format", "xml"], {})

@@ -1,0 +1,99 @@
+"""OpenTelemetry traces (server/edge/tracing.py), recorded by the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+
+from server.edge.main import create_server
+from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
+from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, server_config, server_loop
+
+TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+
+
+@pytest.fixture()
+def traced(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with server_loop() as loop:
+        created = create_server(server_config(), fake_model(tiny_model_dir), CollectorRegistry(), Tracing(provider))
+        server, port = asyncio.run_coroutine_threadsafe(created, loop).result(120)
+        running = RunningServer(server, port, loop)
+        try:
+            yield running, exporter
+        finally:
+            running.channel.close()
+            running.run(server.shutdown(0.0))
+
+
+def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def test_a_call_is_a_server_span_under_the_clients_traceparent_with_a_queue_and_decode_span_per_sentence(
+    traced: tuple[RunningServer, InMemorySpanExporter],
+) -> None:
+    served, exporter = traced
+    texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
+    metadata = (("traceparent", TRACEPARENT), ("x-request-id", "r-7"))
+    reply = served.stub.Translate(request(texts, beam_size=2), metadata=metadata)
+    spans = exporter.get_finished_spans()
+    (call,) = by_name(spans, "translation.v1.Translator/Translate")
+    assert call.kind == SpanKind.SERVER and call.status.status_code != StatusCode.ERROR
+    assert format(call.context.trace_id, "032x") == TRACE_ID and call.parent is not None
+    assert format(call.parent.span_id, "016x") == PARENT_ID
+    attributes = dict(call.attributes or {})
+    assert attributes["translation.model"] == FAKE_DESCRIPTION.name and attributes["translation.pair"] == "de-en"
+    assert (attributes["translation.beam_size"], attributes["translation.request_id"]) == (2, "r-7")
+    assert attributes["rpc.grpc.status_code"] == "OK"
+    queued, decoded = by_name(spans, "queue_wait"), by_name(spans, "decode")
+    assert len(queued) == len(decoded) == sum(r.sentences for r in reply.results) == 3
+    for span in queued + decoded:
+        assert span.parent is not None and span.parent.span_id == call.context.span_id
+        assert span.context.trace_id == call.context.trace_id
+    for wait in queued:
+        index = (wait.attributes or {})["translation.sentence_index"]
+        (decode,) = [d for d in decoded if (d.attributes or {})["translation.sentence_index"] == index]
+        times = (call.start_time, wait.start_time, wait.end_time, decode.start_time, decode.end_time, call.end_time)
+        assert None not in times and list(times) == sorted(times)  # type: ignore[type-var]
+        assert wait.end_time == decode.start_time
+    output_tokens = [(d.attributes or {})["translation.output_tokens"] for d in decoded]
+    assert sum(output_tokens) == sum(r.output_tokens for r in reply.results)  # type: ignore[arg-type]
+
+
+def test_a_refused_call_is_an_error_span_of_its_status_and_without_traceparent_a_trace_of_its_own(
+    traced: tuple[RunningServer, InMemorySpanExporter],
+) -> None:
+    served, exporter = traced
+    with pytest.raises(grpc.RpcError):
+        served.stub.Translate(request(["Das Haus ist groß."], target="fr"))
+    (call,) = exporter.get_finished_spans()
+    assert call.parent is None and call.status.status_code == StatusCode.ERROR
+    assert dict(call.attributes or {})["rpc.grpc.status_code"] == "INVALID_ARGUMENT"
+
+
+def test_tracing_is_off_without_an_endpoint_and_names_its_service_from_otel_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert open_tracing("") is None
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    tracing = open_tracing("http://localhost:4317")
+    assert tracing is not None
+    assert tracing.provider.resource.attributes["service.name"] == SERVICE_NAME
+    tracing.shutdown()
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "translate-eu-1")
+    tracing = open_tracing("http://localhost:4317")
+    assert tracing is not None and tracing.provider.resource.attributes["service.name"] == "translate-eu-1"
+    tracing.shutdown()
