@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.loadgen import Query, Summary, run_grpc
 from bench.run import free_port
 from model.data import read_tsv
-from server.edge.main import available_cores
+from server.edge.loading import available_cores
 
 SECOND = "second"
 

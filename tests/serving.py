@@ -30,7 +30,8 @@ from server.backend.engine_process import ModelProcess
 from server.core.runner import Candidates, EncodeItem, ModelSpec, Runner
 from server.edge.config import ServerConfig
 from server.edge.convert import ModelDescription
-from server.edge.main import LoadedModel, TranslationServer, create_server, load_model
+from server.edge.loading import LoadedModel, load_model
+from server.edge.server import TranslationServer, create_server
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.fakes import FAKE_SPEC, FakeRunner
@@ -303,7 +304,7 @@ def main() -> None:
     import signal
 
     from server.edge.config import parse_config
-    from server.edge.main import run
+    from server.edge.server import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)

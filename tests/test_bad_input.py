@@ -25,7 +25,7 @@ from server.core.documents import RequestLimits, TextLimitError, model_text, pre
 from server.core.engine import InvalidWorkError
 from server.core.splitter import join, translatable
 from server.edge.errors import MALFORMED_MESSAGE, status_for
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
     RunningServer,

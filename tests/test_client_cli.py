@@ -13,7 +13,7 @@ import pytest
 from server.client import cli as client_cli
 from server.client.cli import PROGRESS_MIN_TEXTS, InputError, build_parser, main, make_progress, read_texts, run
 from server.edge.config import ServerConfig
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, fake_model, request, running_server
 from tests.tiny import TINY_PAIRS

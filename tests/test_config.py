@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ServerConfig, parse_config
-from server.edge.main import model_directories
+from server.edge.loading import model_directories
 
 
 def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:

@@ -13,7 +13,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from server.edge.main import NEVER_MS, LoadedModel, connection_options
+from server.edge.loading import LoadedModel
+from server.edge.server import NEVER_MS, connection_options
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (
     GatedRunner,

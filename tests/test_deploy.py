@@ -531,7 +531,7 @@ def test_k8s_deployment_is_gpu_probed_hardened_and_drains() -> None:
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}  # valueFrom (a secret) has no value
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # The shutdown (server/edge/main.py): the drain and the open-port delay side by side, then 1 s to flush answers;
+    # The shutdown (server/edge/server.py): the drain and the open-port delay side by side, then 1 s to flush answers;
     # a preStop hook would run before SIGTERM, inside the same grace period.
     shutdown_s = max(float(env["TRANSLATE_DRAIN_SECONDS"]), float(env["TRANSLATE_SHUTDOWN_DELAY_SECONDS"])) + 1
     assert pod["terminationGracePeriodSeconds"] > shutdown_s

@@ -20,7 +20,7 @@ import pytest
 
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
 from server.core.engine import DecodeOptions, EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
-from server.edge.main import LoadedModel, load_model
+from server.edge.loading import LoadedModel, load_model
 from tests.serving import (
     ROOT,
     health_status,

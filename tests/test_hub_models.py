@@ -28,7 +28,8 @@ from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
 from server.edge.config import ServerConfig, parse_config
-from server.edge.main import StartupError, TranslationServer, load_models
+from server.edge.loading import StartupError, load_models
+from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.hub_cache import REPO, SHA, block_network, cache_folder, closed_endpoint, fake_hub, hub_cache, tiny_marian
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until

@@ -14,7 +14,7 @@ import pytest
 from server.client.cli import build_parser, read_texts, run
 from server.core.markup import TextType, parse
 from server.core.markup_lexer import Kind, tokens
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import RunningServer, fake_model, request, running_server, server_config, status_of
 

@@ -16,7 +16,7 @@ import pytest
 
 from export.hf import main as import_main
 from server.core.runner import Candidates, Runner
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from tests.marian_tiny import build_marian_dir
 from tests.serving import (
     KillableRunner,
@@ -131,7 +131,7 @@ def test_a_model_whose_engine_dies_fails_only_its_own_requests(model_dirs: dict[
 
 def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig
-    from server.edge.main import StartupError, load_models, model_directories
+    from server.edge.loading import StartupError, load_models, model_directories
 
     both = tmp_path / "models"
     both.mkdir()
@@ -165,7 +165,7 @@ def test_the_engine_plan_splits_the_cores(
     cores: int, models: int, provider: str, flags: dict[str, Any], plan: tuple[int, int]
 ) -> None:
     from server.edge.config import ServerConfig
-    from server.edge.main import engine_plan
+    from server.edge.loading import engine_plan
 
     assert engine_plan(cores, models, provider, ServerConfig(**flags)) == plan
 
@@ -210,7 +210,7 @@ def test_replicas_of_a_model_share_its_requests_and_answer_as_one(model_dirs: di
 def test_a_container_cpu_quota_caps_the_cores(tmp_path: Path, cpu_max: str, cap: int | None) -> None:
     import os
 
-    from server.edge.main import available_cores
+    from server.edge.loading import available_cores
 
     (tmp_path / "cpu.max").write_text(cpu_max + "\n")
     cores = len(os.sched_getaffinity(0))

@@ -43,7 +43,8 @@ from server.core.scheduler import Scheduler
 from server.edge import servicer as servicer_module
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE
-from server.edge.main import MIN_STOP_GRACE_S, SERVICE_NAME, LoadedModel, StartupError, create_server
+from server.edge.loading import LoadedModel, StartupError
+from server.edge.server import MIN_STOP_GRACE_S, SERVICE_NAME, create_server
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, execute, reference_decode

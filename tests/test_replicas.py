@@ -79,7 +79,9 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
     try:
         # both processes serving, not only loaded: one killed while still starting stops the whole server
         wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
-        wait_until(lambda: process.poll() is not None or log.read_text().count("server.edge.main: serving ") == 2, 120)
+        wait_until(
+            lambda: process.poll() is not None or log.read_text().count("server.edge.server: serving ") == 2, 120
+        )
         assert process.poll() is None, log.read_text()[-3000:]
         yield served
     finally:

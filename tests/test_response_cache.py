@@ -14,7 +14,7 @@ from server.core.beam import Hypothesis
 from server.core.response_cache import CachedSentence, CacheKey, ResponseCache, entry_bytes, submit_through
 from server.core.scheduler import DecodeOptions, Event, RequestDone, SentenceDone, TokensEvent
 from server.edge.config import parse_config
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
@@ -231,7 +231,7 @@ def test_the_bench_workload_repeats_only_interface_strings_at_about_the_share() 
 
 def test_the_real_runtime_answers_the_same_from_the_cache_in_an_engine_process(tiny_exported_dir: Path) -> None:
     """fp32 onnxruntime: an engine process behind a cache answers as an in-process engine without one."""
-    from server.edge.main import load_model
+    from server.edge.loading import load_model
 
     def loaded(engine_processes: bool) -> LoadedModel:
         config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8,

@@ -28,7 +28,8 @@ from server.edge import interceptors
 from server.edge.config import ServerConfig, parse_config
 from server.edge.errors import UNAUTHENTICATED_MESSAGE
 from server.edge.healthcheck import check
-from server.edge.main import LoadedModel, StartupError, TranslationServer, load_model
+from server.edge.loading import LoadedModel, StartupError, load_model
+from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (

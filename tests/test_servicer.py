@@ -25,7 +25,8 @@ from server.core.splitter import join, split
 from server.edge import interceptors, preparation
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
-from server.edge.main import SERVICE_NAME, LoadedModel, StartupError, TranslationServer
+from server.edge.loading import LoadedModel, StartupError
+from server.edge.server import SERVICE_NAME, TranslationServer
 from server.edge.servicer import CallInbox
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -497,7 +498,7 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(
     """A parse spy (on the deserializer the server's ParseInterceptor calls) sees the call in progress and
     never the refused one.
 
-    Deliberate break: `maximum_concurrent_rpcs=None` in `server/edge/main.py` fails it: the second call is
+    Deliberate break: `maximum_concurrent_rpcs=None` in `server/edge/server.py` fails it: the second call is
     parsed (the spy sees "Steuerpult")."""
     parsed: list[list[str]] = []
     parsing = interceptors.ParseInterceptor._parsing
@@ -816,7 +817,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     import onnxruntime
 
     from server.backend.working_batch import WorkingBatchRunner
-    from server.edge.main import load_model
+    from server.edge.loading import load_model
 
     export_tiny_onnx(tiny_model_dir)
     base = {"variant": "fp32", "threads": 1}
@@ -832,7 +833,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
 
 
 def test_the_metrics_server_binds_the_configured_host() -> None:
-    from server.edge.main import metrics_address
+    from server.edge.server import metrics_address
 
     assert [metrics_address(h) for h in ("[::]", "[::1]", "127.0.0.1", "")] == ["::", "::1", "127.0.0.1", "0.0.0.0"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from model.files import CONFIG_FILE
 from server.edge.config import ServerConfig
-from server.edge.main import StartupError, load_model
+from server.edge.loading import StartupError, load_model
 
 
 def config_for(model_dir: Path) -> ServerConfig:
@@ -24,13 +24,13 @@ def test_missing_graphs_are_built_at_load_and_logged(
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
     assert not (model_dir / "onnx").exists()
-    with caplog.at_level(logging.INFO, logger="server.edge.main"):
+    with caplog.at_level(logging.INFO, logger="server.edge.loading"):
         loaded = load_model(config_for(model_dir), model_dir)
     assert loaded.description.variant == "fp32"
     assert loaded.description.available_variants == ["fp32", "int8", "fp16"]
     assert "built the graphs of" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="server.edge.main"):
+    with caplog.at_level(logging.INFO, logger="server.edge.loading"):
         load_model(config_for(model_dir), model_dir)  # built once: the next start finds them
     assert "building" not in caplog.text
 

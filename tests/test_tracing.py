@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
-from server.edge.main import create_server
+from server.edge.server import create_server
 from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
 from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, server_config, server_loop
 

@@ -22,7 +22,7 @@ from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.scheduler import output_limit
 from server.core.splitter import join, split
-from server.edge.main import LoadedModel
+from server.edge.loading import LoadedModel
 from tests.serving import (
     RunningServer,
     onnx_model,

@@ -36,18 +36,11 @@ from types import FrameType
 
 from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig
+from server.edge.loading import StartupError, available_cores, engine_plan, model_directories, resolve_provider
 from server.edge.logs import configure_logging
-from server.edge.main import (
-    StartupError,
-    available_cores,
-    engine_plan,
-    metrics_address,
-    model_directories,
-    resolve_provider,
-    run,
-)
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
+from server.edge.server import metrics_address, run
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,280 @@
+"""Loading what the server serves: the models it is told to (directories, hub ids fetched and built through
+export/), each opened on its provider with its tokenizer and what ListModels reports, and the plan of
+engines over the node's cores. `StartupError` says, in one line for the operator, why a model cannot load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from model.config import LANG_TAGS, ModelConfig
+from model.languages import bcp47, parse
+from model.tokenizer import TextTokenizer, open_tokenizer
+from server.backend.engines import (
+    OpenedGraphs,
+    OpenedModel,
+    RunnerSettings,
+    close_model,
+    open_model,
+)
+from server.core.documents import RequestLimits
+from server.core.runner import ModelSpec
+from server.core.splitter import PUNCTUATION, rule_for
+from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig
+from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StartupError(RuntimeError):
+    """The server cannot start as configured; the message says why, for the operator."""
+
+
+class ModelSourceError(StartupError):
+    """A --model that cannot be served as named (unknown, unreachable, not importable): exit status 2."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model directory to serve, the name requests route by, and the commit it was built from ("" if none)."""
+
+    directory: Path
+    name: str
+    revision: str = ""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve: its runner (or the process holding it), tokenizer and what ListModels reports."""
+
+    runner: OpenedModel
+    tokenizer: TextTokenizer
+    description: ModelDescription
+
+
+def resolve_provider(requested: str) -> str:
+    """ "cuda" or "cpu": auto picks CUDA when onnxruntime offers its execution provider."""
+    if requested != "auto":
+        return requested
+    import onnxruntime  # imported here: tests that inject a runner never load onnxruntime
+
+    return "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
+
+
+def model_directories(config: ServerConfig) -> list[Path]:
+    """The directories to serve, in load order: each --model-dir, then every directory inside --models-dir
+    that holds an export (onnx/), by name; none of these nor a --model given: the shipped model. An empty
+    --models-dir beside another model is no error (an image's mount point with nothing mounted yet); with
+    nothing to serve it is."""
+    directories = list(config.model_dirs)
+    if config.models_dir is None:
+        return directories or ([] if config.models else [DEFAULT_MODEL_DIR])
+    if not config.models_dir.is_dir():
+        raise StartupError(f"models directory {config.models_dir} does not exist")
+    found = sorted(d for d in config.models_dir.iterdir() if (d / "onnx").is_dir())
+    if not found and not directories and not config.models:
+        raise StartupError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
+    if not found:
+        logger.warning("no model directory (one with onnx/) in %s", config.models_dir)
+    return directories + found
+
+
+def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: False) -> list[LoadedModel]:
+    """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
+    unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
+    the other. A --model still building or waiting for another replica's build gives up once `stopped()`."""
+    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
+    names = [source.name for source in sources]
+    if duplicated := sorted({n for n in names if names.count(n) > 1}):
+        raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
+    engines, threads = engine_plan(available_cores(), len(sources), resolve_provider(config.provider), config)
+    logger.info("%d engine(s) per model, %s intra-op thread(s) each", engines, threads or "onnxruntime's default")
+    each = replace(config, threads=threads)
+    return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
+
+
+def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
+    """Each --model fetched, imported and built for the served variant, or found built in the cache."""
+    if not config.models:
+        return []
+    try:  # the [import] extra: huggingface_hub and the graph builder
+        from export.fetch import FetchError, HubSettings
+        from export.hub import BuildError, ensure_model, plan_for
+        from export.publish import Stopped
+    except ImportError as err:
+        raise ModelSourceError(f"--model needs pip install 'translate-service[import]' ({err})") from err
+    from model.directory import int8_kernels
+
+    plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
+    cache = config.model_cache
+    hub = HubSettings(config.hf_hub_cache, config.hf_offline)
+    sources = []
+    for model in config.models:
+        try:
+            built = ensure_model(model, plan, cache, hub, stopped)
+        except (FetchError, BuildError) as err:
+            raise ModelSourceError(str(err)) from err
+        except Stopped as err:
+            raise StartupError(f"{err}: the server is shutting down") from err
+        except OSError as err:
+            raise StartupError(f"cannot build {model} into the model cache {cache}: {err}") from err
+        except Exception as err:  # a fault of the importer or exporter on this model: its traceback is logged
+            logger.exception("building %s failed", model)
+            raise StartupError(f"cannot build {model}: {type(err).__name__}: {err}") from err
+        sources.append(ModelSource(built.directory, built.name, built.revision))
+    return sources
+
+
+def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its affinity (taskset, cpusets), capped by a cgroup v2 CPU quota (a
+    container's --cpus, a Kubernetes CPU limit), which the affinity does not show."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, -(-int(quota) // int(period))))
+
+
+def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
+    """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
+    than one engine with every core (docs/benchmarks.md, docs/service.md measure both): by default the cores are
+    split between the models' engines. On CUDA one engine per model, the GPU's own parallelism doing the rest."""
+    if provider != "cpu":
+        return config.engines or 1, config.threads
+    engines = config.engines or max(1, cores // (models * (config.threads or 1)))
+    threads = config.threads or (max(1, cores // (engines * models)) if engines * models > 1 else 0)
+    return engines, threads
+
+
+def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, revision: str = "") -> LoadedModel:
+    """Open the configured variant of the exported model, named `name` (default: the directory's name);
+    StartupError naming the cause if it cannot."""
+    if not model_dir.is_dir():
+        raise StartupError(f"model directory {model_dir} does not exist")
+    build_missing_graphs(model_dir)
+    try:
+        return _open_model(config, model_dir, name or model_dir.resolve().name, revision)
+    except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
+        raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
+
+
+def build_missing_graphs(model_dir: Path) -> None:
+    """Build the graphs of a model directory that has weights and no export yet, as `python -m export` does
+    (in its own process, so that the memory the build takes goes with it); the build needs no torch."""
+    from model.directory import available_variants
+    from model.files import CONFIG_FILE, WEIGHTS_FILE
+
+    has_weights = all((model_dir / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE))
+    if available_variants(model_dir) or not has_weights:
+        return
+    command = [sys.executable, "-m", "export", "--model-dir", str(model_dir)]
+    logger.info("no graphs exported in %s: building them (%s)", model_dir, " ".join(command[1:]))
+    started = time.perf_counter()
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StartupError(f"building the graphs of {model_dir} failed: {last}")
+    logger.info("built the graphs of %s in %.1f s", model_dir, time.perf_counter() - started)
+
+
+def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:
+    # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
+    from model.directory import (
+        available_variants,
+        choose_variant,
+        direction_name,
+        read_decoding_defaults,
+        read_length_penalties,
+    )
+
+    provider = resolve_provider(config.provider)
+
+    def open_on(provider: str) -> tuple[str, OpenedGraphs]:
+        variant = choose_variant(model_dir, config.variant, provider)
+        settings = RunnerSettings(
+            model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
+            config.spin_threads,
+        )  # fmt: skip
+        return variant, open_model(settings, config.engine_processes)
+
+    variant, runner = open_on(provider)
+    if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
+        why = f"onnxruntime could not run {variant} on CUDA and fell back to {runner.provider} (its log says why)"
+        close_model(runner)  # a child holding the fallback session is not kept
+        if config.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
+            raise StartupError(f"{why}; fix the CUDA libraries or serve with --provider cpu")
+        logger.warning("%s; --provider auto: serving on the CPU", why)
+        provider = "cpu"
+        variant, runner = open_on(provider)
+    meta = runner.metadata
+    directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
+    length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
+    beam_size, max_output_len = read_decoding_defaults(model_dir, meta.source_sha256)
+    logger.info(
+        "loaded %s variant %s on %s with %s caches (requested provider %s)",
+        model_dir, variant, runner.provider, runner.kv_cache, provider,
+    )  # fmt: skip
+    description = ModelDescription(
+        name=name,
+        revision=revision,
+        variant=variant,
+        available_variants=available_variants(model_dir),
+        provider=runner.provider,
+        opset=int(meta.opset),
+        model_sha256=str(meta.source_sha256),
+        dtype=str(meta.dtype),
+        default_length_penalty=length_penalty,
+        default_beam_size=beam_size or DEFAULT_BEAM_SIZE,
+        default_max_output_len=max_output_len or 0,
+        target_tags=target_tags(runner.spec, ModelConfig.from_dict(meta.model_config)),
+    )
+    log_sentence_rules(name, runner.spec)
+    tokenizer = load_tokenizer(model_dir, runner.spec, ModelConfig.from_dict(meta.model_config))
+    return LoadedModel(runner, tokenizer, description)
+
+
+def target_tags(spec: ModelSpec, cfg: ModelConfig) -> dict[str, str]:
+    """The tag text the model reads in front of a source, by target code: `>>pob<<` (Marian) or `<2en>`."""
+    if cfg.tokenizer == "marian":
+        return {target: f">>{target}<<" for target in spec.tag_ids}
+    return {target: LANG_TAGS[target] for target in spec.tag_ids if target in LANG_TAGS}
+
+
+def log_sentence_rules(name: str, spec: ModelSpec) -> None:
+    """Say which sentence rule each source language gets (pysbd's, or the punctuation fallback)."""
+    for source in dict.fromkeys(s for s, _ in spec.pairs):
+        rule = rule_for(source)
+        how = f"pysbd's {rule!r} rules" if rule != PUNCTUATION else "the punctuation rule (pysbd has none)"
+        group = " (a group: each request's own language code chooses)" if parse(source).is_group else ""
+        logger.info("%s: source %s (%s) is split into sentences by %s%s", name, source, bcp47(source), how, group)
+
+
+def load_tokenizer(model_dir: Path, spec: ModelSpec, cfg: ModelConfig) -> TextTokenizer:
+    """The model's tokenizer: the files the exported graphs were trained or imported with, whose language
+    tags and pairs are those the graphs know."""
+    tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
+    if tokenizer.tag_ids != spec.tag_ids or tuple(tokenizer.pairs) != spec.pairs:
+        raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {spec.tag_ids}")
+    return tokenizer
+
+
+def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
+    """The documented limits, tightened to what this server's `slots` and queue can ever take: a request
+    over them is refused INVALID_ARGUMENT (and ListModels says so), never "queue full, retry" forever."""
+    documented = RequestLimits()
+    return replace(
+        documented,
+        max_beam_size=min(documented.max_beam_size, slots),
+        max_sentences=min(documented.max_sentences, config.max_queue),
+        max_response_bytes=config.max_message_bytes,
+    )

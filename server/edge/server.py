@@ -1,0 +1,392 @@
+"""The server's lifecycle: warm up the loaded models, serve gRPC with health, reflection and metrics, drain.
+
+`create_server(config)` builds and starts a server on `config.port` (0 = ephemeral, for tests) and
+returns it with its bound port; `serve(config)` adds the metrics endpoint and SIGTERM/SIGINT
+handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds` to finish, new
+ones are answered UNAVAILABLE while the port stays open for `shutdown_delay_seconds`, then grpc stops
+and the process exits.
+
+Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
+model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
+Should the engine's loop die, or one of its iterations run past `--stall-seconds` (a hung runner),
+every request it held fails UNAVAILABLE and health turns NOT_SERVING;
+`serve` then stops the server and the process exits non-zero, so whatever supervises it (Docker's
+restart policy, Kubernetes, systemd) starts a fresh one instead of keeping a replica that refuses all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from server.backend.engines import (
+    child_pid,
+    in_this_process,
+    start_engine,
+)
+from server.core.engine import Engine, EngineLimits
+from server.core.engine_client import EngineClient
+from server.core.response_cache import ResponseCache
+from server.core.stall_watch import start_stall_watch
+from server.edge.config import ServerConfig
+from server.edge.detect import SourceDetector
+from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
+from server.edge.loading import (
+    LoadedModel,
+    ModelSourceError,
+    StartupError,
+    load_models,
+    request_limits,
+)
+from server.edge.metrics import Metrics, start_metrics_server
+from server.edge.process_metrics import register_process_collectors
+from server.edge.servicer import Backend, TranslatorServicer
+from server.edge.tracing import Tracing, open_tracing
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
+HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
+MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
+NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
+
+
+class EngineDiedError(RuntimeError):
+    """The decoding loop died while serving (its traceback is logged); the process must be restarted."""
+
+
+class TranslationServer:
+    """One grpc.aio server with the Translator, health and reflection services, and one engine per model."""
+
+    def __init__(
+        self, config: ServerConfig, registry: CollectorRegistry | None = None, tracing: Tracing | None = None
+    ) -> None:
+        self.config = config
+        # Loading, draining and stopping run on threads of their own (one per engine, so that engines drain
+        # side by side): asyncio's default pool also splits and tokenizes requests, and a drain queued
+        # behind that work would start late.
+        self._lifecycle = ThreadPoolExecutor(max_workers=MAX_LIFECYCLE_THREADS, thread_name_prefix="lifecycle")
+        # Set at shutdown: a model still being fetched or built stops at its next step (the loading thread would
+        # otherwise keep the process alive until the build ends).
+        self.stopping = threading.Event()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics, tracing)
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
+        self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
+        self.caches: dict[str, ResponseCache] = {}  # by model name
+        self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
+        self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
+        self._stop_watching = threading.Event()  # ends every engine's stall watch
+        self.credentials = server_credentials(config)
+        self.server = grpc.aio.server(
+            interceptors=interceptors(config, self.metrics),
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                # Off, a second instance on the same port fails to start instead of sharing the traffic; on only
+                # for the server processes of one `--processes` parent (server/edge/replicas.py).
+                ("grpc.so_reuseport", int(config.reuse_port)),
+                *connection_options(config),
+            ],
+            maximum_concurrent_rpcs=max_concurrent_rpcs(config),
+        )
+        pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if config.reflection:
+            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            reflection.enable_server_reflection(names, self.server)
+
+    async def start(self) -> int:
+        """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            if self.credentials is None:
+                port = self.server.add_insecure_port(address)
+            else:
+                port = self.server.add_secure_port(address, self.credentials)
+        except RuntimeError as err:  # grpc raises when no address could be bound
+            raise StartupError(f"could not bind {address}; is another instance running? ({err})") from err
+        if port == 0:
+            raise StartupError(f"could not bind {address}; is another instance running?")
+        await self.server.start()
+        return port
+
+    @property
+    def engine(self) -> Engine | None:
+        """The first model's engine (the only one of a single-model server) when it runs in this process."""
+        return in_this_process(next(iter(self.engines.values()), None))
+
+    async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
+        """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
+        if models is None:
+            models = await self._off_loop(load_models, self.config, self.stopping.is_set)
+        loaded = [models] if isinstance(models, LoadedModel) else list(models)
+        backends = [await self._start_engine(model) for model in loaded]
+        sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
+        self.servicer.attach(backends, SourceDetector(sources))
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_engine(self, model: LoadedModel) -> Backend:
+        info = model.description
+        slots = min(self.config.max_slots, model.runner.max_slots)
+        limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
+        loop = asyncio.get_running_loop()
+
+        def engine_failed() -> None:  # on the dying engine thread, or the one that abandoned it
+            asyncio.run_coroutine_threadsafe(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING), loop)
+            loop.call_soon_threadsafe(self.engine_died.set)
+
+        observer = self.metrics.for_model(info.name)
+        engine = start_engine(model.runner, limits, observer, engine_failed, self.config.stall_seconds)
+        replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
+        self.engines[f"{info.name}#{replica}"] = engine
+        if (pid := child_pid(model.runner)) is not None:
+            self.engine_pids[f"engine-{info.name}#{replica}"] = pid
+        try:
+            await self._off_loop(engine.warmup)
+        except RuntimeError as err:
+            raise StartupError(f"the model {info.name} does not run: {err}") from err
+        # After warmup: a first call that builds kernels is not a hang. An engine process also watches its own.
+        if self.config.stall_seconds > 0:
+            start_stall_watch(engine, self.config.stall_seconds, self._stop_watching)
+        self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
+        logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
+                    ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
+        # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
+        limits_in_force = request_limits(self.config, slots)
+        return Backend(engine, model.runner.spec, model.tokenizer, info, limits_in_force, self._cache_of(info.name))
+
+    def _cache_of(self, model: str) -> ResponseCache | None:
+        """The model's response cache, one for all its engines; None when --cache-size is 0."""
+        if self.config.cache_size == 0:
+            return None
+        if model not in self.caches:
+            observer = self.metrics.for_cache(model)
+            self.caches[model] = ResponseCache(self.config.cache_size, self.config.cache_bytes, observer)
+        return self.caches[model]
+
+    async def shutdown(self, grace: float, delay: float = 0.0) -> bool:
+        """NOT_SERVING, drain, then stop grpc; True if no in-flight work was cut off.
+
+        In-flight and queued requests, and calls admitted before the drain began, get `grace` seconds to
+        finish. Meanwhile the port stays open for `delay` seconds and the service answers every new call
+        UNAVAILABLE with a retry pushback, so clients and balancers move to other replicas (what a
+        Kubernetes preStop sleep does). grpc's stop begins only after both: it cancels calls it has
+        received but not yet handed to the service, and by then every call that
+        arrived before the signal has its answer; it then sends GOAWAY and waits for the last responses.
+        """
+        started = time.monotonic()
+        self.stopping.set()
+        await self.health.enter_graceful_shutdown()
+        engines = list(self.engines.values())
+        drains = await asyncio.gather(*(self._drain(engine, grace) for engine in engines))  # side by side
+        drained = all(drains)
+        await asyncio.sleep(delay - (time.monotonic() - started))  # returns at once when the drain outlasted it
+        await self.server.stop(max(0.0, grace - (time.monotonic() - started)) + MIN_STOP_GRACE_S)
+        join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
+        await asyncio.gather(*(self._off_loop(e.stop, join_timeout) for e in engines))  # joins the loop threads
+        self._stop_watching.set()
+        if not drained:
+            logger.warning("drain grace of %.1f s ran out; unfinished requests were failed UNAVAILABLE", grace)
+        return drained
+
+    async def _drain(self, engine: EngineClient, grace: float) -> bool:
+        """Finish the engine's work within `grace` (its watchdog still watches meanwhile); fail what is left
+        UNAVAILABLE through its handlers, sent and counted as such, before grpc's stop could cancel them."""
+        drained = await self._off_loop(engine.drain, grace)
+        if not drained:
+            await self._off_loop(engine.stop, self.config.stall_seconds or None)
+        return drained
+
+    async def _off_loop(self, function: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._lifecycle, function, *args)
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, status)
+
+
+def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """grpc's HTTP/2 connection timers from the config (docs/reliability.md, "Connections", says why each default).
+
+    Age: GOAWAY after it (gRPC adds +-10% jitter), calls in flight get the grace; clients dial again and
+    re-resolve, so replicas the autoscaler adds get traffic from clients already connected. Idle:
+    connections without calls close, and dial again on their next call. Keepalive: pings find a client
+    gone without closing its connection and cancel its calls, freeing their slots before their deadline;
+    pings are allowed on connections without calls too, both ways, so clients whose own keepalive is at
+    least `min_ping_interval_s` keep their connections (gRPC's default answers such pings with GOAWAY).
+    """
+    options = [
+        ("grpc.keepalive_time_ms", _ms(config.keepalive_time_s) or NEVER_MS),
+        ("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)),
+        # grpc closes on an unanswered ping only once this one (default 1 min) has passed too
+        ("grpc.http2.ping_timeout_ms", _ms(config.keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.min_ping_interval_s)),
+    ]
+    optional = [  # 0 = never: left to grpc, whose default is no limit
+        ("grpc.max_connection_age_ms", config.max_connection_age_s),
+        ("grpc.max_connection_age_grace_ms", config.max_connection_age_grace_s),
+        ("grpc.max_connection_idle_ms", config.max_connection_idle_s),
+    ]
+    return options + [(name, _ms(seconds)) for name, seconds in optional if seconds > 0]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def max_concurrent_rpcs(config: ServerConfig) -> int | None:
+    """gRPC's own cap on calls in progress (None: no cap). Off by default: it counts health checks too,
+    so a cap near what the queue holds would fail readiness probes under load, and its refusals come
+    from gRPC, not the service, so they are neither counted in the metrics nor say "queue is full"."""
+    return config.max_concurrent_rpcs or None
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured PEM files (client certificates required with a client CA)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = _read_file(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read_file(config.tls_key, "TLS key"), _read_file(config.tls_cert, "TLS certificate"))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def interceptors(config: ServerConfig, metrics: Metrics) -> list[Interceptor]:
+    """Authentication first (a refused call's request is never parsed), then request parsing."""
+    chain: list[Interceptor] = [ParseInterceptor(metrics)]
+    if config.auth_token_file is not None:
+        token = _read_file(config.auth_token_file, "auth token file").decode().strip()
+        if not token:
+            raise StartupError(f"the auth token file {config.auth_token_file} is empty")
+        chain.insert(0, AuthInterceptor(token, metrics))
+    return chain
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
+
+
+def metrics_address(host: str) -> str:
+    """The gRPC bind address as the metrics HTTP server takes it: "[::]" -> "::", "" -> every interface."""
+    return host.strip("[]") or "0.0.0.0"
+
+
+async def create_server(
+    config: ServerConfig,
+    model: LoadedModel | Sequence[LoadedModel] | None = None,
+    registry: CollectorRegistry | None = None,
+    tracing: Tracing | None = None,
+) -> tuple[TranslationServer, int]:
+    """A started, loaded and warmed-up server and its bound port; `model` defaults to the configured ones."""
+    server = TranslationServer(config, registry, tracing)
+    port = await server.start()
+    try:
+        await server.load(model)
+    except BaseException:
+        await server.shutdown(0.0)
+        raise
+    return server, port
+
+
+async def serve(
+    config: ServerConfig,
+    model: LoadedModel | Sequence[LoadedModel] | None = None,
+    on_serving: Callable[[], None] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones;
+    `on_serving` is called once every model is loaded and health says SERVING.
+
+    Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
+    stopping the server either way.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        tracing = open_tracing(config.otlp_endpoint)
+    except RuntimeError as err:
+        raise StartupError(str(err)) from err
+    server = TranslationServer(config, tracing=tracing)
+    port = await server.start()
+    logger.info(
+        "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
+        config.host,
+        port,
+        "on" if config.reflection else "off",
+        "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
+        "required" if config.auth_token_file else "not required",
+    )
+    if config.metrics_port >= 0:
+        register_process_collectors(server.registry, lambda: server.engine_pids)
+        try:
+            metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
+        except OSError as err:
+            raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
+        logger.info("metrics on :%d/metrics", metrics_port)
+    loading = asyncio.create_task(server.load(model))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    failure = loading.exception() if loading.done() else None
+    if loading.done() and failure is None:  # serving: until a signal or the engine's death
+        if on_serving is not None:
+            on_serving()
+        dying = asyncio.create_task(server.engine_died.wait())
+        await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
+        dying.cancel()
+        if server.engine_died.is_set():
+            failure = EngineDiedError("a decoding engine died or hung (logged above); restart the process")
+    if failure is None:
+        loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
+        logger.info(
+            "shutting down: draining for up to %.1f s, refusing new calls and closing the port after %.1f s",
+            config.drain_seconds, config.shutdown_delay_seconds,
+        )  # fmt: skip
+    stopping.cancel()
+    # A dead engine has answered its own requests UNAVAILABLE; the other models' engines drain theirs.
+    grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
+    delay = 0.0 if failure is not None else config.shutdown_delay_seconds
+    await server.shutdown(grace, delay)
+    if tracing is not None:
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
+    if failure is not None:
+        raise failure
+
+
+def run(config: ServerConfig, model: LoadedModel | None = None, on_serving: Callable[[], None] | None = None) -> None:
+    """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
+    try:
+        asyncio.run(serve(config, model, on_serving))
+    except ModelSourceError as err:  # bad input, as a bad flag is: status 2
+        logger.debug("the server stopped", exc_info=err)
+        print(f"translate-server: {err}", file=sys.stderr)
+        sys.exit(2)
+    except (StartupError, EngineDiedError) as err:
+        logger.debug("the server stopped", exc_info=err)
+        sys.exit(f"translate-server: {err}")
