@@ -168,9 +168,9 @@ def test_a_burst_prepares_no_refused_call_and_no_call_twice(
     no-op calls; docs/reliability.md has its figures.)"""
     prepared: list[str] = []
 
-    def spy(texts: list[str], *args: Any) -> Any:
+    def spy(texts: list[str], *args: Any, **kwargs: Any) -> Any:
         prepared.append(texts[0])
-        return prepare_texts(texts, *args)
+        return prepare_texts(texts, *args, **kwargs)
 
     monkeypatch.setattr(servicer_module, "prepare_texts", spy)
     model = fake_model(tiny_model_dir, max_slots=2)
