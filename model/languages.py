@@ -173,11 +173,10 @@ def match_fit(client: str, model_codes: Iterable[str]) -> tuple[Fit, str] | None
 def known(code: str) -> bool:
     """Whether `code` reads as a language this module can name: an ISO 639-1 or 639-2/B code, a three-letter
     code (ISO 639-3 has thousands; any is taken), optionally with script and region."""
+    if code.lower() in SPECIAL:
+        return True
     found = _CODE.match(code)
-    if not found or code.lower() in SPECIAL:
-        return bool(found) or code.lower() in SPECIAL
-    language = found.group(1).lower()
-    return len(language) == 3 or language in ISO639_1_TO_3
+    return bool(found) and (len(found.group(1)) == 3 or found.group(1).lower() in ISO639_1_TO_3)
 
 
 def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
