@@ -176,7 +176,9 @@ def known(code: str) -> bool:
     if code.lower() in SPECIAL:
         return True
     found = _CODE.match(code)
-    return bool(found) and (len(found.group(1)) == 3 or found.group(1).lower() in ISO639_1_TO_3)
+    if found is None:
+        return False
+    return len(found.group(1)) == 3 or found.group(1).lower() in ISO639_1_TO_3
 
 
 def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
