@@ -211,6 +211,7 @@ def test_xliff_inline_codes_stay_inside_their_segment() -> None:
 
 
 def test_depth_is_limited() -> None:
+    """Broken once on purpose (one level more allowed than `max_depth`), nothing was raised."""
     parse("<div>" * 10 + "x", TextType.HTML, 10)
     with pytest.raises(MarkupDepthError):
         parse("<div>" * 11 + "x", TextType.HTML, 10)
