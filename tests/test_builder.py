@@ -93,7 +93,8 @@ def test_every_option_is_covered() -> None:
 
 
 def test_log_probs_equal_pytorch(option_model: tuple[Path, Transformer]) -> None:
-    """Encoder, cross caches and cached steps of 8 rows over a 7-token target, against full recomputation."""
+    """Encoder, cross caches and cached steps of 8 rows over a 7-token target, against full recomputation.
+    Broken once on purpose (the builder leaving out the embedding scale), the gap came out several nats."""
     model_dir, model = option_model
     target = [model.cfg.bos_id, 7, 9, 11, 13, 8, 6]
     gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target)
@@ -138,6 +139,7 @@ def test_nodes_are_named_per_layer_and_weights_by_checkpoint_name(option_model: 
 
 
 def test_weights_that_do_not_fit_the_config_are_refused(tmp_path: Path) -> None:
+    """Broken once on purpose (no check for tensors the config has no place for), `extra.weight` loaded."""
     model = build_option_model(tmp_path, {})
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     cases = {

@@ -258,6 +258,8 @@ def test_a_build_asked_to_stop_stops_between_its_steps_and_leaves_nothing(tmp_pa
 
 
 def test_a_corrupt_published_directory_is_detected_and_rebuilt(tmp_path: Path, offline: HubSettings) -> None:
+    """Broken once on purpose (`mismatch` comparing only sizes, not the sha256), the flipped byte went
+    unseen: the corrupt graph would have been served."""
     built = ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline)
     graph = built.directory / "onnx" / "fp32" / "encoder.onnx"
     data = bytearray(graph.read_bytes())
