@@ -844,8 +844,10 @@ class _RecordingEngine:
 
     def __init__(self) -> None:
         self.cancelled_with: list[bool] = []
+        self.submitted = False
 
     def submit(self, *args: object, **kwargs: object) -> _RecordingEngine:
+        self.submitted = True
         return self
 
     def cancel(self, deadline_passed: bool = False) -> None:
@@ -877,7 +879,11 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     async def handler_cancelled_by_grpc() -> None:
         events = _engine_events(engine, Admission(1), [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
         waiting = asyncio.ensure_future(events.__anext__())
-        await asyncio.sleep(0.01)  # submitted; waiting for the engine's first event
+        for _ in range(100):  # the task runs to its submit, then waits for the engine's first event
+            if engine.submitted:
+                break
+            await asyncio.sleep(0)
+        assert engine.submitted
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
