@@ -324,6 +324,7 @@ def test_offline_decoding_checks_its_work_with_the_same_rules() -> None:
 
 
 def test_default_output_limit_is_relative_to_the_source_and_capped() -> None:
+    """Broken once on purpose (the default without the model's cap), a 100-token source was given 310."""
     assert output_limit(0, 5, 256) == 3 * 5 + 10  # the default: 3 x source tokens + 10
     assert output_limit(0, 100, 256) == 256  # never over the model's limit
     assert output_limit(7, 100, 256) == 7  # a request's own limit wins
