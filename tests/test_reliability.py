@@ -45,7 +45,6 @@ from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE
 from server.edge.loading import LoadedModel, StartupError
 from server.edge.server import MIN_STOP_GRACE_S, SERVICE_NAME, create_server
-from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, execute, reference_decode
 from tests.serving import (
@@ -122,29 +121,6 @@ def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny
         assert count(served, "OK") == len(admitted) >= max_queue
 
 
-@dataclass(frozen=True)
-class Answer:
-    method: str
-    code: grpc.StatusCode
-    details: str
-
-
-Call = tuple[str, pb.TranslateRequest | pb.ListModelsRequest]  # method name, request
-
-
-def send_at_once(calls: list[Call], channel: grpc.Channel, timeout: float = 60.0) -> list[Answer]:
-    """Send every call without waiting for any (one after another from this thread, as fast as grpc takes
-    them); each call's status."""
-    stub = pb_grpc.TranslatorStub(channel)
-    futures = [getattr(stub, method).future(message, timeout=timeout) for method, message in calls]
-    for future in futures:
-        future.exception()
-    return [
-        Answer(method, future.code(), future.details() or "")
-        for (method, _), future in zip(calls, futures, strict=True)
-    ]
-
-
 BURST = 400  # calls sent at once
 
 
@@ -152,12 +128,15 @@ BURST = 400  # calls sent at once
 def test_a_burst_prepares_no_refused_call_and_no_call_twice(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, max_queue: int
 ) -> None:
-    """400 calls of 4 sentences at once against a small queue and the default one (2 slots, 50 ms steps):
-    admission holds 4 places per call before any splitting, so at most a quarter of the queue's places in
-    calls are admitted and every other call is refused "queue full" without its texts ever being split or
-    tokenized; each admitted call is prepared at most once (an OK one exactly once) and answered OK or
-    DEADLINE_EXCEEDED, and nothing is left queued. (bench/burst.py measures the refusals' latency against
-    no-op calls; docs/reliability.md has its figures.)"""
+    """400 calls of 4 sentences at once against a small queue and the default one (2 slots, 50 ms steps),
+    the engine held at a gate until every call has reached the service: admission holds 4 places per call
+    before any splitting, so the calls admitted hold at most the queue's places (plus those of the few
+    sentences that took the slots before the gate held), and every other call is refused "queue full"
+    without its texts ever being split or tokenized; each admitted call is prepared at most once (an OK one
+    exactly once) and answered OK or DEADLINE_EXCEEDED, and nothing is left queued. (bench/burst.py
+    measures the refusals' latency against no-op calls; docs/reliability.md has its figures.) Broken once
+    on purpose (admission holding one place per call, whatever its sentences), calls were refused at
+    submit after being split and tokenized."""
     prepared: list[str] = []
 
     def spy(texts: list[str], *args: Any, **kwargs: Any) -> Any:
@@ -166,20 +145,33 @@ def test_a_burst_prepares_no_refused_call_and_no_call_twice(
 
     monkeypatch.setattr(servicer_module, "prepare_texts", spy)
     model = fake_model(tiny_model_dir, max_slots=2)
-    slow = LoadedModel(GatedRunner(runner_of(model), delay=0.05), model.tokenizer, model.description)
+    inner = runner_of(model)
+    assert isinstance(inner, FakeRunner)
+    gated_runner = GatedRunner(inner, delay=0.05)
+    slow = LoadedModel(gated_runner, model.tokenizer, model.description)
     with running_server(slow, config(max_slots=2, max_queue=max_queue)) as served:
+        warm = len(inner.encode_calls)
+        gated_runner.close_gate()  # the queue frees no place while the burst arrives
         texts = [f"Das Haus {i} ist groß. Er wartete lange. Sie schrieben ein Buch. Es regnet." for i in range(BURST)]
-        calls: list[Call] = [("Translate", request([text], beam_size=1)) for text in texts]
-        answers = send_at_once(calls, served.channel, timeout=2.0)
+        futures = [served.stub.Translate.future(request([text], beam_size=1), timeout=2.0) for text in texts]
+
+        def reached() -> float:  # calls the service holds or has answered
+            held = sample_value(served.registry, "translation_requests_in_flight", method="Translate")
+            return held + sample_value(served.registry, "translation_requests_total", method="Translate")
+
+        wait_until(lambda: reached() == BURST)
+        took_slots = sum(len(items) for items in inner.encode_calls[warm:])  # before the gate held
+        gated_runner.gate.set()
+        answers = [(future.code(), future.details()) for future in futures]
         wait_until(lambda: engine_of(served).queue_depth == 0 and engine_of(served).active_slots == 0)
     refused = grpc.StatusCode.RESOURCE_EXHAUSTED
-    admitted = [text for text, answer in zip(texts, answers, strict=True) if answer.code != refused]
-    assert 1 <= len(admitted) <= max_queue // 4 < BURST
-    assert {a.code for a in answers if a.code != refused} <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}
-    assert all(a.details == QUEUE_FULL_MESSAGE for a in answers if a.code == refused)
+    admitted = [text for text, (code, _) in zip(texts, answers, strict=True) if code != refused]
+    assert took_slots <= 2 and 1 <= len(admitted) <= (max_queue + took_slots) // 4 < BURST
+    assert {code for code, _ in answers if code != refused} <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert all(details == QUEUE_FULL_MESSAGE for code, details in answers if code == refused)
     assert len(prepared) == len(set(prepared)), "no call is prepared twice"
     assert set(prepared) <= set(admitted), "no refused call is ever prepared"
-    answered = {text for text, answer in zip(texts, answers, strict=True) if answer.code == grpc.StatusCode.OK}
+    answered = {text for text, (code, _) in zip(texts, answers, strict=True) if code == grpc.StatusCode.OK}
     assert answered <= set(prepared), "every call answered OK was prepared"  # one whose deadline came first need not
 
 
