@@ -120,9 +120,7 @@ def test_a_runner_failure_fails_only_the_requests_in_that_call(
     engine.submit([src(1)], DecodeOptions(beam_size=2), in_batch)
     engine.submit([src(2)], DecodeOptions(beam_size=2), queued)  # waits: no free slot
     runner.open(1)
-    deadline = time.monotonic() + WAIT_S
-    while runner.step_calls < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _wait_until(lambda: runner.step_calls >= 1)
     runner.fail_on_step = runner.step_calls
     runner.open()
     failed = in_batch.wait()
@@ -253,16 +251,27 @@ def test_a_cancel_at_the_deadline_fails_as_deadline_exceeded(engine_factory: Cal
 
 
 def test_deadline_while_queued(engine_factory: Callable[..., Engine]) -> None:
+    """A request whose deadline passes while it waits for a slot fails `DEADLINE_EXCEEDED` and is never
+    encoded. The gate holds the only slot's sentence mid-step while the second one's deadline passes.
+    Broken once on purpose (`_expire` passing over requests that still have a queued sentence), the late
+    sentence was encoded into the freed slot before it failed: the reason alone could not tell."""
     runner = GatedRunner(max_slots=1)
     engine = engine_factory(runner)
     first, late = Collector(), Collector()
     engine.submit([src(4)], DecodeOptions(beam_size=1), first)
-    engine.submit([src(5)], DecodeOptions(beam_size=1), late, deadline=time.monotonic() + 0.05)
-    time.sleep(0.1)
+    assert runner.entered.wait(WAIT_S)  # the first sentence holds the only slot
+    deadline = time.monotonic() + 0.05
+    engine.submit([src(5)], DecodeOptions(beam_size=1), late, deadline=deadline)
+    while time.monotonic() <= deadline:  # the deadline passing is the subject: wait for it on the same clock
+        time.sleep(0.01)
     runner.open()
-    assert late.wait().reason is FailureReason.DEADLINE_EXCEEDED  # type: ignore[union-attr]
+    assert late.wait() == RequestFailed(
+        FailureReason.DEADLINE_EXCEEDED, "the deadline passed before the translation finished"
+    )
     assert first.wait() == RequestDone()
-    assert engine.queue_depth == 0
+    encoded = [item.source_ids for call in runner.encode_calls for item in call]
+    assert encoded == [src(4)], "the expired sentence never reached the runner"
+    assert engine.queue_depth == 0 and engine.active_slots == 0
 
 
 def test_queue_full_enqueues_nothing(engine_factory: Callable[..., Engine]) -> None:
@@ -309,20 +318,47 @@ def test_drain_times_out_and_stop_fails_the_rest_unavailable(engine_factory: Cal
     collector = Collector()
     engine.submit([src(11)], DecodeOptions(beam_size=2), collector)
     assert not engine.drain(timeout=0.05)  # the first step is held at the gate
-    threading.Timer(0.05, runner.open, args=(1,)).start()  # stop() then waits for that one step only
+
+    def open_once_stopping() -> None:  # once stop() has told the loop to end, the held step returns: no second starts
+        _wait_until(lambda: engine._stopping)
+        runner.open(1)
+
+    opener = threading.Thread(target=open_once_stopping)
+    opener.start()
     engine.stop()
+    opener.join()
     assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, "the server is shutting down")
     assert runner.step_calls == 1
 
 
 def test_idle_engine_sleeps_and_wakes_on_submit(engine_factory: Callable[..., Engine]) -> None:
+    """With no work the loop waits on its condition and runs no iteration; a submit wakes it, and once the
+    work is done it waits again. Broken once on purpose (the wait's predicate always true: a loop spinning
+    through empty iterations), the thread never waited on the condition and the wait below timed out."""
     runner = FakeRunner(max_slots=2)
     engine = engine_factory(runner)
-    time.sleep(0.1)
-    assert runner.step_calls == 0  # no work, no steps: the loop waits on its condition
+    iterations = 0
+    step = engine.step
+
+    def counted_step() -> None:
+        nonlocal iterations
+        iterations += 1
+        step()
+
+    engine.step = counted_step  # type: ignore[method-assign]
+    _wait_until(lambda: _loop_waits(engine))
+    assert (iterations, runner.step_calls) == (0, 0)  # no work, no iteration
     collector = Collector()
     engine.submit([src(12)], DecodeOptions(beam_size=1), collector)
     assert collector.wait() == RequestDone()
+    _wait_until(lambda: _loop_waits(engine))
+    assert iterations == runner.step_calls > 0  # one iteration per decoder step, none while idle
+
+
+def _loop_waits(engine: Engine) -> bool:
+    """The engine's thread is blocked in its condition's wait (CPython's Condition keeps its waiters)."""
+    with engine._cond:
+        return len(engine._cond._waiters) == 1  # type: ignore[attr-defined]
 
 
 def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Callable[..., Engine]) -> None:

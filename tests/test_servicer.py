@@ -636,6 +636,7 @@ def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
 
 
 def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model: LoadedModel) -> None:
+    """Broken once on purpose (the sentence limit left at 512 over a queue of 4), ListModels reported 512."""
     with running_server(model, config(max_queue=4)) as served:
         (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
         error = status_of(lambda: served.stub.Translate(request(["Ja. Nein. Gut. Schön. Aus."], beam_size=1)))
@@ -843,8 +844,10 @@ class _RecordingEngine:
 
     def __init__(self) -> None:
         self.cancelled_with: list[bool] = []
+        self.submitted = False
 
     def submit(self, *args: object, **kwargs: object) -> _RecordingEngine:
+        self.submitted = True
         return self
 
     def cancel(self, deadline_passed: bool = False) -> None:
@@ -876,7 +879,11 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     async def handler_cancelled_by_grpc() -> None:
         events = _engine_events(engine, Admission(1), [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
         waiting = asyncio.ensure_future(events.__anext__())
-        await asyncio.sleep(0.01)  # submitted; waiting for the engine's first event
+        for _ in range(100):  # the task runs to its submit, then waits for the engine's first event
+            if engine.submitted:
+                break
+            await asyncio.sleep(0)
+        assert engine.submitted
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
