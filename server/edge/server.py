@@ -42,6 +42,7 @@ from server.core.engine import Engine, EngineLimits
 from server.core.engine_client import EngineClient
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
+from server.edge.backends import Backend
 from server.edge.config import ServerConfig
 from server.edge.detect import SourceDetector
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
@@ -54,7 +55,7 @@ from server.edge.loading import (
 )
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
-from server.edge.servicer import Backend, TranslatorServicer
+from server.edge.servicer import TranslatorServicer
 from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
