@@ -227,8 +227,8 @@ def test_cancel_while_decoding_frees_the_slots(engine_factory: Callable[..., Eng
     collector = Collector()
     handle = engine.submit([src(3)], DecodeOptions(beam_size=4), collector)
     runner.open(1)
-    _wait_until(lambda: runner.step_calls == 1)
-    assert engine.active_slots == 4
+    _wait_until(lambda: engine.active_slots == 4)  # published once the first step is done; the second waits
+    assert runner.step_calls == 1
     handle.cancel()
     runner.open()
     assert collector.wait() == RequestFailed(FailureReason.CANCELLED, "the request was cancelled")

@@ -124,7 +124,7 @@ def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny
 BURST = 400  # calls sent at once
 
 
-@pytest.mark.parametrize("max_queue", [64, ServerConfig().max_queue], ids=["small-queue", "default-queue"])
+@pytest.mark.parametrize("max_queue", [64, ServerConfig().queue_for("cpu")], ids=["small-queue", "default-queue"])
 def test_a_burst_prepares_no_refused_call_and_no_call_twice(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, max_queue: int
 ) -> None:
