@@ -344,8 +344,11 @@ def test_racing_processes_publish_one_directory(tmp_path: Path, hub: Path) -> No
 
 
 def test_a_build_killed_midway_leaves_no_directory_and_the_next_start_builds(
-    tmp_path: Path, hub: Path, offline: HubSettings, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, hub: Path, offline: HubSettings
 ) -> None:
+    """The killed builder's lock and staging directory are dated back past STALE_AFTER_S, as its stopped
+    heartbeat leaves them. Broken once on purpose (`sweep_stale` deleting nothing), its staging directory
+    was left behind."""
     flag = tmp_path / "graphs-written"
     script = BLOCKED + (
         "import sys, time, pathlib, export.hub as h\n"
@@ -363,8 +366,9 @@ def test_a_build_killed_midway_leaves_no_directory_and_the_next_start_builds(
         process.send_signal(signal.SIGKILL)
         process.wait(30)
     assert not published(tmp_path / "cache") and leftovers(tmp_path / "cache")  # the staging directory only
-    monkeypatch.setattr(publish, "STALE_AFTER_S", 0.2)  # the killed builder's lock is no longer touched
-    time.sleep(0.3)
+    untouched = time.time() - publish.STALE_AFTER_S - 1  # as the dead builder left them, the heartbeat stopped
+    for path in [*leftovers(tmp_path / "cache"), *(tmp_path / "cache").rglob("*.lock")]:
+        os.utime(path, (untouched, untouched))
     built = ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline)
     assert built.built and published(tmp_path / "cache") == [built.directory]
     assert not leftovers(tmp_path / "cache")
