@@ -3,8 +3,8 @@
 On a CPU the engines' threads and the gRPC event loop compete for the same cores; a refusal or a health
 check is cheap, but it waits for a core while decoding holds them all. Raising the decoding threads'
 niceness lets the kernel run the event loop first whenever both are ready, so those answers wait less for
-a core, and decoding takes every cycle the event loop leaves. This relies on Linux,
-where niceness is per thread and `setpriority` names a thread by its native id.
+a core, and decoding takes every cycle the event loop leaves. This relies on Linux, where niceness is per
+thread and `setpriority` names a thread by its native id.
 """
 
 from __future__ import annotations
