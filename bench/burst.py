@@ -2,16 +2,18 @@
 
 Starts `translate-server` (the shipped model unless told otherwise) with the given server flags, then
 per round fires BURST Translate calls of one 6-sentence German text at once over a few channels, each
-with a deadline, with BURST ListModels calls between them: the floor, what gRPC and the event loop take
-to answer calls that do no work, under the same decoding load (on a small machine the engines' decoding
-slows every answer, refusals and no-op calls alike). Then, the engines idle, BURST ListModels calls
-alone and BURST Translate calls without texts (INVALID_ARGUMENT before admission). Reports per round
-each p50/p95 (from a call's sending to its status), the Translate status counts and the OK throughput
-(sentences of OK calls over the time to the last OK answer). The server is warm (a call per channel
-before the first round).
+with a deadline; then, the engines idle, BURST ListModels calls (the floor: what gRPC and the event loop
+take to answer calls that do no work) and BURST Translate calls without texts (INVALID_ARGUMENT before
+admission). Reports per round each p50/p95 (from a call's sending to its status), the Translate status
+counts, the OK throughput (sentences of OK calls over the time to the last OK answer), and whether the
+refusals' p95 is within FLOOR_MARGIN_MS of the floor's p95 measured in the same round (a round without
+refusals fails: it proves nothing). The server is warm (a call per channel before the first round).
+`--beside` also sends BURST ListModels calls between the Translate calls: no-op calls under the same
+decoding load. The exit status is 1 when a round fails.
 
 Usage:
-  python -m bench.burst --rounds 3 -- --max-queue 64
+  python -m bench.burst --rounds 20                    # the server's defaults, 20 rounds in a row
+  python -m bench.burst --rounds 20 -- --max-queue 64  # a small queue
   python -m bench.burst --rounds 3 --out bench/results/burst-q64.json -- --max-queue 64
 """
 
@@ -29,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +51,24 @@ TEXT = (
     "Es hörte auf zu regnen. Wir gingen nach Hause. Der Hund schläft im Garten."
 )  # 6 sentences
 START_TIMEOUT_S = 300.0
+FLOOR_MARGIN_MS = 100.0  # how far above the floor's p95 the refusals' p95 may be
 
 
 @dataclass(frozen=True)
 class Round:
-    """One burst of Translate calls mixed with no-op calls, then a burst of each floor alone."""
+    """One burst of Translate calls (with no-op calls between them with `--beside`), then a burst of each
+    floor alone."""
 
     codes: dict[str, int]  # Translate status name -> count
     refused_p50_ms: float  # RESOURCE_EXHAUSTED answers, from sending to status
     refused_p95_ms: float
-    loaded_noop_p50_ms: float  # the no-op calls sent between the Translate calls of the same burst
-    loaded_noop_p95_ms: float
-    noop_p95_ms: float  # a burst of no-op calls alone, the engines idle
+    noop_p95_ms: float  # a burst of no-op calls alone, the engines idle: the floor
+    passed: bool  # there were refusals, and their p95 is within FLOOR_MARGIN_MS of the floor's
     invalid_p95_ms: float  # a burst of Translate calls with no texts: refused INVALID_ARGUMENT before admission
     ok_sentences_per_s: float  # sentences of OK calls over the first send to the last OK answer
     wall_s: float  # first send to last answer of the Translate burst
+    beside_noop_p50_ms: float | None  # with --beside: the no-op calls sent between the Translate calls
+    beside_noop_p95_ms: float | None
 
 
 async def _timed(call: grpc.aio.UnaryUnaryCall, sent: float) -> tuple[str, float, int]:  # type: ignore[type-arg]
@@ -86,45 +92,59 @@ async def burst(stubs: list[Any], calls: list[Call]) -> list[tuple[str, float, i
     return list(await asyncio.gather(*pending))
 
 
-async def run_rounds(address: str, rounds: int, beam: int, deadline_s: float) -> list[Round]:
+async def run_rounds(address: str, rounds: int, beam: int, deadline_s: float, beside: bool) -> list[Round]:
     channels = [
         grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(CHANNELS)
     ]
     stubs: list[Any] = [pb_grpc.TranslatorStub(channel) for channel in channels]  # the async stubs
     options = pb.TranslationOptions(source_language="de", target_language="en", beam_size=beam)
-    translate = pb.TranslateRequest(texts=[TEXT], options=options)
+    translate: Call = ("Translate", pb.TranslateRequest(texts=[TEXT], options=options), deadline_s)
     for stub in stubs:  # connected and warm
-        await stub.Translate(translate, timeout=START_TIMEOUT_S)
+        await stub.Translate(translate[1], timeout=START_TIMEOUT_S)
     no_op: Call = ("ListModels", pb.ListModelsRequest(), 60.0)
     measured = []
-    for _ in range(rounds):
-        # BURST translations, with BURST no-op calls between them: the floor under the same decoding load
+    for index in range(rounds):
         started = time.perf_counter()
-        mixed = await burst(stubs, [c for _ in range(BURST) for c in (("Translate", translate, deadline_s), no_op)])
+        if beside:
+            mixed = await burst(stubs, [call for _ in range(BURST) for call in (translate, no_op)])
+            translations, loaded = mixed[0::2], mixed[1::2]
+        else:
+            translations, loaded = await burst(stubs, [translate] * BURST), []
         wall = time.perf_counter() - started
-        translations, loaded = mixed[0::2], mixed[1::2]
         idle = await burst(stubs, [no_op] * BURST)
         invalid = await burst(stubs, [("Translate", pb.TranslateRequest(options=options), 60.0)] * BURST)
-        ok_end = max((s for c, s, _ in translations if c == "OK"), default=0.0)
-        ok_sentences = sum(n for c, _, n in translations if c == "OK")
-        refused = [s * 1000 for c, s, _ in translations if c == "RESOURCE_EXHAUSTED"]
-        measured.append(
-            Round(
-                codes=dict(Counter(c for c, _, _ in translations)),
-                refused_p50_ms=round(percentile(refused, 50), 1),
-                refused_p95_ms=round(percentile(refused, 95), 1),
-                loaded_noop_p50_ms=round(percentile([s * 1000 for _, s, _ in loaded], 50), 1),
-                loaded_noop_p95_ms=round(percentile([s * 1000 for _, s, _ in loaded], 95), 1),
-                noop_p95_ms=round(percentile([s * 1000 for _, s, _ in idle], 95), 1),
-                invalid_p95_ms=round(percentile([s * 1000 for _, s, _ in invalid], 95), 1),
-                ok_sentences_per_s=round(ok_sentences / ok_end, 1) if ok_end else 0.0,
-                wall_s=round(wall, 2),
-            )
-        )
-        print(json.dumps(asdict(measured[-1])), flush=True)
+        measured.append(judge_round(translations, loaded, idle, invalid, wall))
+        verdict = "PASS" if measured[-1].passed else "FAIL"
+        print(json.dumps({"round": index + 1, "verdict": verdict, **asdict(measured[-1])}), flush=True)
     for channel in channels:
         await channel.close(None)
     return measured
+
+
+Answers = list[tuple[str, float, int]]
+
+
+def judge_round(translations: Answers, loaded: Answers, idle: Answers, invalid: Answers, wall: float) -> Round:
+    """A round from its answers: the Translate burst, the no-op calls beside it, the floor, the invalid calls."""
+
+    def p(answers: Answers, q: float) -> float:
+        return round(percentile([s * 1000 for _, s, _ in answers], q), 1)
+
+    ok_end = max((s for c, s, _ in translations if c == "OK"), default=0.0)
+    ok_sentences = sum(n for c, _, n in translations if c == "OK")
+    refused = [a for a in translations if a[0] == "RESOURCE_EXHAUSTED"]
+    return Round(
+        codes=dict(Counter(c for c, _, _ in translations)),
+        refused_p50_ms=p(refused, 50) if refused else 0.0,
+        refused_p95_ms=p(refused, 95) if refused else 0.0,
+        noop_p95_ms=p(idle, 95),
+        passed=bool(refused) and p(refused, 95) <= p(idle, 95) + FLOOR_MARGIN_MS,
+        invalid_p95_ms=p(invalid, 95),
+        ok_sentences_per_s=round(ok_sentences / ok_end, 1) if ok_end else 0.0,
+        wall_s=round(wall, 2),
+        beside_noop_p50_ms=p(loaded, 50) if loaded else None,
+        beside_noop_p95_ms=p(loaded, 95) if loaded else None,
+    )
 
 
 @contextmanager
@@ -165,26 +185,28 @@ def _serving(channel: grpc.Channel) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", help="a running server instead of starting one")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="bursts in a row, each checked against its floor")
     parser.add_argument("--beam", type=int, default=8)
     parser.add_argument("--deadline", type=float, default=30.0, help="each Translate call's deadline, seconds")
+    parser.add_argument("--beside", action="store_true", help="no-op calls between the Translate calls too")
     parser.add_argument("--out", type=Path, help="write the rounds and their medians here as JSON")
     parser.add_argument("--log", type=Path, default=Path("/tmp/bench-burst-server.log"), help="the server's log")
     parser.add_argument("server_flags", nargs="*", help="translate-server flags (after --)")
     args = parser.parse_args()
+    measure = partial(run_rounds, rounds=args.rounds, beam=args.beam, deadline_s=args.deadline, beside=args.beside)
     if args.address:
-        rounds = asyncio.run(run_rounds(args.address, args.rounds, args.beam, args.deadline))
+        rounds = asyncio.run(measure(args.address))
     else:
         with server(args.server_flags, args.log) as address:
-            rounds = asyncio.run(run_rounds(address, args.rounds, args.beam, args.deadline))
-    medians = {
-        name: statistics.median(getattr(r, name) for r in rounds)
-        for name in ("refused_p95_ms", "loaded_noop_p95_ms", "noop_p95_ms", "ok_sentences_per_s", "refused_p50_ms")
-    }
-    print(json.dumps({"flags": args.server_flags, "median_of_rounds": medians}))
+            rounds = asyncio.run(measure(address))
+    names = ("refused_p95_ms", "noop_p95_ms", "ok_sentences_per_s", "refused_p50_ms")
+    medians = {name: statistics.median(getattr(r, name) for r in rounds) for name in names}
+    passed = sum(r.passed for r in rounds)
+    summary = {"flags": args.server_flags, "passed": f"{passed} of {len(rounds)}", "median_of_rounds": medians}
+    print(json.dumps(summary))
     if args.out:
-        args.out.write_text(json.dumps({"flags": args.server_flags, "rounds": [asdict(r) for r in rounds],
-                                        "median_of_rounds": medians}, indent=1) + "\n")  # fmt: skip
+        args.out.write_text(json.dumps({**summary, "rounds": [asdict(r) for r in rounds]}, indent=1) + "\n")
+    sys.exit(0 if passed == len(rounds) else 1)
 
 
 if __name__ == "__main__":

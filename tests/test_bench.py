@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.burst import FLOOR_MARGIN_MS, judge_round
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
@@ -453,3 +454,18 @@ def test_memory_step_reaches_the_working_batchs_largest_shape(
     assert report["largest_shape"] == [4, meta.n_heads, meta.max_target_len, meta.head_dim]
     phases = ("start_mib", "load_mib", "largest_step_mib", "load_after_mib", "after_malloc_trim_mib")
     assert all(report[phase] > 0 for phase in phases) and report["arena"] is True
+
+
+def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_floor() -> None:
+    floor = [("OK", 0.001 * i, 0) for i in range(1, 101)]  # p95 95 ms
+    ok = [("OK", 5.0, 6)] * 10
+
+    def refused(p95_ms: float) -> list[tuple[str, float, int]]:
+        return [("RESOURCE_EXHAUSTED", p95_ms / 1000, 0)] * 20
+
+    near, far = refused(95 + FLOOR_MARGIN_MS), refused(95 + FLOOR_MARGIN_MS + 1)
+    assert judge_round(ok + near, [], floor, floor, 6.0).passed
+    assert not judge_round(ok + far, [], floor, floor, 6.0).passed
+    unrefused = judge_round(ok, [], floor, floor, 6.0)
+    assert not unrefused.passed and unrefused.codes == {"OK": 10}  # no refusal proves nothing
+    assert judge_round(ok + near, [], floor, floor, 6.0).ok_sentences_per_s == 12.0  # 60 sentences by 5 s

@@ -75,6 +75,9 @@ def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_serve
                 assert all(isinstance(e, EngineProcess) for e in running.server.engines.values())
                 (pid,) = running.server.engine_pids.values()  # its process series: server.edge.process_metrics
                 assert running.server.engine_pids == {f"engine-{model.description.name}#0": pid} and pid_alive(pid)
+                (gc_counts,) = running.server.children_gc().values()  # its GC series, under the same label
+                assert running.server.children_gc().keys() == running.server.engine_pids.keys()
+                assert len(gc_counts.collections) == 3 and sum(gc_counts.collections) > 0
                 assert steps > 0 and sentences == 2 * 4  # the child's measurements, in the server's registry
                 assert sample_value(running.registry, "translation_max_slots") == 8
     assert answers[True, 1] == answers[False, 1] and answers[True, 2] == answers[False, 2]
@@ -117,7 +120,7 @@ def test_shutdown_answers_every_call_and_the_children_exit(tiny_exported_dir: Pa
 
 def test_the_queue_bound_is_decided_before_anything_crosses_the_pipe(tiny_exported_dir: Path) -> None:
     process = ModelProcess(settings(tiny_exported_dir))
-    engine = process.start_engine(EngineLimits(max_slots=4, max_queue_sentences=3), None, None, 0.0)
+    engine = process.start_engine(EngineLimits(max_slots=4, max_queue_sentences=3), None, None, 0.0, 0)
     try:
         engine.warmup()
         outcomes: list[Event] = []

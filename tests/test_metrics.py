@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, enable_created_metrics, generate_latest
 
+from server.backend.engine_messages import GcCounts
 from server.core import engine as engine_module
 from server.core import offline
 from server.core.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
@@ -283,6 +284,19 @@ def test_child_processes_have_their_own_labelled_series_until_they_exit(registry
         child.kill()
         child.wait()
     assert registry.get_sample_value(name, {"process": "engine-tiny#0"}) is None  # listed, but gone: left out
+
+
+def test_child_interpreters_gc_series_are_labelled_per_process(registry: CollectorRegistry) -> None:
+    reported = {"engine-tiny#0": GcCounts((7, 2, 1), (300, 40, 5), (0, 0, 1)), "engine-tiny#1": GcCounts.now()}
+    register_process_collectors(registry, dict, lambda: reported)
+    series = "translation_child_python_gc_collections_total"
+    assert [value(registry, series, generation=g, process="engine-tiny#0") for g in "012"] == [7, 2, 1]
+    collected = "translation_child_python_gc_objects_collected_total"
+    assert value(registry, collected, generation="1", process="engine-tiny#0") == 40
+    uncollectable = "translation_child_python_gc_objects_uncollectable_total"
+    assert value(registry, uncollectable, generation="2", process="engine-tiny#0") == 1
+    this_process = value(registry, "python_gc_collections_total", generation="0")
+    assert value(registry, series, generation="0", process="engine-tiny#1") <= this_process  # read before
 
 
 def test_no_created_series_once_disabled(registry: CollectorRegistry) -> None:

@@ -5,6 +5,7 @@ SIGTERM draining every process without losing a call, and startup failures stopp
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from bench.loadgen import open_channels
 from bench.run import free_port
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import ROOT, request, wait_until
+
+SERVING = re.compile(r" serving \S+ \(")  # the line a server process logs once its model is warm
 
 MAX_SLOTS = 8
 TEXTS = ["Ich habe keine Zeit.", "Wo ist der Bahnhof?", "Das Haus ist groß.", "Guten Morgen."]
@@ -117,7 +120,8 @@ def test_processes_share_the_port_and_their_metrics_are_summed(tiny_exported_dir
         assert codes == [grpc.StatusCode.OK] * 40
         wait_until(lambda: served.metric("translation_requests_total", code="OK", method="Translate") == 40, 10)
         assert served.metric("translation_sentences_total") == 40 * len(TEXTS)
-        assert served.metric("translation_active_slots") == 0
+        # The engine publishes its load after it delivers the last events: a moment after the answers.
+        wait_until(lambda: served.metric("translation_active_slots") == 0, 10)
         per_process = {pid: requests_served_by(pid) for pid in served.children()}
         assert sum(per_process.values()) == 40 and all(per_process.values()), per_process  # both served
 
@@ -171,6 +175,8 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_export
         subprocess.run(["kill", "-9", str(killed)], check=True)
         wait_until(lambda: served.metric("translation_max_slots") == MAX_SLOTS, 30)  # a dead process's gauges go
         wait_until(lambda: served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
+        # Its engine's gauges come before its warm-up ends; calls it takes before then are refused UNAVAILABLE.
+        wait_until(lambda: len(SERVING.findall(served.log.read_text())) == 3, 120)
         assert killed not in served.children() and len(served.children()) == 2
         assert asyncio.run(translate_over(served.address, channels=8, calls=16)) == [grpc.StatusCode.OK] * 16
         assert "while serving: starting it again" in served.log.read_text()

@@ -337,3 +337,18 @@ def test_scheduler_applies_the_default_limit_per_sentence() -> None:
     scheduler.add(1, [short, long_], DecodeOptions(beam_size=1), deadline=None, now=0.0)
     limits = [s.beam.max_len for s in scheduler._requests[1].sentences]
     assert limits == [output_limit(0, 3, FAKE_SPEC.max_target_len), output_limit(0, 9, FAKE_SPEC.max_target_len)]
+
+
+def test_a_finished_sentence_carries_its_queue_wait_and_the_encoder_call_that_admitted_it() -> None:
+    scheduler, runner = make(max_slots=1)
+    greedy = DecodeOptions(beam_size=1, max_output_len=2)
+    scheduler.add(1, [source(1), source(2)], greedy, None, now=10.0)
+    done: list[SentenceDone] = []
+    for now, encoded in ((11.0, (11.5, 12.0)), (13.0, None), (14.0, (14.25, 14.75)), (15.0, None)):
+        batch = scheduler.schedule(now)
+        events = scheduler.update(batch, execute(runner, batch), encoded)
+        done += [event for _, event in events if isinstance(event, SentenceDone)]
+    assert [(d.sentence_index, d.queue_wait_s, d.encoded_s) for d in done] == [
+        (0, 1.0, (1.5, 2.0)),  # got the slot at 11; encoded 1.5 to 2 s after it was queued
+        (1, 4.0, (4.25, 4.75)),  # waited for sentence 0's slot
+    ]

@@ -14,21 +14,26 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
+from server.backend.engine_process import ModelProcess
+from server.edge.config import ServerConfig
+from server.edge.loading import LoadedModel, load_model
 from server.edge.server import create_server
 from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
+from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, server_config, server_loop
 
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+METADATA = (("traceparent", TRACEPARENT), ("x-request-id", "r-7"))
+TEXTS = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
 
 
-@pytest.fixture()
-def traced(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter]]:
+def traced_server(model: LoadedModel, config: ServerConfig) -> Iterator[tuple[RunningServer, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with server_loop() as loop:
-        created = create_server(server_config(), fake_model(tiny_model_dir), CollectorRegistry(), Tracing(provider))
+        created = create_server(config, model, CollectorRegistry(), Tracing(provider))
         server, port = asyncio.run_coroutine_threadsafe(created, loop).result(120)
         running = RunningServer(server, port, loop)
         try:
@@ -38,39 +43,64 @@ def traced(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, InMemorySpanEx
             running.run(server.shutdown(0.0))
 
 
+@pytest.fixture()
+def traced(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter]]:
+    yield from traced_server(fake_model(tiny_model_dir), server_config())
+
+
 def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [span for span in spans if span.name == name]
 
 
-def test_a_call_is_a_server_span_under_the_clients_traceparent_with_a_queue_and_decode_span_per_sentence(
-    traced: tuple[RunningServer, InMemorySpanExporter],
-) -> None:
-    served, exporter = traced
-    texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
-    metadata = (("traceparent", TRACEPARENT), ("x-request-id", "r-7"))
-    reply = served.stub.Translate(request(texts, beam_size=2), metadata=metadata)
-    spans = exporter.get_finished_spans()
+def of_sentence(spans: list[ReadableSpan], index: object) -> ReadableSpan:
+    (span,) = [s for s in spans if (s.attributes or {})["translation.sentence_index"] == index]
+    return span
+
+
+def assert_traced(reply: pb.TranslateResponse, spans: tuple[ReadableSpan, ...], model: str) -> None:
+    """One SERVER span under the client's traceparent; per sentence, `queue_wait`, `encode` and `decode`
+    children in that order, none overlapping the next."""
     (call,) = by_name(spans, "translation.v1.Translator/Translate")
     assert call.kind == SpanKind.SERVER and call.status.status_code != StatusCode.ERROR
     assert format(call.context.trace_id, "032x") == TRACE_ID and call.parent is not None
     assert format(call.parent.span_id, "016x") == PARENT_ID
     attributes = dict(call.attributes or {})
-    assert attributes["translation.model"] == FAKE_DESCRIPTION.name and attributes["translation.pair"] == "de-en"
+    assert attributes["translation.model"] == model and attributes["translation.pair"] == "de-en"
     assert (attributes["translation.beam_size"], attributes["translation.request_id"]) == (2, "r-7")
     assert attributes["rpc.grpc.status_code"] == "OK"
-    queued, decoded = by_name(spans, "queue_wait"), by_name(spans, "decode")
-    assert len(queued) == len(decoded) == sum(r.sentences for r in reply.results) == 3
-    for span in queued + decoded:
+    queued, encoded, decoded = by_name(spans, "queue_wait"), by_name(spans, "encode"), by_name(spans, "decode")
+    assert len(queued) == len(encoded) == len(decoded) == sum(r.sentences for r in reply.results) == 3
+    for span in queued + encoded + decoded:
         assert span.parent is not None and span.parent.span_id == call.context.span_id
         assert span.context.trace_id == call.context.trace_id
     for wait in queued:
         index = (wait.attributes or {})["translation.sentence_index"]
-        (decode,) = [d for d in decoded if (d.attributes or {})["translation.sentence_index"] == index]
-        times = (call.start_time, wait.start_time, wait.end_time, decode.start_time, decode.end_time, call.end_time)
-        assert None not in times and list(times) == sorted(times)  # type: ignore[type-var]
-        assert wait.end_time == decode.start_time
+        encode, decode = of_sentence(encoded, index), of_sentence(decoded, index)
+        times = [call.start_time, wait.start_time, wait.end_time, encode.start_time, encode.end_time]
+        times += [decode.start_time, decode.end_time, call.end_time]
+        assert None not in times and times == sorted(times)  # type: ignore[type-var]
+        assert encode.end_time == decode.start_time and encode.start_time < encode.end_time  # type: ignore[operator]
     output_tokens = [(d.attributes or {})["translation.output_tokens"] for d in decoded]
     assert sum(output_tokens) == sum(r.output_tokens for r in reply.results)  # type: ignore[arg-type]
+
+
+def test_a_call_is_a_server_span_under_the_clients_traceparent_with_queue_encode_and_decode_spans_per_sentence(
+    traced: tuple[RunningServer, InMemorySpanExporter],
+) -> None:
+    served, exporter = traced
+    reply = served.stub.Translate(request(TEXTS, beam_size=2), metadata=METADATA)
+    assert_traced(reply, exporter.get_finished_spans(), FAKE_DESCRIPTION.name)
+
+
+def test_an_engine_process_times_the_encoder_call_the_call_span_contains(tiny_exported_dir: Path) -> None:
+    config = server_config(
+        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1, engine_processes=True
+    )
+    model = load_model(config, tiny_exported_dir)
+    assert isinstance(model.runner, ModelProcess)
+    for served, exporter in traced_server(model, config):
+        reply = served.stub.Translate(request(TEXTS, beam_size=2), metadata=METADATA, timeout=60)
+        assert_traced(reply, exporter.get_finished_spans(), model.description.name)
 
 
 def test_a_refused_call_is_an_error_span_of_its_status_and_without_traceparent_a_trace_of_its_own(

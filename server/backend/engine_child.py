@@ -25,6 +25,7 @@ from server.backend.engine_messages import (
     CapacitySet,
     Close,
     Failed,
+    GcCounts,
     LoadReport,
     QueueWaits,
     RequestEvent,
@@ -41,6 +42,7 @@ from server.backend.engine_messages import (
     Warmup,
 )
 from server.backend.parent_watch import follow_parent
+from server.backend.priority import lower_process_priority
 from server.core.engine import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
@@ -99,6 +101,7 @@ def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> 
     except EOFError:
         return
     if isinstance(start, StartEngine):
+        lower_process_priority(start.nice)
         _ChildEngine(conn, runner, start.limits, start.stall_seconds).serve()
 
 
@@ -144,6 +147,7 @@ class _ForwardingObserver:
     def __init__(self, outbox: _Outbox, received: Callable[[], int]) -> None:
         self._outbox, self._received = outbox, received
         self._last_load: LoadReport | None = None
+        self._last_gc: GcCounts | None = None
         self._last_sent = 0.0  # monotonic time of the last load report
 
     def set_capacity(self, max_slots: int) -> None:
@@ -152,6 +156,10 @@ class _ForwardingObserver:
     def set_load(self, queue_depth: int, active_slots: int) -> None:
         """The end of every iteration: send what the server must see now (see `_Outbox`), and at least one
         report a `HEARTBEAT_S` while iterating, so that the server can tell a busy engine from a hung one."""
+        gc_counts = GcCounts.now()  # goes with the next message: an idle child collects next to nothing
+        if gc_counts != self._last_gc:
+            self._last_gc = gc_counts
+            self._outbox.add(gc_counts)
         load = LoadReport(queue_depth, active_slots, self._received())
         now = time.monotonic()
         if load != self._last_load or self._outbox.has_events or now - self._last_sent >= HEARTBEAT_S:

@@ -8,6 +8,7 @@ itself to the server's observer, so the server never dispatches on a name it rec
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from server.core.observer import EngineObserver, StepStats
 class StartEngine:
     limits: EngineLimits
     stall_seconds: float  # the child's own stall watch (0 = none)
+    nice: int  # added to the niceness of every thread of the child (server.backend.priority)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,21 @@ class Warm:
 
 
 @dataclass(frozen=True)
+class GcCounts:
+    """The child interpreter's garbage collector so far, per generation (`gc.get_stats()`): the server
+    exports them labelled with the child (server.edge.process_metrics)."""
+
+    collections: tuple[int, ...]  # per generation, youngest first
+    collected: tuple[int, ...]  # objects found unreachable and freed
+    uncollectable: tuple[int, ...]
+
+    @classmethod
+    def now(cls) -> GcCounts:
+        stats = gc.get_stats()
+        return cls(*(tuple(s[key] for s in stats) for key in ("collections", "collected", "uncollectable")))
+
+
+@dataclass(frozen=True)
 class Failed:
     """The child's engine died or stalled; it has answered its requests."""
 
@@ -144,4 +161,4 @@ class AbandonedObserved:
 
 
 Measurement = CapacitySet | QueueWaits | StepObserved | SentenceObserved | AbandonedObserved
-ToServer = RequestEvent | LoadReport | Warm | Failed | Measurement
+ToServer = RequestEvent | LoadReport | Warm | Failed | GcCounts | Measurement

@@ -33,6 +33,7 @@ from server.backend.engine_messages import (
     Cancel,
     Close,
     Failed,
+    GcCounts,
     LoadReport,
     RequestEvent,
     RunnerFacts,
@@ -89,10 +90,11 @@ class ModelProcess:
 
     def start_engine(
         self, limits: EngineLimits, metrics: EngineObserver | None, on_failure: Callable[[], None] | None,
-        stall_seconds: float,
+        stall_seconds: float, nice: int,
     ) -> EngineProcess:  # fmt: skip
-        """Start the child's engine; the returned proxy owns the pipe from now on."""
-        self._conn.send(StartEngine(limits, stall_seconds))
+        """Start the child's engine, the whole child `nice` steps lower; the returned proxy owns the pipe
+        from now on."""
+        self._conn.send(StartEngine(limits, stall_seconds, nice))
         return EngineProcess(self._conn, self._process, self.spec, limits, metrics, on_failure)
 
     def close(self) -> None:
@@ -134,6 +136,8 @@ class EngineProcess:
     ) -> None:  # fmt: skip
         self._conn, self._process, self._metrics, self._on_failure = conn, process, metrics, on_failure
         self._send_lock = threading.Lock()  # submits (event loop) and lifecycle calls share the pipe
+        # The child's garbage collector as of its last report: replaced whole by the receiving thread.
+        self.gc_counts: GcCounts | None = None
         self._cond = threading.Condition()  # guards everything below
         self._owners: dict[int, Callable[[Event], None]] = {}  # each request's on_event
         self._next_id = 1
@@ -287,6 +291,8 @@ class EngineProcess:
             case Warm(error):
                 self._warm_error = error
                 self._warm.set()
+            case GcCounts():
+                self.gc_counts = message
             case Failed():  # its loop died or stalled: it has answered its requests; the server must go
                 with self._cond:
                     self._failed = self._draining = True

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
-from server.backend.engine_process import ModelProcess, RunnerSettings
+from server.backend.engine_messages import GcCounts
+from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.backend.priority import lower_thread_priority
 from server.core.engine import Engine, EngineLimits
 from server.core.engine_client import EngineClient
 from server.core.observer import EngineObserver
@@ -31,13 +33,17 @@ def start_engine(
     observer: EngineObserver | None,
     on_failure: Callable[[], None],
     stall_seconds: float,
+    nice: int,
 ) -> EngineClient:
-    """An engine over the model, started; in the model's child process where it has one (which then also
-    watches its engine for stalls)."""
+    """An engine over the model, started, its decoding `nice` steps below the calling process's priority
+    (`server.backend.priority`); in the model's child process where it has one (which then also watches
+    its engine for stalls)."""
     if isinstance(model, ModelProcess):
-        return model.start_engine(limits, observer, on_failure, stall_seconds)
+        return model.start_engine(limits, observer, on_failure, stall_seconds, nice)
     engine = Engine(model, limits, observer, on_failure=on_failure)
     engine.start()
+    assert engine.native_thread_id is not None, "a started engine has a thread"
+    lower_thread_priority(engine.native_thread_id, nice)
     return engine
 
 
@@ -50,6 +56,12 @@ def close_model(model: OpenedModel) -> None:
 def child_pid(model: OpenedModel) -> int | None:
     """The pid of the child process holding the model, None for a runner in this process."""
     return model.pid if isinstance(model, ModelProcess) else None
+
+
+def child_gc_counts(engine: EngineClient) -> GcCounts | None:
+    """The garbage collector counts an engine process last reported; None for an engine in this process
+    (this interpreter's own `python_gc_*` series count it)."""
+    return engine.gc_counts if isinstance(engine, EngineProcess) else None
 
 
 def in_this_process(engine: EngineClient | None) -> Engine | None:

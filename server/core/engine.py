@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from server.core.observer import EngineObserver, StepStats
-from server.core.offline import execute
+from server.core.offline import RunnerTimes, execute
 from server.core.runner import Candidates, Runner
 from server.core.scheduler import (
     INTERNAL_MESSAGE,
@@ -263,6 +263,11 @@ class Engine:
         self._die()
         return now - started
 
+    @property
+    def native_thread_id(self) -> int | None:
+        """The OS id of the decode loop's thread (None before `start`): what sets its scheduling priority."""
+        return None if self._thread is None else self._thread.native_id
+
     def start(self) -> None:
         """Run the decode loop in its own daemon thread."""
         if self._thread is not None:
@@ -373,7 +378,7 @@ class Engine:
             self._publish()
             return
         try:
-            candidates, step_s, encode_s = self._run_runner(batch)
+            candidates, times = self._run_runner(batch)
         except Exception:
             count = len(batch.request_ids())
             logger.exception("runner failed on a batch of %d request(s); a lone request fails, more run apart", count)
@@ -383,8 +388,8 @@ class Engine:
                 self._metrics.observe_queue_waits(batch.queue_waits)
             events = self._scheduler.isolate(batch.request_ids(), FailureReason.INTERNAL, INTERNAL_MESSAGE)
         else:
-            events = self._scheduler.update(batch, candidates)
-            self._observe(batch, step_s, encode_s)
+            events = self._scheduler.update(batch, candidates, times.encode_window)
+            self._observe(batch, times)
         self._deliver(events)
         self._publish()
 
@@ -493,7 +498,7 @@ class Engine:
             if self._metrics is not None:
                 self._metrics.set_load(self._scheduled_queue + self._inbox_sentences, self._active_slots)
 
-    def _run_runner(self, batch: Batch) -> tuple[Candidates, float, float]:
+    def _run_runner(self, batch: Batch) -> tuple[Candidates, RunnerTimes]:
         """`_execute`, timed for `abandon_if_stalled`; leaves the loop (`_Abandoned`) if it was given up meanwhile."""
         self._runner_call_started = time.monotonic()  # a reader sees None or this: no lock needed to start
         try:
@@ -504,7 +509,7 @@ class Engine:
                 if self._abandoned:
                     raise _Abandoned  # replaces the call's own outcome: nobody waits for it
 
-    def _execute(self, batch: Batch) -> tuple[Candidates, float, float]:
+    def _execute(self, batch: Batch) -> tuple[Candidates, RunnerTimes]:
         """The runner calls of one iteration (`server.core.offline.execute`, which offline decoding shares),
         timed: the beam update that follows is the engine's own work, not the runner's."""
         return execute(self._runner, batch)
@@ -535,14 +540,14 @@ class Engine:
             except Exception:
                 logger.exception("an event callback raised; the engine carries on")
 
-    def _observe(self, batch: Batch, duration: float, encode_duration: float) -> None:
+    def _observe(self, batch: Batch, times: RunnerTimes) -> None:
         if self._metrics is None:
             return
         sources = [len(item.source_ids) for item in batch.encode]
         spans = [p + 1 for p in batch.positions]
         stats = StepStats(
-            duration_s=duration,
-            encode_duration_s=encode_duration,
+            duration_s=times.step_s,
+            encode_duration_s=times.encode_s,
             active_slots=len(batch.slots),
             encode_real_tokens=sum(sources),
             encode_padded_tokens=len(sources) * max(sources, default=0),

@@ -4,6 +4,7 @@ and the benchmark's ONNX engine run, so that they measure the code that serves."
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from server.core.beam import Hypothesis
 from server.core.runner import Candidates, Runner
@@ -22,26 +23,39 @@ class OfflineDecodingError(RuntimeError):
     """The scheduler failed the sources (a runner fault seen in its output)."""
 
 
-def execute(runner: Runner, batch: Batch) -> tuple[Candidates, float, float]:
+@dataclass(frozen=True)
+class RunnerTimes:
+    """Wall times of one iteration's runner calls."""
+
+    step_s: float  # beam-row copies and the decoder step together
+    encode_window: tuple[float, float] | None  # time.monotonic() start and end of the encoder call; None: no call
+
+    @property
+    def encode_s(self) -> float:
+        return 0.0 if self.encode_window is None else self.encode_window[1] - self.encode_window[0]
+
+
+def execute(runner: Runner, batch: Batch) -> tuple[Candidates, RunnerTimes]:
     """One iteration's runner calls in the order the batch requires: beam-row copies, encoding, the decoder
-    step; with their wall times (copies and step together, the encoder apart). The engine runs this too."""
-    started = time.perf_counter()
+    step; with their wall times. The engine runs this too."""
+    started = time.monotonic()
     if batch.copy_sources:
         runner.copy_slots(batch.copy_sources, batch.copy_destinations)
-    encode_s = 0.0
+    encode_window, encode_s = None, 0.0
     if batch.encode:
-        encode_started = time.perf_counter()
+        encode_started = time.monotonic()
         runner.encode(batch.encode)
-        encode_s = time.perf_counter() - encode_started
+        encode_s = time.monotonic() - encode_started
+        encode_window = (encode_started, encode_started + encode_s)
     candidates = runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
-    step_s = time.perf_counter() - started - encode_s
+    times = RunnerTimes(time.monotonic() - started - encode_s, encode_window)
     expected = batch.candidate_shape(runner.spec.vocab_size)
     if candidates.scores.shape != expected or candidates.ids.shape != expected:
         raise RuntimeError(
             f"runner returned candidates of shapes {candidates.scores.shape} and {candidates.ids.shape},"
             f" expected {expected}"
         )
-    return candidates, step_s, encode_s
+    return candidates, times
 
 
 def translate_ids(

@@ -74,6 +74,7 @@ class SentenceDone:
     hypotheses: list[Hypothesis]  # best first, num_hypotheses of them
     input_tokens: int  # source length, tag and EOS included
     queue_wait_s: float = 0.0  # seconds it waited in the queue before it first got slots
+    encoded_s: tuple[float, float] = (0.0, 0.0)  # its encoder call's start and end, seconds after it was queued
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class _Sentence:
     enqueued_at: float
     waited: bool = False  # it got slots once: its queue wait was reported (a rerun after isolate() reports none)
     queue_wait_s: float = 0.0  # seconds from enqueued_at to its first slots
+    encoded_s: tuple[float, float] = (0.0, 0.0)  # its last encoder call's start and end, seconds after enqueued_at
     slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
@@ -149,6 +151,7 @@ class Batch:
     copy_sources: list[int] = field(default_factory=list)
     copy_destinations: list[int] = field(default_factory=list)
     encode: list[EncodeItem] = field(default_factory=list)
+    encoding: list[_Sentence] = field(default_factory=list)  # the sentence of each encode item
     slots: list[int] = field(default_factory=list)  # rows to step, grouped by sentence
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
@@ -249,14 +252,23 @@ class Scheduler:
             self._add_rows(sentence, batch)
         return batch
 
-    def update(self, batch: Batch, candidates: Candidates) -> list[tuple[int, Event]]:
-        """Advance every stepped sentence with its rows' ranked candidates (B, k); return the events."""
+    def update(
+        self, batch: Batch, candidates: Candidates, encode_window: tuple[float, float] | None = None
+    ) -> list[tuple[int, Event]]:
+        """Advance every stepped sentence with its rows' ranked candidates (B, k); return the events.
+
+        `encode_window`: when the batch's encoder call began and ended, on the clock of `add`'s `now`.
+        """
         expected = batch.candidate_shape(self.spec.vocab_size)
         if candidates.scores.shape != expected or candidates.ids.shape != expected:
             raise ValueError(
                 f"expected candidates of shape {expected}, got scores {candidates.scores.shape}"
                 f" and ids {candidates.ids.shape}"
             )
+        if encode_window is not None:
+            start, end = encode_window
+            for sentence in batch.encoding:
+                sentence.encoded_s = (start - sentence.enqueued_at, end - sentence.enqueued_at)
         events: list[tuple[int, Event]] = []
         # A numeric fault of one input (an fp16 overflow) spoils only that input's rows. LogSoftmax turns
         # one NaN logit into a whole NaN row, so a faulty row's best candidate is NaN whatever TopK's NaN order.
@@ -358,6 +370,7 @@ class Scheduler:
             head.running = True
             self._running.append(head)
             batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
+            batch.encoding.append(head)
             if not head.waited:
                 head.queue_wait_s = now - head.enqueued_at
                 batch.queue_waits.append(head.queue_wait_s)
@@ -388,7 +401,9 @@ class Scheduler:
             self._release(sentence)
             sentence.done = True
             hypotheses = sentence.beam.best(request.options.num_hypotheses)
-            done = SentenceDone(sentence.index, hypotheses, len(sentence.source_ids), sentence.queue_wait_s)
+            done = SentenceDone(
+                sentence.index, hypotheses, len(sentence.source_ids), sentence.queue_wait_s, sentence.encoded_s
+            )
             events.append((request.request_id, done))
             request.pending -= 1
             if request.pending == 0:

@@ -80,6 +80,11 @@ class ServerConfig:
     # onnxruntime intra-op threads per engine; 0 = the cores divided among the engines (onnxruntime's default,
     # every core, where one engine serves alone)
     threads: int = 0
+    # Added to the niceness of the engines' decoding threads (an engine process: all of its threads), so the
+    # threads answering calls get a core first when both are ready: refusals and health checks stay quick
+    # while decoding takes the rest. 0 = the same priority. Intra-op threads an in-process session starts
+    # (--threads above 1) keep the process's.
+    engine_nice: int = 10
     # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
     # with its engines on its share of the cores; a parent process supervises them and serves their metrics
     # together. Engines in one process share its interpreter; processes do not (docs/service.md measures both).
@@ -130,6 +135,8 @@ class ServerConfig:
         for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size", "max_slots", "max_queue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.engine_nice <= 19:
+            raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
         if self.processes > 1 and self.port == 0:
             raise ValueError("processes > 1 share one port: give a fixed port, not 0 (each would bind its own)")
         if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
@@ -229,6 +236,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
     add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, one on CUDA)")
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
+    add("engine-nice", int, "niceness added to the engines' decoding threads, below the gRPC threads (0 = none)")
     add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("log-format", str.lower, "text, or json: one object per line with an access record per call", LOG_FORMATS)

@@ -9,7 +9,9 @@ The processes that do not serve /metrics get their process series from the one t
 `--engine-processes` (`engine-<model>#<replica>`) and each server process of `--processes`
 (`server-<index>`, read by the supervising parent, which then owns the unlabelled `process_*`). Each is
 one process, never a sum: alerts and dashboards sum them (`sum without (process)`) where they want the
-whole. Python's GC series are per interpreter and read in-process: the children's are not exported.
+whole. Python's GC series are per interpreter: an engine process reports its own through its pipe
+(`server.backend.engine_messages.GcCounts`), exported as `translation_child_python_gc_*` labelled the
+same way; the server processes of `--processes` write theirs to no shared place, and are not exported.
 
 `_created` samples are off (`disable_created_metrics`, called by the entrypoints): a second series
 per counter and histogram that Prometheus's text format only carries for OpenMetrics consumers.
@@ -22,11 +24,20 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client import disable_created_metrics as _disable_created_metrics
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from server.backend.engine_messages import GcCounts
+
 CHILD_PREFIX = "translation_child_"
+LABELS = ("generation", "process")
 Children = Callable[[], Mapping[str, int]]  # the live child processes: label -> pid
+ChildrenGc = Callable[[], Mapping[str, GcCounts]]  # the children that report their garbage collector: label -> counts
+GC_SERIES = (  # prometheus-client's GCCollector's series, from the fields of GcCounts
+    ("python_gc_objects_collected", "Objects collected during gc", "collected"),
+    ("python_gc_objects_uncollectable", "Uncollectable objects found during GC", "uncollectable"),
+    ("python_gc_collections", "Number of times this generation was collected", "collections"),
+)
 
 
 def disable_created_metrics() -> None:
@@ -34,13 +45,18 @@ def disable_created_metrics() -> None:
     _disable_created_metrics()
 
 
-def register_process_collectors(registry: CollectorRegistry, children: Children | None = None) -> None:
-    """This process's process, platform and GC series on `registry`, and those of `children` if given."""
+def register_process_collectors(
+    registry: CollectorRegistry, children: Children | None = None, children_gc: ChildrenGc | None = None
+) -> None:
+    """This process's process, platform and GC series on `registry`, and those of `children` (process
+    series) and `children_gc` (GC series) if given."""
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     if children is not None:
         registry.register(ChildProcessCollector(children))
+    if children_gc is not None:
+        registry.register(ChildGcCollector(children_gc))
 
 
 class ChildProcessCollector(Collector):
@@ -61,3 +77,22 @@ class ChildProcessCollector(Collector):
                 for sample in family.samples:
                     renamed.add_sample(CHILD_PREFIX + sample.name, {**sample.labels, "process": label}, sample.value)
         return list(families.values())
+
+
+class ChildGcCollector(Collector):
+    """The GC series of other interpreters, as prometheus-client's GCCollector names them, renamed
+    `translation_child_python_gc_*` and labelled `process` (and `generation`)."""
+
+    def __init__(self, children_gc: ChildrenGc) -> None:
+        self._children_gc = children_gc
+
+    def collect(self) -> Iterable[Metric]:
+        reported = sorted(self._children_gc().items())
+        families = []
+        for name, documentation, field in GC_SERIES:
+            family = CounterMetricFamily(CHILD_PREFIX + name, f"{documentation}. By process.", labels=LABELS)
+            for label, counts in reported:
+                for generation, count in enumerate(getattr(counts, field)):
+                    family.add_metric([str(generation), label], count)
+            families.append(family)
+        return families

@@ -33,7 +33,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from server.backend.engine_messages import GcCounts
 from server.backend.engines import (
+    child_gc_counts,
     child_pid,
     in_this_process,
     start_engine,
@@ -96,6 +98,7 @@ class TranslationServer:
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.caches: dict[str, ResponseCache] = {}  # by model name
         self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
+        self.engine_children: dict[str, EngineClient] = {}  # the same labels -> those engines
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._stop_watching = threading.Event()  # ends every engine's stall watch
         self.credentials = server_credentials(config)
@@ -138,6 +141,11 @@ class TranslationServer:
         """The first model's engine (the only one of a single-model server) when it runs in this process."""
         return in_this_process(next(iter(self.engines.values()), None))
 
+    def children_gc(self) -> dict[str, GcCounts]:
+        """The garbage collector counts of the engine processes that have reported them, by label."""
+        reported = {label: child_gc_counts(engine) for label, engine in self.engine_children.items()}
+        return {label: counts for label, counts in reported.items() if counts is not None}
+
     async def load(self, models: LoadedModel | Sequence[LoadedModel] | None = None) -> None:
         """Load (unless given) and warm up every model, each with an engine of its own, then turn SERVING."""
         if models is None:
@@ -161,11 +169,13 @@ class TranslationServer:
             loop.call_soon_threadsafe(self.engine_died.set)
 
         observer = self.metrics.for_model(info.name)
-        engine = start_engine(model.runner, limits, observer, engine_failed, self.config.stall_seconds)
+        config = self.config
+        engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, config.engine_nice)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
         if (pid := child_pid(model.runner)) is not None:
             self.engine_pids[f"engine-{info.name}#{replica}"] = pid
+            self.engine_children[f"engine-{info.name}#{replica}"] = engine
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:
@@ -349,7 +359,7 @@ async def serve(
         "required" if config.auth_token_file else "not required",
     )
     if config.metrics_port >= 0:
-        register_process_collectors(server.registry, lambda: server.engine_pids)
+        register_process_collectors(server.registry, lambda: server.engine_pids, server.children_gc)
         try:
             metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
         except OSError as err:

@@ -167,10 +167,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         yield assembler.partial(event.sentence_index, event.token_ids, finished=False)
                         continue
                     call.queue_wait_s = max(call.queue_wait_s, event.queue_wait_s)
-                    output_tokens = len(event.hypotheses[0].tokens) if event.hypotheses else 0
-                    call.trace.sentence(
-                        event.sentence_index, call.submitted, event.queue_wait_s, event.input_tokens, output_tokens
-                    )
+                    call.trace.sentence(call.submitted, event)
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
                     done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)

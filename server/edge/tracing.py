@@ -2,10 +2,12 @@
 
 Each Translator call is a SERVER span named after its gRPC method, child of the client's span when its
 metadata carries a W3C `traceparent`; it records the request id, model, language pair, beam width and
-status. Each sentence adds two child spans when it finishes: `queue_wait` (from submission until it got
-slots) and `decode` (from then until its translation came back, its encoder call included), with its
-index and token counts. The engine measures; the spans are written here, after the fact, from what its
-events carry: the decoding core never imports OpenTelemetry.
+status. Each sentence adds three child spans when it finishes: `queue_wait` (from submission until it
+got slots), `encode` (its encoder call, which it shares with the sentences admitted in the same
+iteration) and `decode` (from the end of that call until its translation came back), with its index
+and token counts. The engine measures; the spans are written here, after the fact, from what its
+events carry: the decoding core never imports OpenTelemetry. A sentence the response cache answered
+has empty `queue_wait` and `encode` spans at the start of the call.
 
 The standard OTEL_* variables configure what the flag does not (OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER,
 OTEL_EXPORTER_OTLP_HEADERS, ...); they are read by the SDK when `open_tracing` builds it, never at import.
@@ -14,7 +16,7 @@ OTEL_EXPORTER_OTLP_HEADERS, ...); they are read by the SDK when `open_tracing` b
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 try:  # the API, which the SDK brings: without the [tracing] extra, open_tracing refuses to start
@@ -25,6 +27,8 @@ except ImportError:
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+
+    from server.core.scheduler import SentenceDone
 
 SERVICE_NAME = "translate-server"  # the service.name spans carry unless OTEL_SERVICE_NAME says otherwise
 SERVICE = "translation.v1.Translator"
@@ -37,11 +41,8 @@ class CallTrace:
     def describe(self, model: str, pair: str, beam_size: int) -> None:
         """The call was routed and validated."""
 
-    def sentence(
-        self, index: int, submitted: float, queue_wait_s: float, input_tokens: int, output_tokens: int
-    ) -> None:
-        """Sentence `index` came back now; it was submitted at `submitted` (time.monotonic()) and waited
-        `queue_wait_s` for slots."""
+    def sentence(self, submitted: float, done: SentenceDone) -> None:
+        """`done` came back now, for sentences submitted at `submitted` (time.monotonic())."""
 
     def end(self, code: str) -> None:
         """The call ended with gRPC status `code` (its name)."""
@@ -87,19 +88,27 @@ class _SpanTrace(CallTrace):
         self._span.set_attribute("translation.pair", pair)
         self._span.set_attribute("translation.beam_size", beam_size)
 
-    def sentence(
-        self, index: int, submitted: float, queue_wait_s: float, input_tokens: int, output_tokens: int
-    ) -> None:
+    def sentence(self, submitted: float, done: SentenceDone) -> None:
         now_ns, now = time.time_ns(), time.monotonic()
         start_ns = now_ns - round((now - submitted) * 1e9)
-        slots_ns = start_ns + round(queue_wait_s * 1e9)
-        parent = otel.set_span_in_context(self._span)
-        attributes = {"translation.sentence_index": index}
-        queued = self._tracer.start_span("queue_wait", context=parent, start_time=start_ns, attributes=attributes)
-        queued.end(end_time=slots_ns)
-        tokens = {**attributes, "translation.input_tokens": input_tokens, "translation.output_tokens": output_tokens}
-        decoded = self._tracer.start_span("decode", context=parent, start_time=slots_ns, attributes=tokens)
-        decoded.end(end_time=now_ns)
+        slots_ns = start_ns + round(done.queue_wait_s * 1e9)
+        encode_ns = [max(slots_ns, start_ns + round(at * 1e9)) for at in done.encoded_s]
+        output_tokens = len(done.hypotheses[0].tokens) if done.hypotheses else 0
+        attributes = {"translation.sentence_index": done.sentence_index}
+        tokens = {
+            **attributes,
+            "translation.input_tokens": done.input_tokens,
+            "translation.output_tokens": output_tokens,
+        }
+        self._child("queue_wait", start_ns, slots_ns, attributes)
+        self._child("encode", encode_ns[0], encode_ns[1], attributes)
+        self._child("decode", encode_ns[1], now_ns, tokens)
+
+    def _child(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, int]) -> None:
+        span = self._tracer.start_span(
+            name, context=otel.set_span_in_context(self._span), start_time=start_ns, attributes=attributes
+        )
+        span.end(end_time=end_ns)
 
     def end(self, code: str) -> None:
         self._span.set_attribute("rpc.grpc.status_code", code)
