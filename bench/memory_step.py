@@ -9,8 +9,8 @@ at the longest source and the longest output), then ordinary load again.
 arena shrinks and glibc's heap is trimmed once a session's calls fall to half their largest size), `keep`
 never gives back (the arena keeps its peak), `no-arena` runs the sessions without onnxruntime's CPU arena
 and only trims the heap at those moments. Prints one JSON line: the resident set (VmRSS) of each phase,
-target tokens per second of both load phases, the releases made, and the resident set after a final
-`malloc_trim(0)`. docs/reliability.md quotes runs.
+target tokens per second of both load phases, the CPU seconds of the largest shapes, the releases made,
+and the resident set after a final `malloc_trim(0)`. docs/reliability.md quotes runs.
 """
 
 from __future__ import annotations
@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     report |= {"release_ratio": args.release_ratio, "release_spacing": args.release_spacing}
     report["start_mib"] = rss_mib()
     report["load"] = ordinary_load(runner, tokenizer, pairs, args.requests)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     report["largest_mib"] = largest_shapes(runner)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    report["largest_cpu_s"] = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)
     report["largest_shape"] = list(runner.present[0].shape)  # (W, H, C, Dh)
     report["load_after"] = ordinary_load(runner, tokenizer, pairs, args.requests)
     report["releases"] = runner.memory.releases
