@@ -9,8 +9,9 @@ at the longest source and the longest output), then ordinary load again.
 arena shrinks and glibc's heap is trimmed once a session's calls fall to half their largest size), `keep`
 never gives back (the arena keeps its peak), `no-arena` runs the sessions without onnxruntime's CPU arena
 and only trims the heap at those moments. Prints one JSON line: the resident set (VmRSS) of each phase,
-target tokens per second of both load phases, the CPU seconds of the largest shapes, the releases made,
-and the resident set after a final `malloc_trim(0)`. docs/reliability.md quotes runs.
+target tokens per second of both load phases, the CPU seconds of the largest shapes, the resident set at
+and after each further spike (`--spikes`), the releases made, and the resident set after a final
+`malloc_trim(0)`. docs/reliability.md quotes runs.
 """
 
 from __future__ import annotations
@@ -119,6 +120,12 @@ def largest_shapes(runner: WorkingBatchRunner) -> float:
     return rss_mib()
 
 
+def spike(runner: WorkingBatchRunner, tokenizer: Tokenizer, pairs: list[list[str]], requests: int) -> list[float]:
+    """The largest shapes once more, then ordinary load: [RSS at the largest, RSS after the load]."""
+    largest = largest_shapes(runner)
+    return [largest, ordinary_load(runner, tokenizer, pairs, requests)["last_mib"]]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"))
@@ -127,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=20, help="requests per load phase")
     parser.add_argument("--data", type=Path, default=Path("data/test.tsv"))
     parser.add_argument("--memory", choices=MEMORY, default="release", help="how memory goes back (see above)")
+    parser.add_argument("--spikes", type=int, default=1, help="times the largest shapes come, each then load")
     parser.add_argument("--release-ratio", type=int, default=RELEASE_RATIO, help="release at 1 / this of the largest")
     parser.add_argument("--release-spacing", type=int, default=RELEASE_SPACING, help="calls between two releases")
     args = parser.parse_args(argv)
@@ -144,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     report["largest_cpu_s"] = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)
     report["largest_shape"] = list(runner.present[0].shape)  # (W, H, C, Dh)
     report["load_after"] = ordinary_load(runner, tokenizer, pairs, args.requests)
+    report["more_spikes_mib"] = [spike(runner, tokenizer, pairs, args.requests) for _ in range(args.spikes - 1)]
     report["releases"] = runner.memory.releases
     trim_heap()
     report["after_malloc_trim_mib"] = rss_mib()

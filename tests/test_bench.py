@@ -450,7 +450,7 @@ def test_memory_step_reaches_the_working_batchs_largest_shape(
     reports = []
     for memory in ("release", "keep"):
         args = ["--model-dir", str(tiny_exported_dir), "--variant", "fp32", "--slots", "4", "--requests", "2"]
-        memory_step([*args, "--memory", memory])
+        memory_step([*args, "--memory", memory, "--spikes", "2"])
         reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     meta = read_metadata(tiny_exported_dir / "onnx" / "fp32")
     for report in reports:
@@ -459,4 +459,5 @@ def test_memory_step_reaches_the_working_batchs_largest_shape(
         assert all(
             report[load]["median_mib"] > 0 and report[load]["tokens_per_cpu_s"] > 0 for load in ("load", "load_after")
         )
+        assert len(report["more_spikes_mib"]) == 1
     assert reports[0]["releases"] > 0 and reports[1]["releases"] == 0
