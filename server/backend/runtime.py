@@ -251,8 +251,8 @@ class OnnxRunner:
 
     def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
         """Run the encoder on (N, S) ids; slot `slots[j]` gets the cross keys/values of row `item_of_slot[j]`."""
-        outputs = self.memory.run(self.encoder, None, {"src_ids": ids, "src_mask": mask}, ids.size)
-        # 2L x (N, H, S, Dh)
+        feeds = {"src_ids": ids, "src_mask": mask}
+        outputs = self.memory.run(self.encoder, None, feeds, ids.size)  # 2L x (N, H, S, Dh)
         for cache, out in zip(self.cross_kv, outputs, strict=True):
             cache[slots, :, : ids.shape[1]] = out[item_of_slot]
         self._mark_non_finite(slots, outputs, item_of_slot)
@@ -270,8 +270,8 @@ class OnnxRunner:
         cross = dict(zip(self.cross_names, cross_arrays, strict=True))
         past = {name: cache[rows, :, :past_len] for name, cache in zip(self.past_names, self.self_kv, strict=True)}
         extra = {"top_k": feeds["top_k"], "src_mask": src_mask}
-        feeds = in_lanes | extra | past | cross
-        outputs = self.memory.run(self.decoder, [*wanted, *self.new_names], feeds, rows.size * (past_len + src_len))
+        size = rows.size * (past_len + src_len)  # what the step's memory grows with
+        outputs = self.memory.run(self.decoder, [*wanted, *self.new_names], in_lanes | extra | past | cross, size)
         for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
         self._mark_non_finite(rows, outputs[len(wanted) :])  # (B, H, 1, Dh) each
