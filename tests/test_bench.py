@@ -443,17 +443,25 @@ def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_di
 def test_memory_step_reaches_the_working_batchs_largest_shape(
     tiny_exported_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """bench.memory_step's forced step fills every slot to the model's longest output, and each phase's
-    resident set is reported."""
+    """bench.memory_step's forced step fills every slot to the model's longest output, each phase's resident
+    set and throughput are reported, and only the server's memory handling releases."""
     from bench.memory_step import main as memory_step
     from model.directory import read_metadata
 
-    memory_step(["--model-dir", str(tiny_exported_dir), "--variant", "fp32", "--slots", "4", "--load-seconds", "0.2"])
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    reports = []
+    for memory in ("release", "keep"):
+        args = ["--model-dir", str(tiny_exported_dir), "--variant", "fp32", "--slots", "4", "--requests", "2"]
+        memory_step([*args, "--memory", memory, "--spikes", "2"])
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     meta = read_metadata(tiny_exported_dir / "onnx" / "fp32")
-    assert report["largest_shape"] == [4, meta.n_heads, meta.max_target_len, meta.head_dim]
-    phases = ("start_mib", "load_mib", "largest_step_mib", "load_after_mib", "after_malloc_trim_mib")
-    assert all(report[phase] > 0 for phase in phases) and report["arena"] is True
+    for report in reports:
+        assert report["largest_shape"] == [4, meta.n_heads, meta.max_target_len, meta.head_dim]
+        assert all(report[phase] > 0 for phase in ("start_mib", "largest_mib", "after_malloc_trim_mib"))
+        assert all(
+            report[load]["median_mib"] > 0 and report[load]["tokens_per_cpu_s"] > 0 for load in ("load", "load_after")
+        )
+        assert len(report["more_spikes_mib"]) == 1
+    assert reports[0]["releases"] > 0 and reports[1]["releases"] == 0
 
 
 def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_floor() -> None:

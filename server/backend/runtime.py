@@ -21,7 +21,9 @@ Three places for the caches, same results:
   as the decoder's working batch, fed back with no gather per step: the CPU default.
 - `server.backend.device_cache.DeviceCacheRunner` keeps them as OrtValues on the session's device and
   moves rows with the export's weightless kv_* graphs through IO binding.
-`server.backend.runners.open_runner` chooses among them; `server.backend.sessions` opens the sessions.
+`server.backend.runners.open_runner` chooses among them; `server.backend.sessions` opens the sessions. The host
+and working-batch runners make their calls through `server.backend.arena_release`, which gives the memory of
+the largest shapes back once the shapes fall.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from model.directory import (
     MetadataError,
     read_metadata,
 )
+from server.backend.arena_release import ArenaRelease
 from server.backend.cross_lanes import CrossLanes
 from server.backend.sessions import PROVIDERS, Feeds, kv_names, make_session, moved_pairs
 from server.core.runner import Candidates, EncodeItem, ModelSpec
@@ -72,6 +75,7 @@ class OnnxRunner:
         self.max_slots = max_slots
         self.encoder = self._session(variant_dir / ENCODER_FILE)
         self.decoder = self._session(variant_dir / DECODER_FILE)
+        self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
         if "row_scores" not in {arg.name for arg in self.decoder.get_inputs()}:
             raise MetadataError(
                 f"{variant_dir / DECODER_FILE} predates candidate ranking in the graph: "
@@ -247,7 +251,8 @@ class OnnxRunner:
 
     def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
         """Run the encoder on (N, S) ids; slot `slots[j]` gets the cross keys/values of row `item_of_slot[j]`."""
-        outputs = self.encoder.run(None, {"src_ids": ids, "src_mask": mask})  # 2L x (N, H, S, Dh)
+        feeds = {"src_ids": ids, "src_mask": mask}
+        outputs = self.memory.run(self.encoder, None, feeds, ids.size)  # 2L x (N, H, S, Dh)
         for cache, out in zip(self.cross_kv, outputs, strict=True):
             cache[slots, :, : ids.shape[1]] = out[item_of_slot]
         self._mark_non_finite(slots, outputs, item_of_slot)
@@ -265,7 +270,8 @@ class OnnxRunner:
         cross = dict(zip(self.cross_names, cross_arrays, strict=True))
         past = {name: cache[rows, :, :past_len] for name, cache in zip(self.past_names, self.self_kv, strict=True)}
         extra = {"top_k": feeds["top_k"], "src_mask": src_mask}
-        outputs = self.decoder.run([*wanted, *self.new_names], in_lanes | extra | past | cross)
+        size = rows.size * (past_len + src_len)  # what the step's memory grows with
+        outputs = self.memory.run(self.decoder, [*wanted, *self.new_names], in_lanes | extra | past | cross, size)
         for cache, new in zip(self.self_kv, outputs[len(wanted) :], strict=True):
             cache[rows, :, pos] = new[:, :, 0]
         self._mark_non_finite(rows, outputs[len(wanted) :])  # (B, H, 1, Dh) each

@@ -129,7 +129,8 @@ class WorkingBatchRunner(OnnxRunner):
         }  # fmt: skip
         feeds |= dict(zip(self.cross_names, self.cross, strict=True))
         feeds |= dict(zip(self.past_names, self.present, strict=True))
-        outputs = self.decoder.run([*wanted, *self.present_names], feeds)
+        size = self.present[0].size + self.cross[0].size  # what the step's memory grows with
+        outputs = self.memory.run(self.decoder, [*wanted, *self.present_names], feeds, size)
         self.stepped_last = np.zeros(width, dtype=bool)
         self.stepped_last[rows] = True
         self.present = outputs[len(wanted) :]
