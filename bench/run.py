@@ -156,6 +156,9 @@ def bench_offline(settings: engines.EngineSettings, work: Workload, budget: Budg
         for beam, out in per_beam.items():
             if name != "pytorch-eager" and beam in reference:
                 results[name][f"beam{beam}"]["agreement_with_pytorch"] = agreement(out, reference[beam])
+            twin = outputs.get(engines.UNCAPTURED.get(name, ""), {})
+            if beam in twin:
+                results[name][f"beam{beam}"]["agreement_with_uncaptured"] = agreement(out, twin[beam])
     return results
 
 
@@ -414,6 +417,9 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     offline = bench_offline(settings, work, budget)
     variants = served_variants(args.served_variants, args.device)
     served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
+    if args.device == "cuda" and "fp16" in variants:  # the captured step beside the uncaptured fp16 path
+        static_args = [*shlex.split(args.server_args), "--kv-cache", "static"]
+        served["fp16-static"] = bench_served_variant(settings, work, budget, "fp16", static_args)
     results = {
         "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
