@@ -5,8 +5,10 @@ decodes against the slot cache and the working batch, in fp32 and fp16. CUDA cap
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +26,11 @@ from server.backend.runtime import OnnxRunner
 from server.backend.static_cache import StaticCacheRunner, buckets
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
+from server.core.splitter import join, split
+from tests.serving import onnx_model, request, runner_of, running_server, server_config
+from tests.tiny import TINY_PAIRS
 
+SERVED_SLOTS = 6  # two beams of 3 at once: sentences join a running batch as slots free
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3], [6, 7, 8, 9, 13, 14, 15, 16, 17, 3]]
 
 
@@ -163,3 +169,38 @@ def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.C
     counts = re.findall(r"identical token ids (\d+)/(\d+)", printed)
     assert len(counts) == 4 and all(same == total != "0" for same, total in counts)  # fp32, fp16 x greedy, beam 4
     assert "static parity: PASS" in printed
+
+
+def test_served_answers_equal_the_working_batch(tiny_exported_dir: Path) -> None:
+    """`--kv-cache static` served over gRPC (warm-up, then three clients at once, greedy and beam 3, both
+    directions, sentences joining a running batch) answers what the working batch decodes offline."""
+    model = onnx_model(tiny_exported_dir, max_slots=SERVED_SLOTS, kv_cache="static")
+    assert isinstance(runner_of(model), StaticCacheRunner)
+    answers: dict[tuple[str, str, str, int], set[str]] = {}
+    lock = threading.Lock()
+    with running_server(model, server_config(max_slots=SERVED_SLOTS, max_queue=512)) as running:
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(4):
+                side, beam = rng.randint(0, 1), rng.choice([1, 3])
+                source, target = ("de", "en") if side == 0 else ("en", "de")
+                texts = [rng.choice(TINY_PAIRS)[side] for _ in range(3)]
+                message = request(texts, source, target, beam_size=beam, length_penalty=1.0, max_output_len=20)
+                for result in running.stub.Translate(message, timeout=120).results:
+                    with lock:
+                        answers.setdefault((texts[result.index], source, target, beam), set()).add(result.translation)
+
+        threads = [threading.Thread(target=client, args=(seed,)) for seed in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    working = open_runner(tiny_exported_dir / "onnx" / "fp32", SERVED_SLOTS, kv_cache="working", intra_op_threads=1)
+    tokenizer = model.tokenizer
+    assert len(answers) >= 8, "too few distinct texts were asked"
+    for (text, source, target, beam), got in answers.items():
+        parts = split(text, source)
+        ids = [tokenizer.encode_source(piece, target) for piece in parts.pieces]
+        best = [hyps[0].tokens for hyps in translate_ids(working, ids, beam, 1.0, 20)]
+        assert got == {join([tokenizer.decode(list(t)) for t in best], parts.separators)}, (text, beam)
