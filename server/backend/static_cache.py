@@ -5,12 +5,11 @@ max_target_len, Dh) and cross (max_slots, H, max_source_len, Dh), and so are the
 outputs. A step runs the export's decoder_step_static graph over the first `bucket` rows of each buffer, the
 smallest bucket that holds every stepped slot (the scheduler hands out low slots first), bound at the
 buffers' own addresses: each bucket's binding never changes, so on CUDA each bucket is one captured graph
-(`gpu_graph_id`). Every bucket is captured at the first step, which is the engine's warm-up, on the engine
-thread (onnxruntime keeps captured graphs per thread), and replayed at every later step. The graph writes
-each row's new
-keys and values into the buffers in place; a step uploads only the row inputs and reads back the (B, K)
-candidates. Rows of the bucket that the step does not use feed a pad token at their own length: what they
-write lies past what they hold, and the step that next feeds them at that position writes it again.
+(`gpu_graph_id`). Every bucket is captured at the first step, which is the engine's warm-up, on the thread
+that then steps it, and replayed at every later step. The graph writes each row's new keys and values into
+the buffers in place; a step uploads only the row inputs and reads back the (B, K) candidates. Rows of the
+bucket that the step does not use feed a pad token at their own length: what they write lies past what
+they hold, and the step that next feeds them at that position writes it again.
 
 Beam reorders and encoding use the device runner's kv_* graphs in place on the same buffers, so the bound
 addresses stay fixed. On the CPU provider the same code runs without capture.
@@ -19,6 +18,7 @@ addresses stay fixed. On the CPU provider the same code runs without capture.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +32,7 @@ from server.backend.sessions import kv_names
 log = logging.getLogger(__name__)
 
 SMALLEST_BUCKET = 8
-CAPTURE_RUNS = 3  # onnxruntime runs a graph id uncaptured before capturing it: enough runs to reach replay
-OUTPUTS = ("top_scores", "top_ids", LOG_PROBS_OUTPUT)  # always bound: the graph computes them all anyway
+CAPTURE_RUNS = 3  # onnxruntime's uncaptured runs of a graph id, its capturing run, and a replay
 
 
 def buckets(max_slots: int) -> list[int]:
@@ -91,9 +90,10 @@ class StaticCacheRunner(DeviceCacheRunner):
             self._bind_rows(binding.bind_output, name, value, size)
         return binding
 
-    def _bind_rows(self, bind: object, name: str, value: ort.OrtValue, size: int) -> None:
+    def _bind_rows(self, bind: Callable[..., None], name: str, value: ort.OrtValue, size: int) -> None:
+        """Bind `name` to the first `size` rows of `value`: its own address, a shorter leading dimension."""
         shape = [size, *value.shape()[1:]]
-        bind(name, self.device, 0, _NUMPY_TYPES[value.data_type()], shape, value.data_ptr())  # type: ignore[operator]
+        bind(name, self.device, 0, _NUMPY_TYPES[value.data_type()], shape, value.data_ptr())
 
     def _graph_options(self, index: int) -> ort.RunOptions | None:
         if self.device != "cuda":
