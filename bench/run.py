@@ -41,6 +41,7 @@ from typing import Any
 from bench import engines, loadgen
 from bench.loadgen import Query, p99, percentile
 from model.artifact import load_config, weights_sha256
+from model.directory import STATIC_DECODER_FILE
 from model.tokenizer import open_tokenizer
 
 log = logging.getLogger("bench")
@@ -269,6 +270,15 @@ def bench_served_variant(
         proc.wait(timeout=60)
 
 
+def bench_served_static(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, extra: Sequence[str]
+) -> dict[str, Any]:
+    """The served fp16 path with the captured decoder step (`--kv-cache static`), where the export has it."""
+    if not (settings.model_dir / "onnx" / "fp16" / STATIC_DECODER_FILE).is_file():
+        return {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
+    return bench_served_variant(settings, work, budget, "fp16", [*extra, "--kv-cache", "static"])
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
@@ -418,8 +428,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     variants = served_variants(args.served_variants, args.device)
     served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
     if args.device == "cuda" and "fp16" in variants:  # the captured step beside the uncaptured fp16 path
-        static_args = [*shlex.split(args.server_args), "--kv-cache", "static"]
-        served["fp16-static"] = bench_served_variant(settings, work, budget, "fp16", static_args)
+        served["fp16-static"] = bench_served_static(settings, work, budget, shlex.split(args.server_args))
     results = {
         "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
