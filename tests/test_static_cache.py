@@ -26,7 +26,8 @@ from server.backend.runners import open_runner
 from server.backend.runtime import OnnxRunner
 from server.backend.static_cache import StaticCacheRunner, buckets
 from server.core.offline import translate_ids
-from server.core.runner import EncodeItem
+from server.core.runner import Candidates, EncodeItem
+from server.core.scheduler import Batch, DecodeOptions, EngineLimits, Scheduler
 from server.core.splitter import join, split
 from tests.serving import onnx_model, request, runner_of, running_server, server_config
 from tests.tiny import TINY_PAIRS
@@ -219,3 +220,23 @@ def test_the_served_benchmark_arm_serves_the_static_step(model: Path, tiny_expor
     assert served["beam4"]["saturation_tokens_per_s"] > 0
     skipped = bench_served_static(replace(settings, model_dir=tiny_exported_dir), work, budget, [])
     assert skipped == {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
+
+
+def test_the_scheduler_hands_out_the_lowest_free_slots(model: Path) -> None:
+    """Freed slots are reused lowest first, so the rows in use stay in the smallest bucket that holds them."""
+    spec = read_metadata(model / "onnx" / "fp32").spec()
+    scheduler = Scheduler(spec, EngineLimits(max_slots=6))
+    for request_id, length in enumerate((1, 3, 2)):  # greedy sentences that stop after 1, 3 and 2 tokens
+        scheduler.add(request_id, [SOURCES[0]], DecodeOptions(beam_size=1, max_output_len=length), None, now=0.0)
+
+    def step() -> Batch:
+        batch = scheduler.schedule(now=0.0)
+        rows, k = batch.candidate_shape(spec.vocab_size)
+        never_eos = Candidates(np.zeros((rows, k), np.float32), np.full((rows, k), spec.eos_id + 1, np.int64))
+        scheduler.update(batch, never_eos)
+        return batch
+
+    assert [item.slots for item in step().encode] == [[0], [1], [2]]
+    step()  # slot 0 was freed after the first step, slot 2 after this one
+    scheduler.add(3, [SOURCES[1]], DecodeOptions(beam_size=1, max_output_len=4), None, now=0.0)
+    assert [item.slots for item in step().encode] == [[0]]
