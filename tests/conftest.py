@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny random models built once per test session in a temp dir."""
+"""Shared fixtures: tiny random models built once per test session in a temp dir; the light loop's modules.
+
+Nothing here imports torch: `python -m pytest -m light` runs where it is not installed (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from model.artifact import SHIPPED_DIR, WEIGHTS_FILE
+from model.files import SHIPPED_DIR, WEIGHTS_FILE
+
+# The light loop (`-m light`, docs/testing.md): the server's tests that need no torch, but for those that start
+# the server as a process (marked `process`)
+LIGHT_MODULES = frozenset({
+    "test_bad_input.py", "test_beam.py", "test_config.py", "test_connections.py", "test_cross_lanes.py",
+    "test_engine.py", "test_languages.py", "test_logs.py", "test_markup_serving.py", "test_metrics.py",
+    "test_preparation.py", "test_scheduler.py", "test_servicer.py", "test_working_batch.py",
+})  # fmt: skip
+LIGHT = "light"  # the marker, and the mark expression that collects only LIGHT_MODULES
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m light` never imports the other test modules: they may need torch, and importing them is slow."""
+    light_only = config.getoption("markexpr") == LIGHT
+    if light_only and collection_path.name.startswith("test_") and collection_path.name not in LIGHT_MODULES:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in LIGHT_MODULES and item.get_closest_marker("process") is None:
+            item.add_marker(LIGHT)
 
 
 @pytest.fixture(scope="session")

@@ -100,3 +100,21 @@ def test_greedy_from_the_best_candidate_equals_the_merged_ranking(
             scores, ids, vocab
         )
         assert (greedy.live, greedy.finished, greedy.steps) == (ranked.live, ranked.finished, ranked.steps)
+
+
+def test_n_best_ranks_finished_hypotheses_by_their_length_normalized_score() -> None:
+    """A short hypothesis that finished first with the better raw score ranks below a longer one whose score
+    per token (length penalty 1) is better. Broken once on purpose (`best` sorting by the raw score), the
+    short one came first: every served n-best test had passed, their hypotheses ranking alike either way."""
+    beam = BeamState(beam_size=2, max_len=5, length_penalty=1.0, eos_id=3, forced_eos=False)
+    low = -20.0
+
+    def step(*rows: list[float]) -> None:
+        assert not beam.advance(np.asarray(rows, dtype=np.float32)).done
+
+    step([-6.0, -0.5, -5.0, -1.0])  # EOS at once: () finishes at -1.0; (1,) and (2,) stay live
+    step([-9.0, -0.5, low, low], [low, low, low, low])  # (1, 1) at -1.0 and (1, 0) stay live
+    assert beam.advance(np.asarray([[low, low, low, -0.5], [low, low, low, low]], dtype=np.float32)).done
+    ranked = beam.best(2)
+    assert [(h.tokens, h.score, h.normalized) for h in ranked] == [((1, 1), -1.5, -0.5), ((), -1.0, -1.0)]
+    assert beam.best(1) == ranked[:1]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from server.core.documents import RequestLimits
 from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ServerConfig, parse_config
-from server.edge.loading import model_directories
+from server.edge.loading import model_directories, request_limits
 
 
 def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:
@@ -121,7 +123,8 @@ def test_connection_defaults_rebalance_within_minutes_and_find_dead_peers() -> N
         ([], {"TRANSLATE_VARIANT": "int4"}, "variant must be one of"),
         ([], {"TRANSLATE_NO_REFLECTION": "maybe"}, "TRANSLATE_NO_REFLECTION='maybe': not a boolean"),
         ([], {"TRANSLATE_SPIN_THREADS": "2"}, "TRANSLATE_SPIN_THREADS='2': not a boolean"),
-        (["--max-slots", "0"], {}, "max_slots must be >= 1"),
+        (["--max-slots", "-1"], {}, "max_slots must be >= 0"),
+        ([], {"TRANSLATE_MAX_QUEUE": "-8"}, "max_queue must be >= 0"),
         (["--port", "70000"], {}, "port must be in"),
         (["--drain-seconds", "-1"], {}, "drain_seconds"),
         ([], {"TRANSLATE_STALL_SECONDS": "-5"}, "stall_seconds must be >= 0"),
@@ -134,6 +137,21 @@ def test_connection_defaults_rebalance_within_minutes_and_find_dead_peers() -> N
 def test_bad_values_are_rejected_with_the_name(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_config(argv, env)
+
+
+def test_slots_and_queue_are_sized_for_the_device_unless_given() -> None:
+    """0 (the default) sizes slots and the queue (8 full batches) by device; a given value wins on any device.
+    Deliberate break: `slots_for` returning DEVICE_SLOTS["cpu"] for every provider fails the CUDA figure."""
+    auto = parse_config([], {})
+    assert (auto.max_slots, auto.max_queue) == (0, 0)
+    assert (auto.slots_for("cpu"), auto.queue_for("cpu")) == (64, 512)
+    assert (auto.slots_for("cuda"), auto.queue_for("cuda")) == (256, 2048)
+    given = parse_config(["--max-slots", "16"], {"TRANSLATE_MAX_QUEUE": "9"})
+    assert (given.slots_for("cuda"), given.queue_for("cuda")) == (16, 9)
+    # The request limits at the default are the documented ones: the CPU's 64 slots and 512 places take them.
+    documented = replace(RequestLimits(), max_response_bytes=auto.max_message_bytes)
+    assert request_limits(auto, auto.slots_for("cpu"), auto.queue_for("cpu")) == documented
+    assert request_limits(given, 4, 9).max_beam_size == 4 and request_limits(given, 4, 9).max_sentences == 9
 
 
 def test_bad_flag_choice_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:

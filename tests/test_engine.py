@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.core.beam import row_candidates
 from server.core.engine import (
     ENGINE_FAILED_MESSAGE,
     DecodeOptions,
@@ -29,7 +28,7 @@ from server.core.engine import (
     RequestFailed,
     SentenceDone,
 )
-from server.core.runner import Candidates, EncodeItem
+from server.core.runner import Candidates
 from server.edge.metrics import Metrics, ModelMetrics
 from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
 from tests.serving import sample_value
@@ -120,9 +119,7 @@ def test_a_runner_failure_fails_only_the_requests_in_that_call(
     engine.submit([src(1)], DecodeOptions(beam_size=2), in_batch)
     engine.submit([src(2)], DecodeOptions(beam_size=2), queued)  # waits: no free slot
     runner.open(1)
-    deadline = time.monotonic() + WAIT_S
-    while runner.step_calls < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _wait_until(lambda: runner.step_calls >= 1)
     runner.fail_on_step = runner.step_calls
     runner.open()
     failed = in_batch.wait()
@@ -253,16 +250,27 @@ def test_a_cancel_at_the_deadline_fails_as_deadline_exceeded(engine_factory: Cal
 
 
 def test_deadline_while_queued(engine_factory: Callable[..., Engine]) -> None:
+    """A request whose deadline passes while it waits for a slot fails `DEADLINE_EXCEEDED` and is never
+    encoded. The gate holds the only slot's sentence mid-step while the second one's deadline passes.
+    Broken once on purpose (`_expire` passing over requests that still have a queued sentence), the late
+    sentence was encoded into the freed slot before it failed: the reason alone could not tell."""
     runner = GatedRunner(max_slots=1)
     engine = engine_factory(runner)
     first, late = Collector(), Collector()
     engine.submit([src(4)], DecodeOptions(beam_size=1), first)
-    engine.submit([src(5)], DecodeOptions(beam_size=1), late, deadline=time.monotonic() + 0.05)
-    time.sleep(0.1)
+    assert runner.entered.wait(WAIT_S)  # the first sentence holds the only slot
+    deadline = time.monotonic() + 0.05
+    engine.submit([src(5)], DecodeOptions(beam_size=1), late, deadline=deadline)
+    while time.monotonic() <= deadline:  # the deadline passing is the subject: wait for it on the same clock
+        time.sleep(0.01)
     runner.open()
-    assert late.wait().reason is FailureReason.DEADLINE_EXCEEDED  # type: ignore[union-attr]
+    assert late.wait() == RequestFailed(
+        FailureReason.DEADLINE_EXCEEDED, "the deadline passed before the translation finished"
+    )
     assert first.wait() == RequestDone()
-    assert engine.queue_depth == 0
+    encoded = [item.source_ids for call in runner.encode_calls for item in call]
+    assert encoded == [src(4)], "the expired sentence never reached the runner"
+    assert engine.queue_depth == 0 and engine.active_slots == 0
 
 
 def test_queue_full_enqueues_nothing(engine_factory: Callable[..., Engine]) -> None:
@@ -309,20 +317,47 @@ def test_drain_times_out_and_stop_fails_the_rest_unavailable(engine_factory: Cal
     collector = Collector()
     engine.submit([src(11)], DecodeOptions(beam_size=2), collector)
     assert not engine.drain(timeout=0.05)  # the first step is held at the gate
-    threading.Timer(0.05, runner.open, args=(1,)).start()  # stop() then waits for that one step only
+
+    def open_once_stopping() -> None:  # once stop() has told the loop to end, the held step returns: no second starts
+        _wait_until(lambda: engine._stopping)
+        runner.open(1)
+
+    opener = threading.Thread(target=open_once_stopping)
+    opener.start()
     engine.stop()
+    opener.join()
     assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, "the server is shutting down")
     assert runner.step_calls == 1
 
 
 def test_idle_engine_sleeps_and_wakes_on_submit(engine_factory: Callable[..., Engine]) -> None:
+    """With no work the loop waits on its condition and runs no iteration; a submit wakes it, and once the
+    work is done it waits again. Broken once on purpose (the wait's predicate always true: a loop spinning
+    through empty iterations), the thread never waited on the condition and the wait below timed out."""
     runner = FakeRunner(max_slots=2)
     engine = engine_factory(runner)
-    time.sleep(0.1)
-    assert runner.step_calls == 0  # no work, no steps: the loop waits on its condition
+    iterations = 0
+    step = engine.step
+
+    def counted_step() -> None:
+        nonlocal iterations
+        iterations += 1
+        step()
+
+    engine.step = counted_step  # type: ignore[method-assign]
+    _wait_until(lambda: _loop_waits(engine))
+    assert (iterations, runner.step_calls) == (0, 0)  # no work, no iteration
     collector = Collector()
     engine.submit([src(12)], DecodeOptions(beam_size=1), collector)
     assert collector.wait() == RequestDone()
+    _wait_until(lambda: _loop_waits(engine))
+    assert iterations == runner.step_calls > 0  # one iteration per decoder step, none while idle
+
+
+def _loop_waits(engine: Engine) -> bool:
+    """The engine's thread is blocked in its condition's wait (CPython's Condition keeps its waiters)."""
+    with engine._cond:
+        return len(engine._cond._waiters) == 1  # type: ignore[attr-defined]
 
 
 def test_warmup_runs_real_steps_and_stays_out_of_the_metrics(engine_factory: Callable[..., Engine]) -> None:
@@ -455,109 +490,6 @@ def _wait_until(check: Callable[[], bool]) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.005)
-
-
-# ------------------------------------------------------------------ a real Transformer behind the slots
-
-
-class TorchSlotRunner:
-    """The PyTorch tiny model behind the Runner protocol (a slot cache, as the ONNX runner keeps one),
-    so the engine's beams and reordering are checked against model/decode.py, the specification."""
-
-    def __init__(self, model_dir: Path, max_slots: int) -> None:
-        import torch
-
-        from model.artifact import load_artifact
-        from server.core.runner import ModelSpec
-
-        self.torch = torch
-        self.model = load_artifact(model_dir).eval()
-        cfg = self.model.cfg
-        self.max_slots = max_slots
-        self.spec = ModelSpec(
-            cfg.vocab_size, cfg.max_len, cfg.max_len, cfg.bos_id, cfg.eos_id, cfg.pad_id, {}, (), cfg.vocab_size
-        )
-        cache = (max_slots, cfg.n_heads, cfg.max_len, cfg.head_dim)  # (slots, H, L, Dh)
-        layers = range(cfg.n_decoder_layers)
-        self.k = [torch.zeros(cache) for _ in layers]
-        self.v = [torch.zeros(cache) for _ in layers]
-        self.cross_k = [torch.zeros(cache) for _ in layers]
-        self.cross_v = [torch.zeros(cache) for _ in layers]
-        self.src_mask = torch.zeros(max_slots, cfg.max_len, dtype=torch.bool)
-
-    def encode(self, items: list[EncodeItem]) -> None:
-        torch = self.torch
-        longest = max(len(item.source_ids) for item in items)
-        src = torch.tensor([ids + [self.spec.pad_id] * (longest - len(ids)) for ids in (i.source_ids for i in items)])
-        mask = src != self.spec.pad_id
-        with torch.no_grad():
-            cross = self.model.cross_kv(self.model.encode(src, mask))
-        for row, item in enumerate(items):
-            for slot in item.slots:
-                self.src_mask[slot] = False
-                self.src_mask[slot, :longest] = mask[row]
-                for layer, (k, v) in enumerate(cross):
-                    self.cross_k[layer][slot, :, :longest] = k[row]
-                    self.cross_v[layer][slot, :, :longest] = v[row]
-
-    def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
-        return Candidates(scores, ids)
-
-    def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
-        torch = self.torch
-        index, pos = torch.tensor(slots), torch.tensor(positions)
-        past = max(positions)
-        keep = torch.arange(past)[None, :] < pos[:, None]  # (B, P)
-        span = int(self.src_mask[index].any(dim=0).nonzero().max()) + 1
-        cross = [(k[index, :, :span], v[index, :, :span]) for k, v in zip(self.cross_k, self.cross_v, strict=True)]
-        with torch.no_grad():
-            logits, new_k, new_v = self.model.decode_step(
-                torch.tensor(tokens),
-                pos,
-                [k[index, :, :past] for k in self.k],
-                [v[index, :, :past] for v in self.v],
-                keep,
-                cross,
-                self.src_mask[index, :span],
-            )
-        for layer in range(len(self.k)):
-            self.k[layer][index, :, pos] = new_k[layer][:, :, 0]
-            self.v[layer][index, :, pos] = new_v[layer][:, :, 0]
-        return logits.float().log_softmax(dim=-1).numpy()
-
-    def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
-        src, dst = self.torch.tensor(sources), self.torch.tensor(destinations)
-        for tensor in (*self.k, *self.v, *self.cross_k, *self.cross_v, self.src_mask):
-            tensor[dst] = tensor[src].clone()
-
-
-def test_engine_equals_the_pytorch_reference_beam_search(tiny_model_dir: Path) -> None:
-    from model.decode import beam_search
-
-    runner = TorchSlotRunner(tiny_model_dir, max_slots=7)
-    rng = np.random.default_rng(1)
-    jobs = []
-    for n in range(12):
-        ids = [4 + n % 2, *rng.integers(6, runner.spec.vocab_size, int(rng.integers(1, 14))).tolist(), 3]
-        jobs.append((ids, DecodeOptions(beam_size=1 + n % 4, length_penalty=1.0, max_output_len=12)))
-    engine = Engine(runner, EngineLimits(max_slots=7))  # type: ignore[arg-type]
-    engine.start()
-    try:
-        collectors = [Collector() for _ in jobs]
-        for (ids, options), collector in zip(jobs, collectors, strict=True):
-            engine.submit([ids], options, collector)
-        results = [(c.wait(), c.hypotheses()) for c in collectors]
-    finally:
-        engine.stop()
-    for (ids, options), (final, got) in zip(jobs, results, strict=True):
-        assert final == RequestDone()
-        want = beam_search(runner.model, ids, options.beam_size, options.max_output_len, options.length_penalty)[0]
-        [(tokens, score)] = got[0]
-        assert tokens == want.tokens
-        assert score == pytest.approx(want.score, abs=1e-4)
 
 
 # ------------------------------------------------------------------ the real onnxruntime runner

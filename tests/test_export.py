@@ -94,6 +94,9 @@ def test_quantized_variants_stay_close_to_fp32(exported: Path, variant: str, tol
     other class under emulation). fp32 lies up to 3.7 from a flat distribution: a broken quantization
     (zeroed scales, constant logits, garbage weights) cannot pass.
     The BLEU gate cannot catch that here: every variant of a random model scores about 0.
+
+    Broken once on purpose (every weight scale halved after quantizing, as a 7-bit scale on 8-bit
+    weights would be), int8 lay over ten times the tolerance from fp32.
     """
     reference = teacher_forced_log_probs(exported / "onnx" / "fp32")
     quantized = teacher_forced_log_probs(exported / "onnx" / variant)
@@ -119,6 +122,9 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
 
 
 def test_choose_variant_respects_bleu_gate(exported: Path) -> None:
+    """Broken once on purpose, twice: `passed_gate` reading the CPU record for every provider served fp16
+    on CUDA from a CPU measurement; without the recipe check, int8 graphs of an unmeasured recipe were
+    served."""
     assert choose_variant(exported, "auto", "cpu") == "fp32"  # no variants.json: nothing passed
     recipes = {v: read_metadata(exported / "onnx" / v).recipe for v in ("int8", "fp16")}
     assert "bit" in recipes["int8"] and "float16" in recipes["fp16"]
@@ -362,7 +368,9 @@ def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
 
 def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
     """The TopK appended to every decoder graph, on inputs full of ties: exact ties within and across
-    rows, and ties that only the float32 add of a large row score creates (values an ulp apart)."""
+    rows, and ties that only the float32 add of a large row score creates (values an ulp apart). Broken once on purpose
+    (the add and TopK in float64), the values one ulp apart no longer tied and the ids came out in
+    another order."""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto
@@ -418,6 +426,8 @@ def test_length_penalties_are_optional_checked_and_tied_to_the_weights(tmp_path:
 def test_an_export_of_another_format_version_is_refused_naming_the_command(
     exported: Path, tmp_path: Path, version: int | None
 ) -> None:
+    """Broken once on purpose (only newer formats refused), an export without a version failed on a
+    missing field instead, without the message naming the rebuild command."""
     variant = tmp_path / "model" / "onnx" / "fp32"
     shutil.copytree(exported / "onnx" / "fp32", variant)
     meta = json.loads((variant / "metadata.json").read_text())

@@ -112,9 +112,8 @@ def test_served_by_id_offline_and_a_second_start_builds_nothing(
         raise AssertionError("a cached build was built again")
 
     monkeypatch.setattr(export.hub, "build", no_build)
-    started = time.monotonic()
     (again,) = load_models(config)
-    assert again.description.name == REPO and time.monotonic() - started < 30
+    assert again.description.name == REPO
     assert [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in [directory, *directory.rglob("*")]] == before
 
 
@@ -209,23 +208,45 @@ def test_health_is_not_serving_until_the_build_is_published(
             release.set()
 
 
+class PollCounter:
+    """Stands for the `time` module in `export.publish`: counts the waiting replica's polls (`sleep`)."""
+
+    def __init__(self) -> None:
+        self.sleeps = 0
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
 def test_shutdown_stops_a_start_waiting_for_another_replicas_build(
-    tmp_path: Path, hub: Path, offline: HubSettings, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    hub: Path,
+    offline: HubSettings,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Another replica holds the build lock (fresh); a SIGTERM'd server stops waiting at once, builds nothing."""
+    """Another replica holds the build lock (fresh); a SIGTERM'd server stops waiting at its next look at the
+    lock (no further poll), builds nothing. Broken once on purpose (ten polls between looks at the lock),
+    the count showed the stopped server sleeping through all ten."""
     final = tmp_path / "cache" / cache_folder(hub).name / SHA / BuildPlan().folder()
     final.parent.mkdir(parents=True)
     lock = final.with_name(final.name + ".lock")
     lock.write_text("another-host 1\n")
     caplog.set_level(logging.INFO, logger="export.publish")
+    polls = PollCounter()
+    monkeypatch.setattr(publish, "time", polls)
     with loading_server(server_config(tmp_path, hub)) as (running, loading):
         wait_until(lambda: "another replica is building" in caplog.text, timeout=60)  # waiting on the lock
         assert not loading.done() and health_status(running.channel) == "NOT_SERVING"
-        stopped_at = time.monotonic()
+        polled_before_stop = polls.sleeps
         running.run(running.server.shutdown(0.0))
         with pytest.raises(StartupError, match="stopped waiting for another replica to build"):
             loading.result(30)
-        assert time.monotonic() - stopped_at < 5
+        assert polls.sleeps <= polled_before_stop + 1  # the poll under way when it stopped, none after it
     assert not published(tmp_path / "cache") and lock.exists()  # the other replica's lock is left to it
 
 
@@ -237,6 +258,8 @@ def test_a_build_asked_to_stop_stops_between_its_steps_and_leaves_nothing(tmp_pa
 
 
 def test_a_corrupt_published_directory_is_detected_and_rebuilt(tmp_path: Path, offline: HubSettings) -> None:
+    """Broken once on purpose (`mismatch` comparing only sizes, not the sha256), the flipped byte went
+    unseen: the corrupt graph would have been served."""
     built = ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline)
     graph = built.directory / "onnx" / "fp32" / "encoder.onnx"
     data = bytearray(graph.read_bytes())

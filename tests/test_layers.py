@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ast
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.no_torch import run_without_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,22 +73,6 @@ def test_layers_import_downward_only(package: str) -> None:
         if any(name == banned or name.startswith(f"{banned}.") for banned in FORBIDDEN[package])
     ]
     assert not violations, "\n".join(violations)
-
-
-# A meta-path finder that makes `import torch` fail, as in an environment without it.
-NO_TORCH = """
-import sys
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"torch is blocked: {name}")
-sys.meta_path.insert(0, NoTorch())
-"""
-
-
-def run_without_torch(code: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-c", NO_TORCH + code]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_no_torch_to_build_or_serve(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ def tag_soup(rng: random.Random) -> str:
 
 
 def test_identity_translation_returns_any_markup_byte_for_byte() -> None:
+    """Broken once on purpose (a unit whose translation is its own text re-rendered from its text rather
+    than given back as its original bytes), PAGE came back with `&#x2014;` turned into the dash it names."""
     rng = random.Random(7)
     for text in [PAGE, "", "plain text", *(tag_soup(rng) for _ in range(2000))]:
         for text_type in (TextType.HTML, TextType.XML):
@@ -149,6 +151,8 @@ def test_attributes_alt_title_placeholder_aria_label_are_units_of_their_own() ->
 
 
 def test_escaped_text_stays_escaped() -> None:
+    """Broken once on purpose (the text after a unit's last tag left unescaped), `<script>` came back as
+    markup."""
     document = parse("<p>Schreiben Sie &lt;script&gt;alert(1)&lt;/script&gt; nie &amp; nimmer.</p>", TextType.HTML, 9)
     assert document.units == ["Schreiben Sie <script>alert(1)</script> nie & nimmer."]
     out = document.render(["Never write <script>alert(1)</script> & so on."])[0]
@@ -157,11 +161,19 @@ def test_escaped_text_stays_escaped() -> None:
 
 
 def test_translate_no_is_inherited_and_translate_yes_turns_it_back_on() -> None:
+    """Broken once on purpose (`_translate_of` answering True for an element that says nothing, instead of
+    its parent's choice), the nested elements' text and title became units: PAGE alone had not shown it,
+    its `translate="no"` holding only text of its own."""
     document = parse(PAGE, TextType.HTML, 256)
     assert "Doch übersetzen" in document.units
     assert not any("Nicht" in unit or "Acme" in unit for unit in document.units)
     out = render(document, reverse_words)
     assert "NEZTESREBÜ HCOD" in out
+    nested = (
+        '<div translate="no"><p>Nicht <b>dies</b></p><p title="Titel">Auch nicht</p>'
+        '<span class="notranslate"><em>Acme</em> <p translate="yes">Ja <i>hier</i></p></span></div>'
+    )
+    assert parse(nested, TextType.HTML, 9).units == ["Ja hier"]  # only what says translate="yes", and its children
 
 
 def test_inline_tags_are_carried_to_the_translated_words() -> None:
@@ -199,6 +211,7 @@ def test_xliff_inline_codes_stay_inside_their_segment() -> None:
 
 
 def test_depth_is_limited() -> None:
+    """Broken once on purpose (one level more allowed than `max_depth`), nothing was raised."""
     parse("<div>" * 10 + "x", TextType.HTML, 10)
     with pytest.raises(MarkupDepthError):
         parse("<div>" * 11 + "x", TextType.HTML, 10)

@@ -76,6 +76,8 @@ def test_xml_comes_back_parseable_with_the_same_elements(served: RunningServer) 
 
 
 def test_streaming_names_the_document_and_the_sentence_within_it(served: RunningServer) -> None:
+    """Broken once on purpose (a partial numbered by its place in the request, not in its document), the
+    second document's sentences were numbered from 1."""
     texts = ["<p>Er wartete.</p>", DOCUMENT]
     messages = list(served.stub.TranslateStream(request(texts, text_type=pb.TEXT_TYPE_HTML, stream_tokens=True)))
     results = {m.result.index: m.result for m in messages if m.HasField("result")}

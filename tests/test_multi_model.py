@@ -64,6 +64,8 @@ def answers(model: LoadedModel | list[LoadedModel], calls: list[tuple[str, str, 
 def test_mixed_pairs_under_concurrent_load_are_answered_as_each_model_alone_answers(
     model_dirs: dict[str, Path],
 ) -> None:
+    """Every de->en call names no model, so routing's tie rule decides it: the first in load order. Broken
+    once on purpose (`_route` taking the last of the equal fits), the first de->en answer was the Marian's."""
     ours_alone = answers(onnx_model(model_dirs[OURS]), [("de", "en", ""), ("en", "de", "")])
     marian_alone = answers(onnx_model(model_dirs[MARIAN]), [("de", "en", "")])
     expected = {CALLS[0]: ours_alone[0], CALLS[1]: ours_alone[1], CALLS[2]: marian_alone[0], CALLS[3]: ours_alone[0]}

@@ -127,7 +127,6 @@ class Answer:
     method: str
     code: grpc.StatusCode
     details: str
-    seconds: float  # from sending the call to its status arriving
 
 
 Call = tuple[str, pb.TranslateRequest | pb.ListModelsRequest]  # method name, request
@@ -135,21 +134,14 @@ Call = tuple[str, pb.TranslateRequest | pb.ListModelsRequest]  # method name, re
 
 def send_at_once(calls: list[Call], channel: grpc.Channel, timeout: float = 60.0) -> list[Answer]:
     """Send every call without waiting for any (one after another from this thread, as fast as grpc takes
-    them) and time each from its own sending to its status."""
+    them); each call's status."""
     stub = pb_grpc.TranslatorStub(channel)
-    arrived: dict[int, float] = {}
-    futures: list[Any] = []  # each a grpc.Future and a grpc.Call
-    for index, (method, message) in enumerate(calls):
-        sent = time.monotonic()
-        future = getattr(stub, method).future(message, timeout=timeout)
-        future.add_done_callback(lambda _, index=index, sent=sent: arrived.__setitem__(index, time.monotonic() - sent))
-        futures.append(future)
+    futures = [getattr(stub, method).future(message, timeout=timeout) for method, message in calls]
     for future in futures:
         future.exception()
-    wait_until(lambda: len(arrived) == len(calls))  # callbacks run on grpc's thread, after result() returns
     return [
-        Answer(method, future.code(), future.details() or "", arrived[index])
-        for index, ((method, _), future) in enumerate(zip(calls, futures, strict=True))
+        Answer(method, future.code(), future.details() or "")
+        for (method, _), future in zip(calls, futures, strict=True)
     ]
 
 

@@ -207,9 +207,10 @@ def test_server_processes_stop_when_their_parent_is_killed(tiny_exported_dir: Pa
     """SIGKILL leaves the parent no time to stop them: they ask Linux for SIGTERM on its death and drain."""
     with replicas(tiny_exported_dir, tmp_path) as served:
         children = served.children()
+        assert len(children) == 2
         served.process.kill()
-        served.process.wait(10)
-        wait_until(lambda: not any(_cmdline(pid) for pid in children), 60)
+        assert served.process.wait(10) == -signal.SIGKILL
+        wait_until(lambda: not any(_cmdline(pid) for pid in children), 60)  # each one ends, none is left
 
 
 def test_a_process_that_cannot_start_stops_the_server_with_the_reason(tmp_path: Path) -> None:

@@ -147,6 +147,8 @@ def decoded(served: RunningServer) -> float:
 def test_results_are_those_of_an_uncached_server_and_repeats_skip_the_engine(
     cached: RunningServer, uncached: RunningServer, options: dict[str, Any]
 ) -> None:
+    """Broken once on purpose (each missing sentence decoded apart, repeats within the request too), the
+    engine decoded 9 sentences where 6 differ."""
     expected = uncached.stub.Translate(request(TEXTS, **options))
     first = cached.stub.Translate(request(TEXTS, **options))
     engine_sentences = decoded(cached)
@@ -161,6 +163,8 @@ def test_results_are_those_of_an_uncached_server_and_repeats_skip_the_engine(
 
 
 def test_a_beam_or_option_change_never_reuses_another_entry(cached: RunningServer, uncached: RunningServer) -> None:
+    """Broken once on purpose (the key built without the length penalty), the beam-4 request with length
+    penalty 0.3 got the default penalty's cached answers, not the uncached server's."""
     for options in ({"beam_size": 2}, {"beam_size": 4}, {"beam_size": 4, "length_penalty": 0.3}, {"beam_size": 1}):
         before = decoded(cached)
         assert cached.stub.Translate(request(UI_STRINGS, **options)) == uncached.stub.Translate(

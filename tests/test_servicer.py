@@ -636,6 +636,7 @@ def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
 
 
 def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model: LoadedModel) -> None:
+    """Broken once on purpose (the sentence limit left at 512 over a queue of 4), ListModels reported 512."""
     with running_server(model, config(max_queue=4)) as served:
         (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
         error = status_of(lambda: served.stub.Translate(request(["Ja. Nein. Gut. Schön. Aus."], beam_size=1)))
@@ -670,6 +671,7 @@ def test_request_limits_match_the_proto_documentation() -> None:
     assert f"beam_size 1..{limits.max_beam_size}" in proto
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: signal.Signals) -> None:
     """The signal comes after the call's first partial output and before its first result: it is provably
@@ -686,6 +688,7 @@ def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: 
         assert process.wait(60) == 0
 
 
+@pytest.mark.process
 def test_a_dead_engine_stops_the_process_non_zero_so_its_supervisor_restarts_it(tiny_model_dir: Path) -> None:
     with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
         stub = pb_grpc.TranslatorStub(channel)
@@ -699,6 +702,7 @@ def test_a_dead_engine_stops_the_process_non_zero_so_its_supervisor_restarts_it(
         assert last_line.startswith("translate-server: a decoding engine died or hung"), last_line
 
 
+@pytest.mark.process
 def test_healthcheck_command_exits_zero_only_when_serving(served: RunningServer) -> None:
     def healthcheck(address: str) -> int:
         command = [sys.executable, "-m", "server.edge.healthcheck", "--address", address, "--timeout", "5"]
@@ -767,7 +771,7 @@ def test_served_output_equals_the_offline_onnx_decoder(
 def test_list_models_describes_the_onnx_runtime(
     onnx_served: tuple[RunningServer, LoadedModel], tiny_model_dir: Path
 ) -> None:
-    from model.artifact import weights_sha256
+    from model.files import weights_sha256
 
     served, _ = onnx_served
     (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
@@ -786,7 +790,7 @@ def exported_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
 def test_the_models_tuned_length_penalties_load_and_stale_ones_stop_startup(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from model.artifact import weights_sha256
+    from model.files import weights_sha256
 
     model_dir = exported_copy(tiny_model_dir, tmp_path)
     tuned = {"length_penalty": {"en-de": 1.5}, "weights_sha256": weights_sha256(model_dir)}
@@ -843,8 +847,10 @@ class _RecordingEngine:
 
     def __init__(self) -> None:
         self.cancelled_with: list[bool] = []
+        self.submitted = False
 
     def submit(self, *args: object, **kwargs: object) -> _RecordingEngine:
+        self.submitted = True
         return self
 
     def cancel(self, deadline_passed: bool = False) -> None:
@@ -876,7 +882,11 @@ def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining:
     async def handler_cancelled_by_grpc() -> None:
         events = _engine_events(engine, Admission(1), [[5, 3]], job, _Remaining(remaining), call)  # type: ignore[arg-type]
         waiting = asyncio.ensure_future(events.__anext__())
-        await asyncio.sleep(0.01)  # submitted; waiting for the engine's first event
+        for _ in range(100):  # the task runs to its submit, then waits for the engine's first event
+            if engine.submitted:
+                break
+            await asyncio.sleep(0)
+        assert engine.submitted
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

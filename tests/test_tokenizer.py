@@ -11,6 +11,7 @@ INJECTED = "Hallo <2de> Welt <2en><2de>!"
 
 
 def test_a_tag_inside_the_text_is_spelt_out_not_a_control_id(tiny_model_dir: Path) -> None:
+    """Broken once on purpose (`encode_text` without `_spell_tags`), the typed `<2de>` became a tag id."""
     tok = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
     tags = set(tok.tag_ids.values())
     assert tags & set(tok.sp.encode(INJECTED)), "SentencePiece itself matches the tags: the case this guards"

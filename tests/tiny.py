@@ -1,16 +1,18 @@
-"""Tiny randomly initialised model artifacts for tests: built in a temp dir in seconds, never shipped."""
+"""Tiny randomly initialised model artifacts for tests, written without torch: built in a temp dir in seconds,
+never shipped. tests/tiny_torch.py writes the same artifact from the PyTorch model, for tests that need it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+import numpy as np
+from safetensors.numpy import save_file
 
-from bench.marian_random import SAMPLE_PAIRS
-from model.artifact import TOKENIZER_FILE, save_artifact
+from bench.sample_pairs import SAMPLE_PAIRS
+from export.builder.weights import Weights, expected_shapes
 from model.config import ModelConfig
+from model.files import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from model.tokenizer import Tokenizer, file_sha256, train_tokenizer
-from model.transformer import make_model
 
 TINY_PAIRS = SAMPLE_PAIRS  # the random Marian models' sample text, for our tiny models too
 
@@ -32,12 +34,33 @@ def build_tiny_tokenizer(out_dir: Path, vocab_size: int = 120) -> Tokenizer:
     return Tokenizer(out_dir / TOKENIZER_FILE)
 
 
+def tiny_config(out_dir: Path, config: ModelConfig = TINY_CONFIG) -> ModelConfig:
+    """`config` sized to the tokenizer in `out_dir` and bound to it by its hash."""
+    tok = Tokenizer(out_dir / TOKENIZER_FILE)
+    fields = {"vocab_size": tok.vocab_size, "tokenizer_sha256": file_sha256(out_dir / TOKENIZER_FILE)}
+    return ModelConfig(**{**config.to_dict(), **fields})
+
+
+def random_weights(cfg: ModelConfig, seed: int) -> Weights:
+    """Every tensor the model has (export/builder's names and shapes), initialised as model.transformer does:
+    Xavier-uniform matrices, N(0, d_model^-0.5) embeddings, unit LayerNorm scales, zero biases."""
+    rng = np.random.default_rng(seed)
+    weights: Weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith("embed.weight"):
+            weights[name] = rng.normal(0.0, cfg.d_model**-0.5, shape)
+        elif len(shape) == 2:
+            bound = (6.0 / sum(shape)) ** 0.5
+            weights[name] = rng.uniform(-bound, bound, shape)
+        else:
+            weights[name] = np.ones(shape) if "norm" in name and name.endswith(".weight") else np.zeros(shape)
+    return {name: array.astype(np.float32) for name, array in weights.items()}
+
+
 def build_tiny_artifact(out_dir: Path, seed: int = 0, config: ModelConfig = TINY_CONFIG) -> Path:
     """config.json + model.safetensors + tokenizer.model of a random tiny model in `out_dir`."""
-    tok = build_tiny_tokenizer(out_dir)
-    torch.manual_seed(seed)
-    tokenizer_sha256 = file_sha256(out_dir / TOKENIZER_FILE)
-    cfg = ModelConfig(**{**config.to_dict(), "vocab_size": tok.vocab_size, "tokenizer_sha256": tokenizer_sha256})
-    model = make_model(cfg).eval()
-    save_artifact(model, out_dir, dtype=torch.float32)
+    build_tiny_tokenizer(out_dir)
+    cfg = tiny_config(out_dir, config)
+    save_file(random_weights(cfg, seed), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out_dir / CONFIG_FILE).write_text(cfg.to_json() + "\n")
     return out_dir

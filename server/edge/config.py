@@ -22,6 +22,12 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "model" / "shipped"
 VARIANTS = ("auto", "fp32", "int8", "fp16")
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Slots by device when --max-slots is 0. A CPU step costs in proportion to its rows, so more slots only
+# lengthen each step; a GPU step is launch-bound up to hundreds of rows, so it needs full batches to pay.
+DEVICE_SLOTS = {"cpu": 64, "cuda": 256}
+# The queue, when --max-queue is 0, holds this many of the device's full batches: 512 sentences on CPU,
+# measured as about what one engine clears in a 10 s deadline (docs/service.md#queue-bound-and-deadlines).
+QUEUE_BATCHES = 8
 CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/edge/main.py passes to grpc
     "max_connection_age_s",
     "max_connection_age_grace_s",
@@ -52,10 +58,13 @@ class ServerConfig:
     variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
-    max_slots: int = 64  # decoding slots (beam rows) in one step; bounds the batch and the KV cache memory
+    # Decoding slots (beam rows) in one step; bounds the batch and the KV cache memory. 0 = sized for the device
+    # the model runs on (`slots_for`): 64 on CPU, 256 on CUDA, where a step costs about the same at 8 rows as at 256.
+    max_slots: int = 0
     # Sentences per engine allowed to wait for a slot; beyond it RESOURCE_EXHAUSTED. About what an engine clears
     # within a typical client deadline: a longer queue turns refusals into timeouts (docs/service.md).
-    max_queue: int = 512
+    # 0 = QUEUE_BATCHES full batches of the device's default slots (`queue_for`): 512 on CPU, 2,048 on CUDA.
+    max_queue: int = 0
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
     # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
@@ -114,11 +123,11 @@ class ServerConfig:
         _check_choice("kv_cache", self.kv_cache, KV_CACHES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
         _check_choice("log_format", self.log_format, LOG_FORMATS)
-        for name in ("max_slots", "max_queue", "max_message_bytes", "processes", "cache_bytes"):
+        for name in ("max_message_bytes", "processes", "cache_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         seconds = ("drain_seconds", "shutdown_delay_seconds", "stall_seconds", *CONNECTION_SECONDS)
-        for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size"):
+        for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size", "max_slots", "max_queue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.processes > 1 and self.port == 0:
@@ -129,6 +138,14 @@ class ServerConfig:
             raise ValueError("tls_cert and tls_key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+
+    def slots_for(self, provider: str) -> int:
+        """The decoding slots per engine on `provider` ("cpu" or "cuda"): --max-slots, or the device's default."""
+        return self.max_slots or DEVICE_SLOTS[provider]
+
+    def queue_for(self, provider: str) -> int:
+        """The sentences an engine on `provider` may queue: --max-queue, or QUEUE_BATCHES of its default batches."""
+        return self.max_queue or QUEUE_BATCHES * DEVICE_SLOTS[provider]
 
     @property
     def model_cache(self) -> Path:
@@ -201,8 +218,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
     add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
-    add("max-slots", int, "decoding slots (beam rows) per step")
-    add("max-queue", int, "sentences per engine that may wait for a slot before RESOURCE_EXHAUSTED")
+    add("max-slots", int, "decoding slots (beam rows) per step (0 = by device: 64 on CPU, 256 on CUDA)")
+    add(
+        "max-queue",
+        int,
+        "sentences per engine that may wait for a slot before RESOURCE_EXHAUSTED (0 = 512 on CPU, 2048 on CUDA)",
+    )
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")

@@ -202,7 +202,7 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str)
     def open_on(provider: str) -> tuple[str, OpenedGraphs]:
         variant = choose_variant(model_dir, config.variant, provider)
         settings = RunnerSettings(
-            model_dir / "onnx" / variant, config.max_slots, provider, config.threads, config.kv_cache,
+            model_dir / "onnx" / variant, config.slots_for(provider), provider, config.threads, config.kv_cache,
             config.spin_threads,
         )  # fmt: skip
         return variant, open_model(settings, config.engine_processes)
@@ -268,13 +268,13 @@ def load_tokenizer(model_dir: Path, spec: ModelSpec, cfg: ModelConfig) -> TextTo
     return tokenizer
 
 
-def request_limits(config: ServerConfig, slots: int) -> RequestLimits:
-    """The documented limits, tightened to what this server's `slots` and queue can ever take: a request
-    over them is refused INVALID_ARGUMENT (and ListModels says so), never "queue full, retry" forever."""
+def request_limits(config: ServerConfig, slots: int, queue: int) -> RequestLimits:
+    """The documented limits, tightened to what an engine of `slots` slots and `queue` places can ever take: a
+    request over them is refused INVALID_ARGUMENT (and ListModels says so), never "queue full, retry" forever."""
     documented = RequestLimits()
     return replace(
         documented,
         max_beam_size=min(documented.max_beam_size, slots),
-        max_sentences=min(documented.max_sentences, config.max_queue),
+        max_sentences=min(documented.max_sentences, queue),
         max_response_bytes=config.max_message_bytes,
     )

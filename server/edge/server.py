@@ -42,6 +42,7 @@ from server.core.engine import Engine, EngineLimits
 from server.core.engine_client import EngineClient
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
+from server.edge.backends import Backend
 from server.edge.config import ServerConfig
 from server.edge.detect import SourceDetector
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
@@ -54,7 +55,7 @@ from server.edge.loading import (
 )
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
-from server.edge.servicer import Backend, TranslatorServicer
+from server.edge.servicer import TranslatorServicer
 from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -88,7 +89,9 @@ class TranslationServer:
         self.stopping = threading.Event()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.servicer = TranslatorServicer(request_limits(config, config.max_slots), self.metrics, tracing)
+        # Until a model is loaded, the limits of the smallest engine the config allows (sized for the CPU).
+        smallest = request_limits(config, config.slots_for("cpu"), config.queue_for("cpu"))
+        self.servicer = TranslatorServicer(smallest, self.metrics, tracing)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.caches: dict[str, ResponseCache] = {}  # by model name
@@ -147,8 +150,10 @@ class TranslationServer:
 
     async def _start_engine(self, model: LoadedModel) -> Backend:
         info = model.description
-        slots = min(self.config.max_slots, model.runner.max_slots)
-        limits = EngineLimits(max_slots=slots, max_queue_sentences=self.config.max_queue)
+        # The runner was opened with the configured slots or its device's; a test's injected runner may have fewer.
+        slots = min(self.config.max_slots or model.runner.max_slots, model.runner.max_slots)
+        queue = self.config.queue_for("cuda" if info.provider == "CUDAExecutionProvider" else "cpu")
+        limits = EngineLimits(max_slots=slots, max_queue_sentences=queue)
         loop = asyncio.get_running_loop()
 
         def engine_failed() -> None:  # on the dying engine thread, or the one that abandoned it
@@ -172,7 +177,7 @@ class TranslationServer:
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
                     ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
-        limits_in_force = request_limits(self.config, slots)
+        limits_in_force = request_limits(self.config, slots, queue)
         return Backend(engine, model.runner.spec, model.tokenizer, info, limits_in_force, self._cache_of(info.name))
 
     def _cache_of(self, model: str) -> ResponseCache | None:

@@ -1,0 +1,94 @@
+"""The loaded models a server translates with, and the choice of the one that serves a call: the best fit of
+the client's language codes (server.edge.routing), among the model it names, and the least loaded replica."""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import suppress
+from dataclasses import dataclass
+
+from model.languages import AmbiguousLanguage
+from model.tokenizer import TextTokenizer
+from server.core.documents import RequestLimits
+from server.core.engine import DrainingError
+from server.core.engine_client import EngineClient
+from server.core.response_cache import ResponseCache
+from server.core.runner import ModelSpec
+from server.edge.convert import ModelDescription
+from server.edge.errors import InvalidRequest, Unavailable
+from server.edge.routing import LanguageRoute, describe_pairs, route_pair
+from server.proto.translation.v1 import translation_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A loaded model the servicer translates with, and its engine."""
+
+    engine: EngineClient
+    spec: ModelSpec  # the runner's spec: languages and token limits
+    tokenizer: TextTokenizer
+    model: ModelDescription
+    limits: RequestLimits  # what its engine can take
+    cache: ResponseCache | None = None  # finished sentences of the model, shared by its replicas; None = off
+
+
+class Backends:
+    """Every loaded backend in load order (none while the models load), routed among per call."""
+
+    def __init__(self, backends: list[Backend]) -> None:
+        self._backends = list(backends)
+        self._turn = itertools.count()  # round robin among equally loaded engines
+
+    def serving(self) -> list[Backend]:
+        """Every backend, while the server takes calls; Unavailable while loading, DrainingError once draining."""
+        if not self._backends:
+            raise Unavailable("the model is still loading; retry shortly")
+        # Every engine drains together: every new call, ListModels too, goes to another replica (a failed
+        # engine refuses at admission, saying so).
+        if any(b.engine.draining and not b.engine.failed for b in self._backends):
+            raise DrainingError("the server is draining")
+        return self._backends
+
+    def route(self, options: pb.TranslationOptions, source: str | None = None) -> tuple[Backend, LanguageRoute]:
+        """The model for the request and its pair: the best fit of the client's codes (model.languages) among
+        every model serving them, among those of its name if it names one; ties go to the first in load
+        order, and among one model's engines to the least loaded. `source` overrides the request's (a
+        detected language)."""
+        backends = self.serving()
+        if options.model:
+            backends = [b for b in backends if b.model.name == options.model]
+            if not backends:
+                served = ", ".join(dict.fromkeys(b.model.name for b in self._backends))
+                raise InvalidRequest(f"unknown model {options.model!r}; this server serves {served}")
+        source = options.source_language if source is None else source
+        target = options.target_language
+        if not target:
+            raise InvalidRequest(f"options.target_language is required; {_served_pairs(backends)}")
+        try:
+            routes = [(b, route) for b in backends if (route := route_pair(source, target, b.spec.pairs))]
+        except AmbiguousLanguage as err:
+            raise InvalidRequest(f"{err}; {_served_pairs(backends)}") from err
+        if not routes:
+            raise InvalidRequest(f"unsupported language pair {source}-{target}; {_served_pairs(backends)}")
+        best = max(route.fit for _, route in routes)
+        backend, route = next((b, r) for b, r in routes if r.fit == best)
+        replicas = [b for b, r in routes if b.model.name == backend.model.name]
+        if len(replicas) == 1:
+            return backend, route
+        # The least loaded engine of the model; ties taken in turn, so a burst of idle-time calls spreads out.
+        start = next(self._turn) % len(replicas)
+        return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load), route
+
+    def any_source(self, options: pb.TranslationOptions) -> str:
+        """A served source that pairs with the request's target, for texts with nothing to translate."""
+        backends = self.serving()
+        for backend in backends:
+            for source, _ in backend.spec.pairs:
+                with suppress(AmbiguousLanguage):
+                    if route_pair(source, options.target_language, backend.spec.pairs):
+                        return source
+        return backends[0].spec.pairs[0][0]  # routing says what is wrong with the target
+
+
+def _served_pairs(backends: list[Backend]) -> str:
+    return "supported pairs: " + describe_pairs({b.model.name: b.spec.pairs for b in backends})

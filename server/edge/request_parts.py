@@ -1,0 +1,167 @@
+"""A Translate request as jobs, one per model pair, and the jobs' items merged as they come.
+
+A request that names its source language is one job. One that leaves it to detection (server.edge.detect)
+has its texts grouped by the language detected, each group a job of the model that serves that language;
+texts without a letter (nothing to translate, or numbers and symbols any model takes) join the first job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from server.edge.backends import Backend, Backends
+from server.edge.convert import TranslateJob, check_texts, text_result_to_pb
+from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
+from server.edge.errors import InvalidRequest
+from server.edge.metrics import Metrics
+from server.edge.preparation import INLINE_PREPARE_CHARS
+from server.edge.routing import LanguageRoute
+from server.proto.translation.v1 import translation_pb2 as pb
+
+Parse = Callable[[pb.TranslateRequest, Backend, LanguageRoute], TranslateJob]  # the call's parsing of its texts
+Item = TextTranslation | PartialSentence
+
+
+@dataclass(frozen=True)
+class JobPart:
+    """One model pair's share of a request: its job and where the job's texts sit in the request."""
+
+    backend: Backend
+    job: TranslateJob
+    indices: list[int]  # request position of each of the job's texts
+    detections: Mapping[int, Detection] = field(default_factory=dict)  # by request position, where detected
+
+    def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
+        message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
+        if (found := self.detections.get(message.index)) is not None:
+            message.detected_source_language = self.job.source_lang
+            message.detected_language_confidence = found.confidence
+        return message
+
+    def original_partial(self, partial: PartialSentence) -> PartialSentence:
+        return replace(partial, text_index=self.indices[partial.text_index])
+
+    def with_texts(self, texts: list[str], more: list[int]) -> JobPart:
+        """This part with the request's texts at `more` added (texts with nothing to translate)."""
+        indices = sorted([*self.indices, *more])
+        job = replace(self.job, texts=[texts[i] for i in indices])
+        return replace(self, job=job, indices=indices)
+
+
+def whole_request(request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
+    """A request that names its source language: one part, every text."""
+    backend, route = backends.route(request.options)
+    return [JobPart(backend, parse(request, backend, route), list(range(len(request.texts))))]
+
+
+@dataclass(frozen=True)
+class SourceGrouping:
+    """Parts of a request that leaves its source language to detection: one per language detected (the first
+    part's model and pair label the call's metrics)."""
+
+    detector: SourceDetector
+    limits: RequestLimits  # the documented limits, checked before detection reads the texts
+    metrics: Metrics | None = None
+
+    async def parts(self, request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
+        texts = list(request.texts)
+        check_texts(texts, self.limits)
+        detect = partial(_detect_all, self.detector, texts)
+        small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
+        groups, found = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
+        parts: list[JobPart] = []
+        for language, indices in groups.items():
+            backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
+            sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
+            parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
+            if self.metrics is not None:
+                for _ in indices:
+                    self.metrics.observe_detected(language, backend.model.name)
+        if blank := [i for i in range(len(texts)) if i not in found]:  # no letter: with any model
+            if parts:
+                parts[0] = parts[0].with_texts(texts, blank)
+            else:
+                backend, route = backends.route(request.options, source=backends.any_source(request.options))
+                job = parse(pb.TranslateRequest(texts=texts, options=request.options), backend, route)
+                parts.append(JobPart(backend, job, blank))
+        return parts
+
+
+def _detect_all(detector: SourceDetector, texts: list[str]) -> tuple[dict[str, list[int]], dict[int, Detection]]:
+    """Texts grouped by detected language, and each text's detection; texts without a letter are in neither.
+    InvalidRequest naming the texts whose language no detection decides."""
+    groups: dict[str, list[int]] = {}
+    found: dict[int, Detection] = {}
+    undecided: list[int] = []
+    for index, text in enumerate(texts):
+        if not any(char.isalpha() for char in text):  # digits and symbols: no language to tell, any model's
+            continue
+        detection = detector.detect(text)
+        if detection is None:
+            undecided.append(index)
+            continue
+        found[index] = detection
+        groups.setdefault(detection.language, []).append(index)
+    if undecided:
+        listed = ", ".join(f"texts[{i}]" for i in undecided[:5]) + (" and more" if len(undecided) > 5 else "")
+        raise InvalidRequest(
+            f"cannot tell the language of {listed} (no language ahead of the others by {MIN_MARGIN}); "
+            "set options.source_language"
+        )
+    return groups, found
+
+
+def _route_detected(
+    backends: Backends, options: pb.TranslationOptions, language: str, detections: list[Detection]
+) -> tuple[Backend, LanguageRoute]:
+    try:
+        return backends.route(options, source=language)
+    except InvalidRequest as err:
+        confidence = min(d.confidence for d in detections)
+        raise InvalidRequest(
+            f"{len(detections)} text(s) detected as {language!r} (confidence >= {confidence:.2f}): {err}"
+        ) from err
+
+
+async def merged_items(
+    parts: list[JobPart], translate: Callable[[JobPart], AsyncGenerator[Item, None]]
+) -> AsyncGenerator[tuple[JobPart, Item], None]:
+    """Every part's items as they come, each with its part; a part that fails fails the call (and ends the
+    others: their engines drop their sentences)."""
+    if len(parts) == 1:
+        async with aclosing(translate(parts[0])) as items:
+            async for item in items:
+                yield parts[0], item
+        return
+    queue: asyncio.Queue[tuple[JobPart, Item | Exception | None]] = asyncio.Queue()
+
+    async def pump(part: JobPart) -> None:
+        try:
+            async with aclosing(translate(part)) as items:
+                async for item in items:
+                    queue.put_nowait((part, item))
+        except Exception as err:  # handed to the call, which raises it
+            queue.put_nowait((part, err))
+            return
+        queue.put_nowait((part, None))
+
+    tasks = [asyncio.create_task(pump(part)) for part in parts]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            done, got = await queue.get()
+            if got is None:
+                remaining -= 1
+            elif isinstance(got, Exception):
+                raise got
+            else:
+                yield done, got
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
