@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from model.artifact import load_config
+from model.directory import STATIC_DECODER_FILE
 
 
 class Unavailable(RuntimeError):
@@ -161,21 +162,23 @@ class CTranslate2Engine:
 
 class OnnxEngine:
     """Our ONNX decoder offline: server.core.offline.translate_ids over the runner the server would open
-    (server.backend.runners.open_runner, caches placed as `--kv-cache auto` places them)."""
+    (server.backend.runners.open_runner, caches placed as `--kv-cache` places them: auto by default)."""
 
-    def __init__(self, settings: EngineSettings, variant: str) -> None:
+    def __init__(self, settings: EngineSettings, variant: str, kv_cache: str = "auto") -> None:
         variant_dir = settings.model_dir / "onnx" / variant
         for module in ("server.backend.runtime", "server.core.offline"):
             if importlib.util.find_spec(module) is None:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
+        if kv_cache == "static" and not (variant_dir / STATIC_DECODER_FILE).is_file():
+            raise Unavailable(f"no capturable decoder step in {variant_dir} (its head size, or an older export)")
         from server.backend.runners import open_runner
 
-        self.name = f"onnx-{variant}"
+        self.name = f"onnx-{variant}" + ("" if kv_cache == "auto" else f"-{kv_cache}")
         # Beam rows take one slot each: a full batch of beams must fit.
         slots = settings.max_batch * 4
-        self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache="auto")
+        self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache=kv_cache)
         self.settings = settings
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
@@ -199,6 +202,7 @@ ENGINES: dict[str, EngineFactory] = {
     "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32"),
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
     "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16"),
+    "onnx-fp16-static": lambda s, work: OnnxEngine(s, "fp16", kv_cache="static"),  # CUDA graphs on CUDA
     "transformers-generate": lambda s, work: TransformersEngine(s),
 }
 # int8 is the CPU quantization, fp16 the GPU one (as in the export variants).
@@ -209,9 +213,11 @@ DEVICE_ENGINES: dict[str, list[str]] = {
     ],
     "cuda": [
         *("ctranslate2-float32", "ctranslate2-float16", "pytorch-eager", "onnx-fp32", "onnx-fp16"),
-        "transformers-generate",
+        *("onnx-fp16-static", "transformers-generate"),
     ],
 }
+# An engine and the uncaptured engine whose ids it must reproduce exactly (the benchmark reports their agreement).
+UNCAPTURED = {"onnx-fp16-static": "onnx-fp16"}
 
 
 def create(name: str, settings: EngineSettings, work_dir: Path | None = None) -> OfflineEngine:

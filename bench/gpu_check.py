@@ -8,10 +8,14 @@ The CUDA path verified end to end on a GPU node, in one command:
    loads the CUDA and cuDNN libraries that torch's wheels carry, in every step's interpreter.
 2. export: the fp32 and fp16 graphs of the model.
 3. parity on CUDA: `python -m bench.parity --provider cuda` (the fp32 graphs against PyTorch).
-4. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
+4. the capturable step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`):
+   `--kv-cache static`, one CUDA graph per row bucket, against the uncaptured device caches, greedy and
+   beam 4: identical ids.
+5. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
-5. the benchmark on CUDA (`python -m bench.run --device cuda`): device caches and IO binding, served and
-   offline, against CTranslate2 and PyTorch.
+6. the benchmark on CUDA (`python -m bench.run --device cuda`): device caches and IO binding, served and
+   offline, against CTranslate2 and PyTorch, and fp16 with the captured step (`onnx-fp16-static` offline,
+   `fp16-static` served) beside the uncaptured fp16.
 
 `--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
 a random MarianMTModel of that exact shape through the importer (`python -m bench.opus_size --prepare-only`,
@@ -38,8 +42,10 @@ from pathlib import Path
 
 from bench.marian_random import SHAPES
 
-STEPS = ("onnxruntime", "export", "parity", "gate", "bench")
-SHAPE_STEPS = ("onnxruntime", "model", "parity", "bench")  # with --shape: random weights, no BLEU gate
+STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench")
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench")  # with --shape: random weights, no BLEU gate
+# The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
+STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
 SHAPE_BENCH_ARGS = ["--max-len", "16", "--concurrency", "64,256", "--latency-requests", "100"]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime
@@ -93,6 +99,8 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
                   "--variants", "fp32,fp16"],
         "export": [python, "-m", "export", "--model-dir", model, "--variants", "fp32,fp16"],
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
+        "static": [python, "-m", "bench.static_parity", "--model-dir", model, "--provider", args.provider,
+                   "--variants", STATIC_VARIANTS[args.provider], *limit],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
                   "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *args.bench_args],

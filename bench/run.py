@@ -41,6 +41,7 @@ from typing import Any
 from bench import engines, loadgen
 from bench.loadgen import Query, p99, percentile
 from model.artifact import load_config, weights_sha256
+from model.directory import STATIC_DECODER_FILE
 from model.tokenizer import open_tokenizer
 
 log = logging.getLogger("bench")
@@ -156,6 +157,9 @@ def bench_offline(settings: engines.EngineSettings, work: Workload, budget: Budg
         for beam, out in per_beam.items():
             if name != "pytorch-eager" and beam in reference:
                 results[name][f"beam{beam}"]["agreement_with_pytorch"] = agreement(out, reference[beam])
+            twin = outputs.get(engines.UNCAPTURED.get(name, ""), {})
+            if beam in twin:
+                results[name][f"beam{beam}"]["agreement_with_uncaptured"] = agreement(out, twin[beam])
     return results
 
 
@@ -264,6 +268,15 @@ def bench_served_variant(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def bench_served_static(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, extra: Sequence[str]
+) -> dict[str, Any]:
+    """The served fp16 path with the captured decoder step (`--kv-cache static`), where the export has it."""
+    if not (settings.model_dir / "onnx" / "fp16" / STATIC_DECODER_FILE).is_file():
+        return {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
+    return bench_served_variant(settings, work, budget, "fp16", [*extra, "--kv-cache", "static"])
 
 
 def machine() -> dict[str, Any]:
@@ -414,6 +427,8 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     offline = bench_offline(settings, work, budget)
     variants = served_variants(args.served_variants, args.device)
     served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
+    if args.device == "cuda" and "fp16" in variants:  # the captured step beside the uncaptured fp16 path
+        served["fp16-static"] = bench_served_static(settings, work, budget, shlex.split(args.server_args))
     results = {
         "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),

@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 METADATA_FILE = "metadata.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
+# The capturable decoder step (export/builder/static_step.py), beside the ordinary one in the fp32 and fp16
+# variants of models whose head size GroupQueryAttention takes; read only by the static-cache runner.
+STATIC_DECODER_FILE = "decoder_step_static.onnx"
+STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
 # Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
 KV_GATHER_FILE = "kv_gather.onnx"
 KV_APPEND_FILE = "kv_append.onnx"

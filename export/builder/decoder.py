@@ -9,6 +9,8 @@ back as the next past. No `If` node: every row runs the same nodes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -20,6 +22,8 @@ from export.builder.weights import Weights
 from model.config import ModelConfig
 
 BANNED_LOG_PROB = -1e9  # model.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
+
+SelfAttention = Callable[[int, str], str]  # (layer i, its normed input h (B, 1, D)) -> attended (B, 1, D)
 
 
 def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: ModelConfig) -> str:
@@ -38,13 +42,15 @@ def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: 
         return layers.multi_head_attention(b, w, f"decoder.{i}.self_attn", h, (present[0], present[1]), keep, cfg)
 
 
-def decoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keeps: tuple[str, str], cfg: ModelConfig) -> str:
-    """Masked self-attention, encoder-decoder attention, feed-forward: (B, 1, D) -> (B, 1, D)."""
+def decoder_layer(
+    b: GraphBuilder, w: Weights, i: int, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig
+) -> str:
+    """Self-attention (`attend`, over the graph's own cache form), encoder-decoder attention, feed-forward:
+    (B, 1, D) -> (B, 1, D)."""
     prefix = f"decoder.{i}"
-    self_keep, src_keep = keeps
     with b.scope(f"decoder/layers.{i}"):
         h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
-        x = layers.residual_output(b, w, f"{prefix}.norm1", x, self_attention(b, w, i, h, self_keep, cfg), cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm1", x, attend(i, h), cfg)
         h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
         with b.scope("cross_attn"):
             cross = (f"cross_k_{i}", f"cross_v_{i}")
@@ -54,13 +60,14 @@ def decoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keeps: tuple[str,
         return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
-def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
-    """The row inputs and the cross caches; returns x (B, 1, D) and the keep masks, self (B, 1, 1, P + 1) and
-    source (B, 1, 1, S)."""
+def row_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig, past_keep: bool) -> tuple[str, str, str]:
+    """The row inputs (past_keep (B, P) too, if asked) and the cross caches; returns x (B, 1, D), the positions
+    and the source keep mask (B, 1, 1, S)."""
     tokens = b.add_input("tokens", TensorProto.INT64, ["B"])
     positions = b.add_input("positions", TensorProto.INT64, ["B"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
-    past_keep = b.add_input("past_keep", TensorProto.BOOL, ["B", "P"])
+    if past_keep:
+        b.add_input("past_keep", TensorProto.BOOL, ["B", "P"])
     for i in range(cfg.n_decoder_layers):
         for kind in "kv":
             b.add_input(f"cross_{kind}_{i}", b.elem, ["B", cfg.n_heads, "S", cfg.head_dim])
@@ -68,9 +75,18 @@ def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str
         column = b.ints(1)
         ids, steps = b.op("Unsqueeze", tokens, column), b.op("Unsqueeze", positions, column)  # (B, 1)
         x = layers.embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
-        own = b.op("Expand", b.const([[True]], np.bool_), b.op("Concat", b.op("Shape", tokens), column, axis=0))
-        self_keep = layers.keep_mask(b, b.op("Concat", past_keep, own, axis=1))  # each row also sees its own step
-        return x, self_keep, layers.keep_mask(b, src_mask)
+        return x, positions, layers.keep_mask(b, src_mask)
+
+
+def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
+    """`row_inputs` with past_keep; returns x (B, 1, D) and the keep masks, self (B, 1, 1, P + 1) and source
+    (B, 1, 1, S)."""
+    x, _, src_keep = row_inputs(b, w, cfg, past_keep=True)
+    with b.scope("decoder"):
+        column = b.ints(1)
+        own = b.op("Expand", b.const([[True]], np.bool_), b.op("Concat", b.op("Shape", "tokens"), column, axis=0))
+        self_keep = layers.keep_mask(b, b.op("Concat", "past_keep", own, axis=1))  # each row also sees its own step
+        return x, self_keep, src_keep
 
 
 def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
@@ -100,12 +116,17 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
     return b.rename(result, "log_probs")
 
 
+def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig) -> None:
+    """Every decoder layer over x (B, 1, D), then the graph's log_probs output (B, V)."""
+    for i in range(cfg.n_decoder_layers):
+        x = decoder_layer(b, w, i, x, attend, src_keep, cfg)
+    b.add_output(log_probs(b, w, x, cfg), TensorProto.FLOAT, ["B", cfg.vocab_size])
+
+
 def decoder_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
     b = GraphBuilder("decoder_step", dtype)
     x, self_keep, src_keep = step_inputs(b, w, cfg)
-    for i in range(cfg.n_decoder_layers):
-        x = decoder_layer(b, w, i, x, (self_keep, src_keep), cfg)
-    b.add_output(log_probs(b, w, x, cfg), TensorProto.FLOAT, ["B", cfg.vocab_size])
+    decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, self_keep, cfg), src_keep, cfg)
     layers = [(kind, i) for i in range(cfg.n_decoder_layers) for kind in "kv"]
     for kind, i in layers:
         b.add_output(f"new_{kind}_{i}", b.elem, ["B", cfg.n_heads, 1, cfg.head_dim])

@@ -119,6 +119,8 @@ class GraphBuilder:
         """The finished model; the builder hands over its graph and is spent."""
         model, self._model = self._model, onnx.ModelProto()
         model.opset_import.append(helper.make_opsetid("", opset))
+        for domain in sorted({node.domain for node in self.nodes} - {"", "ai.onnx"}):
+            model.opset_import.append(helper.make_opsetid(domain, 1))  # contrib ops: com.microsoft
         model.graph.node.extend(self.nodes)
         model.graph.input.extend(self.inputs)
         model.graph.output.extend(self.outputs)

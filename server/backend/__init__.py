@@ -3,4 +3,6 @@
 This file imports nothing heavy, so the config can name the cache places without loading onnxruntime.
 """
 
-KV_CACHES = ("auto", "host", "working", "device")  # where the key/value caches live; auto: device memory on cuda
+# Where the key/value caches live; auto: device memory on cuda. static: device buffers stepped by the capturable
+# decoder graph, one CUDA graph per row bucket.
+KV_CACHES = ("auto", "host", "working", "device", "static")

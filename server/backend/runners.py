@@ -11,6 +11,7 @@ from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
 from server.backend.sessions import PROVIDERS
+from server.backend.static_cache import StaticCacheRunner
 from server.backend.working_batch import WorkingBatchRunner
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,9 @@ def open_runner(
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner}.get(place, OnnxRunner)
+    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner, "static": StaticCacheRunner}.get(
+        place, OnnxRunner
+    )
     return runner_class(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
 
 

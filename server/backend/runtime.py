@@ -13,7 +13,7 @@ harmless (0 x finite = 0), so the host runner checks what it writes into its cac
 when a new sentence takes it, only if a NaN or inf went in; the device runner cannot look without copying
 its caches back, so it zeroes every slot past what its new sentence writes.
 
-Three places for the caches, same results:
+The places for the caches, same results:
 - `OnnxRunner` keeps them in host memory (numpy), as slot caches (`--kv-cache host`). Its
   cross-attention feed is kept from step to step (`server.backend.cross_lanes`): only rows whose
   source is new to the step are copied, not every row at every change of the batch.
@@ -21,6 +21,8 @@ Three places for the caches, same results:
   as the decoder's working batch, fed back with no gather per step: the CPU default.
 - `server.backend.device_cache.DeviceCacheRunner` keeps them as OrtValues on the session's device and
   moves rows with the export's weightless kv_* graphs through IO binding.
+- `server.backend.static_cache.StaticCacheRunner` keeps them there too, at full length for every slot, and
+  steps the export's capturable decoder graph over them in place (CUDA graphs on CUDA).
 `server.backend.runners.open_runner` chooses among them; `server.backend.sessions` opens the sessions. The host
 and working-batch runners make their calls through `server.backend.arena_release`, which gives the memory of
 the largest shapes back once the shapes fall.

@@ -14,8 +14,11 @@ CUDA_OPTIONS = {"use_tf32": "0"}
 Feeds = dict[str, npt.NDArray[np.generic]]
 
 
-def make_session(path: Path, provider: str, intra_op_threads: int, spin_threads: bool = True) -> ort.InferenceSession:
-    """A session for `provider`; `spin_threads=False` makes idle intra-op threads sleep, not busy-wait.
+def make_session(
+    path: Path, provider: str, intra_op_threads: int, spin_threads: bool = True, cuda_graph: bool = False
+) -> ort.InferenceSession:
+    """A session for `provider`; `spin_threads=False` makes idle intra-op threads sleep, not busy-wait;
+    `cuda_graph` has CUDA capture the graph per `gpu_graph_id` and replay it (inputs at fixed addresses).
 
     Spinning (onnxruntime's default) shaves a little off each op when the process owns its cores.
     A server shares them with gRPC and Python threads, which spinning starves: on small nodes turning
@@ -31,7 +34,8 @@ def make_session(path: Path, provider: str, intra_op_threads: int, spin_threads:
         # float32 graphs compute in float32: TF32 tensor cores (onnxruntime's CUDA default) round matmul
         # inputs to 10 mantissa bits and move log-probs by ~4e-3, beyond parity with PyTorch; fp16 is the
         # fast variant there.
-        providers = [(wanted, CUDA_OPTIONS), "CPUExecutionProvider"]
+        options_cuda = CUDA_OPTIONS | ({"enable_cuda_graph": "1"} if cuda_graph else {})
+        providers = [(wanted, options_cuda), "CPUExecutionProvider"]
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 

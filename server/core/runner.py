@@ -11,7 +11,9 @@ vocabulary.
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
 Implementations: `server.backend.runtime.OnnxRunner` (onnxruntime, slot caches in host memory),
 `server.backend.working_batch.WorkingBatchRunner` (host memory, the decoder's working batch),
-`server.backend.device_cache.DeviceCacheRunner` (caches on the session's device, for CUDA) and the fakes in tests.
+`server.backend.device_cache.DeviceCacheRunner` (caches on the session's device, for CUDA),
+`server.backend.static_cache.StaticCacheRunner` (static device buffers, a CUDA graph per row bucket) and the
+fakes in tests.
 This module imports numpy only, so the scheduler and its tests stay free of onnxruntime.
 """
 

@@ -20,6 +20,7 @@ log2(n) reruns, and the others keep running in batches instead of one at a time.
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
 import logging
 from collections import deque
@@ -181,7 +182,9 @@ class Scheduler:
             raise ValueError(f"every limit must be >= 1, got {limits}")
         self.spec = spec
         self.limits = limits
-        self._free: list[int] = list(range(limits.max_slots - 1, -1, -1))  # pop() hands out low slots first
+        # A heap: the lowest free slots go first, so the slots in use stay packed at the low end of the pool
+        # (a runner that steps the first rows of its pool, as many as hold every stepped slot, steps fewer).
+        self._free: list[int] = list(range(limits.max_slots))
         self._queue: deque[_Sentence] = deque()
         self._running: list[_Sentence] = []
         self._requests: dict[int, _Request] = {}
@@ -365,7 +368,7 @@ class Scheduler:
             if k > len(self._free) or over_budget or not self._may_join(head.request):
                 break
             self._queue.popleft()
-            head.slots = [self._free.pop() for _ in range(k)]
+            head.slots = [heapq.heappop(self._free) for _ in range(k)]
             head.feed = [self.spec.bos_id]
             head.running = True
             self._running.append(head)
@@ -418,7 +421,8 @@ class Scheduler:
     def _release(self, sentence: _Sentence) -> None:
         if sentence.running:
             self._running.remove(sentence)
-            self._free.extend(reversed(sentence.slots))
+            for slot in sentence.slots:
+                heapq.heappush(self._free, slot)
             sentence.running = False
         sentence.slots, sentence.planned_copies = [], []
 

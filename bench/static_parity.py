@@ -1,0 +1,89 @@
+"""python -m bench.static_parity --model-dir DIR [--provider cuda] [--variants fp32,fp16] [--limit N]: the
+capturable decoder step (`--kv-cache static`, CUDA graphs on CUDA) against the uncaptured path the server
+opens by default (`--kv-cache auto`), on the same provider and graphs' weights.
+
+For each variant, the test set's sources (both directions the model translates) decoded offline through
+`server.core.offline.translate_ids` by both runners, greedy and beam 4, with fewer slots than rows so rows
+join and leave at different lengths: the token ids must be identical; the largest score difference is
+reported beside them. A model whose head size GroupQueryAttention does not take has no capturable step and
+is skipped, said so; exits 1 if any ids differ or a capturable model's variant lacks the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench.parity import fits, parity_cases
+from bench.variants import model_tokenizer
+from export.builder.static_step import capturable
+from model.config import ModelConfig
+from model.directory import MetadataError, read_metadata
+from server.backend.runners import open_runner
+from server.backend.runtime import PROVIDERS, OnnxRunner
+from server.core.beam import Hypothesis
+from server.core.offline import translate_ids
+
+BEAMS = (1, 4)
+
+
+def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int) -> tuple[list[Hypothesis], float]:
+    """Best hypotheses and the seconds they took."""
+    started = time.perf_counter()
+    best = [hyps[0] for hyps in translate_ids(runner, sources, beam, 1.0, max_len)]
+    return best, time.perf_counter() - started
+
+
+def compare(variant_dir: Path, provider: str, sources: list[list[int]], slots: int, max_len: int) -> bool:
+    """Both runners on one variant; prints one line per beam; whether every id agreed."""
+    uncaptured = open_runner(variant_dir, slots, provider, kv_cache="auto")
+    static = open_runner(variant_dir, slots, provider, kv_cache="static")
+    if static.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
+        raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {static.provider}")
+    ok = True
+    for beam in BEAMS:
+        expected, expected_s = decode(uncaptured, sources, beam, max_len)
+        got, got_s = decode(static, sources, beam, max_len)
+        same = sum(a.tokens == b.tokens for a, b in zip(got, expected, strict=True))
+        gap = max(abs(a.score - b.score) for a, b in zip(got, expected, strict=True))
+        ok &= same == len(sources)
+        print(
+            f"{variant_dir.name} beam {beam}: identical token ids {same}/{len(sources)}, max score difference"
+            f" {gap:.2e}; {uncaptured.kv_cache} {expected_s:.2f} s, static {got_s:.2f} s"
+        )
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.static_parity", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+    parser.add_argument("--variants", default="fp32,fp16")
+    parser.add_argument("--limit", type=int, default=None, help="first N test pairs per direction (default: all)")
+    parser.add_argument("--max-len", type=int, default=16, help="most generated tokens per sentence")
+    parser.add_argument("--slots", type=int, default=32, help="decoding slots of each runner")
+    args = parser.parse_args(argv)
+    tokenizer = model_tokenizer(args.model_dir)
+    ok = True
+    for variant in (v for v in args.variants.split(",") if v):
+        variant_dir = args.model_dir / "onnx" / variant
+        meta = read_metadata(variant_dir)
+        if not capturable(ModelConfig.from_dict(meta.model_config)):
+            print(f"{variant}: skipped, head size {meta.head_dim} has no capturable step")
+            continue
+        spec = meta.spec()
+        cases = [case for cases in parity_cases(tokenizer, args.limit) for case in cases]
+        sources = [source for source, target in cases if fits((source, target), spec.max_source_len)]
+        try:
+            ok &= compare(variant_dir, args.provider, sources, args.slots, min(args.max_len, spec.max_target_len))
+        except MetadataError as err:
+            print(f"{variant}: {err}")
+            ok = False
+    print("static parity: PASS" if ok else "static parity: FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

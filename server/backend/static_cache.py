@@ -1,0 +1,155 @@
+"""`StaticCacheRunner`: the capturable decoder step over static device buffers (`--kv-cache static`).
+
+Every cache is a device buffer of all `max_slots` rows at full length, self-attention (max_slots, H,
+max_target_len, Dh) and cross (max_slots, H, max_source_len, Dh), and so are the step's row inputs and
+outputs. A step runs the export's decoder_step_static graph over the first `bucket` rows of each buffer, the
+smallest bucket that holds every stepped slot (the scheduler hands out low slots first), bound at the
+buffers' own addresses: each bucket's binding never changes, so on CUDA each bucket is one captured graph
+(`gpu_graph_id`). Every bucket is captured at the first step, which is the engine's warm-up, on the thread
+that then steps it, and replayed at every later step. The graph writes each row's new keys and values into
+the buffers in place; a step uploads only the row inputs and reads back the (B, K) candidates. Rows of the
+bucket that the step does not use feed a pad token at their own length: what they write lies past what
+they hold, and the step that next feeds them at that position writes it again.
+
+Beam reorders and encoding use the device runner's kv_* graphs in place on the same buffers, so the bound
+addresses stay fixed. On the CPU provider the same code runs without capture.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from model.directory import STATIC_DECODER_FILE, MetadataError
+from server.backend.device_cache import DeviceCacheRunner
+from server.backend.runtime import LOG_PROBS_OUTPUT, Feeds
+from server.backend.sessions import kv_names
+
+log = logging.getLogger(__name__)
+
+SMALLEST_BUCKET = 8
+CAPTURE_RUNS = 3  # onnxruntime's uncaptured runs of a graph id, its capturing run, and a replay
+
+
+def buckets(max_slots: int) -> list[int]:
+    """Row counts with a graph each: powers of two from SMALLEST_BUCKET, and max_slots itself."""
+    sizes = [size for size in (SMALLEST_BUCKET << i for i in range(32)) if size < max_slots]
+    return [*sizes, max_slots]
+
+
+class StaticCacheRunner(DeviceCacheRunner):
+    """The device runner's caches and kv_* graphs, stepped by one fixed binding per bucket (see above)."""
+
+    kv_cache = "static"
+
+    def _open_caches(self, variant_dir: Path) -> None:
+        super()._open_caches(variant_dir)
+        path = variant_dir / STATIC_DECODER_FILE
+        if not path.is_file():
+            raise MetadataError(f"no {STATIC_DECODER_FILE} in {variant_dir}: export again with python -m export")
+        self.static = self._session(path, cuda_graph=self.device == "cuda")
+        top_ids = next(arg for arg in self.static.get_outputs() if arg.name == "top_ids")
+        self.graph_k = int(top_ids.shape[1])  # candidates the graph ranks per row
+        meta, rows = self.metadata, self.max_slots
+        self.rows_in = {
+            "tokens": self._zeros_of((rows,), np.int64),
+            "positions": self._zeros_of((rows,), np.int64),
+            "row_scores": self._zeros_of((rows,), np.float32),
+            "src_mask": self._zeros_of((rows, meta.max_source_len), np.bool_),
+        }
+        self.rows_out = {
+            "top_scores": self._zeros_of((rows, self.graph_k), np.float32),
+            "top_ids": self._zeros_of((rows, self.graph_k), np.int64),
+            LOG_PROBS_OUTPUT: self._zeros_of((rows, meta.vocab_size), np.float32),
+        }
+        self.buckets = buckets(rows)
+        self.bindings = [self._bind(size) for size in self.buckets]
+        self.run_options = [self._graph_options(index) for index in range(len(self.buckets))]
+        self._mask_version = -1  # the _cross_version whose source mask the device holds
+        self._captured = self.device != "cuda"  # whether every bucket's graph has been captured
+
+    def _zeros_of(self, shape: tuple[int, ...], dtype: type) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device, 0)
+
+    def _bind(self, size: int) -> ort.IOBinding:
+        """The first `size` rows of every buffer, bound at the buffers' addresses; present_* on past_*."""
+        binding = self.static.io_binding()
+        caches = [
+            *zip(self.cross_names, self.cross_kv, strict=True),
+            *zip(self.past_names, self.self_kv, strict=True),
+        ]
+        for name, value in [*self.rows_in.items(), *caches]:
+            self._bind_rows(binding.bind_input, name, value, size)
+        for name, value in self.rows_out.items():
+            self._bind_rows(binding.bind_output, name, value, size)
+        for name, value in zip(kv_names("present_k", "present_v", self.n_layers), self.self_kv, strict=True):
+            self._bind_rows(binding.bind_output, name, value, size)
+        return binding
+
+    def _bind_rows(self, bind: Callable[..., None], name: str, value: ort.OrtValue, size: int) -> None:
+        """Bind `name` to the first `size` rows of `value`: its own address, a shorter leading dimension."""
+        shape = [size, *value.shape()[1:]]
+        bind(name, self.device, 0, _NUMPY_TYPES[value.data_type()], shape, value.data_ptr())
+
+    def _graph_options(self, index: int) -> ort.RunOptions | None:
+        if self.device != "cuda":
+            return None
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(index))
+        return options
+
+    def _capture(self) -> None:
+        """Run every bucket until onnxruntime has captured its graph, on the step's uploaded inputs: each run
+        writes the same keys and values at the same positions, so the step that follows is unchanged."""
+        for binding, options in zip(self.bindings, self.run_options, strict=True):
+            for _ in range(CAPTURE_RUNS):
+                self.static.run_with_iobinding(binding, options)
+        self._captured = True
+        log.info("captured %d decoder graphs, buckets %s", len(self.buckets), self.buckets)
+
+    def bucket_of(self, rows: np.ndarray) -> int:
+        """Index of the smallest bucket that holds every row."""
+        return int(np.searchsorted(self.buckets, int(rows.max()) + 1))
+
+    def _step(
+        self, slots: list[int], tokens: list[int], positions: list[int], ranking: Feeds, wanted: tuple[str, ...]
+    ) -> list[np.ndarray]:
+        rows = np.asarray(slots, dtype=np.int64)
+        pos = self._positions(positions)
+        k = int(ranking["top_k"][0])
+        if k > self.graph_k:
+            raise ValueError(f"the static step ranks {self.graph_k} candidates per row, not {k}")
+        index = self.bucket_of(rows)
+        # Rows the step does not use feed pad at their own length (the last entry, for a full row).
+        row_pos = np.minimum(self.tgt_len, self.spec.max_target_len - 1)
+        row_pos[rows] = pos
+        tokens_in = np.full(self.max_slots, self.spec.pad_id, dtype=np.int64)
+        tokens_in[rows] = tokens
+        scores_in = np.zeros(self.max_slots, dtype=np.float32)
+        scores_in[rows] = ranking["row_scores"]
+        self.rows_in["tokens"].update_inplace(tokens_in)
+        self.rows_in["positions"].update_inplace(row_pos)
+        self.rows_in["row_scores"].update_inplace(scores_in)
+        if self._mask_version != self._cross_version:
+            self.rows_in["src_mask"].update_inplace(np.ascontiguousarray(self.src_mask))
+            self._mask_version = self._cross_version
+        np.maximum(self.self_written, row_pos + 1, out=self.self_written)  # what any bucket's run may write
+        if not self._captured:
+            self._capture()
+        self.static.run_with_iobinding(self.bindings[index], self.run_options[index])
+        self.tgt_len[rows] = pos + 1
+        return [self._read(name, rows, k) for name in wanted]
+
+    def _read(self, name: str, rows: np.ndarray, k: int) -> np.ndarray:
+        """An output's stepped rows: the first k candidates of each (the graph's order is total)."""
+        values = np.asarray(self.rows_out[name].numpy())[rows]
+        return values if name == LOG_PROBS_OUTPUT else values[:, :k]
+
+
+_NUMPY_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(bool)": np.bool_,
+}  # fmt: skip

@@ -1,0 +1,242 @@
+"""The capturable decoder step (decoder_step_static.onnx) and the runner that steps it (`--kv-cache static`),
+on the CPU provider: the graph's shape contract, step-for-step log-probabilities and whole greedy and beam-4
+decodes against the slot cache and the working batch, in fp32 and fp16. CUDA capture itself is measured by
+`python -m bench.gpu_check` (its static arm)."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from bench import engines, static_parity
+from bench.engines import EngineSettings
+from bench.run import QUICK, bench_served_static, load_workload
+from export.__main__ import main as export_main
+from export.builder.static_step import HOST_READ_OPS, check_capturable
+from model.directory import STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, read_metadata
+from server.backend.runners import open_runner
+from server.backend.runtime import OnnxRunner
+from server.backend.static_cache import StaticCacheRunner, buckets
+from server.core.offline import translate_ids
+from server.core.runner import Candidates, EncodeItem
+from server.core.scheduler import Batch, DecodeOptions, EngineLimits, Scheduler
+from server.core.splitter import join, split
+from tests.serving import onnx_model, request, runner_of, running_server, server_config
+from tests.tiny import TINY_PAIRS
+
+SERVED_SLOTS = 6  # two beams of 3 at once: sentences join a running batch as slots free
+SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3], [6, 7, 8, 9, 13, 14, 15, 16, 17, 3]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its fp32 and fp16 graphs."""
+    out = tmp_path_factory.mktemp("static") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16"]) == 0
+    return out
+
+
+def static_graph(model: Path, variant: str) -> onnx.ModelProto:
+    return onnx.load(str(model / "onnx" / variant / STATIC_DECODER_FILE))
+
+
+def dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_the_graph_has_static_buffers_and_reads_nothing_on_the_host(model: Path, variant: str) -> None:
+    graph = static_graph(model, variant).graph
+    meta = read_metadata(model / "onnx" / variant)
+    inputs, outputs = {v.name: dims(v) for v in graph.input}, {v.name: dims(v) for v in graph.output}
+    buffer = ["B", meta.n_heads, meta.max_target_len, meta.head_dim]
+    for i in range(meta.n_decoder_layers):
+        for kind in "kv":
+            assert inputs[f"past_{kind}_{i}"] == outputs[f"present_{kind}_{i}"] == buffer
+            assert inputs[f"cross_{kind}_{i}"] == ["B", meta.n_heads, "S", meta.head_dim]
+    assert inputs["tokens"] == inputs["positions"] == inputs["row_scores"] == ["B"]
+    assert inputs["src_mask"] == ["B", "S"] and "top_k" not in inputs and "past_keep" not in inputs
+    assert outputs["top_ids"] == outputs["top_scores"] == ["B", min(STATIC_TOP_K, meta.vocab_size)]
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("GroupQueryAttention") == meta.n_decoder_layers
+    assert not set(ops) & HOST_READ_OPS
+
+
+def test_a_graph_that_reads_shapes_on_the_host_is_refused(model: Path) -> None:
+    ordinary = onnx.load(str(model / "onnx" / "fp32" / "decoder_step.onnx"))  # its own-step mask reads a Shape
+    with pytest.raises(RuntimeError, match="not capturable: it contains Shape"):
+        check_capturable(ordinary, "decoder_step.onnx")
+
+
+def test_buckets_double_up_to_the_pool() -> None:
+    assert buckets(256) == [8, 16, 32, 64, 128, 256]
+    assert buckets(20) == [8, 16, 20]
+    assert buckets(5) == [5]
+
+
+@pytest.mark.parametrize(("variant", "tolerance"), [("fp32", 1e-5), ("fp16", 2e-2)])
+def test_step_for_step_equal_to_the_slot_cache(model: Path, variant: str, tolerance: float) -> None:
+    """Rows at different positions, beam copies across sources, a slot re-encoded, steps in two buckets, and
+    the warm-up's capture runs repeated before some steps (on CPU they run every bucket uncaptured)."""
+    path = model / "onnx" / variant
+    slot, static = OnnxRunner(path, 12, intra_op_threads=1), StaticCacheRunner(path, 12, intra_op_threads=1)
+    assert static.buckets == [8, 12]
+    rng = np.random.default_rng(0)
+    position = dict.fromkeys(range(12), 0)
+
+    def encode(slots: list[int], source: int) -> None:
+        for r in (slot, static):
+            r.encode([EncodeItem(SOURCES[source], slots)])
+        position.update(dict.fromkeys(slots, 0))
+
+    encode([0, 1, 2], 0)
+    encode([3], 2)
+    live = [0, 1, 2, 3]
+    for step in range(14):
+        if step == 3:
+            encode([9, 10], 3)  # rows past the first bucket: the step takes the larger one
+            live += [9, 10]
+        if step == 6:
+            live = [0, 1, 2, 3]
+        if step == 8:
+            encode([3], 1)
+        tokens = [int(t) for t in rng.integers(4, 60, len(live))]
+        positions = [position[s] for s in live]
+        static._captured = step % 3 != 0  # the capture runs (every bucket, this step's inputs) change nothing
+        got, expected = (r.step_log_probs(live, tokens, positions) for r in (static, slot))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+        assert np.array_equal(got.argmax(axis=1), expected.argmax(axis=1))
+        for s in live:
+            position[s] += 1
+        if step % 2:
+            parents = [int(p) for p in rng.choice([0, 1, 2, 3], size=3)]
+            for r in (slot, static):
+                r.copy_slots(parents, [0, 1, 2])
+            position.update({d: position[p] for p, d in zip(parents, [0, 1, 2], strict=True)})
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_whole_decodes_equal_the_working_batch(model: Path, variant: str, beam: int) -> None:
+    """Few slots for many sentences, so rows join and leave at different lengths: identical ids."""
+    sources = [[*SOURCES[i % 4][:-1], 7 + i % 5, 3] for i in range(16)]
+    path = model / "onnx" / variant
+    working = open_runner(path, 2 * beam + 1, kv_cache="working", intra_op_threads=1)
+    static = open_runner(path, 2 * beam + 1, kv_cache="static", intra_op_threads=1)
+    assert isinstance(static, StaticCacheRunner)
+    expected = translate_ids(working, sources, beam, 1.0, 24)
+    got = translate_ids(static, sources, beam, 1.0, 24)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+    tolerance = 1e-4 if variant == "fp32" else 5e-2
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_allclose([h.score for h in mine], [h.score for h in theirs], rtol=0, atol=tolerance)
+
+
+def test_more_candidates_than_the_graph_ranks_are_refused(model: Path) -> None:
+    static = StaticCacheRunner(model / "onnx" / "fp32", 2, intra_op_threads=1)
+    static.encode([EncodeItem(SOURCES[0], [0])])
+    with pytest.raises(ValueError, match=f"ranks {static.graph_k} candidates per row"):
+        static.step([0], [1], [0], [0.0], static.graph_k + 1)
+
+
+def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported_dir: Path) -> None:
+    with pytest.raises(MetadataError, match=f"no {STATIC_DECODER_FILE} .*python -m export"):
+        open_runner(tiny_exported_dir / "onnx" / "int8", 2, kv_cache="static", intra_op_threads=1)
+
+
+def test_the_benchmark_arm_reproduces_its_uncaptured_twin(model: Path, tiny_exported_dir: Path) -> None:
+    """bench.run's `onnx-fp16-static` engine (CUDA only there) against `onnx-fp16`, here on CPU."""
+    settings = EngineSettings(model, "cpu", threads=1, max_len=12, max_batch=3)
+    sources = [[*SOURCES[i % 4][:-1], 7 + i, 3] for i in range(10)]
+    for beam in (1, 4):
+        static = engines.create("onnx-fp16-static", settings).translate(sources, beam)
+        assert static == engines.create(engines.UNCAPTURED["onnx-fp16-static"], settings).translate(sources, beam)
+    with pytest.raises(engines.Unavailable, match="no capturable decoder step"):
+        engines.OnnxEngine(replace(settings, model_dir=tiny_exported_dir), "int8", kv_cache="static")
+
+
+def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.static_parity`, the step bench.gpu_check runs on CUDA, here on the CPU provider."""
+    assert static_parity.main(["--model-dir", str(model), "--limit", "6", "--slots", "5", "--max-len", "10"]) == 0
+    printed = capsys.readouterr().out
+    counts = re.findall(r"identical token ids (\d+)/(\d+)", printed)
+    assert len(counts) == 4 and all(same == total != "0" for same, total in counts)  # fp32, fp16 x greedy, beam 4
+    assert "static parity: PASS" in printed
+
+
+def test_served_answers_equal_the_working_batch(tiny_exported_dir: Path) -> None:
+    """`--kv-cache static` served over gRPC (warm-up, then three clients at once, greedy and beam 3, both
+    directions, sentences joining a running batch) answers what the working batch decodes offline."""
+    model = onnx_model(tiny_exported_dir, max_slots=SERVED_SLOTS, kv_cache="static")
+    assert isinstance(runner_of(model), StaticCacheRunner)
+    answers: dict[tuple[str, str, str, int], set[str]] = {}
+    lock = threading.Lock()
+    with running_server(model, server_config(max_slots=SERVED_SLOTS, max_queue=512)) as running:
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(4):
+                side, beam = rng.randint(0, 1), rng.choice([1, 3])
+                source, target = ("de", "en") if side == 0 else ("en", "de")
+                texts = [rng.choice(TINY_PAIRS)[side] for _ in range(3)]
+                message = request(texts, source, target, beam_size=beam, length_penalty=1.0, max_output_len=20)
+                for result in running.stub.Translate(message, timeout=120).results:
+                    with lock:
+                        answers.setdefault((texts[result.index], source, target, beam), set()).add(result.translation)
+
+        threads = [threading.Thread(target=client, args=(seed,)) for seed in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    working = open_runner(tiny_exported_dir / "onnx" / "fp32", SERVED_SLOTS, kv_cache="working", intra_op_threads=1)
+    tokenizer = model.tokenizer
+    assert len(answers) >= 8, "too few distinct texts were asked"
+    for (text, source, target, beam), got in answers.items():
+        parts = split(text, source)
+        ids = [tokenizer.encode_source(piece, target) for piece in parts.pieces]
+        best = [hyps[0].tokens for hyps in translate_ids(working, ids, beam, 1.0, 20)]
+        assert got == {join([tokenizer.decode(list(t)) for t in best], parts.separators)}, (text, beam)
+
+
+def test_the_served_benchmark_arm_serves_the_static_step(model: Path, tiny_exported_dir: Path) -> None:
+    """bench.run's `fp16-static` served arm (CUDA only there): a server with `--kv-cache static`, here on CPU;
+    an export without the step is reported skipped."""
+    settings = EngineSettings(model, "cpu", 1, 6, 4)
+    work = load_workload(model, Path("data/test.tsv"), 4)
+    budget = replace(QUICK, load_s=1.0, latency_requests=2, concurrency=(4,), load_fractions=(1.0,))
+    served = bench_served_static(settings, work, budget, [])
+    assert served["variant"] == "fp16" and served["server_args"] == ["--kv-cache", "static"]
+    assert not any(run["errors"] for beam in (1, 4) for run in served[f"beam{beam}"]["closed"])
+    assert served["beam4"]["saturation_tokens_per_s"] > 0
+    skipped = bench_served_static(replace(settings, model_dir=tiny_exported_dir), work, budget, [])
+    assert skipped == {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
+
+
+def test_the_scheduler_hands_out_the_lowest_free_slots(model: Path) -> None:
+    """Freed slots are reused lowest first, so the rows in use stay in the smallest bucket that holds them."""
+    spec = read_metadata(model / "onnx" / "fp32").spec()
+    scheduler = Scheduler(spec, EngineLimits(max_slots=6))
+    for request_id, length in enumerate((1, 3, 2)):  # greedy sentences that stop after 1, 3 and 2 tokens
+        scheduler.add(request_id, [SOURCES[0]], DecodeOptions(beam_size=1, max_output_len=length), None, now=0.0)
+
+    def step() -> Batch:
+        batch = scheduler.schedule(now=0.0)
+        rows, k = batch.candidate_shape(spec.vocab_size)
+        never_eos = Candidates(np.zeros((rows, k), np.float32), np.full((rows, k), spec.eos_id + 1, np.int64))
+        scheduler.update(batch, never_eos)
+        return batch
+
+    assert [item.slots for item in step().encode] == [[0], [1], [2]]
+    step()  # slot 0 was freed after the first step, slot 2 after this one
+    scheduler.add(3, [SOURCES[1]], DecodeOptions(beam_size=1, max_output_len=4), None, now=0.0)
+    assert [item.slots for item in step().encode] == [[0]]
