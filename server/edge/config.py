@@ -82,9 +82,10 @@ class ServerConfig:
     threads: int = 0
     # Added to the niceness of the engines' decoding threads (an engine process: all of its threads), so the
     # threads answering calls get a core first when both are ready: refusals and health checks stay quick
-    # while decoding takes the rest. 0 = the same priority. Intra-op threads an in-process session starts
-    # (--threads above 1) keep the process's.
-    engine_nice: int = 10
+    # while decoding takes the rest. 0 (the default) = the same priority: on an idle machine 10 cost 4-16% of
+    # greedy throughput and did not speed refusals; under other load it did (docs/reliability.md). Intra-op
+    # threads an in-process session starts (--threads above 1) keep the process's.
+    engine_nice: int = 0
     # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
     # with its engines on its share of the cores; a parent process supervises them and serves their metrics
     # together. Engines in one process share its interpreter; processes do not (docs/service.md measures both).
