@@ -33,9 +33,9 @@ from server.backend import runtime
 from server.backend.arena_release import RELEASE_RATIO, RELEASE_SPACING, ArenaRelease, trim_heap
 from server.backend.runners import open_runner
 from server.backend.working_batch import WorkingBatchRunner
+from server.core.events import EngineLimits
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
-from server.core.scheduler import EngineLimits
 
 MEMORY = ("release", "keep", "no-arena")
 

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.core.beam import BeamState, Hypothesis, row_candidates
-from server.core.engine import Event, RequestDone, RequestFailed, SentenceDone
+from server.core.events import Event, RequestDone, RequestFailed, SentenceDone
 from server.core.offline import execute as run_batch
 from server.core.runner import Candidates, EncodeItem, ModelSpec
 from server.core.scheduler import Batch

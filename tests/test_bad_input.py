@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits, TextLimitError, model_text, prepare_texts
-from server.core.engine import InvalidWorkError
 from server.core.splitter import join, translatable
+from server.core.work import InvalidWorkError
 from server.edge.errors import MALFORMED_MESSAGE, status_for
 from server.edge.loading import LoadedModel
 from tests.fakes import FakeRunner, reference_decode

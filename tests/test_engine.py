@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.core.engine import (
+from server.core.engine import Engine
+from server.core.events import (
     ENGINE_FAILED_MESSAGE,
-    DecodeOptions,
     DrainingError,
-    Engine,
     EngineFailedError,
     EngineLimits,
     Event,
@@ -29,6 +28,7 @@ from server.core.engine import (
     SentenceDone,
 )
 from server.core.runner import Candidates
+from server.core.work import DecodeOptions
 from server.edge.metrics import Metrics, ModelMetrics
 from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
 from tests.serving import sample_value

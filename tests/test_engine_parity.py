@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from server.core.beam import row_candidates
-from server.core.engine import DecodeOptions, Engine, EngineLimits, RequestDone
+from server.core.engine import Engine
+from server.core.events import EngineLimits, RequestDone
 from server.core.runner import Candidates, EncodeItem
+from server.core.work import DecodeOptions
 from tests.fakes import Collector
 
 

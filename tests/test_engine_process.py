@@ -19,7 +19,8 @@ import grpc
 import pytest
 
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
-from server.core.engine import DecodeOptions, EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
+from server.core.events import EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
+from server.core.work import DecodeOptions
 from server.edge.loading import LoadedModel, load_model
 from tests.serving import (
     ROOT,

@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, enable_created_metrics, generat
 from server.backend.engine_messages import GcCounts
 from server.core import engine as engine_module
 from server.core import offline
-from server.core.engine import DecodeOptions, Engine, EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
+from server.core.engine import Engine
+from server.core.events import EngineLimits, Event, RequestDone, RequestFailed, SentenceDone
+from server.core.work import DecodeOptions
 from server.edge.metrics import Metrics, StepStats, start_metrics_server
 from server.edge.process_metrics import disable_created_metrics, register_process_collectors
 from tests.fakes import Collector, FakeRunner, reference_decode

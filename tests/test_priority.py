@@ -8,7 +8,8 @@ from pathlib import Path
 from server.backend.engine_child import RunnerSettings
 from server.backend.engine_process import ModelProcess
 from server.backend.engines import start_engine
-from server.core.engine import Engine, EngineLimits
+from server.core.engine import Engine
+from server.core.events import EngineLimits
 from tests.fakes import FakeRunner
 
 NICE = 5

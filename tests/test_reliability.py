@@ -28,18 +28,11 @@ import pytest
 
 from model.tokenizer import TextTokenizer
 from server.core.documents import prepare_texts
-from server.core.engine import (
-    DecodeOptions,
-    Engine,
-    EngineLimits,
-    Event,
-    FailureReason,
-    RequestDone,
-    RequestFailed,
-    SentenceDone,
-)
+from server.core.engine import Engine
+from server.core.events import EngineLimits, Event, FailureReason, RequestDone, RequestFailed, SentenceDone
 from server.core.runner import Candidates
 from server.core.scheduler import Scheduler
+from server.core.work import DecodeOptions
 from server.edge import servicer as servicer_module
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE

@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.core.beam import Hypothesis
+from server.core.events import Event, RequestDone, SentenceDone, TokensEvent
 from server.core.response_cache import CachedSentence, CacheKey, ResponseCache, entry_bytes, submit_through
-from server.core.scheduler import DecodeOptions, Event, RequestDone, SentenceDone, TokensEvent
+from server.core.work import DecodeOptions
 from server.edge.config import parse_config
 from server.edge.loading import LoadedModel
 from server.edge.metrics import Metrics

@@ -11,24 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.core.offline import translate_ids
-from server.core.scheduler import (
+from server.core.events import (
     Abandoned,
-    Batch,
-    DecodeOptions,
     EngineLimits,
     Event,
     FailureReason,
     QueueFullError,
     RequestDone,
     RequestFailed,
-    Scheduler,
     SentenceDone,
     TokensEvent,
-    output_limit,
-    reorder_slots,
 )
-from server.core.work import InvalidWorkError, check_options, check_sources
+from server.core.offline import translate_ids
+from server.core.scheduler import Batch, Scheduler, output_limit, reorder_slots
+from server.core.work import DecodeOptions, InvalidWorkError, check_options, check_sources
 from tests.fakes import FAKE_SPEC, FakeRunner, execute, reference_decode
 
 Events = dict[int, list[Event]]

@@ -20,7 +20,7 @@ import pytest
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
-from server.core.engine import RequestDone, SentenceDone, TokensEvent
+from server.core.events import RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
 from server.edge import interceptors, preparation
 from server.edge.config import ServerConfig
@@ -869,8 +869,8 @@ class _Remaining:
 def test_grpc_ending_a_call_cancels_its_request_with_the_right_reason(remaining: float, deadline: bool) -> None:
     """grpc cancels the handler's task at the deadline (or when the client leaves); the request's
     sentences must then fail as DEADLINE_EXCEEDED, or CANCELLED, in the failed-sentences series."""
-    from server.core.engine import Admission
-    from server.core.scheduler import DecodeOptions
+    from server.core.admission_ledger import Admission
+    from server.core.work import DecodeOptions
     from server.edge.convert import TranslateJob
     from server.edge.errors import CallRecord
     from server.edge.servicer import _engine_events

@@ -25,10 +25,12 @@ from model.directory import STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, re
 from server.backend.runners import open_runner
 from server.backend.runtime import OnnxRunner
 from server.backend.static_cache import StaticCacheRunner, buckets
+from server.core.events import EngineLimits
 from server.core.offline import translate_ids
 from server.core.runner import Candidates, EncodeItem
-from server.core.scheduler import Batch, DecodeOptions, EngineLimits, Scheduler
+from server.core.scheduler import Batch, Scheduler
 from server.core.splitter import join, split
+from server.core.work import DecodeOptions
 from tests.serving import onnx_model, request, runner_of, running_server, server_config
 from tests.tiny import TINY_PAIRS
 

@@ -43,10 +43,10 @@ from server.backend.engine_messages import (
 )
 from server.backend.parent_watch import follow_parent
 from server.backend.priority import lower_process_priority
-from server.core.engine import (
+from server.core.engine import Engine
+from server.core.events import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
-    Engine,
     EngineLimits,
     Event,
     FailureReason,

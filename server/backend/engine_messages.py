@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from model.directory import ExportMetadata, ModelSpec
-from server.core.engine import DecodeOptions, EngineLimits, Event
+from server.core.events import EngineLimits, Event
 from server.core.observer import EngineObserver, StepStats
+from server.core.work import DecodeOptions
 
 # -- server -> child ----------------------------------------------------------------------------------
 

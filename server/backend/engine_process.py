@@ -46,11 +46,9 @@ from server.backend.engine_messages import (
     Warm,
     Warmup,
 )
-from server.core.engine import (
+from server.core.admission_ledger import Admission, AdmissionLedger
+from server.core.events import (
     ENGINE_FAILED_MESSAGE,
-    Admission,
-    AdmissionLedger,
-    DecodeOptions,
     EngineFailedError,
     EngineLimits,
     Event,
@@ -59,6 +57,7 @@ from server.core.engine import (
     RequestFailed,
 )
 from server.core.observer import EngineObserver
+from server.core.work import DecodeOptions
 
 __all__ = ["EngineProcess", "ModelProcess", "RunnerSettings"]
 

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, TypeAlias
 from server.backend.engine_messages import GcCounts
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
 from server.backend.priority import lower_thread_priority
-from server.core.engine import Engine, EngineLimits
+from server.core.engine import Engine
 from server.core.engine_client import EngineClient
+from server.core.events import EngineLimits
 from server.core.observer import EngineObserver
 from server.core.runner import Runner
 

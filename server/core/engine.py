@@ -21,57 +21,30 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from server.core.observer import EngineObserver, StepStats
-from server.core.offline import RunnerTimes, execute
-from server.core.runner import Candidates, Runner
-from server.core.scheduler import (
+from server.core.admission_ledger import Admission, AdmissionLedger
+from server.core.events import (
+    ENGINE_FAILED_MESSAGE,
     INTERNAL_MESSAGE,
-    Batch,
-    DecodeOptions,
-    DrainingError,
     EngineLimits,
     Event,
     FailureReason,
-    QueueFullError,
     RequestDone,
     RequestFailed,
-    Scheduler,
     SentenceDone,
-    TokensEvent,
 )
-from server.core.work import InvalidWorkError
-
-__all__ = [
-    "Admission",
-    "AdmissionLedger",
-    "DecodeOptions",
-    "DrainingError",
-    "Engine",
-    "EngineFailedError",
-    "EngineLimits",
-    "Event",
-    "FailureReason",
-    "InvalidWorkError",
-    "QueueFullError",
-    "RequestDone",
-    "RequestFailed",
-    "RequestHandle",
-    "SentenceDone",
-    "TokensEvent",
-]
+from server.core.observer import EngineObserver, StepStats
+from server.core.offline import RunnerTimes, execute
+from server.core.runner import Candidates, Runner
+from server.core.scheduler import Batch, Scheduler
+from server.core.work import DecodeOptions
 
 logger = logging.getLogger(__name__)
 
 WARMUP_TIMEOUT_S = 120.0
-ENGINE_FAILED_MESSAGE = "the translation engine failed; retry on another replica"
-
-
-class EngineFailedError(Exception):
-    """The engine's loop has died; it admits no work until the process is restarted."""
 
 
 @dataclass(frozen=True)
@@ -90,71 +63,6 @@ class _Submission:
     deadline: float | None
     submitted_at: float  # queue wait counts from here
     owner: _Owner
-
-
-@dataclass
-class Admission:
-    """A call's place in the engine, taken by `Engine.admission` before its request is split and tokenized."""
-
-    sentences: int  # queue places it holds until it submits (or ends without submitting)
-
-
-class AdmissionLedger:
-    """The queue places admitted calls hold before they submit, and the rules an engine admits and accepts
-    work by: `Engine` and the server's side of an engine process (`server.backend.engine_process`) both keep
-    one. Every method runs under its owner's lock; `queued` is the owner's count of sentences waiting."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit  # most sentences waiting or held
-        self.reserved_sentences = 0  # places held by admitted calls that have not submitted yet
-        self.admitted_calls = 0  # calls inside admission(): drain waits for them
-
-    def reserve(self, sentences: int, queued: int, failed: bool, draining: bool) -> Admission:
-        """Hold `sentences` places for a call, or refuse it (see `Engine.admission`)."""
-        if failed:
-            raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-        if draining:
-            raise DrainingError("the engine is draining and admits no new requests")
-        waiting = queued + self.reserved_sentences
-        if waiting + sentences > self.limit:
-            raise QueueFullError(f"{waiting} of {self.limit} queue places are taken or held")
-        self.reserved_sentences += sentences
-        self.admitted_calls += 1
-        return Admission(sentences)
-
-    def release(self, admission: Admission) -> None:
-        """The call has ended: free what it still holds (nothing once it submitted)."""
-        self.reserved_sentences -= admission.sentences
-        self.admitted_calls -= 1
-
-    @contextmanager
-    def held(self, cond: threading.Condition, reserve: Callable[[], Admission]) -> Iterator[Admission]:
-        """The owner's `admission()`: `reserve` runs under the owner's `cond`; the call's places are released
-        under it when the call ends, waking a drain that waits for admitted calls."""
-        with cond:
-            admission = reserve()
-        try:
-            yield admission
-        finally:
-            with cond:
-                self.release(admission)
-                cond.notify_all()
-
-    def accept(
-        self, sentences: int, queued: int, failed: bool, stopping: bool, draining: bool, admitted: Admission | None
-    ) -> None:
-        """Accept a request of `sentences` for the queue, or refuse it; an admitted call's own places are free
-        to it, and become its queued sentences."""
-        if failed:
-            raise EngineFailedError(ENGINE_FAILED_MESSAGE)
-        if stopping or (draining and admitted is None):
-            raise DrainingError("the engine is draining and admits no new requests")
-        held = 0 if admitted is None else admitted.sentences
-        if queued + self.reserved_sentences - held + sentences > self.limit:
-            raise QueueFullError(f"the queue holds {queued} of {self.limit} sentences")
-        if admitted is not None:
-            self.reserved_sentences -= held
-            admitted.sentences = 0
 
 
 class RequestHandle:

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from server.core.engine import Admission, DecodeOptions, Event
+from server.core.admission_ledger import Admission
+from server.core.events import Event
+from server.core.work import DecodeOptions
 
 
 class Cancellable(Protocol):

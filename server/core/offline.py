@@ -7,16 +7,10 @@ import time
 from dataclasses import dataclass
 
 from server.core.beam import Hypothesis
+from server.core.events import EngineLimits, RequestFailed, SentenceDone
 from server.core.runner import Candidates, Runner
-from server.core.scheduler import (
-    Batch,
-    DecodeOptions,
-    EngineLimits,
-    RequestFailed,
-    Scheduler,
-    SentenceDone,
-)
-from server.core.work import check_options, check_sources
+from server.core.scheduler import Batch, Scheduler
+from server.core.work import DecodeOptions, check_options, check_sources
 
 
 class OfflineDecodingError(RuntimeError):

@@ -18,7 +18,8 @@ from typing import Protocol
 
 from server.core.beam import Hypothesis
 from server.core.engine_client import Cancellable
-from server.core.scheduler import DecodeOptions, Event, RequestDone, SentenceDone, TokensEvent
+from server.core.events import Event, RequestDone, SentenceDone, TokensEvent
+from server.core.work import DecodeOptions
 
 # What an entry costs beyond its ids: the key and value objects, the dict slot, one per hypothesis
 ENTRY_OVERHEAD_BYTES = 400

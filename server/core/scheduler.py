@@ -19,7 +19,6 @@ log2(n) reruns, and the others keep running in batches instead of one at a time.
 
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 import logging
@@ -29,79 +28,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.config import default_output_limit
-from server.core.beam import Advance, BeamState, Hypothesis
+from server.core.beam import Advance, BeamState
+from server.core.events import (
+    INTERNAL_MESSAGE,
+    Abandoned,
+    EngineLimits,
+    Event,
+    FailureReason,
+    QueueFullError,
+    RequestDone,
+    RequestFailed,
+    SentenceDone,
+    TokensEvent,
+)
 from server.core.runner import Candidates, EncodeItem, ModelSpec
 from server.core.work import DecodeOptions
 
 logger = logging.getLogger(__name__)
-
-INTERNAL_MESSAGE = "internal error while translating"  # the real cause goes to the log, never to the client
-
-
-class QueueFullError(Exception):
-    """The queue bound would be exceeded; nothing was enqueued."""
-
-
-class DrainingError(Exception):
-    """The engine is draining or stopped and admits no new work."""
-
-
-class FailureReason(enum.Enum):
-    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
-    CANCELLED = "CANCELLED"
-    INTERNAL = "INTERNAL"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """Capacity limits of one engine."""
-
-    max_slots: int = 64  # decoding rows stepped together; at most the runner's pool
-    max_queue_sentences: int = 1024  # sentences waiting for slots; a request over the bound is refused whole
-    max_encode_tokens: int = 4096  # source tokens encoded per iteration, so admitting a burst never stalls decoding
-
-
-# Events delivered to a request's owner, in order; RequestDone and RequestFailed are final.
-@dataclass(frozen=True)
-class TokensEvent:
-    sentence_index: int  # index of the sentence in the request
-    token_ids: tuple[int, ...]  # output so far (greedy); grows by one token per event
-
-
-@dataclass(frozen=True)
-class SentenceDone:
-    sentence_index: int
-    hypotheses: list[Hypothesis]  # best first, num_hypotheses of them
-    input_tokens: int  # source length, tag and EOS included
-    queue_wait_s: float = 0.0  # seconds it waited in the queue before it first got slots
-    encoded_s: tuple[float, float] = (0.0, 0.0)  # its encoder call's start and end, seconds after it was queued
-
-
-@dataclass(frozen=True)
-class RequestFailed:
-    reason: FailureReason
-    message: str  # safe to show to the client: never exception text
-
-
-@dataclass(frozen=True)
-class RequestDone:
-    pass
-
-
-@dataclass(frozen=True)
-class Abandoned:
-    """The unfinished sentences of a failed request, by how far they got: what the metrics count, so a
-    queue that times requests out is told apart from decoding that does (queue waits only report
-    sentences that got slots)."""
-
-    request_id: int
-    reason: FailureReason
-    queued: int  # never got slots
-    decoding: int  # got slots (a sentence restarted by `isolate` counts here too)
-
-
-Event = TokensEvent | SentenceDone | RequestFailed | RequestDone
 
 
 @dataclass

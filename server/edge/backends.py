@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from model.languages import AmbiguousLanguage
 from model.tokenizer import TextTokenizer
 from server.core.documents import RequestLimits
-from server.core.engine import DrainingError
 from server.core.engine_client import EngineClient
+from server.core.events import DrainingError
 from server.core.response_cache import ResponseCache
 from server.core.runner import ModelSpec
 from server.edge.convert import ModelDescription

@@ -23,15 +23,15 @@ import grpc
 import grpc.aio
 
 from server.core.documents import TextLimitError
-from server.core.engine import (
+from server.core.events import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
     EngineFailedError,
     FailureReason,
-    InvalidWorkError,
     QueueFullError,
     RequestFailed,
 )
+from server.core.work import InvalidWorkError
 from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
 from server.edge.metrics import Metrics
 from server.edge.tracing import NO_TRACE, CallTrace, Tracing

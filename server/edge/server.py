@@ -40,8 +40,9 @@ from server.backend.engines import (
     in_this_process,
     start_engine,
 )
-from server.core.engine import Engine, EngineLimits
+from server.core.engine import Engine
 from server.core.engine_client import EngineClient
+from server.core.events import EngineLimits
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
 from server.edge.backends import Backend

@@ -18,16 +18,10 @@ from typing import TypeVar
 import grpc.aio
 
 from model.languages import AUTO
+from server.core.admission_ledger import Admission
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
-from server.core.engine import (
-    Admission,
-    Event,
-    RequestDone,
-    RequestFailed,
-    SentenceDone,
-    TokensEvent,
-)
 from server.core.engine_client import Cancellable, EngineClient
+from server.core.events import Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
 from server.core.markup_documents import RequestAssembler, prepare_request
 from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.edge.admission import sentences_to_hold

@@ -28,7 +28,7 @@ except ImportError:
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from server.core.scheduler import SentenceDone
+    from server.core.events import SentenceDone
 
 SERVICE_NAME = "translate-server"  # the service.name spans carry unless OTEL_SERVICE_NAME says otherwise
 SERVICE = "translation.v1.Translator"
