@@ -161,7 +161,7 @@ def server(flags: list[str], log: Path) -> Iterator[str]:
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         with grpc.insecure_channel(address) as channel:
-            while not _serving(channel):
+            while not serving(channel):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start; see {log}")
                 time.sleep(0.5)
@@ -174,9 +174,10 @@ def server(flags: list[str], log: Path) -> Iterator[str]:
             process.kill()
 
 
-def _serving(channel: grpc.Channel) -> bool:
+def serving(channel: grpc.Channel) -> bool:
+    """Whether the server on `channel` answers its health check SERVING (every model loaded and warm)."""
     try:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
     except grpc.RpcError:
         return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.burst import serving
 from bench.marian_random import build_marian_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,14 +59,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("localhost", 0))
         return int(probe.getsockname()[1])
-
-
-def serving(channel: grpc.Channel) -> bool:
-    try:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-    except grpc.RpcError:
-        return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def time_to_serving(flags: list[str], env: dict[str, str], log: Path) -> float:

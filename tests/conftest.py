@@ -16,7 +16,8 @@ from model.files import SHIPPED_DIR, WEIGHTS_FILE
 LIGHT_MODULES = frozenset({
     "test_bad_input.py", "test_beam.py", "test_config.py", "test_connections.py", "test_cross_lanes.py",
     "test_engine.py", "test_languages.py", "test_logs.py", "test_markup_serving.py", "test_metrics.py",
-    "test_preparation.py", "test_scheduler.py", "test_servicer.py", "test_working_batch.py",
+    "test_preparation.py", "test_process_reports.py", "test_scheduler.py", "test_servicer.py",
+    "test_working_batch.py",
 })  # fmt: skip
 LIGHT = "light"  # the marker, and the mark expression that collects only LIGHT_MODULES
 

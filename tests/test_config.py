@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.core.documents import RequestLimits
-from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ServerConfig, parse_config
+from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ENGINE_PROCESS_NICE, ServerConfig, parse_config
 from server.edge.loading import model_directories, request_limits
 
 
@@ -78,8 +78,24 @@ def test_environment_sets_values_and_flags_win() -> None:
     assert not parse_config([], {}).spin_threads
     assert not parse_config(["--no-spin-threads"], {"TRANSLATE_SPIN_THREADS": "1"}).spin_threads
     assert parse_config([], {"TRANSLATE_ENGINE_PROCESSES": "on"}).engine_processes
-    assert not parse_config([], {}).engine_processes
-    assert not parse_config(["--no-engine-processes"], {"TRANSLATE_ENGINE_PROCESSES": "1"}).engine_processes
+    assert parse_config([], {}).engine_processes is None  # by device and engine count: engine_processes_for
+    assert parse_config(["--no-engine-processes"], {"TRANSLATE_ENGINE_PROCESSES": "1"}).engine_processes is False
+    assert parse_config([], {"TRANSLATE_ENGINE_NICE": "4"}).engine_nice == 4
+    assert parse_config([], {}).engine_nice is None
+
+
+def test_engines_run_in_processes_of_their_own_on_cpu_wherever_there_are_two_or_more() -> None:
+    default = ServerConfig()
+    assert default.engine_processes_for("cpu", 2) and default.engine_processes_for("cpu", 8)
+    assert not default.engine_processes_for("cpu", 1)  # one engine: nothing to share the interpreter with
+    assert not default.engine_processes_for("cuda", 2)
+    assert not ServerConfig(engine_processes=False).engine_processes_for("cpu", 4)
+    assert ServerConfig(engine_processes=True).engine_processes_for("cuda", 1)
+    assert (default.engine_nice_for(in_child=True), default.engine_nice_for(in_child=False)) == (ENGINE_PROCESS_NICE, 0)
+    assert ServerConfig(engine_nice=0).engine_nice_for(in_child=True) == 0
+    assert ServerConfig(engine_nice=5).engine_nice_for(in_child=False) == 5
+    with pytest.raises(ValueError, match="engine_nice"):
+        ServerConfig(engine_nice=20)
 
 
 CONNECTION_FLAGS = [

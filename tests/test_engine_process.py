@@ -13,15 +13,17 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.backend.engines import close_model
 from server.core.events import EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
 from server.core.work import DecodeOptions
-from server.edge.loading import LoadedModel, load_model
+from server.edge.loading import LoadedModel, load_model, load_models
 from tests.serving import (
     ROOT,
     health_status,
@@ -223,3 +225,20 @@ def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_una
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_two_engines_on_cpu_run_in_processes_of_their_own_by_default(tiny_exported_dir: Path) -> None:
+    """The CPU default (server.edge.config.ServerConfig.engine_processes_for): with two engines each is a child
+    of its own; one engine alone stays in this process."""
+    config = server_config(
+        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=2, threads=1
+    )
+    models = load_models(config)
+    try:
+        assert len(models) == 2 and all(isinstance(m.runner, ModelProcess) for m in models)
+        assert len({m.runner.pid for m in models if isinstance(m.runner, ModelProcess)}) == 2
+    finally:
+        for model in models:
+            close_model(model.runner)
+    (alone,) = load_models(replace(config, engines=1))
+    assert not isinstance(alone.runner, ModelProcess)

@@ -53,6 +53,12 @@ class Served:
             if sample.name == name and labels.items() <= sample.labels.items()
         )
 
+    def processes(self, name: str) -> set[str]:
+        """The `process` labels of the samples `name` the parent serves (its children's series)."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        families = text_string_to_metric_families(text)
+        return {s.labels["process"] for f in families for s in f.samples if s.name == name and "process" in s.labels}
+
     def children(self) -> list[int]:
         """The server processes (not multiprocessing's resource tracker beside them)."""
         return [pid for pid in _children(self.process.pid) if b"spawn_main" in _cmdline(pid)]
@@ -124,6 +130,10 @@ def test_processes_share_the_port_and_their_metrics_are_summed(tiny_exported_dir
         wait_until(lambda: served.metric("translation_active_slots") == 0, 10)
         per_process = {pid: requests_served_by(pid) for pid in served.children()}
         assert sum(per_process.values()) == 40 and all(per_process.values()), per_process  # both served
+        # Each server process's own series, labelled: its process (read by the parent) and its GC (reported)
+        both = {"server-0", "server-1"}
+        assert served.processes("translation_child_process_resident_memory_bytes") == both
+        wait_until(lambda: served.processes("translation_child_python_gc_collections_total") == both, 10)
 
 
 def requests_served_by(pid: int) -> float:
@@ -155,6 +165,12 @@ def test_server_processes_with_engine_processes_serve_and_leave_no_process_behin
         assert codes == [grpc.StatusCode.OK] * 40
         wait_until(lambda: served.metric("translation_sentences_total") == 40 * len(TEXTS), 10)
         assert served.metric("translation_decode_step_duration_seconds_count") > 0
+        # Every process of the tree has its process and GC series, each engine under its server's label
+        name = tiny_exported_dir.resolve().name
+        tree = {"server-0", "server-1", f"server-0/engine-{name}#0", f"server-1/engine-{name}#0"}
+        wait_until(lambda: served.processes("translation_child_python_gc_collections_total") == tree, 10)
+        assert served.processes("translation_child_process_resident_memory_bytes") == tree
+        assert served.metric("translation_child_process_resident_memory_bytes", process=f"server-1/engine-{name}#0") > 0
         served.process.send_signal(signal.SIGTERM)
         assert served.process.wait(30) == 0
         wait_until(lambda: not any(_cmdline(pid) for pid in servers + engines), 10)

@@ -28,6 +28,9 @@ DEVICE_SLOTS = {"cpu": 64, "cuda": 256}
 # The queue, when --max-queue is 0, holds this many of the device's full batches: 512 sentences on CPU,
 # measured as about what one engine clears in a 10 s deadline (docs/service.md#queue-bound-and-deadlines).
 QUEUE_BATCHES = 8
+# The niceness engine processes decode at unless --engine-nice says otherwise: in a burst the event loop then
+# reads, admits and refuses calls on cores the engines give up at once (docs/reliability.md#overload).
+ENGINE_PROCESS_NICE = 19
 CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/edge/main.py passes to grpc
     "max_connection_age_s",
     "max_connection_age_grace_s",
@@ -82,10 +85,10 @@ class ServerConfig:
     threads: int = 0
     # Added to the niceness of the engines' decoding threads (an engine process: all of its threads), so the
     # threads answering calls get a core first when both are ready: refusals and health checks stay quick
-    # while decoding takes the rest. 0 (the default) = the same priority: on an idle machine 10 cost 4-16% of
-    # greedy throughput and did not speed refusals; under other load it did (docs/reliability.md). Intra-op
-    # threads an in-process session starts (--threads above 1) keep the process's.
-    engine_nice: int = 0
+    # while decoding takes the rest. None = by where the engines run (`engine_nice_for`): ENGINE_PROCESS_NICE
+    # for engine processes, 0 in this process, where an engine holding the interpreter lock at a low priority
+    # would only slow the event loop (docs/reliability.md measures both).
+    engine_nice: int | None = None
     # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
     # with its engines on its share of the cores; a parent process supervises them and serves their metrics
     # together. Engines in one process share its interpreter; processes do not (docs/service.md measures both).
@@ -94,7 +97,9 @@ class ServerConfig:
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     # Each engine (scheduler, onnxruntime sessions, caches) in a process of its own, behind this one's gRPC:
     # its Python between graph calls then never waits for this process's interpreter lock (docs/service.md).
-    engine_processes: bool = False
+    # None = by the device and the engine count (`engine_processes_for`): on CPU wherever a server process
+    # runs two or more engines, else in this process.
+    engine_processes: bool | None = None
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     log_format: str = "text"  # text for people, json for log pipelines: one object per line (server/edge/logs.py)
@@ -136,7 +141,7 @@ class ServerConfig:
         for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size", "max_slots", "max_queue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.engine_nice <= 19:
+        if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
         if self.processes > 1 and self.port == 0:
             raise ValueError("processes > 1 share one port: give a fixed port, not 0 (each would bind its own)")
@@ -150,6 +155,21 @@ class ServerConfig:
     def slots_for(self, provider: str) -> int:
         """The decoding slots per engine on `provider` ("cpu" or "cuda"): --max-slots, or the device's default."""
         return self.max_slots or DEVICE_SLOTS[provider]
+
+    def engine_processes_for(self, provider: str, engines: int) -> bool:
+        """Whether the `engines` engines of a server process on `provider` each run in a process of their own:
+        --engine-processes, else on CPU where there are two or more (they and the event loop then share no
+        interpreter lock: faster refusals in a burst and more greedy throughput, docs/reliability.md)."""
+        if self.engine_processes is not None:
+            return self.engine_processes
+        return provider == "cpu" and engines >= 2
+
+    def engine_nice_for(self, in_child: bool) -> int:
+        """The niceness added to an engine's decoding: --engine-nice, else ENGINE_PROCESS_NICE for an engine
+        process (`in_child`) and 0 for an engine thread."""
+        if self.engine_nice is not None:
+            return self.engine_nice
+        return ENGINE_PROCESS_NICE if in_child else 0
 
     def queue_for(self, provider: str) -> int:
         """The sentences an engine on `provider` may queue: --max-queue, or QUEUE_BATCHES of its default batches."""
@@ -237,7 +257,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
     add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, one on CUDA)")
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
-    add("engine-nice", int, "niceness added to the engines' decoding threads, below the gRPC threads (0 = none)")
+    add(
+        "engine-nice",
+        int,
+        f"niceness added to the engines' decoding, below the gRPC threads (default: {ENGINE_PROCESS_NICE} for "
+        "engine processes, 0 for engine threads)",
+    )
     add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("log-format", str.lower, "text, or json: one object per line with an access record per call", LOG_FORMATS)
@@ -258,7 +283,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("cache-bytes", int, "most memory the cache of one model holds, in bytes (an estimate)")
     switch = partial(_add_switch, parser, environ, defaults)
     switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
-    switch("engine-processes", "run each engine (scheduler, sessions, caches) in a process of its own")
+    switch(
+        "engine-processes",
+        "run each engine (scheduler, sessions, caches) in a process of its own (default: on CPU, 2 or more engines)",
+    )
     env_no_reflection = environ.get(env_name("no-reflection"))
     parser.add_argument(
         "--no-reflection",

@@ -96,9 +96,15 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
         raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
-    engines, threads = engine_plan(available_cores(), len(sources), resolve_provider(config.provider), config)
-    logger.info("%d engine(s) per model, %s intra-op thread(s) each", engines, threads or "onnxruntime's default")
-    each = replace(config, threads=threads)
+    provider = resolve_provider(config.provider)
+    engines, threads = engine_plan(available_cores(), len(sources), provider, config)
+    in_children = config.engine_processes_for(provider, engines * len(sources))
+    logger.info(
+        "%d engine(s) per model, %s intra-op thread(s) each, %s",
+        engines, threads or "onnxruntime's default",
+        f"each in a process of its own at nice {config.engine_nice_for(True)}" if in_children else "in this process",
+    )  # fmt: skip
+    each = replace(config, threads=threads, engine_processes=in_children)
     return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
 
 
@@ -205,7 +211,7 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str)
             model_dir / "onnx" / variant, config.slots_for(provider), provider, config.threads, config.kv_cache,
             config.spin_threads,
         )  # fmt: skip
-        return variant, open_model(settings, config.engine_processes)
+        return variant, open_model(settings, bool(config.engine_processes))
 
     variant, runner = open_on(provider)
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU

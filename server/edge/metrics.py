@@ -9,12 +9,14 @@ they aggregate across replicas.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from server.core.observer import StepStats
 from server.edge.process_metrics import Children, register_process_collectors
+from server.edge.process_reports import forget_report, read_reports
 
 __all__ = [
     "CacheMetrics",
@@ -310,20 +312,28 @@ class ModelMetrics:
 
 
 def start_multiprocess_metrics_server(
-    port: int, path: str, addr: str = "0.0.0.0", children: Children | None = None
+    port: int, path: str, addr: str = "0.0.0.0", servers: Children | None = None
 ) -> int:
     """Serve `/metrics` summed over the server processes that write their series under `path` (prometheus
     client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import),
-    with this process's own process series and each of `children`'s (server.edge.process_metrics)."""
+    with this process's own process series, and the process and GC series of `servers` and of the engine
+    processes their reports name (server.edge.process_metrics, server.edge.process_reports)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
-    register_process_collectors(registry, children)
+    live: Children = servers or dict
+
+    def children() -> dict[str, int]:
+        return {**live(), **read_reports(Path(path), live()).pids}
+
+    register_process_collectors(registry, children, lambda: read_reports(Path(path), live()).gc)
     return start_metrics_server(port, registry, addr)
 
 
 def forget_process(pid: int, path: str) -> None:
-    """Drop an exited process's live gauges (queue depth, slots) from the sums; its counters stay."""
+    """Drop an exited process's live gauges (queue depth, slots) from the sums, and its report; its counters
+    stay."""
     mark_process_dead(pid, path)
+    forget_report(Path(path), pid)
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:

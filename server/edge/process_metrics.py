@@ -7,11 +7,13 @@ service's registry: `process_*`, `python_info` and `python_gc_*` describe the pr
 The processes that do not serve /metrics get their process series from the one that does, through
 `ChildProcessCollector`, as `translation_child_process_*` labelled `process`: each engine process of
 `--engine-processes` (`engine-<model>#<replica>`) and each server process of `--processes`
-(`server-<index>`, read by the supervising parent, which then owns the unlabelled `process_*`). Each is
-one process, never a sum: alerts and dashboards sum them (`sum without (process)`) where they want the
-whole. Python's GC series are per interpreter: an engine process reports its own through its pipe
-(`server.backend.engine_messages.GcCounts`), exported as `translation_child_python_gc_*` labelled the
-same way; the server processes of `--processes` write theirs to no shared place, and are not exported.
+(`server-<index>`, read by the supervising parent, which then owns the unlabelled `process_*`; the engine
+processes of a server process as `server-<index>/engine-<model>#<replica>`, named in its report,
+`server.edge.process_reports`). Each is one process, never a sum: alerts and dashboards sum them
+(`sum without (process)`) where they want the whole. Python's GC series are per interpreter: an engine
+process sends its own through its pipe (`server.backend.engine_messages.GcCounts`), a server process of
+`--processes` writes its own and its engine processes' into its report; all are exported as
+`translation_child_python_gc_*`, labelled the same way.
 
 `_created` samples are off (`disable_created_metrics`, called by the entrypoints): a second series
 per counter and histogram that Prometheus's text format only carries for OpenMetrics consumers.

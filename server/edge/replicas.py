@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event as ProcessEvent
+from pathlib import Path
 from types import FrameType
 
 from server.backend.parent_watch import follow_parent
@@ -86,7 +87,7 @@ def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> N
     configure_logging(config.log_level, config.log_format)
     disable_created_metrics()
     stop_with_parent(parent)
-    run(config, on_serving=serving.set)
+    run(config, on_serving=serving.set, report_to=Path(os.environ[MULTIPROC_ENV]))
 
 
 def stop_with_parent(parent: int) -> None:

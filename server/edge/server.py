@@ -58,6 +58,7 @@ from server.edge.loading import (
 )
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
+from server.edge.process_reports import REPORT_S, SELF, ProcessReport, write_report
 from server.edge.servicer import TranslatorServicer
 from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -171,7 +172,8 @@ class TranslationServer:
 
         observer = self.metrics.for_model(info.name)
         config = self.config
-        engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, config.engine_nice)
+        nice = config.engine_nice_for(in_child=child_pid(model.runner) is not None)
+        engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, nice)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
         if (pid := child_pid(model.runner)) is not None:
@@ -334,9 +336,11 @@ async def serve(
     config: ServerConfig,
     model: LoadedModel | Sequence[LoadedModel] | None = None,
     on_serving: Callable[[], None] | None = None,
+    report_to: Path | None = None,
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones;
-    `on_serving` is called once every model is loaded and health says SERVING.
+    `on_serving` is called once every model is loaded and health says SERVING; with `report_to` (a server
+    process of `--processes`), the processes behind this one are reported there for the parent's /metrics.
 
     Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
     stopping the server either way.
@@ -366,6 +370,7 @@ async def serve(
         except OSError as err:
             raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)
+    reporting = None if report_to is None else asyncio.create_task(report_processes(server, report_to))
     loading = asyncio.create_task(server.load(model))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -389,16 +394,35 @@ async def serve(
     grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
     delay = 0.0 if failure is not None else config.shutdown_delay_seconds
     await server.shutdown(grace, delay)
+    if reporting is not None:
+        reporting.cancel()
     if tracing is not None:
         await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
     if failure is not None:
         raise failure
 
 
-def run(config: ServerConfig, model: LoadedModel | None = None, on_serving: Callable[[], None] | None = None) -> None:
+async def report_processes(server: TranslationServer, directory: Path) -> None:
+    """Every REPORT_S, this process's GC counts and its engine processes' pids and GC counts, written to
+    `directory` for the parent of `--processes` (server.edge.process_reports)."""
+    while True:
+        report = ProcessReport(dict(server.engine_pids), {SELF: GcCounts.now(), **server.children_gc()})
+        try:
+            write_report(directory, report)
+        except OSError as err:  # the parent removed the directory as it exits: nothing reads it any more
+            logger.debug("could not write the process report: %s", err)
+        await asyncio.sleep(REPORT_S)
+
+
+def run(
+    config: ServerConfig,
+    model: LoadedModel | None = None,
+    on_serving: Callable[[], None] | None = None,
+    report_to: Path | None = None,
+) -> None:
     """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
     try:
-        asyncio.run(serve(config, model, on_serving))
+        asyncio.run(serve(config, model, on_serving, report_to))
     except ModelSourceError as err:  # bad input, as a bad flag is: status 2
         logger.debug("the server stopped", exc_info=err)
         print(f"translate-server: {err}", file=sys.stderr)
