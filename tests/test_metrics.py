@@ -273,6 +273,40 @@ def test_process_platform_and_gc_series_describe_this_process(registry: Collecto
     assert value(registry, "python_info", implementation="CPython") == 1
 
 
+def test_gc_pauses_are_timed_per_generation_and_export_as_a_histogram(registry: CollectorRegistry) -> None:
+    import gc
+
+    from server.edge.gc_pauses import BUCKETS, GcPauses
+
+    pauses = GcPauses()
+    registry.register(pauses)
+    pauses.install()
+    pauses.install()  # once, however often
+    try:
+        gc.collect(2)
+        gc.collect(0)
+        gc.collect(0)
+    finally:
+        pauses.uninstall()
+    gc.collect(2)  # after uninstall: not counted
+    name = "translation_gc_pause_seconds"
+    assert value(registry, f"{name}_count", generation="2") == 1
+    assert value(registry, f"{name}_count", generation="0") == 2
+    assert value(registry, f"{name}_count", generation="1") == 0
+    assert 0 < value(registry, f"{name}_sum", generation="2") < 10
+    buckets = [value(registry, f"{name}_bucket", generation="2", le=str(b)) for b in [*BUCKETS, "+Inf"]]
+    assert buckets == sorted(buckets) and buckets[-1] == 1  # cumulative, and every pause in +Inf
+
+
+def test_the_process_collectors_export_this_interpreters_gc_pauses(registry: CollectorRegistry) -> None:
+    import gc
+
+    register_process_collectors(registry)
+    before = value(registry, "translation_gc_pause_seconds_count", generation="2")
+    gc.collect(2)
+    assert value(registry, "translation_gc_pause_seconds_count", generation="2") == before + 1
+
+
 def test_child_processes_have_their_own_labelled_series_until_they_exit(registry: CollectorRegistry) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(60)"])
     try:

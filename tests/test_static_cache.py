@@ -21,9 +21,9 @@ from bench.engines import EngineSettings
 from bench.run import QUICK, bench_served_static, load_workload
 from export.__main__ import main as export_main
 from export.builder.static_step import HOST_READ_OPS, check_capturable
-from model.directory import STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, read_metadata
+from model.directory import DECODER_FILE, STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, read_metadata
 from server.backend.runners import open_runner
-from server.backend.runtime import OnnxRunner
+from server.backend.runtime import OnnxRunner, make_session
 from server.backend.static_cache import StaticCacheRunner, buckets
 from server.core.events import EngineLimits
 from server.core.offline import translate_ids
@@ -148,6 +148,23 @@ def test_more_candidates_than_the_graph_ranks_are_refused(model: Path) -> None:
     static.encode([EncodeItem(SOURCES[0], [0])])
     with pytest.raises(ValueError, match=f"ranks {static.graph_k} candidates per row"):
         static.step([0], [1], [0], [0.0], static.graph_k + 1)
+
+
+def test_the_static_runner_never_opens_the_dynamic_step(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its weights would take device memory for nothing: the static runner steps decoder_step_static alone."""
+    from server.backend import runtime
+
+    opened: list[str] = []
+
+    def recording(path: Path, *args: object, **kwargs: object) -> object:
+        opened.append(path.name)
+        return make_session(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime, "make_session", recording)
+    static = StaticCacheRunner(model / "onnx" / "fp32", 8, intra_op_threads=1)
+    assert STATIC_DECODER_FILE in opened and DECODER_FILE not in opened, opened
+    static.encode([EncodeItem(SOURCES[0], [0])])
+    assert static.step([0], [1], [0], [0.0], 4).ids.shape == (1, 4)
 
 
 def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported_dir: Path) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import onnxruntime as ort
 
 from model.directory import (
     DECODER_FILE,
@@ -76,11 +77,11 @@ class OnnxRunner:
         self.spec: ModelSpec = self.metadata.spec()
         self.max_slots = max_slots
         self.encoder = self._session(variant_dir / ENCODER_FILE)
-        self.decoder = self._session(variant_dir / DECODER_FILE)
+        self.decoder = self._open_step(variant_dir)
         self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
         if "row_scores" not in {arg.name for arg in self.decoder.get_inputs()}:
             raise MetadataError(
-                f"{variant_dir / DECODER_FILE} predates candidate ranking in the graph: "
+                f"the decoder step in {variant_dir} predates candidate ranking in the graph: "
                 "export again with python -m export"
             )
         self.provider = self.decoder.get_providers()[0]
@@ -111,6 +112,10 @@ class OnnxRunner:
         self._cross_gather_key: tuple[bytes, int, int] | None = None
         self._open_caches(variant_dir)
         log.info("onnx runner %s on %s, %s caches, %d slots", meta.variant, self.provider, self.kv_cache, max_slots)
+
+    def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
+        """The decoder-step graph this runner steps (the static runner opens its capturable one instead)."""
+        return self._session(variant_dir / DECODER_FILE)
 
     # -- the Runner protocol: bookkeeping shared by both cache places ---------------------------
 

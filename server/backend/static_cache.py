@@ -46,12 +46,17 @@ class StaticCacheRunner(DeviceCacheRunner):
 
     kv_cache = "static"
 
-    def _open_caches(self, variant_dir: Path) -> None:
-        super()._open_caches(variant_dir)
+    def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
+        """decoder_step_static, the only step this runner takes (the dynamic step graph is never opened);
+        CUDA captures it per `gpu_graph_id` (the option is CUDA's alone: the CPU provider runs it as is)."""
         path = variant_dir / STATIC_DECODER_FILE
         if not path.is_file():
             raise MetadataError(f"no {STATIC_DECODER_FILE} in {variant_dir}: export again with python -m export")
-        self.static = self._session(path, cuda_graph=self.device == "cuda")
+        return self._session(path, cuda_graph=True)
+
+    def _open_caches(self, variant_dir: Path) -> None:
+        super()._open_caches(variant_dir)
+        self.static = self.decoder
         top_ids = next(arg for arg in self.static.get_outputs() if arg.name == "top_ids")
         self.graph_k = int(top_ids.shape[1])  # candidates the graph ranks per row
         meta, rows = self.metadata, self.max_slots

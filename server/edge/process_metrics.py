@@ -15,6 +15,9 @@ process sends its own through its pipe (`server.backend.engine_messages.GcCounts
 `--processes` writes its own and its engine processes' into its report; all are exported as
 `translation_child_python_gc_*`, labelled the same way.
 
+`translation_gc_pause_seconds{generation}` (server.edge.gc_pauses) times the collector's pauses of the
+process serving /metrics, which prometheus-client's GC series do not (with `--processes`: the parent's).
+
 `_created` samples are off (`disable_created_metrics`, called by the entrypoints): a second series
 per counter and histogram that Prometheus's text format only carries for OpenMetrics consumers.
 """
@@ -30,6 +33,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from server.backend.engine_messages import GcCounts
+from server.edge.gc_pauses import PAUSES
 
 CHILD_PREFIX = "translation_child_"
 LABELS = ("generation", "process")
@@ -55,6 +59,8 @@ def register_process_collectors(
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    PAUSES.install()
+    registry.register(PAUSES)
     if children is not None:
         registry.register(ChildProcessCollector(children))
     if children_gc is not None:
