@@ -52,6 +52,7 @@ HISTOGRAMS = [
     "translation_encode_duration_seconds",
     "translation_step_active_slots",
     "translation_padding_efficiency_ratio",
+    "translation_gc_pause_seconds",
 ]
 GAUGES = [
     "translation_queue_depth",
@@ -103,6 +104,7 @@ DASHBOARD_MUST_SHOW = {
     "its CPU": "process_cpu_seconds_total",
     "memory of engine and server processes": "translation_child_process_resident_memory_bytes",
     "CPU of engine and server processes": "translation_child_process_cpu_seconds_total",
+    "garbage collector pauses of the serving process": "translation_gc_pause_seconds_bucket",
 }
 
 
