@@ -81,6 +81,8 @@ def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_serve
                 (gc_counts,) = running.server.children_gc().values()  # its GC series, under the same label
                 assert running.server.children_gc().keys() == running.server.engine_pids.keys()
                 assert len(gc_counts.collections) == 3 and sum(gc_counts.collections) > 0
+                assert gc_counts.pauses is not None  # its collector's pauses, timed in the child
+                assert 0 < sum(map(sum, gc_counts.pauses.counts)) <= sum(gc_counts.collections)  # timed once serving
                 assert steps > 0 and sentences == 2 * 4  # the child's measurements, in the server's registry
                 assert sample_value(running.registry, "translation_max_slots") == 8
     assert answers[True, 1] == answers[False, 1] and answers[True, 2] == answers[False, 2]

@@ -273,38 +273,40 @@ def test_process_platform_and_gc_series_describe_this_process(registry: Collecto
     assert value(registry, "python_info", implementation="CPython") == 1
 
 
-def test_gc_pauses_are_timed_per_generation_and_export_as_a_histogram(registry: CollectorRegistry) -> None:
+def test_gc_pauses_are_timed_per_generation() -> None:
     import gc
 
-    from server.edge.gc_pauses import BUCKETS, GcPauses
+    from server.core.gc_pauses import BUCKETS, GcPauses
 
     pauses = GcPauses()
-    registry.register(pauses)
     pauses.install()
     pauses.install()  # once, however often
     try:
+        assert pauses.installed
         gc.collect(2)
         gc.collect(0)
         gc.collect(0)
     finally:
         pauses.uninstall()
     gc.collect(2)  # after uninstall: not counted
-    name = "translation_gc_pause_seconds"
-    assert value(registry, f"{name}_count", generation="2") == 1
-    assert value(registry, f"{name}_count", generation="0") == 2
-    assert value(registry, f"{name}_count", generation="1") == 0
-    assert 0 < value(registry, f"{name}_sum", generation="2") < 10
-    buckets = [value(registry, f"{name}_bucket", generation="2", le=str(b)) for b in [*BUCKETS, "+Inf"]]
-    assert buckets == sorted(buckets) and buckets[-1] == 1  # cumulative, and every pause in +Inf
+    counts = pauses.snapshot()
+    assert [sum(c) for c in counts.counts] == [2, 0, 1] and len(counts.counts[2]) == len(BUCKETS) + 1
+    assert 0 < counts.sums[2] < 10 and counts.sums[1] == 0 and not pauses.installed
 
 
 def test_the_process_collectors_export_this_interpreters_gc_pauses(registry: CollectorRegistry) -> None:
     import gc
 
+    from server.core.gc_pauses import BUCKETS
+
     register_process_collectors(registry)
-    before = value(registry, "translation_gc_pause_seconds_count", generation="2")
+    name = "translation_gc_pause_seconds"
+    before = value(registry, f"{name}_count", generation="2")
     gc.collect(2)
-    assert value(registry, "translation_gc_pause_seconds_count", generation="2") == before + 1
+    assert value(registry, f"{name}_count", generation="2") == before + 1
+    buckets = [value(registry, f"{name}_bucket", generation="2", le=str(b)) for b in [*BUCKETS, "+Inf"]]
+    assert buckets == sorted(buckets) and buckets[-1] == before + 1  # cumulative, every pause in +Inf
+    assert value(registry, f"{name}_sum", generation="2") > 0
 
 
 def test_child_processes_have_their_own_labelled_series_until_they_exit(registry: CollectorRegistry) -> None:
@@ -333,6 +335,21 @@ def test_child_interpreters_gc_series_are_labelled_per_process(registry: Collect
     assert value(registry, uncollectable, generation="2", process="engine-tiny#0") == 1
     this_process = value(registry, "python_gc_collections_total", generation="0")
     assert value(registry, series, generation="0", process="engine-tiny#1") <= this_process  # read before
+
+
+def test_a_childs_gc_pauses_are_a_histogram_labelled_with_it(registry: CollectorRegistry) -> None:
+    from server.core.gc_pauses import BUCKETS, PauseCounts
+
+    below_all, above_all = [1] + [0] * len(BUCKETS), [0] * len(BUCKETS) + [1]  # 3 young, 1 full over 250 ms
+    timed = PauseCounts((tuple(3 * n for n in below_all), (0,) * (len(BUCKETS) + 1), tuple(above_all)), (3e-5, 0, 0.4))
+    reported = {"engine-tiny#0": GcCounts((3, 0, 1), (0, 0, 0), (0, 0, 0), timed), "engine-tiny#1": GcCounts.now()}
+    register_process_collectors(registry, dict, lambda: reported)
+    name = "translation_child_gc_pause_seconds"
+    assert value(registry, f"{name}_count", generation="0", process="engine-tiny#0") == 3
+    assert value(registry, f"{name}_bucket", generation="0", process="engine-tiny#0", le=str(BUCKETS[0])) == 3
+    assert value(registry, f"{name}_bucket", generation="2", process="engine-tiny#0", le=str(BUCKETS[-1])) == 0
+    assert value(registry, f"{name}_bucket", generation="2", process="engine-tiny#0", le="+Inf") == 1
+    assert value(registry, f"{name}_sum", generation="2", process="engine-tiny#0") == 0.4
 
 
 def test_no_created_series_once_disabled(registry: CollectorRegistry) -> None:

@@ -8,12 +8,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from server.backend.engine_messages import GcCounts
+from server.core.gc_pauses import BUCKETS, PauseCounts
 from server.edge.metrics import forget_process
 from server.edge.process_metrics import register_process_collectors
 from server.edge.process_reports import SELF, ProcessReport, forget_report, read_reports, report_path, write_report
 
 OWN = GcCounts((10, 2, 1), (300, 40, 5), (0, 0, 0))
-ENGINE = GcCounts((7, 1, 0), (90, 3, 0), (0, 1, 0))
+TIMED = PauseCounts(tuple((n,) + (0,) * len(BUCKETS) for n in (7, 1, 0)), (0.0007, 0.0001, 0.0))  # all under 0.1 ms
+ENGINE = GcCounts((7, 1, 0), (90, 3, 0), (0, 1, 0), TIMED)
 
 
 def test_a_report_is_read_back_under_its_servers_label(tmp_path: Path) -> None:
@@ -56,3 +58,8 @@ def test_reported_counts_become_the_labelled_gc_series(tmp_path: Path) -> None:
     assert 'translation_child_python_gc_collections_total{generation="0",process="server-0"} 10.0' in text
     engine = 'translation_child_python_gc_objects_collected_total{generation="1",process="server-0/engine-opus#0"}'
     assert f"{engine} 3.0" in text
+    pauses = 'translation_child_gc_pause_seconds_count{generation="0",process="server-0/engine-opus#0"}'
+    assert (
+        f"{pauses} 7.0" in text
+        and 'translation_child_gc_pause_seconds_count{generation="0",process="server-0"}' not in text
+    )

@@ -170,6 +170,7 @@ def test_server_processes_with_engine_processes_serve_and_leave_no_process_behin
         tree = {"server-0", "server-1", f"server-0/engine-{name}#0", f"server-1/engine-{name}#0"}
         wait_until(lambda: served.processes("translation_child_python_gc_collections_total") == tree, 10)
         assert served.processes("translation_child_process_resident_memory_bytes") == tree
+        assert served.processes("translation_child_gc_pause_seconds_count") == tree  # each times its own
         assert served.metric("translation_child_process_resident_memory_bytes", process=f"server-1/engine-{name}#0") > 0
         served.process.send_signal(signal.SIGTERM)
         assert served.process.wait(30) == 0

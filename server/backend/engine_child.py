@@ -53,6 +53,7 @@ from server.core.events import (
     RequestDone,
     RequestFailed,
 )
+from server.core.gc_pauses import PAUSES
 from server.core.observer import StepStats
 from server.core.stall_watch import start_stall_watch
 
@@ -102,6 +103,7 @@ def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> 
         return
     if isinstance(start, StartEngine):
         lower_process_priority(start.nice)
+        PAUSES.install()  # its collector's pauses go with its GC counts
         _ChildEngine(conn, runner, start.limits, start.stall_seconds).serve()
 
 

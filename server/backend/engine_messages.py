@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from model.directory import ExportMetadata, ModelSpec
 from server.core.events import EngineLimits, Event
+from server.core.gc_pauses import PAUSES, PauseCounts
 from server.core.observer import EngineObserver, StepStats
 from server.core.work import DecodeOptions
 
@@ -98,17 +99,22 @@ class Warm:
 
 @dataclass(frozen=True)
 class GcCounts:
-    """The child interpreter's garbage collector so far, per generation (`gc.get_stats()`): the server
-    exports them labelled with the child (server.edge.process_metrics)."""
+    """The child interpreter's garbage collector so far, per generation (`gc.get_stats()`), and its pauses
+    where they are timed (server.core.gc_pauses): the server exports them labelled with the child
+    (server.edge.process_metrics)."""
 
     collections: tuple[int, ...]  # per generation, youngest first
     collected: tuple[int, ...]  # objects found unreachable and freed
     uncollectable: tuple[int, ...]
+    pauses: PauseCounts | None = None
 
     @classmethod
     def now(cls) -> GcCounts:
         stats = gc.get_stats()
-        return cls(*(tuple(s[key] for s in stats) for key in ("collections", "collected", "uncollectable")))
+        collections, collected, uncollectable = (
+            tuple(s[key] for s in stats) for key in ("collections", "collected", "uncollectable")
+        )
+        return cls(collections, collected, uncollectable, PAUSES.snapshot() if PAUSES.installed else None)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ process sends its own through its pipe (`server.backend.engine_messages.GcCounts
 `--processes` writes its own and its engine processes' into its report; all are exported as
 `translation_child_python_gc_*`, labelled the same way.
 
-`translation_gc_pause_seconds{generation}` (server.edge.gc_pauses) times the collector's pauses of the
-process serving /metrics, which prometheus-client's GC series do not (with `--processes`: the parent's).
+`translation_gc_pause_seconds{generation}` is how long the collector stopped the process serving /metrics
+(server.core.gc_pauses), which prometheus-client's GC series do not say; each child's pauses come with its
+GC counts, as `translation_child_gc_pause_seconds{generation,process}`.
 
 `_created` samples are off (`disable_created_metrics`, called by the entrypoints): a second series
 per counter and histogram that Prometheus's text format only carries for OpenMetrics consumers.
@@ -29,11 +30,11 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client import disable_created_metrics as _disable_created_metrics
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from server.backend.engine_messages import GcCounts
-from server.edge.gc_pauses import PAUSES
+from server.core.gc_pauses import BUCKETS, GENERATIONS, PAUSES, PauseCounts
 
 CHILD_PREFIX = "translation_child_"
 LABELS = ("generation", "process")
@@ -60,7 +61,7 @@ def register_process_collectors(
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     PAUSES.install()
-    registry.register(PAUSES)
+    registry.register(OwnGcPauses())
     if children is not None:
         registry.register(ChildProcessCollector(children))
     if children_gc is not None:
@@ -87,6 +88,33 @@ class ChildProcessCollector(Collector):
         return list(families.values())
 
 
+PAUSE_NAME = "gc_pause_seconds"
+PAUSE_HELP = "Pauses of Python's cyclic garbage collector, by generation"
+
+
+def pause_family(
+    name: str, documentation: str, label_names: tuple[str, ...], labelled: Iterable[tuple[tuple[str, ...], PauseCounts]]
+) -> Metric:
+    """A histogram of collector pauses labelled `generation` and `label_names`, one series set per item."""
+    family = HistogramMetricFamily(name, documentation, labels=["generation", *label_names])
+    for values, pauses in labelled:
+        for generation in range(GENERATIONS):
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, BUCKETS), "+Inf"], pauses.counts[generation], strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            family.add_metric([str(generation), *values], buckets, pauses.sums[generation])
+    return family
+
+
+class OwnGcPauses(Collector):
+    """`translation_gc_pause_seconds{generation}` of this process (PAUSES must be installed)."""
+
+    def collect(self) -> Iterable[Metric]:
+        own = [((), PAUSES.snapshot())]
+        return [pause_family(f"translation_{PAUSE_NAME}", f"{PAUSE_HELP}, of the process serving /metrics.", (), own)]
+
+
 class ChildGcCollector(Collector):
     """The GC series of other interpreters, as prometheus-client's GCCollector names them, renamed
     `translation_child_python_gc_*` and labelled `process` (and `generation`)."""
@@ -96,11 +124,13 @@ class ChildGcCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         reported = sorted(self._children_gc().items())
-        families = []
+        families: list[Metric] = []
         for name, documentation, field in GC_SERIES:
             family = CounterMetricFamily(CHILD_PREFIX + name, f"{documentation}. By process.", labels=LABELS)
             for label, counts in reported:
                 for generation, count in enumerate(getattr(counts, field)):
                     family.add_metric([str(generation), label], count)
             families.append(family)
+        timed = [((label,), counts.pauses) for label, counts in reported if counts.pauses is not None]
+        families.append(pause_family(CHILD_PREFIX + PAUSE_NAME, f"{PAUSE_HELP}. By process.", ("process",), timed))
         return families

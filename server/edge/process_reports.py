@@ -18,8 +18,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from server.backend.engine_messages import GcCounts
+from server.core.gc_pauses import PauseCounts
 
 REPORT_S = 2.0  # how often a server process rewrites its report: the staleness of the series it feeds
 SELF = ""  # the label of the reporting server process itself in its report's GC counts
@@ -59,11 +61,21 @@ def read_reports(directory: Path, servers: Mapping[str, int]) -> ProcessReport:
             continue
         pids.update({f"{server}/{label}": int(child) for label, child in body["pids"].items()})
         for label, counts in body["gc"].items():
-            fields = (tuple(counts[name]) for name in ("collections", "collected", "uncollectable"))
-            gc[f"{server}/{label}" if label != SELF else server] = GcCounts(*fields)
+            gc[f"{server}/{label}" if label != SELF else server] = _gc_counts(counts)
     return ProcessReport(pids, gc)
 
 
 def forget_report(directory: Path, pid: int) -> None:
     """Remove an exited server process's report."""
     report_path(directory, pid).unlink(missing_ok=True)
+
+
+def _gc_counts(fields: dict[str, Any]) -> GcCounts:
+    """GcCounts from its `asdict` form, as a report carries it."""
+    pauses = fields.get("pauses")
+    return GcCounts(
+        tuple(fields["collections"]),
+        tuple(fields["collected"]),
+        tuple(fields["uncollectable"]),
+        None if pauses is None else PauseCounts(tuple(map(tuple, pauses["counts"])), tuple(pauses["sums"])),
+    )

@@ -44,6 +44,7 @@ from server.backend.engines import (
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
 from server.core.events import EngineLimits
+from server.core.gc_pauses import PAUSES
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
 from server.edge.backends import Backend
@@ -415,6 +416,7 @@ def freeze_startup_objects() -> None:
 async def report_processes(server: TranslationServer, directory: Path) -> None:
     """Every REPORT_S, this process's GC counts and its engine processes' pids and GC counts, written to
     `directory` for the parent of `--processes` (server.edge.process_reports)."""
+    PAUSES.install()  # this process's collector pauses go with its GC counts
     while True:
         report = ProcessReport(dict(server.engine_pids), {SELF: GcCounts.now(), **server.children_gc()})
         try:
