@@ -39,6 +39,9 @@ from tests.fakes import FAKE_SPEC, FakeRunner
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
+# Test servers bind the IPv4 loopback alone: "localhost" binds ::1 and 127.0.0.1 on one ephemeral port, and
+# where another socket holds that port on 127.0.0.1 grpc binds ::1 only, so a client could reach the other.
+TEST_HOST = "127.0.0.1"
 FAKE_DESCRIPTION = ModelDescription(
     name="fake", variant="fp32", available_variants=["fp32"], provider="fake", opset=18, model_sha256="0" * 64,
     dtype="float32",
@@ -161,7 +164,7 @@ class RunningServer:
 
     @property
     def address(self) -> str:
-        return f"localhost:{self.port}"
+        return f"127.0.0.1:{self.port}"
 
     @property
     def stub(self) -> pb_grpc.TranslatorStub:
@@ -204,7 +207,7 @@ def running_server(
 ) -> Iterator[RunningServer]:
     """A loaded, SERVING server (of one model or several) on an ephemeral port; shut down (no grace) when the
     context exits."""
-    config = config or ServerConfig(port=0, host="localhost", metrics_port=-1)
+    config = config or ServerConfig(port=0, host=TEST_HOST, metrics_port=-1)
     with server_loop() as loop:
         future = asyncio.run_coroutine_threadsafe(create_server(config, model, CollectorRegistry()), loop)
         server, port = future.result(START_TIMEOUT_S)
@@ -221,7 +224,7 @@ def running_server(
 
 def server_config(**overrides: Any) -> ServerConfig:
     """A test server's config: ephemeral loopback port, no metrics HTTP server."""
-    return ServerConfig(**{"port": 0, "host": "localhost", "metrics_port": -1, **overrides})
+    return ServerConfig(**{"port": 0, "host": TEST_HOST, "metrics_port": -1, **overrides})
 
 
 def request(texts: list[str], source: str = "de", target: str = "en", **options: Any) -> pb.TranslateRequest:
@@ -280,7 +283,7 @@ def server_process(tokenizer_dir: Path, *flags: str) -> Iterator[tuple[subproces
         address = ""
         for line in process.stderr:
             if match := re.search(r"gRPC on (\S+):(\d+)", line):
-                address = f"localhost:{match.group(2)}"
+                address = f"{match.group(1)}:{match.group(2)}"
             if "serving" in line and address:
                 break
         assert address, "the server never logged its address"
@@ -315,7 +318,7 @@ def main() -> None:
     runner = KillableRunner(runner_of(base), args.step_delay)
     signal.signal(signal.SIGUSR1, lambda *_: runner.kill.set())  # the next decoder step kills the engine's loop
     model = LoadedModel(runner, base.tokenizer, base.description)
-    defaults = ["--port", "0", "--host", "localhost", "--metrics-port", "-1", "--drain-seconds", "30"]
+    defaults = ["--port", "0", "--host", TEST_HOST, "--metrics-port", "-1", "--drain-seconds", "30"]
     defaults += ["--shutdown-delay-seconds", "1"]
     config = parse_config([*defaults, *server_flags], {})  # the later flag wins
     run(config, model)

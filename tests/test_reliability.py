@@ -451,7 +451,8 @@ def test_startup_without_a_usable_model_fails_loudly(broken_model_dirs: dict[str
 
 
 def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -> None:
-    with running_server(fake_model(tiny_model_dir), config()) as first:
+    # the first binds as the second will, both loopbacks of "localhost": the second finds each taken
+    with running_server(fake_model(tiny_model_dir), config(host="localhost")) as first:
         with server_loop() as loop:
             taken = config(port=first.port)
             second = asyncio.run_coroutine_threadsafe(create_server(taken, fake_model(tiny_model_dir)), loop)

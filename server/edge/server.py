@@ -378,9 +378,9 @@ async def serve(
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = loading.exception() if loading.done() else None
     if loading.done() and failure is None:  # serving: until a signal or the engine's death
-        freeze_startup_objects()
         if on_serving is not None:
             on_serving()
+        freeze_startup_objects()
         dying = asyncio.create_task(server.engine_died.wait())
         await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
         dying.cancel()
