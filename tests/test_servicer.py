@@ -946,7 +946,7 @@ def test_the_drain_is_not_queued_behind_request_preparation(tiny_model_dir: Path
 
 
 def test_what_is_alive_once_serving_is_frozen_out_of_the_collectors_sight(model: LoadedModel) -> None:
-    """`serve` freezes the objects startup left (server.edge.server.freeze_startup_objects) once it serves: a full
+    """`serve` freezes the objects startup left (server.core.gc_pauses.freeze_startup_objects) once it serves: a full
     collection during a burst then walks only what the calls allocated."""
     import gc
     import os

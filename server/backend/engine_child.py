@@ -53,7 +53,7 @@ from server.core.events import (
     RequestDone,
     RequestFailed,
 )
-from server.core.gc_pauses import PAUSES
+from server.core.gc_pauses import PAUSES, freeze_startup_objects
 from server.core.observer import StepStats
 from server.core.stall_watch import start_stall_watch
 
@@ -243,4 +243,5 @@ class _ChildEngine:
             return
         if self._stall_seconds > 0:  # after warmup: a first call that builds kernels is not a hang
             start_stall_watch(self._engine, self._stall_seconds, threading.Event())
+        freeze_startup_objects()  # a full collection then stalls decoding for what calls allocated alone
         self._outbox.put(Warm(None))

@@ -17,7 +17,6 @@ restart policy, Kubernetes, systemd) starts a fresh one instead of keeping a rep
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -44,7 +43,7 @@ from server.backend.engines import (
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
 from server.core.events import EngineLimits
-from server.core.gc_pauses import PAUSES
+from server.core.gc_pauses import PAUSES, freeze_startup_objects
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
 from server.edge.backends import Backend
@@ -403,14 +402,6 @@ async def serve(
         await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
     if failure is not None:
         raise failure
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive once the models serve (modules, graphs' metadata, tokenizers, protobuf
-    descriptors) out of the cyclic collector's sight: they live as long as the process, and a full
-    collection in a burst of calls then walks only what the calls allocated, not them too."""
-    gc.collect()
-    gc.freeze()
 
 
 async def report_processes(server: TranslationServer, directory: Path) -> None:
