@@ -41,6 +41,8 @@ class GcPauses:
         self._counts = [[0] * (len(BUCKETS) + 1) for _ in range(GENERATIONS)]
         self._sums = [0.0] * GENERATIONS
         self._started = 0.0
+        self._timed_count = 0  # collections timed so far: a snapshot is rebuilt only when it moves
+        self._last: tuple[int, PauseCounts] | None = None  # the last snapshot and the count it was taken at
 
     @property
     def installed(self) -> bool:
@@ -56,7 +58,12 @@ class GcPauses:
             gc.callbacks.remove(self._timed)
 
     def snapshot(self) -> PauseCounts:
-        return PauseCounts(tuple(tuple(counts) for counts in self._counts), tuple(self._sums))
+        """The counts so far; the same object until a collection is timed (an engine process asks at every
+        iteration, and most iterations collect nothing)."""
+        total = self._timed_count  # read first: a collection while copying makes the next call copy again
+        if self._last is None or self._last[0] != total:
+            self._last = (total, PauseCounts(tuple(tuple(counts) for counts in self._counts), tuple(self._sums)))
+        return self._last[1]
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -66,6 +73,7 @@ class GcPauses:
         generation = min(int(info["generation"]), GENERATIONS - 1)
         self._counts[generation][bisect.bisect_left(BUCKETS, seconds)] += 1
         self._sums[generation] += seconds
+        self._timed_count += 1
 
 
 PAUSES = GcPauses()  # one per interpreter: installed by whatever reports this process's series

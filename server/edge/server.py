@@ -173,11 +173,12 @@ class TranslationServer:
 
         observer = self.metrics.for_model(info.name)
         config = self.config
-        nice = config.engine_nice_for(in_child=child_pid(model.runner) is not None)
+        pid = child_pid(model.runner)
+        nice = config.engine_nice_for(in_child=pid is not None)
         engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, nice)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
-        if (pid := child_pid(model.runner)) is not None:
+        if pid is not None:
             self.engine_pids[f"engine-{info.name}#{replica}"] = pid
             self.engine_children[f"engine-{info.name}#{replica}"] = engine
         try:
