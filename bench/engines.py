@@ -164,7 +164,7 @@ class OnnxEngine:
     """Our ONNX decoder offline: server.core.offline.translate_ids over the runner the server would open
     (server.backend.runners.open_runner, caches placed as `--kv-cache` places them: auto by default)."""
 
-    def __init__(self, settings: EngineSettings, variant: str, kv_cache: str = "auto") -> None:
+    def __init__(self, settings: EngineSettings, variant: str, kv_cache: str = "auto", name: str = "") -> None:
         variant_dir = settings.model_dir / "onnx" / variant
         for module in ("server.backend.runtime", "server.core.offline"):
             if importlib.util.find_spec(module) is None:
@@ -175,7 +175,7 @@ class OnnxEngine:
             raise Unavailable(f"no capturable decoder step in {variant_dir} (its head size, or an older export)")
         from server.backend.runners import open_runner
 
-        self.name = f"onnx-{variant}" + ("" if kv_cache == "auto" else f"-{kv_cache}")
+        self.name = name or f"onnx-{variant}" + ("" if kv_cache == "auto" else f"-{kv_cache}")
         # Beam rows take one slot each: a full batch of beams must fit.
         slots = settings.max_batch * 4
         self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache=kv_cache)
@@ -189,6 +189,8 @@ class OnnxEngine:
 
 
 EngineFactory = Callable[[EngineSettings, Path], OfflineEngine]
+# Where the uncaptured engines keep their caches: `--kv-cache auto` picks the captured step on CUDA.
+UNCAPTURED_CACHE = {"cuda": "device", "cpu": "auto"}
 
 # Name -> constructor; the bench runs them in this order.
 ENGINES: dict[str, EngineFactory] = {
@@ -199,9 +201,10 @@ ENGINES: dict[str, EngineFactory] = {
     "ctranslate2-float32-workers": lambda s, work: CTranslate2Engine(s, "float32", work, workers=max(2, s.threads)),
     "ctranslate2-int8-workers": lambda s, work: CTranslate2Engine(s, "int8", work, workers=max(2, s.threads)),
     "pytorch-eager": lambda s, work: PyTorchEngine(s),
-    "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32"),
+    # the uncaptured step (device caches on CUDA, the working batch on CPU); the captured one is -static
+    "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32", kv_cache=UNCAPTURED_CACHE[s.device], name="onnx-fp32"),
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
-    "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16"),
+    "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16", kv_cache=UNCAPTURED_CACHE[s.device], name="onnx-fp16"),
     "onnx-fp16-static": lambda s, work: OnnxEngine(s, "fp16", kv_cache="static"),  # CUDA graphs on CUDA
     "transformers-generate": lambda s, work: TransformersEngine(s),
 }

@@ -13,9 +13,11 @@ The CUDA path verified end to end on a GPU node, in one command:
    beam 4: identical ids.
 5. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
-6. the benchmark on CUDA (`python -m bench.run --device cuda`): device caches and IO binding, served and
-   offline, against CTranslate2 and PyTorch, and fp16 with the captured step (`onnx-fp16-static` offline,
-   `fp16-static` served) beside the uncaptured fp16.
+6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
+   PyTorch: the captured step (`onnx-fp16-static` offline; the served default) beside the uncaptured device
+   caches (`onnx-fp16`, served `fp16-device`), and the served levers one at a time (GPU_ARMS: one engine
+   instead of two engine processes, with either cache), each closed-loop run with the engines' own step time,
+   rows per step and busy share read from the server's metrics.
 
 `--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
 a random MarianMTModel of that exact shape through the importer (`python -m bench.opus_size --prepare-only`,
@@ -46,7 +48,22 @@ STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench")
 SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench")  # with --shape: random weights, no BLEU gate
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
-SHAPE_BENCH_ARGS = ["--max-len", "16", "--concurrency", "64,256", "--latency-requests", "100"]
+# At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
+# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight; about 5 minutes on an H100.
+SHAPE_BENCH_ARGS = [
+    *("--max-len", "16", "--concurrency", "64,256", "--latency-requests", "40", "--sentences", "512"),
+    *("--offline-s", "3", "--load-s", "3", "--load-fractions", "0.5,1.0", "--served-variants", "fp16"),
+]
+# Offline at a shape on CUDA: PyTorch eager (one sentence at a time) is left out, the parity step compares
+# the graphs with it; generate on the same weights is the baseline.
+SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-static"]}
+# The served levers on CUDA one at a time against the default (the captured step, two engine processes).
+GPU_ARMS = [
+    "--served-arm",
+    "fp16-1engine=fp16 --engines 1",
+    "--served-arm",
+    "fp16-device-1engine=fp16 --engines 1 --kv-cache device",
+]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime
     onnxruntime.preload_dlls()
@@ -85,9 +102,10 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
     if args.shape:
         model = str(work / "model")
         given = {a for a in args.bench_args if a.startswith("--")}
-        defaults = [v for i in range(0, len(SHAPE_BENCH_ARGS), 2) if SHAPE_BENCH_ARGS[i] not in given
-                    for v in SHAPE_BENCH_ARGS[i : i + 2]]  # fmt: skip
+        pairs = [*SHAPE_BENCH_ARGS, *SHAPE_ENGINES.get(args.provider, [])]
+        defaults = [v for i in range(0, len(pairs), 2) if pairs[i] not in given for v in pairs[i : i + 2]]
         shaped = ["--hf-dir", str(work / "hf"), *defaults]
+    arms = GPU_ARMS if args.provider == "cuda" and "--served-arm" not in args.bench_args else []
     check = (
         "import onnxruntime as ort, sys; print(ort.__version__, ort.get_available_providers()); "
         f"sys.exit({args.provider!r} == 'cuda' and 'CUDAExecutionProvider' not in ort.get_available_providers())"
@@ -103,7 +121,8 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
                    "--variants", STATIC_VARIANTS[args.provider], *limit],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
-                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *args.bench_args],
+                  "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *arms,
+                  *args.bench_args],
     }  # fmt: skip
     if args.wheel_parts is not None:
         commands = {"install": install_wheel(args.wheel_parts, site)} | commands

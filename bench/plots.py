@@ -18,6 +18,9 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+REFERENCE = "pytorch-eager"  # the engine every other one's ids are compared with, where it ran
+
+
 def _engine_rows(results: dict[str, Any]) -> list[str]:
     rows = []
     for name, entry in results["offline"].items():
@@ -28,7 +31,11 @@ def _engine_rows(results: dict[str, Any]) -> list[str]:
         for beam in BEAMS:
             b = entry[f"beam{beam}"]
             agree = b.get("agreement_with_pytorch")
-            agree_txt = f"{agree['identical']}/{agree['compared']}" if agree else "reference"
+            reference = "reference" if name == REFERENCE else "-"
+            agree_txt = f"{agree['identical']}/{agree['compared']}" if agree else reference
+            twin = b.get("agreement_with_uncaptured")
+            if twin:  # a captured engine: its ids against the uncaptured engine it must reproduce
+                agree_txt += f" ({twin['identical']}/{twin['compared']} = uncaptured)"
             cells += [
                 _fmt(b["throughput"]["tokens_per_s"]),
                 f"{_fmt(b['latency']['p50_ms'])} / {_fmt(b['latency']['p99_ms'])}",
@@ -82,6 +89,34 @@ def _load_rows(results: dict[str, Any]) -> list[str]:
                     f"{_fmt(run['tokens_per_s'])} | {_fmt(run['p50_ms'], 0)} | {_fmt(run['p95_ms'], 0)} | "
                     f"{_fmt(run['p99_ms'], 0)} | {run['errors'] or 0} |"
                 )
+    return rows + _engine_step_rows(runs)
+
+
+def _engine_step_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """What the engines did during each closed-loop run, read from the server's step histograms."""
+    measured = [
+        (variant, beam, run)
+        for variant, served in runs.items()
+        for beam in BEAMS
+        for run in served[f"beam{beam}"]["closed"]
+        if "engine" in run
+    ]
+    if not measured:
+        return []
+    rows = [
+        "",
+        "Engines during each closed-loop run (the server's step histograms; busy = decoder and encoder seconds per"
+        " second of the run, summed over engines):",
+        "",
+        "| variant | beam | concurrency | decoder steps | ms per step | rows per step | encoder ms | busy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, beam, run in measured:
+        e = run["engine"]
+        rows.append(
+            f"| {variant} | {beam} | {run['concurrency']} | {e['steps']:.0f} | {_fmt(e['step_ms'], 2)} | "
+            f"{_fmt(e['rows_per_step'], 1)} | {_fmt(e['encode_ms'], 2)} | {_fmt(e['busy_share'], 2)} |"
+        )
     return rows
 
 

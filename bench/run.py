@@ -130,28 +130,35 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict[str,
     return {"compared": n, "identical": same, "rate": same / n if n else math.nan}
 
 
-def bench_offline(settings: engines.EngineSettings, work: Workload, budget: Budget) -> dict[str, Any]:
-    """Every offline engine of the device: throughput, latency and agreement with PyTorch per beam."""
+def bench_offline(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, names: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Every offline engine of the device (or those named): throughput, latency and agreement with PyTorch
+    (where it runs) and with the uncaptured twin per beam."""
     results: dict[str, Any] = {}
     outputs: dict[str, dict[int, list[list[int]]]] = {}
     work_dir = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
-    for name in engines.DEVICE_ENGINES[settings.device]:
+    for name in names or engines.DEVICE_ENGINES[settings.device]:
         try:
             engine = engines.create(name, settings, work_dir)
+            log.info("measuring %s", name)
+            entry: dict[str, Any] = {}
+            per_beam: dict[int, list[list[int]]] = {}
+            for beam in BEAMS:
+                throughput, per_beam[beam] = offline_throughput(
+                    engine, work.sources, beam, settings.max_batch, budget.offline_s
+                )
+                latency = single_latency(engine, work.sources, beam, budget.latency_requests)
+                entry[f"beam{beam}"] = {"throughput": throughput, "latency": latency}
         except engines.Unavailable as err:
             log.warning("skipping %s: %s", name, err)
             results[name] = {"skipped": str(err)}
             continue
-        log.info("measuring %s", name)
-        entry: dict[str, Any] = {}
-        outputs[name] = {}
-        for beam in BEAMS:
-            throughput, outputs[name][beam] = offline_throughput(
-                engine, work.sources, beam, settings.max_batch, budget.offline_s
-            )
-            latency = single_latency(engine, work.sources, beam, budget.latency_requests)
-            entry[f"beam{beam}"] = {"throughput": throughput, "latency": latency}
-        results[name] = entry
+        except Exception as err:  # one engine failing on a device must not lose the others' measurements
+            log.exception("%s failed", name)
+            results[name] = {"skipped": f"failed: {type(err).__name__}: {err}"}
+            continue
+        results[name], outputs[name] = entry, per_beam
     reference = outputs.get("pytorch-eager", {})
     for name, per_beam in outputs.items():
         for beam, out in per_beam.items():
@@ -177,12 +184,13 @@ def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
 
 
 def start_server(
-    settings: engines.EngineSettings, port: int, variant: str, extra: Sequence[str] = ()
+    settings: engines.EngineSettings, port: int, variant: str, extra: Sequence[str] = (), metrics_port: int = -1
 ) -> subprocess.Popen[bytes]:
     """`translate-server` on loopback, with `extra` flags after the bench's own; returns once it reports SERVING."""
     n_engines, threads = served_layout(settings)
     cmd = [
-        sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+        sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-port", str(metrics_port),
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
         "--engines", str(n_engines), "--threads", str(threads), "--max-queue", "100000", "--log-level", "WARNING",
         # per engine, as many decoding rows as one offline batch of beam-4 sentences: the offline engines' work per step
@@ -209,10 +217,66 @@ def served_unavailable(settings: engines.EngineSettings, variant: str) -> str | 
     return None
 
 
-async def load_sweep(address: str, work: Workload, budget: Budget, max_len: int) -> dict[str, Any]:
+# The server's step metrics, summed over models and engines: (histogram, what the bench calls its mean).
+ENGINE_HISTOGRAMS = {
+    "translation_decode_step_duration_seconds": "step",
+    "translation_encode_duration_seconds": "encode",
+    "translation_step_active_slots": "rows",
+}
+
+
+@dataclass
+class EngineProbe:
+    """Reads the served engines' step histograms from /metrics, so that a closed-loop run can say what one
+    decoder step cost while it ran, how many rows it stepped, and what share of the run's wall time the
+    engine spent inside its decoder and encoder calls (the rest is host work between steps, or idling)."""
+
+    url: str
+
+    def snapshot(self) -> dict[str, float]:
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url, timeout=10) as response:
+            text = response.read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            short = ENGINE_HISTOGRAMS.get(family.name)
+            if short is None:
+                continue
+            for sample in family.samples:
+                for suffix in ("_sum", "_count"):
+                    if sample.name.endswith(suffix):
+                        totals[short + suffix] = totals.get(short + suffix, 0.0) + sample.value
+        return totals
+
+
+def engine_delta(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Per decoder step over one run: mean milliseconds, mean rows, and the busy share of the run's wall time."""
+    diff = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+
+    def mean(name: str, scale: float = 1.0) -> float:
+        count = diff.get(f"{name}_count", 0.0)
+        return scale * diff.get(f"{name}_sum", 0.0) / count if count else math.nan
+
+    busy = diff.get("step_sum", 0.0) + diff.get("encode_sum", 0.0)
+    return {
+        "steps": diff.get("step_count", 0.0),
+        "step_ms": mean("step", 1000.0),
+        "rows_per_step": mean("rows"),
+        "encode_ms": mean("encode", 1000.0),
+        "busy_share": busy / seconds if seconds else math.nan,  # engine-seconds per second: above 1 with 2 engines
+    }
+
+
+async def load_sweep(
+    address: str, work: Workload, budget: Budget, max_len: int, probe: EngineProbe | None = None
+) -> dict[str, Any]:
     """Closed loop per beam at rising concurrency, then open loop (beam 4) around saturation.
 
     Every request asks for `max_len` output tokens at most, the limit the offline engines decode with.
+    With a probe, each closed-loop run also records the engines' step figures over that run (`engine_delta`).
     """
     results: dict[str, Any] = {}
     for beam in BEAMS:
@@ -223,11 +287,16 @@ async def load_sweep(address: str, work: Workload, budget: Budget, max_len: int)
         )  # fmt: skip
         runs = []
         for conc in budget.concurrency:
+            before, started = (probe.snapshot() if probe else {}), time.perf_counter()
             summary = await loadgen.run_grpc(
                 address, work.queries, beam, budget.load_s, concurrency=conc, max_output_len=max_len
             )
-            log.info("served beam %d concurrency %d: %.1f tokens/s", beam, conc, summary.tokens_per_s)
-            runs.append(asdict(summary))
+            run = asdict(summary)
+            if probe:
+                run["engine"] = engine_delta(before, probe.snapshot(), time.perf_counter() - started)
+            log.info("served beam %d concurrency %d: %.1f tokens/s %s", beam, conc, summary.tokens_per_s,
+                     run.get("engine", ""))  # fmt: skip
+            runs.append(run)
         results[f"beam{beam}"] = {
             "single": asdict(single),
             "closed": runs,
@@ -258,25 +327,34 @@ def bench_served_variant(
     if reason:
         log.warning("skipping the served %s path: %s", variant, reason)
         return {"skipped": reason}
-    port = free_port()
-    proc = start_server(settings, port, variant, extra)
+    port, metrics_port = free_port(), free_port()
+    try:
+        proc = start_server(settings, port, variant, extra, metrics_port)
+    except engines.Unavailable as err:
+        log.error("the served %s path %s did not start: %s", variant, shlex.join(extra), err)
+        return {"skipped": f"failed: {err}"}
     n_engines, threads = served_layout(settings)
     try:
-        sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len))
+        probe = EngineProbe(f"http://127.0.0.1:{metrics_port}/metrics")
+        sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len, probe))
         layout = {"engines": n_engines, "threads_per_engine": threads, "server_args": list(extra)}
         return {"variant": variant, **layout, **sweep}
+    except Exception as err:  # a failing arm is recorded, and the arms after it still run
+        log.exception("the served %s path %s failed", variant, shlex.join(extra))
+        return {"skipped": f"failed: {type(err).__name__}: {err}"}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
-def bench_served_static(
-    settings: engines.EngineSettings, work: Workload, budget: Budget, extra: Sequence[str]
+def bench_served_cache(
+    settings: engines.EngineSettings, work: Workload, budget: Budget, extra: Sequence[str], kv_cache: str
 ) -> dict[str, Any]:
-    """The served fp16 path with the captured decoder step (`--kv-cache static`), where the export has it."""
-    if not (settings.model_dir / "onnx" / "fp16" / STATIC_DECODER_FILE).is_file():
+    """The served fp16 path with its caches placed by `--kv-cache kv_cache`; the captured step (`static`) only
+    where the export has its graph."""
+    if kv_cache == "static" and not (settings.model_dir / "onnx" / "fp16" / STATIC_DECODER_FILE).is_file():
         return {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
-    return bench_served_variant(settings, work, budget, "fp16", [*extra, "--kv-cache", "static"])
+    return bench_served_variant(settings, work, budget, "fp16", [*extra, "--kv-cache", kv_cache])
 
 
 def machine() -> dict[str, Any]:
@@ -386,6 +464,23 @@ def served_variants(requested: str, device: str) -> list[str]:
     return ["fp32", "int8"] if device == "cpu" else ["fp32", "fp16"]
 
 
+def _names(text: str) -> list[str]:
+    return [name for name in text.split(",") if name]
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    return tuple(float(f) for f in text.split(",") if f)
+
+
+def _arm(text: str) -> tuple[str, str, list[str]]:
+    """`LABEL=VARIANT FLAGS...` -> (label, variant, flags): a served run beside the variants'."""
+    label, _, rest = text.partition("=")
+    words = shlex.split(rest)
+    if not label or not words:
+        raise argparse.ArgumentTypeError(f"expected LABEL=VARIANT [FLAGS], got {text!r}")
+    return label, words[0], words[1:]
+
+
 def main(argv: list[str] | None = None, command: str = "") -> None:
     """`command`: what to record as the measuring command, when a wrapper (bench.opus_size) calls this."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,7 +502,16 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument(
         "--server-args", default="", help='more translate-server flags for the served path, e.g. "--engine-processes"'
     )
+    parser.add_argument("--engines", type=_names, default=[], help="offline engines to run (default: the device's)")
+    parser.add_argument("--load-fractions", type=_fractions, default=(), help="open-loop rates, e.g. 0.5,1.0")
+    parser.add_argument(
+        "--served-arm", action="append", type=_arm, default=[], metavar="LABEL=VARIANT FLAGS",
+        help='one more served run with its own flags, e.g. "fp16-2proc=fp16 --engines 2 --engine-processes"',
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    unknown = set(args.engines) - set(engines.DEVICE_ENGINES[args.device])
+    if unknown:
+        parser.error(f"--engines: {sorted(unknown)} are not among {engines.DEVICE_ENGINES[args.device]}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     budget = QUICK if args.quick else FULL
@@ -419,16 +523,20 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
         budget = replace(budget, load_s=args.load_s)
     if args.concurrency:
         budget = replace(budget, concurrency=tuple(int(c) for c in args.concurrency.split(",")))
+    if args.load_fractions:
+        budget = replace(budget, load_fractions=args.load_fractions)
     settings = engines.EngineSettings(
         args.model_dir, args.device, args.threads, args.max_len, args.batch, hf_dir=args.hf_dir
     )
     work = load_workload(args.model_dir, args.data, args.sentences)
     started = time.perf_counter()
-    offline = bench_offline(settings, work, budget)
+    offline = bench_offline(settings, work, budget, args.engines)
     variants = served_variants(args.served_variants, args.device)
     served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
-    if args.device == "cuda" and "fp16" in variants:  # the captured step beside the uncaptured fp16 path
-        served["fp16-static"] = bench_served_static(settings, work, budget, shlex.split(args.server_args))
+    for label, variant, flags in args.served_arm:
+        served[label] = bench_served_variant(settings, work, budget, variant, [*shlex.split(args.server_args), *flags])
+    if args.device == "cuda" and "fp16" in variants:  # the uncaptured device caches beside the captured default
+        served["fp16-device"] = bench_served_cache(settings, work, budget, shlex.split(args.server_args), "device")
     results = {
         "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),

@@ -199,6 +199,41 @@ def test_bench_pipeline_end_to_end_quick(tiny_exported_dir: Path, tmp_path: Path
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
+    tiny_exported_dir: Path, tmp_path: Path
+) -> None:
+    """--engines picks offline engines, --served-arm adds served runs with their own flags (one that cannot start
+    is recorded and the next still runs), and each closed-loop run carries the engines' step figures read from
+    the server's /metrics over that run."""
+    from bench.run import main
+
+    out = tmp_path / "results"
+    main([
+        "--model-dir", str(tiny_exported_dir), "--out", str(out), "--quick", "--sentences", "4", "--max-len", "6",
+        "--engines", "onnx-fp32", "--served-variants", "fp32", "--concurrency", "2", "--load-fractions", "1.0",
+        "--served-arm", "broken=fp32 --no-such-flag", "--served-arm", "one=fp32 --engines 1",
+    ])  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["offline"]) == ["onnx-fp32"]
+    assert results["budget"]["load_fractions"] == [1.0]
+    assert results["served"]["broken"]["skipped"].startswith("failed: server did not become SERVING")
+    assert list(results["served"]) == ["fp32", "broken", "one"] and results["served"]["one"]["server_args"] == [
+        "--engines",
+        "1",
+    ]
+    for label in ("fp32", "one"):
+        for beam in (1, 4):
+            engine = results["served"][label][f"beam{beam}"]["closed"][0]["engine"]
+            assert engine["steps"] > 0 and engine["step_ms"] > 0 and engine["encode_ms"] > 0
+            assert 1 <= engine["rows_per_step"] <= 2 * beam  # two sentences in flight, `beam` rows each
+            assert 0 < engine["busy_share"] < 2.5  # engine-seconds per second: two engines at most
+    assert "Engines during each closed-loop run" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--model-dir", str(tiny_exported_dir), "--engines", "onnx-fp16-static"])  # a CUDA engine on CPU
+    with pytest.raises(SystemExit):
+        main(["--model-dir", str(tiny_exported_dir), "--served-arm", "no-variant="])
+
+
 def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> None:
     """Closed and open loop through real gRPC on loopback (fake runner): every request OK, tokens counted."""
     from bench.loadgen import run_grpc

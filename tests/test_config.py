@@ -86,11 +86,10 @@ def test_environment_sets_values_and_flags_win() -> None:
 
 def test_engines_run_in_processes_of_their_own_on_cpu_wherever_there_are_two_or_more() -> None:
     default = ServerConfig()
-    assert default.engine_processes_for("cpu", 2) and default.engine_processes_for("cpu", 8)
-    assert not default.engine_processes_for("cpu", 1)  # one engine: nothing to share the interpreter with
-    assert not default.engine_processes_for("cuda", 2)
-    assert not ServerConfig(engine_processes=False).engine_processes_for("cpu", 4)
-    assert ServerConfig(engine_processes=True).engine_processes_for("cuda", 1)
+    assert default.engine_processes_for(2) and default.engine_processes_for(8)
+    assert not default.engine_processes_for(1)  # one engine: nothing to share the interpreter with
+    assert not ServerConfig(engine_processes=False).engine_processes_for(4)
+    assert ServerConfig(engine_processes=True).engine_processes_for(1)
     assert (default.engine_nice_for(in_child=True), default.engine_nice_for(in_child=False)) == (ENGINE_PROCESS_NICE, 0)
     assert ServerConfig(engine_nice=0).engine_nice_for(in_child=True) == 0
     assert ServerConfig(engine_nice=5).engine_nice_for(in_child=False) == 5

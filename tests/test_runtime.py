@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model.artifact import load_artifact
-from model.directory import MetadataError
+from model.directory import STATIC_DECODER_FILE, MetadataError
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import OnnxRunner, make_session
@@ -254,9 +254,14 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     variant = model_dir / "onnx" / "fp32"
+    assert (variant / STATIC_DECODER_FILE).is_file()
     assert auto_cache_place(variant, "cpu") == "working"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert auto_cache_place(variant, "cuda") == "device"
+    assert auto_cache_place(variant, "cuda") == "static"  # the captured step, where the variant has its graph
+    without = tmp_path / "fp32"
+    shutil.copytree(variant, without)
+    (without / STATIC_DECODER_FILE).unlink()
+    assert auto_cache_place(without, "cuda") == "device"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "working"
     assert "no CUDA provider" in caplog.text

@@ -18,7 +18,7 @@ import pytest
 
 from bench import engines, static_parity
 from bench.engines import EngineSettings
-from bench.run import QUICK, bench_served_static, load_workload
+from bench.run import QUICK, bench_served_cache, load_workload
 from export.__main__ import main as export_main
 from export.builder.static_step import HOST_READ_OPS, check_capturable
 from model.directory import DECODER_FILE, STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, read_metadata
@@ -233,11 +233,11 @@ def test_the_served_benchmark_arm_serves_the_static_step(model: Path, tiny_expor
     settings = EngineSettings(model, "cpu", 1, 6, 4)
     work = load_workload(model, Path("data/test.tsv"), 4)
     budget = replace(QUICK, load_s=1.0, latency_requests=2, concurrency=(4,), load_fractions=(1.0,))
-    served = bench_served_static(settings, work, budget, [])
+    served = bench_served_cache(settings, work, budget, [], "static")
     assert served["variant"] == "fp16" and served["server_args"] == ["--kv-cache", "static"]
     assert not any(run["errors"] for beam in (1, 4) for run in served[f"beam{beam}"]["closed"])
     assert served["beam4"]["saturation_tokens_per_s"] > 0
-    skipped = bench_served_static(replace(settings, model_dir=tiny_exported_dir), work, budget, [])
+    skipped = bench_served_cache(replace(settings, model_dir=tiny_exported_dir), work, budget, [], "static")
     assert skipped == {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
 
 

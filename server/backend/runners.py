@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from model.directory import STATIC_DECODER_FILE
 from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
@@ -32,11 +33,14 @@ def open_runner(
 
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: on CUDA. On CPU host memory is the device: numpy caches measure
-    faster there (`python -m bench.cache_shape`), kept as the working batch (docs/benchmarks.md)."""
+    """Device caches only where they pay: on CUDA, the captured step over static buffers where the variant has
+    its graph (on an H100 at opus-mt's shape it served 1.3-2x the tokens/s of the uncaptured device caches at a
+    quarter of their single-sentence p50, docs/benchmarks.md#gpu), else the uncaptured device caches. On CPU
+    host memory is the device: numpy caches measure faster there (`python -m bench.cache_shape`), kept as the
+    working batch."""
     if provider != "cuda":
         return "working"
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
         return "working"
-    return "device"
+    return "static" if (variant_dir / STATIC_DECODER_FILE).is_file() else "device"

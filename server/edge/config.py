@@ -25,6 +25,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Slots by device when --max-slots is 0. A CPU step costs in proportion to its rows, so more slots only
 # lengthen each step; a GPU step is launch-bound up to hundreds of rows, so it needs full batches to pay.
 DEVICE_SLOTS = {"cpu": 64, "cuda": 256}
+# Engines per model on a GPU when --engines is 0: one engine's Python between steps leaves the GPU idle, a
+# second overlaps it; on an H100 four served no more than two (docs/benchmarks.md#gpu).
+CUDA_ENGINES = 2
 # The queue, when --max-queue is 0, holds this many of the device's full batches: 512 sentences on CPU,
 # measured as about what one engine clears in a 10 s deadline (docs/service.md#queue-bound-and-deadlines).
 QUEUE_BATCHES = 8
@@ -97,8 +100,8 @@ class ServerConfig:
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     # Each engine (scheduler, onnxruntime sessions, caches) in a process of its own, behind this one's gRPC:
     # its Python between graph calls then never waits for this process's interpreter lock (docs/service.md).
-    # None = by the device and the engine count (`engine_processes_for`): on CPU wherever a server process
-    # runs two or more engines, else in this process.
+    # None = by the engine count (`engine_processes_for`): wherever a server process runs two or more
+    # engines, else in this process.
     engine_processes: bool | None = None
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
@@ -156,13 +159,14 @@ class ServerConfig:
         """The decoding slots per engine on `provider` ("cpu" or "cuda"): --max-slots, or the device's default."""
         return self.max_slots or DEVICE_SLOTS[provider]
 
-    def engine_processes_for(self, provider: str, engines: int) -> bool:
-        """Whether the `engines` engines of a server process on `provider` each run in a process of their own:
-        --engine-processes, else on CPU where there are two or more (they and the event loop then share no
-        interpreter lock: faster refusals in a burst and more greedy throughput, docs/reliability.md)."""
+    def engine_processes_for(self, engines: int) -> bool:
+        """Whether the `engines` engines of a server process each run in a process of their own:
+        --engine-processes, else wherever there are two or more. They and the event loop then share no
+        interpreter lock: on CPU faster refusals in a burst and more greedy throughput (docs/reliability.md),
+        on CUDA each engine's host work overlaps the other's kernels, in a CUDA context of its own."""
         if self.engine_processes is not None:
             return self.engine_processes
-        return provider == "cpu" and engines >= 2
+        return engines >= 2
 
     def engine_nice_for(self, in_child: bool) -> int:
         """The niceness added to an engine's decoding: --engine-nice, else ENGINE_PROCESS_NICE for an engine

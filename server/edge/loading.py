@@ -28,7 +28,7 @@ from server.backend.engines import (
 from server.core.documents import RequestLimits
 from server.core.runner import ModelSpec
 from server.core.splitter import PUNCTUATION, rule_for
-from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig
+from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
         raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
     provider = resolve_provider(config.provider)
     engines, threads = engine_plan(available_cores(), len(sources), provider, config)
-    in_children = config.engine_processes_for(provider, engines * len(sources))
+    in_children = config.engine_processes_for(engines * len(sources))
     logger.info(
         "%d engine(s) per model, %s intra-op thread(s) each, %s",
         engines, threads or "onnxruntime's default",
@@ -154,9 +154,12 @@ def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
     """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
     than one engine with every core (docs/benchmarks.md, docs/service.md measure both): by default the cores are
-    split between the models' engines. On CUDA one engine per model, the GPU's own parallelism doing the rest."""
+    split between the models' engines. On CUDA two engines per model (each in a process of its own,
+    `ServerConfig.engine_processes_for`), so that one engine's host work between steps overlaps the other's
+    kernels: on an H100 at opus-mt's shape two served 1.5-2x the tokens/s of one and four no more than two
+    (docs/benchmarks.md#gpu)."""
     if provider != "cpu":
-        return config.engines or 1, config.threads
+        return config.engines or CUDA_ENGINES, config.threads
     engines = config.engines or max(1, cores // (models * (config.threads or 1)))
     threads = config.threads or (max(1, cores // (engines * models)) if engines * models > 1 else 0)
     return engines, threads
