@@ -4,6 +4,7 @@ logits, cache semantics, int8; and the device runner equal to the host one step 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from model.artifact import load_artifact
-from model.directory import STATIC_DECODER_FILE, MetadataError
+from model.directory import METADATA_FILE, STATIC_DECODER_FILE, MetadataError
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import OnnxRunner, make_session
@@ -257,11 +258,17 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
     assert (variant / STATIC_DECODER_FILE).is_file()
     assert auto_cache_place(variant, "cpu") == "working"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert auto_cache_place(variant, "cuda") == "static"  # the captured step, where the variant has its graph
-    without = tmp_path / "fp32"
-    shutil.copytree(variant, without)
-    (without / STATIC_DECODER_FILE).unlink()
-    assert auto_cache_place(without, "cuda") == "device"
+    # float32: onnxruntime's CUDA GroupQueryAttention takes float16 only, so its step cannot be captured there
+    assert auto_cache_place(variant, "cuda") == "device"
+    with pytest.raises(MetadataError, match=r"takes a float16 variant: fp32 is float32.*--variant fp16"):
+        open_runner(variant, 2, "cuda", kv_cache="static")
+    half = tmp_path / "fp16"  # the metadata of a float16 variant over the same files
+    shutil.copytree(variant, half)
+    metadata = json.loads((half / METADATA_FILE).read_text())
+    (half / METADATA_FILE).write_text(json.dumps({**metadata, "dtype": "float16", "variant": "fp16"}))
+    assert auto_cache_place(half, "cuda") == "static"  # the captured step, where the variant can take it
+    (half / STATIC_DECODER_FILE).unlink()
+    assert auto_cache_place(half, "cuda") == "device"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "working"
     assert "no CUDA provider" in caplog.text

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from model.directory import STATIC_DECODER_FILE
+from model.directory import STATIC_DECODER_FILE, MetadataError, read_metadata
 from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
@@ -16,6 +16,7 @@ from server.backend.static_cache import StaticCacheRunner
 from server.backend.working_batch import WorkingBatchRunner
 
 log = logging.getLogger(__name__)
+CAPTURED_DTYPES = ("float16",)
 
 
 def open_runner(
@@ -26,6 +27,12 @@ def open_runner(
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
+    if place == "static" and provider == "cuda" and not captured_on_cuda(variant_dir):
+        raise MetadataError(
+            f"--kv-cache static on CUDA takes a float16 variant: {variant_dir.name} is "
+            f"{read_metadata(variant_dir).dtype}, whose attention onnxruntime runs on the CPU, so the step cannot "
+            "be captured; serve --variant fp16, or --kv-cache device"
+        )
     runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner, "static": StaticCacheRunner}.get(
         place, OnnxRunner
     )
@@ -33,9 +40,10 @@ def open_runner(
 
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: on CUDA, the captured step over static buffers where the variant has
-    its graph (on an H100 at opus-mt's shape it served 1.3-2x the tokens/s of the uncaptured device caches at a
-    quarter of their single-sentence p50, docs/benchmarks.md#gpu), else the uncaptured device caches. On CPU
+    """Device caches only where they pay: on CUDA, the captured step over static buffers where the variant can
+    take it (`captured_on_cuda`; on an H100 at opus-mt's shape it served up to 2x the tokens/s of the
+    uncaptured device caches at a quarter of their single-sentence p50, docs/benchmarks.md#gpu), else the
+    uncaptured device caches. On CPU
     host memory is the device: numpy caches measure faster there (`python -m bench.cache_shape`), kept as the
     working batch."""
     if provider != "cuda":
@@ -43,4 +51,11 @@ def auto_cache_place(variant_dir: Path, provider: str) -> str:
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
         return "working"
-    return "static" if (variant_dir / STATIC_DECODER_FILE).is_file() else "device"
+    return "static" if captured_on_cuda(variant_dir) else "device"
+
+
+def captured_on_cuda(variant_dir: Path) -> bool:
+    """Whether the variant's step can be captured on CUDA: it has the capturable graph, in float16, the type
+    onnxruntime's CUDA GroupQueryAttention takes (a float32 one runs on the CPU, and nothing is captured
+    unless every node is on the GPU)."""
+    return (variant_dir / STATIC_DECODER_FILE).is_file() and read_metadata(variant_dir).dtype in CAPTURED_DTYPES
