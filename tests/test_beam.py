@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.beam import BeamState, merge_candidates, row_candidates, top_1, top_k_stable
+from server.core.beam import BeamState, merge_candidates, merge_candidates_of, row_candidates, top_1, top_k_stable
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -71,6 +71,33 @@ def test_rows_ranked_apart_then_merged_equal_the_full_stable_sort(
     assert (order.tolist(), values.tolist()) == reference_top_k(row_scores[:, None] + logprobs, needed)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 9)), min_size=1, max_size=6),  # (rows, needed)
+    vocab=st.integers(1, 30),
+    k=st.integers(1, 9),  # one k for the whole step: the batch's widest beam's, capped at V
+    distinct=st.integers(1, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_sentences_merged_together_rank_as_each_merged_alone(
+    shapes: list[tuple[int, int]], vocab: int, k: int, distinct: int, seed: int
+) -> None:
+    """`merge_candidates_of` (one sort for a step's beam sentences, rows padded) gives each sentence what
+    `merge_candidates` gives it alone, ties and sentences with fewer candidates than they need included."""
+    rng = np.random.default_rng(seed)
+    total = sum(rows for rows, _ in shapes)
+    logprobs = rng.choice(np.linspace(-5, 0, distinct), size=(total, vocab)).astype(np.float32)
+    scores, ids = row_candidates(logprobs, rng.choice([-1.0, -2.0, -1.5], size=total), k)
+    spans, start = [], 0
+    for rows, needed in shapes:
+        spans.append((start, rows, needed))
+        start += rows
+    for (begin, rows, needed), got in zip(spans, merge_candidates_of(scores, ids, vocab, spans), strict=True):
+        order, values = merge_candidates(scores[begin : begin + rows], ids[begin : begin + rows], vocab, needed)
+        assert got == (order.tolist(), values.tolist())
+    assert merge_candidates_of(scores, ids, vocab, []) == []
+
+
 def test_row_candidates_rank_best_first_with_ties_to_the_lower_id() -> None:
     logprobs = np.asarray([[-1.0, -0.5, -0.5, -3.0]], dtype=np.float32)
     scores, ids = row_candidates(logprobs, np.asarray([-1.0], dtype=np.float32), 3)
@@ -84,15 +111,17 @@ def test_row_candidates_rank_best_first_with_ties_to_the_lower_id() -> None:
     extra=st.integers(0, 3),  # runners rank as many candidates as the batch's widest beam needs
     distinct=st.integers(1, 4),  # ties at the top: the lower id wins
     max_len=st.integers(1, 6),
+    forced_eos=st.booleans(),
+    penalty=st.sampled_from([0.6, 1.0, 1.3]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_greedy_from_the_best_candidate_equals_the_merged_ranking(
-    vocab: int, extra: int, distinct: int, max_len: int, seed: int
+    vocab: int, extra: int, distinct: int, max_len: int, forced_eos: bool, penalty: float, seed: int
 ) -> None:
-    """`advance_greedy` (the scheduler's path for K = 1) moves a sentence exactly as `advance_ranked` does,
-    EOS and the length limit included, step after step."""
+    """`advance_greedy` (the scheduler's path for K = 1, unrolled) moves a sentence exactly as `advance_ranked`
+    does, EOS, the length limit, a forced EOS and length penalties included, step after step."""
     rng = np.random.default_rng(seed)
-    ranked, greedy = (BeamState(1, max_len, 1.0, eos_id=1) for _ in range(2))
+    ranked, greedy = (BeamState(1, max_len, penalty, eos_id=1, forced_eos=forced_eos) for _ in range(2))
     while ranked.live:
         logprobs = rng.choice(np.linspace(-4, 0, distinct), size=(1, vocab)).astype(np.float32)
         scores, ids = row_candidates(logprobs, ranked.live_scores(), 1 + extra)

@@ -512,3 +512,13 @@ def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_
     unrefused = judge_round(ok, [], floor, floor, 6.0)
     assert not unrefused.passed and unrefused.codes == {"OK": 10}  # no refusal proves nothing
     assert judge_round(ok + near, [], floor, floor, 6.0).ok_sentences_per_s == 12.0  # 60 sentences by 5 s
+
+
+def test_engine_host_times_the_engine_over_a_runner_that_costs_nothing() -> None:
+    """`python -m bench.engine_host`: every queued sentence decodes to its end at each beam size, and the
+    per-iteration figure is a positive time."""
+    from bench.engine_host import iteration_us, main
+
+    assert iteration_us(beam=4, slots=8, sentences=6, max_len=12) > 0
+    results = main(["--slots", "8", "--rows-of-work", "2", "--repeats", "1", "--max-len", "12"])
+    assert set(results) == {"beam1", "beam4"} and all(r["median_us"] > 0 for r in results.values())

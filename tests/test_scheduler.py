@@ -186,6 +186,32 @@ def test_deadline_fails_queued_and_decoding_work_and_frees_slots() -> None:
     assert done_hypotheses(events[3]) == {0: expected(source(3), DecodeOptions(beam_size=1))}
 
 
+def test_a_finished_requests_deadline_never_fails_a_later_request_of_the_same_id() -> None:
+    """The scheduler looks only at due deadlines and cancellations (not every request each iteration): a
+    deadline left behind by a request that finished applies to nothing, even when its id comes back, and
+    the deadlines of finished requests do not pile up."""
+    scheduler, runner = make(max_slots=4, max_queue=4096)
+    scheduler.add(1, [source(1)], DecodeOptions(beam_size=1), deadline=5.0, now=0.0)
+    events = run_all(scheduler, runner)
+    assert isinstance(events[1][-1], RequestDone)
+    scheduler.add(1, [source(2)], DecodeOptions(beam_size=1), deadline=None, now=6.0)  # the id again
+    scheduler.add(2, [source(3)], DecodeOptions(beam_size=1), deadline=7.0, now=6.0)
+    later: Events = defaultdict(list)
+    iterate(scheduler, runner, later, now=6.5)
+    iterate(scheduler, runner, later, now=8.0)  # past the first request 1's deadline and request 2's
+    assert not any(isinstance(e, RequestFailed) for e in later[1])
+    [failed] = [e for e in later[2] if isinstance(e, RequestFailed)]
+    assert failed.reason is FailureReason.DEADLINE_EXCEEDED
+    run_all(scheduler, runner, later)
+    assert done_hypotheses(later[1]) == {0: expected(source(2), DecodeOptions(beam_size=1))}
+    for request_id in range(100, 3100):  # requests that finish long before their deadlines
+        scheduler.add(request_id, [source(request_id % 7)], DecodeOptions(beam_size=1), deadline=1e9, now=9.0)
+        if request_id % 100 == 0:
+            run_all(scheduler, runner)
+    run_all(scheduler, runner)
+    assert scheduler.idle and len(scheduler._deadlines) <= 2 * 100 + 1024 + 1  # bounded by the live requests
+
+
 def test_failures_report_how_far_each_unfinished_sentence_got() -> None:
     scheduler, runner = make(max_slots=2)
     scheduler.add(1, [source(1), source(2), source(3)], DecodeOptions(beam_size=1), deadline=5.0, now=0.0)

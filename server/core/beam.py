@@ -88,6 +88,32 @@ def merge_candidates(
     return flat[order], values[order]
 
 
+def merge_candidates_of(
+    scores: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], vocab: int, spans: list[tuple[int, int, int]]
+) -> list[tuple[list[int], list[float]]]:
+    """`merge_candidates` for many sentences of one step at once, as lists: span (start, rows, needed) is a
+    sentence's rows `scores[start:start + rows]` and how many candidates it needs. One stable sort over
+    the sentences' rows side by side, each padded to the widest with -inf (which sorts after every real
+    score), ranks each sentence's own candidates as its own sort would, at a fraction of the calls."""
+    if not spans:
+        return []
+    k = scores.shape[1]
+    starts, rows, needed = (np.asarray(column, dtype=np.int64) for column in zip(*spans, strict=True))
+    widest = int(rows.max())
+    local = np.arange(widest, dtype=np.int64)
+    row_of = starts[:, None] + local[None, :]  # (S, widest) a sentence's rows, then padding
+    real = local[None, :] < rows[:, None]
+    row_of = np.where(real, row_of, 0)
+    values = np.where(real[:, :, None], scores[row_of], np.float32(-np.inf)).reshape(len(spans), widest * k)
+    flat = (local[None, :, None] * vocab + ids[row_of]).reshape(len(spans), widest * k)
+    keep = int(min(needed.max(), widest * k))
+    order = np.argsort(-values, axis=1, kind="stable")[:, :keep]
+    top_flat = np.take_along_axis(flat, order, axis=1).tolist()
+    top_values = np.take_along_axis(values, order, axis=1).tolist()
+    counts = np.minimum(needed, rows * k).tolist()
+    return [(f[:n], v[:n]) for f, v, n in zip(top_flat, top_values, counts, strict=True)]
+
+
 @dataclass
 class BeamState:
     """The live and finished hypotheses of one sentence."""
@@ -129,13 +155,33 @@ class BeamState:
 
     def advance_greedy(self, score: float, token: int, vocab: int) -> Advance:
         """`advance_ranked` for greedy (K = 1) in plain Python, from the one live row's best candidate: a
-        single row's ranked list needs no merging, and its first entry is the one candidate greedy takes."""
-        return self._advance([token], [score], vocab)
+        single row's ranked list needs no merging, and its first entry is the one candidate greedy takes.
+        `_advance` over that one candidate, unrolled: the engine runs it once per greedy row and step."""
+        if self.beam_size != 1 or (self.forced_eos and self.steps == self.max_len - 1) or not 0 <= token < vocab:
+            return self._advance([token], [score], vocab)
+        tokens = self.live[0][0]
+        self.steps += 1
+        if token == self.eos_id:
+            length = len(tokens) + 1
+            self.finished.append(Hypothesis(tokens, score, normalize(score, length, self.length_penalty)))
+            self.live = []
+            return Advance([], [], done=True)
+        grown = (*tokens, token)
+        if self.steps >= self.max_len:
+            self.finished.append(Hypothesis(grown, score, normalize(score, len(grown), self.length_penalty)))
+            self.live = []
+            return Advance([], [], done=True)
+        self.live = [(grown, score)]
+        return Advance([0], [token], done=False)
 
     def advance_candidates(self, order: npt.NDArray[np.integer], top: npt.NDArray[np.float32], vocab: int) -> Advance:
         """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
         their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""
-        return self._advance(order.tolist(), top.tolist(), vocab)
+        return self.advance_merged(order.tolist(), top.tolist(), vocab)
+
+    def advance_merged(self, order: list[int], top: list[float], vocab: int) -> Advance:
+        """`advance_candidates` from lists, as `merge_candidates_of` ranks them."""
+        return self._advance(order, top, vocab)
 
     def _advance(self, order: list[int], top: list[float], vocab: int) -> Advance:
         if self.forced_eos and self.steps == self.max_len - 1:

@@ -24,11 +24,12 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from model.config import default_output_limit
-from server.core.beam import Advance, BeamState
+from server.core.beam import Advance, BeamState, merge_candidates_of
 from server.core.events import (
     INTERNAL_MESSAGE,
     Abandoned,
@@ -56,6 +57,7 @@ class _Request:
     sentences: list[_Sentence] = field(default_factory=list)
     cancelled: FailureReason | None = None  # CANCELLED, or DEADLINE_EXCEEDED when the caller's deadline cancelled it
     group: int | None = None  # after a shared runner call raised: shares calls only with its group (`isolate`)
+    deadline_entry: int = 0  # its entry in the scheduler's deadline heap
 
 
 @dataclass
@@ -72,6 +74,7 @@ class _Sentence:
     planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
     feed: list[int] = field(default_factory=list)  # token each live row feeds next
     running: bool = False
+    running_group: int | None = None  # its request's isolation group when it got its slots
     done: bool = False  # its SentenceDone was sent
 
     @property
@@ -79,13 +82,13 @@ class _Sentence:
         return self.beam.steps  # every live row of a sentence is at the same position
 
 
-@dataclass(frozen=True)
-class RowGroup:
-    """The rows of one sentence in a step call: `Batch.slots[start:start + count]`."""
+class RowGroup(NamedTuple):
+    """The rows of one sentence in a step call: `Batch.slots[start:start + rows]` (a tuple: one is made per
+    sentence and step)."""
 
     sentence: _Sentence
     start: int
-    count: int
+    rows: int
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Batch:
     positions: list[int] = field(default_factory=list)
     row_scores: list[float] = field(default_factory=list)  # each row's hypothesis score, added to its log-probs
     top_k: int = 1  # candidates per row the step must rank: the most any sentence in the batch needs
+    widest_beam: int = 0  # the widest beam among its sentences, whose needs set top_k
     groups: list[RowGroup] = field(default_factory=list)
     events: list[tuple[int, Event]] = field(default_factory=list)  # (request id, event) found while scheduling
     queue_waits: list[float] = field(default_factory=list)  # seconds each admitted sentence waited
@@ -129,10 +133,20 @@ class Scheduler:
         # (a runner that steps the first rows of its pool, as many as hold every stepped slot, steps fewer).
         self._free: list[int] = list(range(limits.max_slots))
         self._queue: deque[_Sentence] = deque()
-        self._running: list[_Sentence] = []
+        # Running sentences in the order they got slots, by id(): adding and removing one is O(1) (a list's
+        # remove() compared dataclasses field by field, quadratic in the rows); and how many run per
+        # isolation group, so that admission asks "may this request join?" in O(groups), not O(rows).
+        self._running: dict[int, _Sentence] = {}
+        self._running_groups: dict[int | None, int] = {}
         self._requests: dict[int, _Request] = {}
         self._abandoned: list[Abandoned] = []
         self._groups = itertools.count(1)  # isolation groups' ids
+        # What `_expire` must look at, so that an iteration with nothing to expire costs nothing per request:
+        # a heap of (deadline, entry, request id), an entry valid while its request is the one that pushed it
+        # (`_Request.deadline_entry`: ids may come back), and the requests cancelled since the last schedule.
+        self._deadlines: list[tuple[float, int, int]] = []
+        self._entries = itertools.count(1)
+        self._cancelled: list[_Request] = []
 
     @property
     def queue_depth(self) -> int:
@@ -182,19 +196,26 @@ class Scheduler:
             request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
+        if deadline is not None:
+            request.deadline_entry = next(self._entries)
+            heapq.heappush(self._deadlines, (deadline, request.deadline_entry, request_id))
+            if len(self._deadlines) > 2 * len(self._requests) + 1024:  # finished requests' entries: drop them
+                self._deadlines = [entry for entry in self._deadlines if self._is_due_entry(entry)]
+                heapq.heapify(self._deadlines)
 
     def cancel(self, request_id: int, reason: FailureReason = FailureReason.CANCELLED) -> None:
         """Mark a request cancelled; it fails with `reason` at the next `schedule` (a no-op for finished requests)."""
         request = self._requests.get(request_id)
         if request is not None:
             request.cancelled = reason
+            self._cancelled.append(request)
 
     def schedule(self, now: float) -> Batch:
         """Expire, admit, and list this iteration's rows."""
         batch = Batch()
         self._expire(now, batch)
         self._admit(now, batch)
-        for sentence in self._running:
+        for sentence in self._running.values():
             self._add_rows(sentence, batch)
         return batch
 
@@ -223,13 +244,18 @@ class Scheduler:
         ids = np.asarray(candidates.ids)
         out_of_vocab = (ids < 0) | (ids >= self.spec.vocab_size)
         bad_rows: list[bool] = np.asarray(np.isnan(candidates.scores).any(axis=1) | out_of_vocab.any(axis=1)).tolist()
-        # Greedy sentences advance from their row's best candidate in plain Python: no numpy per sentence.
+        # Greedy sentences advance from their row's best candidate in plain Python, beams from their rows'
+        # candidates merged for all of them in one sort: no numpy call per sentence.
         best_scores, best_ids = candidates.scores[:, 0].tolist(), ids[:, 0].tolist()
+        beams = [g for g in batch.groups if g.sentence.beam.beam_size > 1]
+        spans = [(g.start, g.rows, g.sentence.beam.candidates_needed) for g in beams]
+        ranked = merge_candidates_of(candidates.scores, ids, self.spec.vocab_size, spans)
+        merged = dict(zip(map(id, beams), ranked, strict=True))
         for group in batch.groups:
             request = group.sentence.request
             if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
                 continue
-            span = slice(group.start, group.start + group.count)
+            span = slice(group.start, group.start + group.rows)
             if any(bad_rows[span]):
                 logger.error(
                     "the runner returned NaN scores or ids outside the vocabulary for request %d; failing it",
@@ -242,7 +268,7 @@ class Scheduler:
                 if beam.beam_size == 1:
                     move = beam.advance_greedy(best_scores[group.start], best_ids[group.start], vocab)
                 else:
-                    move = beam.advance_ranked(candidates.scores[span], candidates.ids[span], vocab)
+                    move = beam.advance_merged(*merged[id(group)], vocab)
             except Exception:  # a bug seen through one request's rows (a bad id): it fails that request alone
                 logger.exception("advancing request %d's beam failed; failing it", request.request_id)
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
@@ -292,8 +318,20 @@ class Scheduler:
         sentence.feed = []
         return sentence
 
+    def _is_due_entry(self, entry: tuple[float, int, int]) -> bool:
+        request = self._requests.get(entry[2])
+        return request is not None and request.deadline_entry == entry[1]
+
     def _expire(self, now: float, batch: Batch) -> None:
-        for request in list(self._requests.values()):
+        due = {r.request_id for r in self._cancelled if self._requests.get(r.request_id) is r}
+        self._cancelled = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            entry = heapq.heappop(self._deadlines)
+            if self._is_due_entry(entry):
+                due.add(entry[2])
+        if not due:
+            return
+        for request in [r for i, r in self._requests.items() if i in due]:  # in the order they came
             passed = request.deadline is not None and now >= request.deadline
             if passed or request.cancelled is FailureReason.DEADLINE_EXCEEDED:
                 message = "the deadline passed before the translation finished"
@@ -314,7 +352,9 @@ class Scheduler:
             head.slots = [heapq.heappop(self._free) for _ in range(k)]
             head.feed = [self.spec.bos_id]
             head.running = True
-            self._running.append(head)
+            head.running_group = head.request.group
+            self._running[id(head)] = head
+            self._running_groups[head.running_group] = self._running_groups.get(head.running_group, 0) + 1
             batch.encode.append(EncodeItem(head.source_ids, list(head.slots)))
             batch.encoding.append(head)
             if not head.waited:
@@ -326,20 +366,31 @@ class Scheduler:
     def _may_join(self, request: _Request) -> bool:
         """Requests of an isolation group share runner calls only with each other, so that a failure
         of their call is theirs; the others (group None) share with any but a group's."""
-        return all(s.request.group == request.group for s in self._running if s.request is not request)
+        # The request's own running sentences are in its group, so counting them changes nothing.
+        return all(group == request.group for group in self._running_groups)
 
     def _add_rows(self, sentence: _Sentence, batch: Batch) -> None:
-        for source, destination in sentence.planned_copies:
-            batch.copy_sources.append(source)
-            batch.copy_destinations.append(destination)
-        sentence.planned_copies = []
-        rows = len(sentence.feed)
+        if sentence.planned_copies:
+            for source, destination in sentence.planned_copies:
+                batch.copy_sources.append(source)
+                batch.copy_destinations.append(destination)
+            sentence.planned_copies = []
+        beam, feed = sentence.beam, sentence.feed
+        rows = len(feed)
         batch.groups.append(RowGroup(sentence, len(batch.slots), rows))
-        batch.slots += sentence.slots[:rows]
-        batch.tokens += sentence.feed
-        batch.positions += [sentence.position] * rows
-        batch.row_scores += [score for _, score in sentence.beam.live]
-        batch.top_k = max(batch.top_k, sentence.beam.candidates_needed)
+        if rows == 1:  # greedy, and every sentence's first step
+            batch.slots.append(sentence.slots[0])
+            batch.tokens.append(feed[0])
+            batch.positions.append(beam.steps)
+            batch.row_scores.append(beam.live[0][1])
+        else:
+            batch.slots += sentence.slots[:rows]
+            batch.tokens += feed
+            batch.positions += [beam.steps] * rows  # every live row is at the sentence's position
+            batch.row_scores += [score for _, score in beam.live]
+        if beam.beam_size > batch.widest_beam:
+            batch.widest_beam = beam.beam_size
+            batch.top_k = max(batch.top_k, beam.candidates_needed)
 
     def _advance(self, sentence: _Sentence, move: Advance, events: list[tuple[int, Event]]) -> None:
         request = sentence.request
@@ -363,7 +414,12 @@ class Scheduler:
 
     def _release(self, sentence: _Sentence) -> None:
         if sentence.running:
-            self._running.remove(sentence)
+            del self._running[id(sentence)]
+            left = self._running_groups[sentence.running_group] - 1
+            if left:
+                self._running_groups[sentence.running_group] = left
+            else:
+                del self._running_groups[sentence.running_group]
             for slot in sentence.slots:
                 heapq.heappush(self._free, slot)
             sentence.running = False
@@ -397,6 +453,8 @@ def reorder_slots(slots: list[int], parents: list[int]) -> tuple[list[int], list
     and destinations are not, so the copies never read a slot they overwrite.
     Returns (new slot order: new row j in slot j, then spares; copies as (source, destination)).
     """
+    if parents == [0]:  # greedy (and a beam down to one live row): the row keeps its slot, nothing moves
+        return list(slots), []
     kept: dict[int, int] = {}  # parent row -> new row that keeps its slot
     for row, parent in enumerate(parents):
         kept.setdefault(parent, row)
