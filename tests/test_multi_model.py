@@ -160,7 +160,9 @@ def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Pa
         (2, 3, "cpu", {}, (1, 1)),  # more models than cores: one engine each, one thread
         (2, 1, "cpu", {"threads": 2}, (1, 2)),  # threads asked for: as many engines as fit
         (4, 1, "cpu", {"engines": 1}, (1, 0)),  # one engine alone: onnxruntime's default, every core
-        (16, 2, "cuda", {}, (2, 0)),  # two engines per model on a GPU: one's host work overlaps the other's kernels
+        (16, 1, "cuda", {}, (2, 0)),  # two engines on a GPU: one's host work overlaps the other's kernels
+        (16, 2, "cuda", {}, (1, 0)),  # split between the models
+        (16, 3, "cuda", {}, (1, 0)),  # one each at least
         (16, 1, "cuda", {"engines": 1}, (1, 0)),
     ],
 )

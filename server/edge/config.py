@@ -25,8 +25,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Slots by device when --max-slots is 0. A CPU step costs in proportion to its rows, so more slots only
 # lengthen each step; a GPU step is launch-bound up to hundreds of rows, so it needs full batches to pay.
 DEVICE_SLOTS = {"cpu": 64, "cuda": 256}
-# Engines per model on a GPU when --engines is 0: one engine's Python between steps leaves the GPU idle, a
-# second overlaps it; on an H100 four served no more than two (docs/benchmarks.md#gpu).
+# Engines on a GPU when --engines is 0, split between its models (one each at least): one engine's Python
+# between steps leaves the GPU idle, a second overlaps it; on an H100 four served no more than two
+# (docs/benchmarks.md#gpu).
 CUDA_ENGINES = 2
 # The queue, when --max-queue is 0, holds this many of the device's full batches: 512 sentences on CPU,
 # measured as about what one engine clears in a 10 s deadline (docs/service.md#queue-bound-and-deadlines).
@@ -259,7 +260,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
-    add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, one on CUDA)")
+    add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, two per GPU on CUDA)")
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
     add(
         "engine-nice",
