@@ -200,7 +200,7 @@ class Scheduler:
             request.deadline_entry = next(self._entries)
             heapq.heappush(self._deadlines, (deadline, request.deadline_entry, request_id))
             if len(self._deadlines) > 2 * len(self._requests) + 1024:  # finished requests' entries: drop them
-                self._deadlines = [entry for entry in self._deadlines if self._is_due_entry(entry)]
+                self._deadlines = [entry for entry in self._deadlines if self._is_live_entry(entry)]
                 heapq.heapify(self._deadlines)
 
     def cancel(self, request_id: int, reason: FailureReason = FailureReason.CANCELLED) -> None:
@@ -318,7 +318,8 @@ class Scheduler:
         sentence.feed = []
         return sentence
 
-    def _is_due_entry(self, entry: tuple[float, int, int]) -> bool:
+    def _is_live_entry(self, entry: tuple[float, int, int]) -> bool:
+        """Whether a deadline entry is still its request's (not one left by a request that has finished)."""
         request = self._requests.get(entry[2])
         return request is not None and request.deadline_entry == entry[1]
 
@@ -327,7 +328,7 @@ class Scheduler:
         self._cancelled = []
         while self._deadlines and self._deadlines[0][0] <= now:
             entry = heapq.heappop(self._deadlines)
-            if self._is_due_entry(entry):
+            if self._is_live_entry(entry):
                 due.add(entry[2])
         if not due:
             return
