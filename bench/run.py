@@ -222,14 +222,17 @@ ENGINE_HISTOGRAMS = {
     "translation_decode_step_duration_seconds": "step",
     "translation_encode_duration_seconds": "encode",
     "translation_step_active_slots": "rows",
+    "translation_queue_wait_seconds": "queue",  # a sentence's wait for slots
+    "translation_request_duration_seconds": "call",  # a call from the servicer's receipt to its answer
 }
 
 
 @dataclass
 class EngineProbe:
     """Reads the served engines' step histograms from /metrics, so that a closed-loop run can say what one
-    decoder step cost while it ran, how many rows it stepped, and what share of the run's wall time the
-    engine spent inside its decoder and encoder calls (the rest is host work between steps, or idling)."""
+    decoder step cost while it ran, how many rows it stepped, what share of the run's wall time the engine
+    spent inside its decoder and encoder calls (the rest is host work between steps, or idling), and how long
+    a call waited for slots and took inside the server."""
 
     url: str
 
@@ -266,6 +269,10 @@ def engine_delta(before: dict[str, float], after: dict[str, float], seconds: flo
         "step_ms": mean("step", 1000.0),
         "rows_per_step": mean("rows"),
         "encode_ms": mean("encode", 1000.0),
+        # Where a call's time went: waiting for slots, and in the server at all (the client's latency beyond
+        # that is gRPC and the event loop before the servicer saw the call)
+        "queue_wait_ms": mean("queue", 1000.0),
+        "server_call_ms": mean("call", 1000.0),
         "busy_share": busy / seconds if seconds else math.nan,  # engine-seconds per second: above 1 with 2 engines
     }
 

@@ -227,6 +227,7 @@ def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
             assert engine["steps"] > 0 and engine["step_ms"] > 0 and engine["encode_ms"] > 0
             assert 1 <= engine["rows_per_step"] <= 2 * beam  # two sentences in flight, `beam` rows each
             assert 0 < engine["busy_share"] < 2.5  # engine-seconds per second: two engines at most
+            assert engine["queue_wait_ms"] >= 0 and 0 < engine["server_call_ms"] < 60_000
     assert "Engines during each closed-loop run" in (out / "results.md").read_text()
     with pytest.raises(SystemExit):
         main(["--model-dir", str(tiny_exported_dir), "--engines", "onnx-fp16-static"])  # a CUDA engine on CPU
