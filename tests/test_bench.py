@@ -523,3 +523,21 @@ def test_engine_host_times_the_engine_over_a_runner_that_costs_nothing() -> None
     assert iteration_us(beam=4, slots=8, sentences=6, max_len=12) > 0
     results = main(["--slots", "8", "--rows-of-work", "2", "--repeats", "1", "--max-len", "12"])
     assert set(results) == {"beam1", "beam4"} and all(r["median_us"] > 0 for r in results.values())
+
+
+def test_front_capacity_serves_every_call_through_a_sleeping_device_stand_in(
+    tiny_exported_dir: Path, tmp_path: Path
+) -> None:
+    """`python -m bench.front_capacity`: the server's front over engines whose runner only sleeps answers
+    every call of a short closed loop, greedy and beam 4, with a rate and latencies to report."""
+    from bench.front_capacity import main
+
+    data = tmp_path / "pairs.tsv"
+    write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data)  # sentences the tiny model's source length takes
+    for beam in ("1", "4"):
+        result = main([
+            "--model-dir", str(tiny_exported_dir), "--data", str(data), "--step-ms", "0.5", "--encode-ms", "1",
+            "--concurrency", "8", "--duration", "1.5", "--beam", beam, "--max-len", "6", "--slots", "16",
+        ])  # fmt: skip
+        assert result["achieved_rps"] > 0 and result["tokens_per_s"] > 0 and not result["errors"]
+        assert 0 < result["p50_ms"] <= result["p99_ms"]
