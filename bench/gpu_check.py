@@ -1,11 +1,15 @@
-"""python -m bench.gpu_check [--wheel-parts DIR] [--model-dir DIR | --shape opus-mt-de-en] [--out DIR] [--limit N]
+"""python -m bench.gpu_check [--wheel-parts DIR | --site-parts DIR] [--model-dir DIR | --shape NAME] [--out DIR]
 
 The CUDA path verified end to end on a GPU node, in one command:
 
 1. onnxruntime with CUDA: the installed one, or an onnxruntime-gpu wheel carried in parts (`split -b 25m`;
    --wheel-parts DIR, joined in name order) and installed with `pip --no-deps --target` into a folder put
-   first on the path of every later step. A `sitecustomize` there calls `onnxruntime.preload_dlls()`, which
-   loads the CUDA and cuDNN libraries that torch's wheels carry, in every step's interpreter.
+   first on the path of every later step. Or --site-parts DIR: such a folder already installed elsewhere
+   (`pip install --no-deps --target SITE onnxruntime-gpu ...` with the node's Python version), packed as
+   `tar -cJf site.tar.xz -C SITE .` and split: xz packs onnxruntime-gpu's CUDA library to about 0.8 of the
+   wheel's size, so it travels in fewer parts; it is unpacked into that folder. A `sitecustomize` there
+   calls `onnxruntime.preload_dlls()`, which loads the CUDA and cuDNN libraries that torch's wheels carry,
+   in every step's interpreter.
 2. export: the fp32 and fp16 graphs of the model.
 3. parity on CUDA: `python -m bench.parity --provider cuda` (the fp32 graphs against PyTorch).
 4. the capturable step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`):
@@ -37,6 +41,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -95,6 +100,22 @@ def install_wheel(parts: Path, site: Path) -> list[str]:
     return [*pip, str(wheel), *whole]
 
 
+def unpack_site(parts: Path, site: Path) -> int:
+    """Unpack a `tar.xz` split into parts (`NAME.tar.xz.*`, joined in name order) into `site`; the files."""
+    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".tar.xz." in p.name)
+    if not pieces:
+        raise SystemExit(f"no site parts (NAME.tar.xz.*) in {parts}")
+    joined = Path(tempfile.mkdtemp()) / "site.tar.xz"
+    with joined.open("wb") as out:
+        for piece in pieces:
+            out.write(piece.read_bytes())
+    with tarfile.open(joined, "r:xz") as archive:
+        members = [m for m in archive.getmembers() if m.isfile()]
+        archive.extractall(site, filter="data")
+    joined.unlink()
+    return len(members)
+
+
 def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
     python, model = sys.executable, str(args.model_dir)
     work = args.out.resolve() / "work"
@@ -143,6 +164,7 @@ def run_step(name: str, command: list[str], out: Path, env: dict[str, str]) -> S
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheel-parts", type=Path, default=None, help="folder of a split onnxruntime-gpu wheel")
+    parser.add_argument("--site-parts", type=Path, default=None, help="folder of a split tar.xz of an installed site")
     parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"))
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs for parity and the gate (0 = all)")
@@ -155,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     site = args.out.resolve() / "site"
     site.mkdir(exist_ok=True)
+    if args.site_parts is not None:
+        print(f"site: {unpack_site(args.site_parts, site)} files from {args.site_parts}")
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
     results = []

@@ -6,8 +6,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -51,6 +54,29 @@ def test_a_wheel_in_parts_is_joined_and_installed_into_the_target(tmp_path: Path
     subprocess.run(install_wheel(parts, site), check=True, capture_output=True)
     assert (site / "gpu_check_probe.py").read_text() == "ANSWER = 42\n"
     assert (site / "gpu_check_beside.py").read_text() == "ANSWER = 7\n"
+
+
+def test_a_packed_site_in_parts_is_unpacked_onto_every_steps_path(tmp_path: Path) -> None:
+    """--site-parts: an installed folder packed as tar.xz and split is unpacked into the site that every
+    later step has first on its path."""
+    packed = tmp_path / "packed"
+    (packed / "gpu_check_site_probe").mkdir(parents=True)
+    (packed / "gpu_check_site_probe" / "__init__.py").write_text("ANSWER = 13\n")
+    archive = tmp_path / "site.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(packed, arcname=".")
+    data, parts = archive.read_bytes(), tmp_path / "parts"
+    parts.mkdir()
+    for index, start in enumerate(range(0, len(data), 100)):
+        (parts / f"site.tar.xz.{index:02d}").write_bytes(data[start : start + 100])
+    assert len(list(parts.iterdir())) > 1
+    out = tmp_path / "out"
+    assert main(["--provider", "cpu", "--site-parts", str(parts), "--out", str(out), "--steps", "onnxruntime"]) == 0
+    probe = subprocess.run(
+        [sys.executable, "-c", "import gpu_check_site_probe as p; print(p.ANSWER)"],
+        env=os.environ | {"PYTHONPATH": str(out / "site")}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "13"
 
 
 def test_the_steps_run_and_are_summarised(tiny_model_dir: Path, tmp_path: Path) -> None:
