@@ -39,6 +39,14 @@ SOURCE = [4, *range(20, 34), SPEC.eos_id]  # 16 source tokens, as a typical sent
 ENDS_ONE_ROW_IN = 23  # about one row in this many ends its sentence at each step: varied lengths
 
 
+def fixed_candidates(row_scores: list[float], k: int) -> Candidates:
+    """Every row's k candidates as a runner ranks them, the same tokens for all: ids 10.., each 1 below the last."""
+    offsets = np.arange(1, k + 1, dtype=np.float32)
+    scores = (np.asarray(row_scores, np.float32)[:, None] - offsets[None, :]).astype(np.float32)
+    ids = np.broadcast_to(np.arange(10, 10 + k, dtype=np.int64), scores.shape).copy()
+    return Candidates(scores, ids)
+
+
 @dataclass
 class NullRunner:
     """Ranks the same candidates for every row at once; a row ends its sentence where (slot, position) says."""
@@ -52,12 +60,11 @@ class NullRunner:
     def step(
         self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
     ) -> Candidates:
-        offsets = np.arange(1, k + 1, dtype=np.float32)
-        scores = (np.asarray(row_scores, np.float32)[:, None] - offsets[None, :]).astype(np.float32)
-        ids = np.broadcast_to(np.arange(10, 10 + k, dtype=np.int64), scores.shape).copy()
+        candidates = fixed_candidates(row_scores, k)
+        ids = candidates.ids
         where = np.asarray(slots) * 7 + np.asarray(positions) * 13
         ids[(where % ENDS_ONE_ROW_IN == 0) & (np.asarray(positions) > 2), 0] = self.spec.eos_id
-        return Candidates(scores, ids)
+        return candidates
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         pass

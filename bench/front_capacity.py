@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -27,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
+from bench.engine_host import fixed_candidates
+from bench.run import free_port
 from model.artifact import load_config
 from model.directory import ModelSpec, read_metadata
 from model.tokenizer import open_tokenizer
@@ -58,19 +58,10 @@ class SleepingRunner:
         self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
     ) -> Candidates:
         time.sleep(self.step_s)
-        offsets = np.arange(1, k + 1, dtype=np.float32)
-        scores = (np.asarray(row_scores, np.float32)[:, None] - offsets[None, :]).astype(np.float32)
-        ids = np.broadcast_to(np.arange(10, 10 + k, dtype=np.int64), scores.shape).copy()
-        return Candidates(scores, ids)
+        return fixed_candidates(row_scores, k)
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:

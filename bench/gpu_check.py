@@ -85,16 +85,23 @@ class StepResult:
     log: str  # file under --out holding the step's output
 
 
+def join_parts(parts: Path, suffix: str) -> Path:
+    """The file the parts `NAME{suffix}.*` in `parts` join into (in name order, as `split` names them),
+    written as `NAME{suffix}` in a new temporary folder."""
+    pieces = sorted(p for p in parts.iterdir() if p.is_file() and f"{suffix}." in p.name)
+    if not pieces:
+        raise SystemExit(f"no parts (NAME{suffix}.*) in {parts}")
+    joined = Path(tempfile.mkdtemp()) / (pieces[0].name.split(suffix)[0] + suffix)
+    with joined.open("wb") as out:
+        for piece in pieces:
+            out.write(piece.read_bytes())
+    return joined
+
+
 def install_wheel(parts: Path, site: Path) -> list[str]:
     """The command that installs the wheel its parts join into (`X.whl.partaa`, ... -> `X.whl`), with every
     whole wheel beside them (`Y.whl`: the serving dependencies the node lacks, e.g. grpcio-reflection)."""
-    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".whl." in p.name)
-    if not pieces:
-        raise SystemExit(f"no wheel parts (NAME.whl.*) in {parts}")
-    wheel = Path(tempfile.mkdtemp()) / (pieces[0].name.split(".whl")[0] + ".whl")
-    with wheel.open("wb") as out:
-        for piece in pieces:
-            out.write(piece.read_bytes())
+    wheel = join_parts(parts, ".whl")
     whole = sorted(str(p) for p in parts.iterdir() if p.is_file() and p.name.endswith(".whl"))
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site)]
     return [*pip, str(wheel), *whole]
@@ -102,13 +109,7 @@ def install_wheel(parts: Path, site: Path) -> list[str]:
 
 def unpack_site(parts: Path, site: Path) -> int:
     """Unpack a `tar.xz` split into parts (`NAME.tar.xz.*`, joined in name order) into `site`; the files."""
-    pieces = sorted(p for p in parts.iterdir() if p.is_file() and ".tar.xz." in p.name)
-    if not pieces:
-        raise SystemExit(f"no site parts (NAME.tar.xz.*) in {parts}")
-    joined = Path(tempfile.mkdtemp()) / "site.tar.xz"
-    with joined.open("wb") as out:
-        for piece in pieces:
-            out.write(piece.read_bytes())
+    joined = join_parts(parts, ".tar.xz")
     with tarfile.open(joined, "r:xz") as archive:
         members = [m for m in archive.getmembers() if m.isfile()]
         archive.extractall(site, filter="data")

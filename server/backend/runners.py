@@ -27,7 +27,7 @@ def open_runner(
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    if place == "static" and provider == "cuda" and not captured_on_cuda(variant_dir):
+    if kv_cache == "static" and provider == "cuda" and not captured_on_cuda(variant_dir):  # auto checked it
         raise MetadataError(
             f"--kv-cache static on CUDA takes a float16 variant: {variant_dir.name} is "
             f"{read_metadata(variant_dir).dtype}, whose attention onnxruntime runs on the CPU, so the step cannot "
