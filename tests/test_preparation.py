@@ -4,13 +4,16 @@ event loop: a burst's admissions and refusals all come before any of its calls i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
+from server.core.events import QueueFullError
 from server.core.splitter import split
 from server.edge import preparation
 from server.edge.admission import counted_sentences, sentences_to_hold
@@ -27,10 +30,17 @@ def recording(log: Log, index: int) -> Callable[[], int]:
     return work
 
 
-async def arrivals(lane: PreparationLane, log: Log, turns: int) -> None:
+def arrive(lane: PreparationLane, refused: bool = False) -> None:
+    """A call reaches the servicer; `refused`: the queue refuses it."""
+    with contextlib.suppress(QueueFullError), lane.arrival():
+        if refused:
+            raise QueueFullError("queue is full")
+
+
+async def arrivals(lane: PreparationLane, log: Log, turns: int, refused: bool = False) -> None:
     """A call reaches the servicer in each of `turns` turns of the loop, as in a burst."""
     for index in range(turns):
-        lane.arrived()
+        arrive(lane, refused)
         log.append(("arrive", index))
         await asyncio.sleep(0)
 
@@ -57,8 +67,9 @@ def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: p
     async def flood() -> list[float]:
         lane, log, times = PreparationLane(), Log(), []
 
-        def work() -> None:
+        def work() -> None:  # longer than a slice: one call per deferral
             times.append(time.monotonic())
+            time.sleep(preparation.PREPARE_SLICE_S)
 
         admitted = [asyncio.ensure_future(lane.prepare(work, chars=20)) for _ in range(3)]
         arriving = asyncio.ensure_future(arrivals(lane, log, 10**9))
@@ -68,6 +79,78 @@ def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: p
 
     times = asyncio.run(flood())
     assert len(times) == 3 and all(b - a >= 0.02 for a, b in itertools.pairwise(times))
+
+
+def test_while_the_queue_refuses_the_lane_waits_on_a_timer_instead_of_turning_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loop turned without pause through a burst takes a core from gRPC's threads reading the calls
+    (refusals waited 60-100 ms longer in `bench.burst`): the loop idles between arrivals."""
+    monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.05)  # wide enough for a loaded machine's timers
+
+    async def spaced_burst() -> tuple[Log, float, float]:
+        lane, log = PreparationLane(), Log()
+        admitted = asyncio.ensure_future(lane.prepare(recording(log, 0), chars=20))
+        wall, cpu = time.monotonic(), time.thread_time()
+        for index in range(60):  # refused calls in the next turns of the loop, then one every 5 ms
+            arrive(lane, refused=True)
+            log.append(("arrive", index))
+            await asyncio.sleep(0 if index < 3 else preparation.QUIET_INTERVAL_S / 10)
+        cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+        await admitted
+        return log, cpu, wall
+
+    log, cpu, wall = asyncio.run(spaced_burst())
+    assert log[-1] == ("prepare", 0) and len(log) == 61, "prepared once the calls stopped"
+    assert cpu < 0.5 * wall, f"the loop ran {cpu / wall:.0%} of the burst's time: it spun"
+
+
+@pytest.mark.parametrize("refusing", [False, True])
+def test_a_lone_call_is_prepared_at_once_and_one_followed_by_others_waits_for_a_timed_lull(
+    monkeypatch: pytest.MonkeyPatch, refusing: bool
+) -> None:
+    monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.3)
+
+    async def scenario() -> tuple[float, float]:
+        lane = PreparationLane()
+        started = time.monotonic()
+        arrive(lane)
+        await asyncio.wait_for(lane.prepare(lambda: None, chars=20), timeout=5)
+        lone = time.monotonic() - started
+        started = time.monotonic()
+        arrive(lane)
+        followed = asyncio.ensure_future(lane.prepare(lambda: None, chars=20))
+        await arrivals(lane, Log(), 3, refused=refusing)  # more calls, in the next turns of the loop
+        await asyncio.wait_for(followed, timeout=5)
+        return lone, time.monotonic() - started
+
+    lone, followed = asyncio.run(scenario())
+    assert lone < 0.15 <= followed
+
+
+def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short calls under steady load take one lull between them, not one each; a long one takes its own."""
+    monkeypatch.setattr(preparation, "PREPARE_SLICE_S", 0.05)
+
+    async def scenario() -> list[int]:
+        lane, prepared_per_lull = PreparationLane(), []
+        runs = lane.prepared
+
+        def work(seconds: float) -> None:
+            time.sleep(seconds)
+
+        calls = [0.001] * 5 + [0.2, 0.001]
+        admitted = [asyncio.ensure_future(lane.prepare(partial(work, seconds), chars=20)) for seconds in calls]
+        while not all(call.done() for call in admitted):
+            await asyncio.sleep(0)
+            if lane.prepared != runs:
+                prepared_per_lull.append(lane.prepared - runs)
+                runs = lane.prepared
+        return prepared_per_lull
+
+    assert asyncio.run(scenario()) == [6, 1]  # five short ones and the long one, then the last
 
 
 def test_a_call_that_ends_while_it_waits_is_never_prepared_and_a_failure_reaches_its_own_call() -> None:

@@ -5,10 +5,14 @@ runs once the event loop gets to it: preparing a call on the loop (pysbd splitti
 slowest Python a call runs) delays every call gRPC has not handed over yet, and in a burst each refusal
 would wait behind the preparation of every call admitted before it. So preparation takes the loop only
 when new calls have stopped arriving: `PreparationLane` prepares admitted calls one at a time, in the
-order they were admitted, each once `QUIET_ITERATIONS` turns of the loop have passed without a new call.
-Under an endless flood one preparation runs anyway every `MAX_DEFERRAL_S`, so a refusal waits behind one
-preparation at most and admitted calls still move. A long request (over `INLINE_PREPARE_CHARS`) is prepared in
-a worker thread: it would hold the loop for a long while.
+order they were admitted, once `QUIET_ITERATIONS` turns of the loop pass without a new call, as many as
+`PREPARE_SLICE_S` allows (one at least). Once a call comes during those turns, or while the queue
+refuses calls (a burst), the lane waits for the lull on a timer instead (`QUIET_INTERVAL_S` without a
+new call), not by turning the loop: a loop that never sleeps through a burst takes a core from gRPC's
+own threads, which read the calls still coming, and the refusals wait for it. Under an endless flood
+one slice runs anyway every `MAX_DEFERRAL_S`, so a refusal waits behind one slice at most and admitted
+calls still move. A long request (over `INLINE_PREPARE_CHARS`) is
+prepared in a worker thread: it would hold the loop for a long while.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from server.core.events import QueueFullError
 
 T = TypeVar("T")
 
@@ -28,6 +35,12 @@ INLINE_PREPARE_CHARS = 512
 # Turns of the event loop without a new call before a preparation runs: gRPC hands a call over in a few
 # turns (its completion queue, then the call's task, then its message), so one quiet turn is no lull
 QUIET_ITERATIONS = 8
+# Once a call came during those turns, or while the queue refuses calls: how long the lane sleeps between
+# looks, and the quiet it waits for (the calls of a burst reach the servicer a fraction of a millisecond apart)
+QUIET_INTERVAL_S = 0.002
+# How long the lane prepares calls in one lull: one call at least, more while this has not passed (short
+# calls under steady load would otherwise take a lull each)
+PREPARE_SLICE_S = 0.005
 # The longest the lane waits for a lull while calls keep arriving before it prepares one call anyway
 MAX_DEFERRAL_S = 0.05
 
@@ -44,14 +57,22 @@ class PreparationLane:
 
     def __init__(self) -> None:
         self._arrivals = 0  # calls that reached the servicer; only its changes matter
+        self._refused_at = float("-inf")  # time.monotonic() when the queue last refused a call
         self._jobs: deque[_Job[Any]] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._last_run = 0.0  # time.monotonic() when the lane last prepared a call
         self.prepared = 0  # preparations run, on the loop or in a thread
 
-    def arrived(self) -> None:
-        """A call has reached the servicer (admitted or not): the loop is not quiet."""
+    @contextmanager
+    def arrival(self) -> Iterator[None]:
+        """Around a call that has reached the servicer (admitted or not): the loop is not quiet, and a
+        QueueFullError out of it means the queue is refusing calls."""
         self._arrivals += 1
+        try:
+            yield
+        except QueueFullError:
+            self._refused_at = time.monotonic()
+            raise
 
     async def prepare(self, work: Callable[[], T], chars: int) -> T:
         """`work()`'s result, run in a lull of the loop (or in a thread when `chars` is over the inline limit)."""
@@ -67,21 +88,32 @@ class PreparationLane:
 
     async def _run(self) -> None:
         while self._jobs:
-            await self._lull(max(self._jobs[0].queued_at, self._last_run))
-            job = self._jobs.popleft()
-            if job.result.done():  # the call ended while it waited
-                continue
-            self.prepared += 1
-            try:
-                job.result.set_result(job.work())
-            except Exception as err:  # the call's own failure (a text over a limit): it raises it
-                job.result.set_exception(err)
+            await self._lull(since=max(self._jobs[0].queued_at, self._last_run))
+            lull = time.monotonic()
+            while self._jobs and time.monotonic() - lull < PREPARE_SLICE_S:
+                job = self._jobs.popleft()
+                if job.result.done():  # the call ended while it waited
+                    continue
+                self.prepared += 1
+                try:
+                    job.result.set_result(job.work())
+                except Exception as err:  # the call's own failure (a text over a limit): it raises it
+                    job.result.set_exception(err)
             self._last_run = time.monotonic()
 
     async def _lull(self, since: float) -> None:
-        """Return once QUIET_ITERATIONS turns of the loop have passed with no new call, or at MAX_DEFERRAL_S."""
-        quiet = 0
-        while quiet < QUIET_ITERATIONS and time.monotonic() - since < MAX_DEFERRAL_S:
+        """Return once QUIET_ITERATIONS turns of the loop pass with no new call or, once a call came during
+        them or while the queue refuses calls, once a sleep of QUIET_INTERVAL_S does; at MAX_DEFERRAL_S
+        after `since` in any case."""
+        turns: int | None = 0  # quiet turns so far; None once the lane waits on the timer
+        while time.monotonic() - since < MAX_DEFERRAL_S:
             seen = self._arrivals
+            if turns is None or time.monotonic() - self._refused_at < MAX_DEFERRAL_S:
+                await asyncio.sleep(QUIET_INTERVAL_S)
+                if self._arrivals == seen:
+                    return
+                continue
             await asyncio.sleep(0)
-            quiet = quiet + 1 if self._arrivals == seen else 0
+            turns = turns + 1 if self._arrivals == seen else None
+            if turns == QUIET_ITERATIONS:
+                return

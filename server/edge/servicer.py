@@ -143,10 +143,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         refusing it at submit. Splitting then waits for
         a lull in the calls arriving (`server.edge.preparation`): no refusal waits behind it.
         """
-        self._lane.arrived()
         call.texts = len(job.texts)
         call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
-        with backend.engine.admission(sentences_to_hold(job.texts, backend.limits.max_sentences)) as admission:
+        holds = sentences_to_hold(job.texts, backend.limits.max_sentences)
+        with self._lane.arrival(), backend.engine.admission(holds) as admission:
             prepare = _preparation(job, backend)  # parsing (HTML/XML), splitting and tokenizing
             assembler = await self._lane.prepare(prepare, sum(len(text) for text in job.texts))
             for blank in assembler.blank_texts():
