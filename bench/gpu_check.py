@@ -22,6 +22,8 @@ The CUDA path verified end to end on a GPU node, in one command:
    caches (`onnx-fp16`, served `fp16-device`), and the served levers one at a time (GPU_ARMS: one engine
    instead of two engine processes, with either cache), each closed-loop run with the engines' own step time,
    rows per step and busy share read from the server's metrics.
+7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
+   context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
 `--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
 a random MarianMTModel of that exact shape through the importer (`python -m bench.opus_size --prepare-only`,
@@ -49,8 +51,9 @@ from pathlib import Path
 
 from bench.marian_random import SHAPES
 
-STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench")
-SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench")  # with --shape: random weights, no BLEU gate
+STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench", "startup")
+# with --shape: random weights, no BLEU gate
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench", "startup")
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
@@ -62,6 +65,10 @@ SHAPE_BENCH_ARGS = [
 # Offline at a shape on CUDA: PyTorch eager (one sentence at a time) is left out, the parity step compares
 # the graphs with it; generate on the same weights is the baseline.
 SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-static"]}
+# A replica's start to SERVING on the model's built graphs, serving what GPU nodes serve (the CPU: how tests
+# check the step): the CUDA context, the sessions, and the captured step's graphs at warm-up
+STARTUP_FLAGS = {"cuda": "--provider cuda --variant fp16", "cpu": "--provider cpu --variant fp32"}
+STARTUP_RUNS = 2
 # The served levers on CUDA one at a time against the default (the captured step, two engine processes).
 GPU_ARMS = [
     "--served-arm",
@@ -145,6 +152,8 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
                   "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *arms,
                   *args.bench_args],
+        "startup": [python, "-m", "bench.startup", "--cases", "dir", "--model-dir", model, "--runs", str(STARTUP_RUNS),
+                    "--server-flags", STARTUP_FLAGS[args.provider], "--out", str(args.out / "startup.json")],
     }  # fmt: skip
     if args.wheel_parts is not None:
         commands = {"install": install_wheel(args.wheel_parts, site)} | commands

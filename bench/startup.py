@@ -10,9 +10,14 @@ starts are the cluster's and not measured here. Cases:
   from its directory (a replica with a warm model volume);
 - `opus-hub`: the same model as a hub id from a Hugging Face cache laid out by hand, offline, into an empty
   model cache: import, graph building (fp32 and int8) and load at start (a replica on a fresh node whose
-  download is done; the download itself depends on the network).
+  download is done; the download itself depends on the network);
+- `dir`: the model directory `--model-dir` names, its graphs built (how `bench.gpu_check` times a GPU
+  replica: creating the CUDA context and sessions, and capturing the step's graphs at warm-up).
+
+`--server-flags` adds flags to every case's server (`--provider cuda --variant fp16`, say).
 
     python -m bench.startup --cases shipped,shipped-build,opus-dir,opus-hub --runs 3 [--out startup.json]
+    python -m bench.startup --cases dir --model-dir DIR --server-flags "--provider cuda" --runs 2
 
 Prints each run's seconds to SERVING (and the graph build time the server logged) as JSON lines.
 """
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -39,7 +45,7 @@ from bench.marian_random import build_marian_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "model" / "shipped"
-CASES = ("shipped", "shipped-build", "opus-dir", "opus-hub")
+CASES = ("shipped", "shipped-build", "opus-dir", "opus-hub", "dir")
 POLL_S = 0.05
 START_TIMEOUT_S = 900.0
 REPO = "Helsinki-NLP/opus-mt-de-en"
@@ -104,9 +110,15 @@ def prepare_opus(work: Path) -> tuple[Path, Path]:
     return hf, model
 
 
-def case_flags(case: str, work: Path, run: int, opus: tuple[Path, Path] | None) -> tuple[list[str], dict[str, str]]:
-    """The server flags and environment of one run of `case`, its files prepared fresh under `work`."""
+def case_flags(
+    case: str, work: Path, run: int, opus: tuple[Path, Path] | None, given: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The server flags and environment of one run of `case`, its files prepared fresh under `work`; `given`:
+    the `dir` case's model directory."""
     env = dict(os.environ)
+    if case == "dir":
+        assert given is not None
+        return ["--model-dir", str(given)], env
     if case == "shipped":
         return ["--model-dir", str(SHIPPED)], env
     if case == "shipped-build":
@@ -128,19 +140,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, help="also write every run here as JSON")
+    parser.add_argument("--model-dir", type=Path, help="the `dir` case's model directory, its graphs built")
+    parser.add_argument("--server-flags", default="", help="flags for every case's server, as one string")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     if unknown := set(cases) - set(CASES):
         parser.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
+    if "dir" in cases and args.model_dir is None:
+        parser.error("the dir case needs --model-dir")
     starts: list[Start] = []
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         work = Path(tmp)
         opus = prepare_opus(work / "opus") if {"opus-dir", "opus-hub"} & set(cases) else None
         for run in range(args.runs):
             for case in cases:  # the cases alternate, so a machine's drift spreads over all of them
-                flags, env = case_flags(case, work, run, opus)
+                flags, env = case_flags(case, work, run, opus, args.model_dir)
                 log = work / f"{case}-{run}.log"
-                seconds = time_to_serving(flags, env, log)
+                seconds = time_to_serving([*flags, *shlex.split(args.server_flags)], env, log)
                 start = Start(case, run, round(seconds, 2), logged_build_seconds(log), os.getloadavg()[0])
                 starts.append(start)
                 print(json.dumps(asdict(start)), flush=True)

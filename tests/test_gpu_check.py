@@ -14,7 +14,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from bench.gpu_check import install_wheel, main
+from bench.gpu_check import STARTUP_RUNS, install_wheel, main
 
 
 def tiny_wheel(out: Path, module: str = "gpu_check_probe", source: str = "ANSWER = 42\n") -> Path:
@@ -91,6 +91,17 @@ def test_the_steps_run_and_are_summarised(tiny_model_dir: Path, tmp_path: Path) 
     assert summary["passed"] and [s["name"] for s in summary["steps"]] == steps.split(",")
     assert "parity: PASS" in (out / "parity.log").read_text()
     assert (out / "site" / "sitecustomize.py").is_file()  # every step's interpreter preloads the CUDA libraries
+
+
+def test_the_startup_step_times_a_replica_to_serving_on_the_built_graphs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "out"
+    steps = "onnxruntime,export,startup"
+    assert main(["--provider", "cpu", "--model-dir", str(model), "--out", str(out), "--steps", steps]) == 0
+    starts = json.loads((out / "startup.json").read_text())
+    assert [s["case"] for s in starts] == ["dir"] * STARTUP_RUNS
+    assert all(0 < s["seconds_to_serving"] < 300 for s in starts)
 
 
 def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path) -> None:

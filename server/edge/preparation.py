@@ -41,7 +41,7 @@ QUIET_INTERVAL_S = 0.002
 # How long the lane prepares calls in one lull: one call at least, more while this has not passed (short
 # calls under steady load would otherwise take a lull each)
 PREPARE_SLICE_S = 0.005
-# The longest the lane waits for a lull while calls keep arriving before it prepares one call anyway
+# The longest the lane waits for a lull while calls keep arriving before it prepares a slice anyway
 MAX_DEFERRAL_S = 0.05
 
 
