@@ -42,6 +42,7 @@ from server.edge.errors import (
     stream_call,
     unary_call,
 )
+from server.edge.loop_mailbox import mailbox_of
 from server.edge.metrics import Metrics
 from server.edge.preparation import PreparationLane
 from server.edge.request_parts import JobPart, SourceGrouping, merged_items, whole_request
@@ -206,13 +207,13 @@ class CallInbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._mailbox = mailbox_of(loop)
         self._events: asyncio.Queue[Event | int] = asyncio.Queue()  # an int: that sentence's latest tokens
         self._latest_tokens: dict[int, TokensEvent] = {}
 
     def deliver(self, event: Event) -> None:
-        """The engine's callback: runs on the engine thread, so it only schedules the put."""
-        self._loop.call_soon_threadsafe(self._put, event)
+        """The engine's callback: runs on the engine thread, so it only posts the put to the loop."""
+        self._mailbox.post(self._put, event)
 
     def _put(self, event: Event) -> None:
         if not isinstance(event, TokensEvent):
