@@ -177,7 +177,7 @@ class BeamState:
     def advance_candidates(self, order: npt.NDArray[np.integer], top: npt.NDArray[np.float32], vocab: int) -> Advance:
         """Advance from this step's best candidates: flat indices (row * V + token) into the live rows and
         their scores, best first (ties: lower index first), `candidates_needed` of them or all there are."""
-        return self.advance_merged(order.tolist(), top.tolist(), vocab)
+        return self._advance(order.tolist(), top.tolist(), vocab)
 
     def advance_merged(self, order: list[int], top: list[float], vocab: int) -> Advance:
         """`advance_candidates` from lists, as `merge_candidates_of` ranks them."""

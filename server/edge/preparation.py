@@ -4,8 +4,8 @@ A call is admitted or refused the moment its handler runs (`Engine.admission`), 
 runs once the event loop gets to it: preparing a call on the loop (pysbd splitting and tokenizing, the
 slowest Python a call runs) delays every call gRPC has not handed over yet, and in a burst each refusal
 would wait behind the preparation of every call admitted before it. So preparation takes the loop only
-when new calls have stopped arriving: `PreparationLane` prepares admitted calls one at a time, in the
-order they were admitted, once `QUIET_ITERATIONS` turns of the loop pass without a new call, as many as
+when new calls have stopped arriving: `PreparationLane` prepares admitted calls in the order they were
+admitted, once `QUIET_ITERATIONS` turns of the loop pass without a new call, as many as
 `PREPARE_SLICE_S` allows (one at least). Once a call comes during those turns, or while the queue
 refuses calls (a burst), the lane waits for the lull on a timer instead (`QUIET_INTERVAL_S` without a
 new call), not by turning the loop: a loop that never sleeps through a burst takes a core from gRPC's
@@ -53,7 +53,7 @@ class _Job(Generic[T]):
 
 
 class PreparationLane:
-    """One event loop's preparation of admitted calls: FIFO, one at a time, in lulls between arrivals."""
+    """One event loop's preparation of admitted calls: FIFO, a slice of them per lull between arrivals."""
 
     def __init__(self) -> None:
         self._arrivals = 0  # calls that reached the servicer; only its changes matter
