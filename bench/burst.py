@@ -7,7 +7,7 @@ take to answer calls that do no work) and BURST Translate calls without texts (I
 admission). Reports per round each p50/p95 (from a call's sending to its status), the Translate status
 counts, the OK throughput (sentences of OK calls over the time to the last OK answer), and whether the
 refusals' p95 is within FLOOR_MARGIN_MS of the floor's p95 measured in the same round (a round without
-refusals fails: it proves nothing). The server is warm (a call per channel before the first round).
+refusals fails: it proves nothing). The server is warm (a call per channel, then a burst of no-op calls, before the first round).
 `--beside` also sends BURST ListModels calls between the Translate calls: no-op calls under the same
 decoding load. The exit status is 1 when a round fails.
 
@@ -102,6 +102,7 @@ async def run_rounds(address: str, rounds: int, beam: int, deadline_s: float, be
     for stub in stubs:  # connected and warm
         await stub.Translate(translate[1], timeout=START_TIMEOUT_S)
     no_op: Call = ("ListModels", pb.ListModelsRequest(), 60.0)
+    await burst(stubs, [no_op] * BURST)  # both sides' gRPC machinery has held a burst's calls once
     measured = []
     for index in range(rounds):
         started = time.perf_counter()

@@ -86,8 +86,9 @@ def test_while_the_queue_refuses_the_lane_waits_on_a_timer_instead_of_turning_th
 ) -> None:
     """A loop turned without pause through a burst takes a core from gRPC's threads reading the calls
     (refusals waited 60-100 ms longer in `bench.burst`): the loop idles between arrivals."""
-    monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
-    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.05)  # wide enough for a loaded machine's timers
+    monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "REFUSING_FOR_S", 60.0)  # a loaded machine's timers may space them widely
+    monkeypatch.setattr(preparation, "REFUSING_QUIET_INTERVAL_S", 0.05)
 
     async def spaced_burst() -> tuple[Log, float, float]:
         lane, log = PreparationLane(), Log()
@@ -96,7 +97,7 @@ def test_while_the_queue_refuses_the_lane_waits_on_a_timer_instead_of_turning_th
         for index in range(60):  # refused calls in the next turns of the loop, then one every 5 ms
             arrive(lane, refused=True)
             log.append(("arrive", index))
-            await asyncio.sleep(0 if index < 3 else preparation.QUIET_INTERVAL_S / 10)
+            await asyncio.sleep(0 if index < 3 else preparation.REFUSING_QUIET_INTERVAL_S / 10)
         cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
         await admitted
         return log, cpu, wall
@@ -111,7 +112,9 @@ def test_a_lone_call_is_prepared_at_once_and_one_followed_by_others_waits_for_a_
     monkeypatch: pytest.MonkeyPatch, refusing: bool
 ) -> None:
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
     monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.3)
+    monkeypatch.setattr(preparation, "REFUSING_QUIET_INTERVAL_S", 0.3)
 
     async def scenario() -> tuple[float, float]:
         lane = PreparationLane()
@@ -128,6 +131,59 @@ def test_a_lone_call_is_prepared_at_once_and_one_followed_by_others_waits_for_a_
 
     lone, followed = asyncio.run(scenario())
     assert lone < 0.15 <= followed
+
+
+def test_while_the_queue_refuses_a_pause_shorter_than_its_quiet_interval_is_no_lull(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's sending pauses for a few milliseconds within a burst: a slice there would put the rest of
+    the burst's refusals behind it."""
+    monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "REFUSING_FOR_S", 60.0)
+    monkeypatch.setattr(preparation, "REFUSING_QUIET_INTERVAL_S", 0.2)
+
+    async def paused_burst() -> Log:
+        lane, log = PreparationLane(), Log()
+        admitted = asyncio.ensure_future(lane.prepare(recording(log, 0), chars=20))
+        for index in range(8):  # refused calls 20 ms apart: ten times the lull of a queue that admits
+            arrive(lane, refused=True)
+            log.append(("arrive", index))
+            await asyncio.sleep(0.02)
+        await admitted
+        return log
+
+    log = asyncio.run(paused_burst())
+    assert log[-1] == ("prepare", 0) and len(log) == 9, "prepared once the refused calls stopped"
+
+
+def test_under_an_endless_flood_of_refusals_a_slice_keeps_its_share_of_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lane waits up to REFUSING_MAX_DEFERRAL_S for a lull, then prepares for PREPARATION_SHARE of that
+    wait: admitted calls still move, and each refusal waits behind one slice at most."""
+    monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 0.2)
+    monkeypatch.setattr(preparation, "PREPARE_SLICE_S", 0.0)  # the share alone sets the slice
+
+    async def flood() -> tuple[float, list[float]]:
+        lane, log, times = PreparationLane(), Log(), []
+
+        def work() -> None:  # 2 ms a call: a slice of a tenth of 0.2 s prepares several
+            times.append(time.monotonic())
+            time.sleep(0.002)
+
+        arrive(lane, refused=True)
+        started = time.monotonic()
+        admitted = [asyncio.ensure_future(lane.prepare(work, chars=20)) for _ in range(40)]
+        arriving = asyncio.ensure_future(arrivals(lane, log, 10**9, refused=True))
+        await asyncio.gather(*admitted)
+        arriving.cancel()
+        return started, times
+
+    started, times = asyncio.run(flood())
+    assert times[0] - started >= 0.2, "nothing prepared before the deferral while calls are refused"
+    first_slice = [t for t in times if t - times[0] < 0.02]
+    assert len(first_slice) >= 3, f"a slice of a tenth of the wait, not one call: {len(first_slice)} prepared"
+    assert all(b - a < 0.2 + 0.1 for a, b in itertools.pairwise(times)), "the lane prepares every deferral"
 
 
 def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,13 +6,18 @@ slowest Python a call runs) delays every call gRPC has not handed over yet, and 
 would wait behind the preparation of every call admitted before it. So preparation takes the loop only
 when new calls have stopped arriving: `PreparationLane` prepares admitted calls in the order they were
 admitted, once `QUIET_ITERATIONS` turns of the loop pass without a new call, as many as
-`PREPARE_SLICE_S` allows (one at least). Once a call comes during those turns, or while the queue
-refuses calls (a burst), the lane waits for the lull on a timer instead (`QUIET_INTERVAL_S` without a
-new call), not by turning the loop: a loop that never sleeps through a burst takes a core from gRPC's
-own threads, which read the calls still coming, and the refusals wait for it. Under an endless flood
-one slice runs anyway every `MAX_DEFERRAL_S`, so a refusal waits behind one slice at most and admitted
-calls still move. A long request (over `INLINE_PREPARE_CHARS`) is
-prepared in a worker thread: it would hold the loop for a long while.
+`PREPARE_SLICE_S` allows (one at least). Once a call comes during those turns the lane waits for the
+lull on a timer instead (`QUIET_INTERVAL_S` without a new call), not by turning the loop: a loop that
+never sleeps through a burst takes a core from gRPC's own threads, which read the calls still coming.
+Under an endless flood one slice runs anyway every `MAX_DEFERRAL_S`, so admitted calls still move.
+
+While the queue refuses calls (a burst it cannot take) the refusals come first: a lull is
+`REFUSING_QUIET_INTERVAL_S` without a call and the lane waits for one up to `REFUSING_MAX_DEFERRAL_S`,
+long enough for a burst to be read and refused whole (slices started mid-burst put every later refusal
+behind them, and behind the decoding they hand the engines). A slice lasts `PREPARATION_SHARE` of the
+time the lane waited for its lull, so under an endless flood of refusals preparation still keeps that
+share of the loop, and no refusal waits behind more than one slice. A long request (over
+`INLINE_PREPARE_CHARS`) is prepared in a worker thread: it would hold the loop for a long while.
 """
 
 from __future__ import annotations
@@ -35,14 +40,24 @@ INLINE_PREPARE_CHARS = 512
 # Turns of the event loop without a new call before a preparation runs: gRPC hands a call over in a few
 # turns (its completion queue, then the call's task, then its message), so one quiet turn is no lull
 QUIET_ITERATIONS = 8
-# Once a call came during those turns, or while the queue refuses calls: how long the lane sleeps between
-# looks, and the quiet it waits for (the calls of a burst reach the servicer a fraction of a millisecond apart)
+# Once a call came during those turns: how long the lane sleeps between looks, and the quiet it waits for
+# (the calls of a burst reach the servicer a fraction of a millisecond apart)
 QUIET_INTERVAL_S = 0.002
 # How long the lane prepares calls in one lull: one call at least, more while this has not passed (short
 # calls under steady load would otherwise take a lull each)
 PREPARE_SLICE_S = 0.005
 # The longest the lane waits for a lull while calls keep arriving before it prepares a slice anyway
 MAX_DEFERRAL_S = 0.05
+# How long after a refusal the queue counts as refusing calls
+REFUSING_FOR_S = 0.05
+# While the queue refuses calls: the quiet a lull needs (a client's sending pauses for a few milliseconds
+# within a burst), and the longest the lane waits for one, counted from the oldest waiting call or the last
+# slice (`bench.burst`'s 400 calls reach a 2-core server within about 0.25 s of the first)
+REFUSING_QUIET_INTERVAL_S = 0.01
+REFUSING_MAX_DEFERRAL_S = 0.35
+# A slice lasts at least this share of the time the lane waited for its lull: the backlog a long wait built
+# up gets a longer slice, and preparation keeps about this share of the loop under any flood
+PREPARATION_SHARE = 0.1
 
 
 @dataclass
@@ -88,9 +103,11 @@ class PreparationLane:
 
     async def _run(self) -> None:
         while self._jobs:
-            await self._lull(since=max(self._jobs[0].queued_at, self._last_run))
+            since = max(self._jobs[0].queued_at, self._last_run)
+            await self._lull(since)
             lull = time.monotonic()
-            while self._jobs and time.monotonic() - lull < PREPARE_SLICE_S:
+            slice_ends = lull + max(PREPARE_SLICE_S, (lull - since) * PREPARATION_SHARE)
+            while self._jobs:  # one call at least, more until the slice ends
                 job = self._jobs.popleft()
                 if job.result.done():  # the call ended while it waited
                     continue
@@ -99,17 +116,23 @@ class PreparationLane:
                     job.result.set_result(job.work())
                 except Exception as err:  # the call's own failure (a text over a limit): it raises it
                     job.result.set_exception(err)
+                if time.monotonic() >= slice_ends:
+                    break
             self._last_run = time.monotonic()
 
     async def _lull(self, since: float) -> None:
         """Return once QUIET_ITERATIONS turns of the loop pass with no new call or, once a call came during
-        them or while the queue refuses calls, once a sleep of QUIET_INTERVAL_S does; at MAX_DEFERRAL_S
-        after `since` in any case."""
+        them, once a sleep of QUIET_INTERVAL_S does; at MAX_DEFERRAL_S after `since` in any case. While the
+        queue refuses calls: once a sleep of REFUSING_QUIET_INTERVAL_S passes with no new call, at
+        REFUSING_MAX_DEFERRAL_S after `since` at the latest."""
         turns: int | None = 0  # quiet turns so far; None once the lane waits on the timer
-        while time.monotonic() - since < MAX_DEFERRAL_S:
+        while True:
+            refusing = time.monotonic() - self._refused_at < REFUSING_FOR_S
+            if time.monotonic() - since >= (REFUSING_MAX_DEFERRAL_S if refusing else MAX_DEFERRAL_S):
+                return
             seen = self._arrivals
-            if turns is None or time.monotonic() - self._refused_at < MAX_DEFERRAL_S:
-                await asyncio.sleep(QUIET_INTERVAL_S)
+            if refusing or turns is None:
+                await asyncio.sleep(REFUSING_QUIET_INTERVAL_S if refusing else QUIET_INTERVAL_S)
                 if self._arrivals == seen:
                     return
                 continue
