@@ -7,7 +7,8 @@ take to answer calls that do no work) and BURST Translate calls without texts (I
 admission). Reports per round each p50/p95 (from a call's sending to its status), the Translate status
 counts, the OK throughput (sentences of OK calls over the time to the last OK answer), and whether the
 refusals' p95 is within FLOOR_MARGIN_MS of the floor's p95 measured in the same round (a round without
-refusals fails: it proves nothing). The server is warm (a call per channel, then a burst of no-op calls, before the first round).
+refusals fails: it proves nothing). The server is warm (a call per channel, then a burst of no-op calls,
+before the first round).
 `--beside` also sends BURST ListModels calls between the Translate calls: no-op calls under the same
 decoding load. The exit status is 1 when a round fails.
 
@@ -152,6 +153,13 @@ def judge_round(translations: Answers, loaded: Answers, idle: Answers, invalid: 
 def server(flags: list[str], log: Path) -> Iterator[str]:
     """`translate-server` with `flags` on a free loopback port, its log in `log`; yields its address once
     health says SERVING (every model loaded and warm)."""
+    with server_process(flags, log) as (address, _):
+        yield address
+
+
+@contextmanager
+def server_process(flags: list[str], log: Path) -> Iterator[tuple[str, int]]:
+    """As `server`, yielding its address and its process id."""
     with socket.socket() as probe:
         probe.bind(("localhost", 0))
         port = probe.getsockname()[1]
@@ -166,7 +174,7 @@ def server(flags: list[str], log: Path) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start; see {log}")
                 time.sleep(0.5)
-        yield address
+        yield address, process.pid
     finally:
         process.terminate()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import replace
@@ -18,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from bench.burst import FLOOR_MARGIN_MS, judge_round
+from bench.burst import FLOOR_MARGIN_MS, judge_round, server_process
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
+from bench.loop_cost import measure as measure_loop_cost
+from bench.loop_cost import thread_cpu_s
 from bench.step_time import build_parser as step_time_parser
 from bench.step_time import operator_shares, step_times
 from bench.train_rate import build_parser, step_rates
@@ -541,3 +544,19 @@ def test_front_capacity_serves_every_call_through_a_sleeping_device_stand_in(
         ])  # fmt: skip
         assert result["achieved_rps"] > 0 and result["tokens_per_s"] > 0 and not result["errors"]
         assert 0 < result["p50_ms"] <= result["p99_ms"]
+
+
+def test_loop_cost_reads_the_servers_event_loop_thread_and_counts_every_call(
+    tiny_exported_dir: Path, tmp_path: Path
+) -> None:
+    started = thread_cpu_s(os.getpid())
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:  # 0.2 s of this (main) thread's CPU
+        pass
+    assert thread_cpu_s(os.getpid()) - started >= 0.15
+    flags = ["--model-dir", str(tiny_exported_dir), "--engines", "1"]
+    with server_process(flags, tmp_path / "server.log") as (address, pid):
+        result = asyncio.run(measure_loop_cost(address, pid, bursts=1))
+    assert result["calls"] == 400 and result["calls_per_s"] > 0
+    wall_us_per_call = 1e6 / result["calls_per_s"]
+    assert 0 < result["loop_us_per_call"] < wall_us_per_call * 1.2, "one thread runs at most the wall time"
