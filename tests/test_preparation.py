@@ -61,6 +61,27 @@ def test_nothing_is_prepared_while_calls_keep_arriving_and_then_all_in_admission
     assert log[200:] == [("prepare", 0), ("prepare", 1), ("prepare", 2)], "after the last arrival, in order"
 
 
+def test_calls_tens_of_turns_apart_as_a_burst_begins_are_no_lull(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a burst's start its calls reach the servicer tens of turns of the loop apart: preparing between
+    them would hand the engines work that decodes beside the burst's refusals."""
+    monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.2)  # turns decide here, not a loaded machine's timers
+
+    async def ramp() -> Log:
+        lane, log = PreparationLane(), Log()
+        admitted = asyncio.ensure_future(lane.prepare(recording(log, 0), chars=20))
+        for index in range(10):
+            arrive(lane)
+            log.append(("arrive", index))
+            for _ in range(20):
+                await asyncio.sleep(0)
+        await admitted
+        return log
+
+    log = asyncio.run(ramp())
+    assert log.index(("prepare", 0)) == 10, "prepared after the calls, not between them"
+
+
 def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 0.02)
 

@@ -38,8 +38,10 @@ T = TypeVar("T")
 # 512 characters of many short sentences); longer ones in a worker thread
 INLINE_PREPARE_CHARS = 512
 # Turns of the event loop without a new call before a preparation runs: gRPC hands a call over in a few
-# turns (its completion queue, then the call's task, then its message), so one quiet turn is no lull
-QUIET_ITERATIONS = 8
+# turns (its completion queue, then the call's task, then its message), and as a burst begins its calls come
+# tens of turns apart, where a shorter wait prepared them one by one and handed the engines work that decoded
+# beside the burst's refusals; an idle turn takes a few microseconds
+QUIET_ITERATIONS = 64
 # Once a call came during those turns: how long the lane sleeps between looks, and the quiet it waits for
 # (the calls of a burst reach the servicer a fraction of a millisecond apart)
 QUIET_INTERVAL_S = 0.002
