@@ -60,9 +60,10 @@ def repeated_workload(
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, all its threads, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User and system CPU time of a process, all its threads, or of its thread `thread`, from /proc (Linux)."""
+    stat = Path(f"/proc/{pid}/stat") if thread is None else Path(f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 

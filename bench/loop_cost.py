@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,14 @@ from typing import Any
 import grpc.aio
 
 from bench.burst import BURST, CHANNELS, burst, server_process
+from bench.cache_repeats import cpu_seconds
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 
 def thread_cpu_s(pid: int) -> float:
     """CPU seconds (user and system) the main thread of process `pid` has run."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return cpu_seconds(pid, thread=pid)  # the main thread's id is the process's
 
 
 async def measure(address: str, pid: int, bursts: int) -> dict[str, Any]:

@@ -129,8 +129,9 @@ class PreparationLane:
         REFUSING_MAX_DEFERRAL_S after `since` at the latest."""
         turns: int | None = 0  # quiet turns so far; None once the lane waits on the timer
         while True:
-            refusing = time.monotonic() - self._refused_at < REFUSING_FOR_S
-            if time.monotonic() - since >= (REFUSING_MAX_DEFERRAL_S if refusing else MAX_DEFERRAL_S):
+            now = time.monotonic()
+            refusing = now - self._refused_at < REFUSING_FOR_S
+            if now - since >= (REFUSING_MAX_DEFERRAL_S if refusing else MAX_DEFERRAL_S):
                 return
             seen = self._arrivals
             if refusing or turns is None:
