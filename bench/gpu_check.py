@@ -20,8 +20,9 @@ The CUDA path verified end to end on a GPU node, in one command:
 6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
    PyTorch: the captured step (`onnx-fp16-static` offline; the served default) beside the uncaptured device
    caches (`onnx-fp16`, served `fp16-device`), and the served levers one at a time (GPU_ARMS: one engine
-   instead of two engine processes, with either cache), each closed-loop run with the engines' own step time,
-   rows per step and busy share read from the server's metrics.
+   instead of two engine processes, with either cache; four server processes sharing the two engines), each
+   closed-loop run with the engines' own step time, rows per step and busy share read from the server's
+   metrics.
 7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
    context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
@@ -75,6 +76,8 @@ GPU_ARMS = [
     "fp16-1engine=fp16 --engines 1",
     "--served-arm",
     "fp16-device-1engine=fp16 --engines 1 --kv-cache device",
+    "--served-arm",
+    "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
 ]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime

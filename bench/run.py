@@ -48,6 +48,7 @@ log = logging.getLogger("bench")
 BEAMS = (1, 4)
 CHUNK_BATCHES = 8  # batches per offline translate call
 SINGLE_CAP_S = 600.0  # the served single-sentence run stops at its request count; this only bounds a stuck one
+CHANNELS_PER_PROCESS = 4  # connections per server process of --processes: the kernel's spread is uneven
 
 
 @dataclass(frozen=True)
@@ -278,9 +279,10 @@ def engine_delta(before: dict[str, float], after: dict[str, float], seconds: flo
 
 
 async def load_sweep(
-    address: str, work: Workload, budget: Budget, max_len: int, probe: EngineProbe | None = None
+    address: str, work: Workload, budget: Budget, max_len: int, probe: EngineProbe | None = None, channels: int = 1
 ) -> dict[str, Any]:
-    """Closed loop per beam at rising concurrency, then open loop (beam 4) around saturation.
+    """Closed loop per beam at rising concurrency, then open loop (beam 4) around saturation, the calls over
+    `channels` connections.
 
     Every request asks for `max_len` output tokens at most, the limit the offline engines decode with.
     With a probe, each closed-loop run also records the engines' step figures over that run (`engine_delta`).
@@ -296,7 +298,7 @@ async def load_sweep(
         for conc in budget.concurrency:
             before, started = (probe.snapshot() if probe else {}), time.perf_counter()
             summary = await loadgen.run_grpc(
-                address, work.queries, beam, budget.load_s, concurrency=conc, max_output_len=max_len
+                address, work.queries, beam, budget.load_s, concurrency=conc, max_output_len=max_len, channels=channels
             )
             run = asdict(summary)
             if probe:
@@ -313,7 +315,9 @@ async def load_sweep(
     open_runs = []
     for fraction in budget.load_fractions:
         rate = max(0.5, fraction * saturation_rps)
-        summary = await loadgen.run_grpc(address, work.queries, 4, budget.load_s, rate=rate, max_output_len=max_len)
+        summary = await loadgen.run_grpc(
+            address, work.queries, 4, budget.load_s, rate=rate, max_output_len=max_len, channels=channels
+        )
         log.info("served open loop %.1f req/s: p99 %.0f ms", rate, summary.p99_ms)
         open_runs.append(asdict(summary))
     results["beam4"]["open"] = open_runs
@@ -343,8 +347,9 @@ def bench_served_variant(
     n_engines, threads = served_layout(settings)
     try:
         probe = EngineProbe(f"http://127.0.0.1:{metrics_port}/metrics")
-        sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len, probe))
-        layout = {"engines": n_engines, "threads_per_engine": threads, "server_args": list(extra)}
+        channels = connections_for(extra)
+        sweep = asyncio.run(load_sweep(f"127.0.0.1:{port}", work, budget, settings.max_len, probe, channels))
+        layout = {"engines": n_engines, "threads_per_engine": threads, "server_args": list(extra), "channels": channels}
         return {"variant": variant, **layout, **sweep}
     except Exception as err:  # a failing arm is recorded, and the arms after it still run
         log.exception("the served %s path %s failed", variant, shlex.join(extra))
@@ -352,6 +357,14 @@ def bench_served_variant(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def connections_for(server_args: Sequence[str]) -> int:
+    """The connections a served run spreads its calls over: one, or CHANNELS_PER_PROCESS for each server process
+    of `--processes N`, which the kernel hands connections to (SO_REUSEPORT), never single calls."""
+    args = list(server_args)
+    processes = next((int(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--processes"), 1)
+    return CHANNELS_PER_PROCESS * processes if processes > 1 else 1
 
 
 def bench_served_cache(

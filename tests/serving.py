@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.backend.engine_process import ModelProcess
+from server.backend.engine_process import ModelProcess, SharedModel
 from server.core.runner import Candidates, EncodeItem, ModelSpec, Runner
 from server.edge.config import ServerConfig
 from server.edge.convert import ModelDescription
@@ -137,7 +137,7 @@ def export_tiny_onnx(model_dir: Path) -> Path:
 
 def runner_of(model: LoadedModel) -> Runner:
     """The model's runner, which tests that wrap or drive it directly open in the server's own process."""
-    assert not isinstance(model.runner, ModelProcess), "this test needs the runner in its own process"
+    assert not isinstance(model.runner, ModelProcess | SharedModel), "this test needs the runner in its own process"
     return model.runner
 
 

@@ -135,3 +135,23 @@ def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_pat
     ratios = results["ratios_to_transformers"]["beam1"]["served-fp32"]
     assert ratios["throughput"] > 0 and ratios["latency_p50"] > 0
     assert "Served against transformers' batched `generate`" in (out / "bench" / "results.md").read_text()
+
+
+def test_every_gpu_arm_is_a_server_config_and_spreads_its_calls_over_its_server_processes() -> None:
+    """The arms run only on a GPU: a flag misspelt there would be found only after the device time is spent."""
+    import shlex
+
+    from bench.gpu_check import GPU_ARMS
+    from bench.run import CHANNELS_PER_PROCESS, connections_for
+    from server.edge.config import parse_config
+
+    arms = GPU_ARMS[1::2]
+    assert GPU_ARMS[::2] == ["--served-arm"] * len(arms)
+    for arm in arms:
+        _, _, rest = arm.partition("=")
+        variant, *flags = shlex.split(rest)
+        config = parse_config(["--port", "50051", "--variant", variant, *flags], {})
+        assert connections_for(flags) == (CHANNELS_PER_PROCESS * config.processes if config.processes > 1 else 1)
+    assert any(parse_config(["--port", "1", *shlex.split(a.partition("=")[2])[1:]], {}).shared_engines for a in arms)
+    assert connections_for(["--processes", "4", "--shared-engines"]) == 4 * CHANNELS_PER_PROCESS
+    assert connections_for(["--engines", "1"]) == 1

@@ -72,9 +72,9 @@ def _cmdline(pid: int) -> bytes:
 
 
 @contextmanager
-def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
+def replicas(model_dir: Path, tmp_path: Path, *flags: str, engines_each: int = 1) -> Iterator[Served]:
     """`translate-server --processes 2` on loopback, once both processes serve (their slots summed, and each
-    has logged that it serves)."""
+    has logged that it serves each of its `engines_each` engines)."""
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "server.log"
     command = [
@@ -89,7 +89,10 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[Served]:
         # both processes serving, not only loaded: one killed while still starting stops the whole server
         wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
         wait_until(
-            lambda: process.poll() is not None or log.read_text().count("server.edge.server: serving ") == 2, 120
+            lambda: (
+                process.poll() is not None or log.read_text().count("server.edge.server: serving ") == 2 * engines_each
+            ),
+            120,
         )
         assert process.poll() is None, log.read_text()[-3000:]
         yield served

@@ -2,7 +2,9 @@
 
 `serve_model` is the process's entry point. Messages are `server.backend.engine_messages`; the engine's
 events and measurements leave in one pipe message per engine iteration that has something to tell
-(`_Outbox`). The child watches its own engine for stalls and exits within a second of its server.
+(`_Outbox`). The child watches its own engine for stalls and exits within a second of its server (for a shared
+engine, its parent). A shared engine answers each server process connected to its socket over that connection
+(`_Front`), its measurements going to the first of them only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing import AuthenticationError, current_process
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +90,10 @@ class RunnerSettings:
         )  # fmt: skip
 
 
-def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> None:
-    """The child: open the runner, report its facts, run an engine over it and answer the server."""
+def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int, listen_at: str | None = None) -> None:
+    """The child: open the runner, report its facts, run an engine over it and answer the server; with
+    `listen_at` (a Unix socket path), answer every server process that connects there instead (`--shared-engines`),
+    `conn` then carrying only the parent's start, warmup and stop."""
     follow_parent(parent_pid, lambda: os._exit(1))  # an engine without its server holds memory for nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server drains first
     try:
@@ -96,21 +101,28 @@ def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int) -> 
     except Exception as err:
         conn.send(StartFailed(f"{type(err).__name__}: {err}"))
         return
-    conn.send(RunnerFacts(runner.spec, runner.metadata, runner.provider, runner.kv_cache, runner.max_slots))
+    facts = RunnerFacts(runner.spec, runner.metadata, runner.provider, runner.kv_cache, runner.max_slots, os.getpid())
+    conn.send(facts)
     try:
         start = conn.recv()
     except EOFError:
         return
-    if isinstance(start, StartEngine):
-        lower_process_priority(start.nice)
-        PAUSES.install()  # its collector's pauses go with its GC counts
-        _ChildEngine(conn, runner, start.limits, start.stall_seconds).serve()
+    if not isinstance(start, StartEngine):
+        return
+    lower_process_priority(start.nice)
+    PAUSES.install()  # its collector's pauses go with its GC counts
+    if listen_at is None:
+        child = _ChildEngine(runner, start.limits, start.stall_seconds, shared=False)
+        child.serve(child.add_front(conn), owner=True)
+    else:
+        child = _ChildEngine(runner, start.limits, start.stall_seconds, shared=True)
+        child.serve_shared(conn, listen_at, facts)
 
 
 class _Outbox:
-    """Messages for the server. The engine thread appends its events and measurements and sends them all at
-    the end of an iteration, with its load report (`put`): one pipe message per iteration, written by the
-    thread that has them. An iteration that changed nothing the server acts on (no event, the same load)
+    """Messages for one server process. The engine thread appends its events and measurements and sends them
+    all at the end of an iteration, with its load report (`put`): one pipe message per iteration, written by
+    the thread that has them. An iteration that changed nothing the server acts on (no event, the same load)
     sends nothing: its measurements wait for the next message."""
 
     def __init__(self, conn: Connection) -> None:
@@ -139,109 +151,225 @@ class _Outbox:
         with self._lock:
             self._items.append(item)
             batch, self._items, self._has_events = self._items, [], False
-            with suppress(OSError):  # the server is gone: the main loop sees its pipe close and stops
+            with suppress(OSError):  # the server is gone: its reader sees the pipe close and it leaves
                 self._conn.send(batch)
 
 
-class _ForwardingObserver:
-    """The engine's observer in the child: every measurement goes to the server's metrics."""
+class _Front:
+    """One server process the engine answers: its pipe, the requests it holds here and what it has sent."""
 
-    def __init__(self, outbox: _Outbox, received: Callable[[], int]) -> None:
-        self._outbox, self._received = outbox, received
-        self._last_load: LoadReport | None = None
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.outbox = _Outbox(conn)
+        self.handles: dict[int, Any] = {}  # its request ids -> their engine handles
+        self.received = 0  # sentences received from it, ever (reported with each load)
+        self.last_load: LoadReport | None = None
+        self.last_sent = 0.0  # monotonic time of its last load report
+
+
+class _ForwardingObserver:
+    """The engine's observer in the child. Every front gets the load (its admission counts on it); one, the
+    first still connected, reports the measurements, the load it shows and the GC counts, so that metrics
+    summed over server processes count each engine once."""
+
+    def __init__(self, fronts: Callable[[], list[_Front]]) -> None:
+        self._fronts = fronts
+        self._reporter: _Front | None = None
+        self._capacity: CapacitySet | None = None
         self._last_gc: GcCounts | None = None
-        self._last_sent = 0.0  # monotonic time of the last load report
+        self._load = (0, 0)  # the queue depth and active slots of the engine's last iteration
+
+    def _reporting(self) -> _Front | None:
+        """The front that reports; a new one first gets the capacity the engine set."""
+        fronts = self._fronts()
+        reporter = fronts[0] if fronts else None
+        if reporter is not self._reporter:
+            self._reporter, self._last_gc = reporter, None
+            if reporter is not None and self._capacity is not None:
+                reporter.outbox.add(self._capacity)
+        return reporter
+
+    def _add(self, item: ToServer) -> None:
+        if (reporter := self._reporting()) is not None:
+            reporter.outbox.add(item)
 
     def set_capacity(self, max_slots: int) -> None:
-        self._outbox.put(CapacitySet(max_slots))
+        self._capacity = CapacitySet(max_slots)
+        self._add(self._capacity)
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
-        """The end of every iteration: send what the server must see now (see `_Outbox`), and at least one
-        report a `HEARTBEAT_S` while iterating, so that the server can tell a busy engine from a hung one."""
+        """The end of every iteration: send each front what it must see now (see `_Outbox`), and at least one
+        report a `HEARTBEAT_S` while iterating, so that it can tell a busy engine from a hung one."""
+        self._load = (queue_depth, active_slots)
+        reporter = self._reporting()
         gc_counts = GcCounts.now()  # goes with the next message: an idle child collects next to nothing
-        if gc_counts != self._last_gc:
+        if reporter is not None and gc_counts != self._last_gc:
             self._last_gc = gc_counts
-            self._outbox.add(gc_counts)
-        load = LoadReport(queue_depth, active_slots, self._received())
+            reporter.outbox.add(gc_counts)
         now = time.monotonic()
-        if load != self._last_load or self._outbox.has_events or now - self._last_sent >= HEARTBEAT_S:
-            self._last_load, self._last_sent = load, now
-            self._outbox.put(load)
+        for front in self._fronts():
+            load = LoadReport(queue_depth, active_slots, front.received, observed=front is reporter)
+            if load != front.last_load or front.outbox.has_events or now - front.last_sent >= HEARTBEAT_S:
+                front.last_load, front.last_sent = load, now
+                front.outbox.put(load)
+
+    def front_added(self) -> None:
+        """A server process connected: it gets the load now (and, reporting, the capacity), not at the next
+        iteration, which an idle engine does not run."""
+        self.set_load(*self._load)
 
     def observe_queue_waits(self, waits: Iterable[float]) -> None:
-        self._outbox.add(QueueWaits(tuple(waits)))
+        self._add(QueueWaits(tuple(waits)))
 
     def observe_step(self, stats: StepStats) -> None:
-        self._outbox.add(StepObserved(stats))
+        self._add(StepObserved(stats))
 
     def observe_sentence(self, lang_pair: str, input_tokens: int, output_tokens: int) -> None:
-        self._outbox.add(SentenceObserved(lang_pair, input_tokens, output_tokens))
+        self._add(SentenceObserved(lang_pair, input_tokens, output_tokens))
 
     def observe_abandoned(self, lang_pair: str, reason: str, queued: int, decoding: int) -> None:
-        self._outbox.add(AbandonedObserved(lang_pair, reason, queued, decoding))
+        self._add(AbandonedObserved(lang_pair, reason, queued, decoding))
 
 
 class _ChildEngine:
-    """The child's engine and the loop that answers the server's messages."""
+    """The child's engine and the loops that answer its server processes: one that owns it, or, shared, every
+    one that connects to its socket (the parent's pipe then starts, warms and stops it)."""
 
-    def __init__(self, conn: Connection, runner: OnnxRunner, limits: EngineLimits, stall_seconds: float) -> None:
-        self._conn = conn
-        self._received = 0  # sentences received from the server, ever (reported with each load)
-        self._outbox = _Outbox(conn)
-        observer = _ForwardingObserver(self._outbox, lambda: self._received)
-        self._engine = Engine(runner, limits, observer, on_failure=lambda: self._outbox.put(Failed()))
-        self._handles: dict[int, Any] = {}
+    def __init__(self, runner: OnnxRunner, limits: EngineLimits, stall_seconds: float, shared: bool) -> None:
+        self._shared = shared
+        self._fronts: list[_Front] = []
+        self._fronts_lock = threading.Lock()
+        self._observer = _ForwardingObserver(self.fronts)
+        self._engine = Engine(runner, limits, self._observer, on_failure=self._failed)
         self._stall_seconds = stall_seconds
+        self._warm = False
         self._engine.start()
 
-    def serve(self) -> None:
+    def fronts(self) -> list[_Front]:
+        with self._fronts_lock:
+            return list(self._fronts)
+
+    def add_front(self, conn: Connection) -> _Front:
+        front = _Front(conn)
+        with self._fronts_lock:
+            self._fronts.append(front)
+        self._observer.front_added()
+        return front
+
+    def serve(self, front: _Front, owner: bool) -> None:
+        """Answer one server process until it leaves; the owner's Stop or leaving also stops the engine."""
         while True:
             try:
-                message: ToChild = self._conn.recv()
-            except EOFError:
-                message = Close()  # the server is gone: stop as it would have asked
+                message: ToChild = front.conn.recv()
+            except (EOFError, OSError):
+                message = Close()  # the server is gone: stop (or leave) as it would have asked
             match message:
-                case Stop(join_timeout_s):
+                case Stop(join_timeout_s) if owner:
                     self._engine.stop(join_timeout_s)  # its last iteration sends what is left
                     return
-                case Close():
+                case Close() if owner:
                     self._engine.stop(None)
                     return
+                case Stop() | Close():
+                    self._leave(front)
+                    return
                 case Submit():
-                    self._submit(message)
+                    self._submit(front, message)
                 case Warmup():
-                    self._warmup()
+                    self._warmup(front.outbox)
                 case Cancel(request_id, deadline_passed):
-                    if (handle := self._handles.get(request_id)) is not None:
+                    if (handle := front.handles.get(request_id)) is not None:
                         handle.cancel(deadline_passed=deadline_passed)
 
-    def _submit(self, message: Submit) -> None:
-        self._received += len(message.sentences)
+    def serve_shared(self, control: Connection, address: str, facts: RunnerFacts) -> None:
+        """Warm up on the parent's word, then take server processes on `address` until the parent stops it."""
+        listener: Listener | None = None
+        while True:
+            try:
+                message: ToChild = control.recv()
+            except (EOFError, OSError):
+                message = Close()
+            match message:
+                case Warmup():
+                    error = self._warm_up()
+                    if error is None and listener is None:
+                        listener = Listener(address, family="AF_UNIX", authkey=current_process().authkey)
+                        threading.Thread(target=self._accept, args=(listener, facts), daemon=True).start()
+                    control.send([Warm(error)])
+                case Stop(join_timeout_s):
+                    self._engine.stop(join_timeout_s)
+                    break
+                case Close():
+                    self._engine.stop(None)
+                    break
+        if listener is not None:
+            listener.close()
+
+    def _accept(self, listener: Listener, facts: RunnerFacts) -> None:
+        """Each server process that connects (with the parent's key) gets the facts, then a loop of its own."""
+        while True:
+            try:
+                conn = listener.accept()
+                conn.send(facts)
+            except AuthenticationError:
+                log.warning("refused a connection to the shared engine without the server's key")
+                continue
+            except OSError:  # the listener closed: the engine is stopping
+                return
+            front = self.add_front(conn)
+            threading.Thread(target=self.serve, args=(front, False), name="front", daemon=True).start()
+
+    def _leave(self, front: _Front) -> None:
+        """A server process left: its requests free their slots (nobody is left to answer)."""
+        with self._fronts_lock:
+            if front in self._fronts:
+                self._fronts.remove(front)
+        for handle in list(front.handles.values()):
+            handle.cancel()
+        with suppress(OSError):
+            front.conn.close()
+
+    def _failed(self) -> None:
+        """The engine's loop died or stalled: it has answered its requests; every server must know. A shared
+        engine then exits: its parent sees it go and stops the server for the orchestrator to restart."""
+        for front in self.fronts():
+            front.outbox.put(Failed())
+        if self._shared:
+            os._exit(1)
+
+    def _submit(self, front: _Front, message: Submit) -> None:
+        front.received += len(message.sentences)
         request_id = message.request_id
 
         def on_event(event: Event) -> None:
             if isinstance(event, RequestDone | RequestFailed):
-                self._handles.pop(request_id, None)
-            self._outbox.add_event(RequestEvent(request_id, event))
+                front.handles.pop(request_id, None)
+            front.outbox.add_event(RequestEvent(request_id, event))
 
         try:  # admitted by the server already: only a race with a stopping or dying engine refuses it here
-            self._handles[request_id] = self._engine.submit(
+            front.handles[request_id] = self._engine.submit(
                 message.sentences, message.options, on_event, message.deadline, message.lang_pair
             )
         except DrainingError:
-            self._outbox.put(RequestEvent(request_id, RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE)))
+            front.outbox.put(RequestEvent(request_id, RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE)))
         except Exception:  # the client gets the fixed message; the cause goes to the log
             log.exception("the engine refused request %d", request_id)
             failed = RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE)
-            self._outbox.put(RequestEvent(request_id, failed))
+            front.outbox.put(RequestEvent(request_id, failed))
 
-    def _warmup(self) -> None:
+    def _warmup(self, outbox: _Outbox) -> None:
+        """A server's warmup: the engine's own, once (a shared engine warmed up before it listened)."""
+        outbox.put(Warm(self._warm_up()))
+
+    def _warm_up(self) -> str | None:
+        if self._warm:
+            return None
         try:
             self._engine.warmup()
         except RuntimeError as err:
-            self._outbox.put(Warm(str(err)))
-            return
+            return str(err)
         if self._stall_seconds > 0:  # after warmup: a first call that builds kernels is not a hang
             start_stall_watch(self._engine, self._stall_seconds, threading.Event())
         freeze_startup_objects()  # a full collection then stalls decoding for what calls allocated alone
-        self._outbox.put(Warm(None))
+        self._warm = True
+        return None

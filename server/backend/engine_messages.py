@@ -4,6 +4,10 @@ The server sends `StartEngine`, then `Submit`, `Cancel`, `Warmup` and `Stop`, an
 at any time. The child answers `RunnerFacts` or `StartFailed` once its runner is open, then batches of
 `ToServer` messages, one batch per engine iteration that has something to tell. A measurement applies
 itself to the server's observer, so the server never dispatches on a name it received.
+
+A shared engine (`--shared-engines`) takes `StartEngine`, `Warmup`, `Stop` and `Close` from the parent that
+spawned it, and the same messages as any engine process from each server process that connects to its
+socket, which first receives `RunnerFacts`; a server's `Stop` or `Close` there means that server leaves.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class RunnerFacts:
     provider: str
     kv_cache: str
     max_slots: int
+    pid: int  # the child's: a server process attached to a shared engine names and watches it by this
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ class RequestEvent:
 class LoadReport:
     queue_depth: int
     active_slots: int
-    received: int  # sentences the child has received, ever: what the server sent since is still queued
+    received: int  # sentences the child has received from this server, ever: what it sent since is still queued
+    observed: bool = True  # this server shows the load in its metrics (one server per shared engine does)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,10 @@ the queue bound are decided here, before anything crosses; drain waits here for 
 that dies answers every request it held UNAVAILABLE and tells the server (`on_failure`), as a dead engine
 thread does. A stall is caught by the child's own watchdog, which abandons its engine as the server's
 would. The child exits within a second of its server. What crosses the pipe is typed: `server.backend.engine_messages`.
+
+A shared engine (`--shared-engines`) is a `ModelProcess` the `--processes` parent spawns with a socket to
+listen on; each server process reaches it with `SharedModel`, whose `EngineProcess` differs only in what
+stands behind the pipe (`SharedChild`: leaving closes the connection, not the engine).
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
-from multiprocessing.connection import Connection
+from multiprocessing import current_process
+from multiprocessing.connection import Client, Connection
+from typing import Protocol
 
 from model.directory import ModelSpec
 from server.backend.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, SHUTDOWN_MESSAGE, RunnerSettings, serve_model
@@ -59,7 +66,7 @@ from server.core.events import (
 from server.core.observer import EngineObserver
 from server.core.work import DecodeOptions
 
-__all__ = ["EngineProcess", "ModelProcess", "RunnerSettings"]
+__all__ = ["EngineProcess", "ModelProcess", "RunnerSettings", "SharedModel"]
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +77,16 @@ WARMUP_TIMEOUT_S = 180.0
 class ModelProcess:
     """A child process holding one opened runner, until `start_engine` puts an engine over it."""
 
-    def __init__(self, settings: RunnerSettings, start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(
+        self, settings: RunnerSettings, start_timeout_s: float = START_TIMEOUT_S, listen_at: str | None = None
+    ) -> None:
+        """`listen_at`: a Unix socket path where the warm engine takes server processes (`--shared-engines`)."""
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC's threads
         self._conn, child_end = context.Pipe()
         self._process = context.Process(
-            target=serve_model, args=(child_end, settings, os.getpid()), name="translation-engine", daemon=True
-        )
+            target=serve_model, args=(child_end, settings, os.getpid(), listen_at), name="translation-engine",
+            daemon=True,
+        )  # fmt: skip
         self._process.start()
         child_end.close()  # the child holds its end: EOF here once it exits
         facts = self._await_start(settings, start_timeout_s)
@@ -87,6 +98,19 @@ class ModelProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
+    @property
+    def sentinel(self) -> int:
+        """Ready (`multiprocessing.connection.wait`) once the child has exited."""
+        return self._process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while the child runs."""
+        return self._process.exitcode
+
+    def describe_exit(self) -> str:
+        return exit_description(self._process)
+
     def start_engine(
         self, limits: EngineLimits, metrics: EngineObserver | None, on_failure: Callable[[], None] | None,
         stall_seconds: float, nice: int,
@@ -94,7 +118,7 @@ class ModelProcess:
         """Start the child's engine, the whole child `nice` steps lower; the returned proxy owns the pipe
         from now on."""
         self._conn.send(StartEngine(limits, stall_seconds, nice))
-        return EngineProcess(self._conn, self._process, self.spec, limits, metrics, on_failure)
+        return EngineProcess(self._conn, OwnedChild(self._process), self.spec, limits, metrics, on_failure)
 
     def close(self) -> None:
         """Stop the child; kill it if it does not exit in time."""
@@ -130,10 +154,10 @@ class EngineProcess:
     """The server's side of an engine in a child process; used as a `server.core.engine.Engine`."""
 
     def __init__(
-        self, conn: Connection, process: multiprocessing.process.BaseProcess, spec: ModelSpec, limits: EngineLimits,
+        self, conn: Connection, child: ChildLink, spec: ModelSpec, limits: EngineLimits,
         metrics: EngineObserver | None, on_failure: Callable[[], None] | None,
     ) -> None:  # fmt: skip
-        self._conn, self._process, self._metrics, self._on_failure = conn, process, metrics, on_failure
+        self._conn, self._child, self._metrics, self._on_failure = conn, child, metrics, on_failure
         self._send_lock = threading.Lock()  # submits (event loop) and lifecycle calls share the pipe
         # The child's garbage collector as of its last report: replaced whole by the receiving thread.
         self.gc_counts: GcCounts | None = None
@@ -231,7 +255,7 @@ class EngineProcess:
         with suppress(OSError):  # the child is gone already; the reader answers its requests
             self._send(Stop(join_timeout_s))
         self._reader.join(None if join_timeout_s is None else join_timeout_s + CLOSE_TIMEOUT_S)
-        close_child(self._conn, self._process)
+        self._child.close(self._conn)
         self._reader.join()
         self._fail_owners(RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE))
 
@@ -246,8 +270,8 @@ class EngineProcess:
             silent = now - self._last_heard
             if self._failed or self._stopping or not self._owners or silent <= limit_s + HEARTBEAT_S:
                 return None
-        log.critical("engine process %s has been silent for %.1f s while holding requests", self._process.pid, silent)
-        self._process.kill()
+        log.critical("engine process %s has been silent for %.1f s while holding requests", self._child.pid, silent)
+        self._child.kill()
         return silent
 
     # -- the pipe ------------------------------------------------------------------------------------
@@ -267,7 +291,7 @@ class EngineProcess:
                     try:
                         self._handle(message)
                     except Exception:  # one bad callback must not silence every later answer
-                        log.exception("handling %r from engine process %s failed", message, self._process.pid)
+                        log.exception("handling %r from engine process %s failed", message, self._child.pid)
         except (EOFError, OSError):
             pass
         with self._cond:
@@ -275,17 +299,17 @@ class EngineProcess:
             if not expected:
                 self._failed = self._draining = True
         if not expected:
-            log.critical("engine process %s ended (%s)", self._process.pid, exit_description(self._process))
+            log.critical("engine process %s ended (%s)", self._child.pid, self._child.describe_exit())
             self._die()
 
     def _handle(self, message: ToServer) -> None:
         match message:
             case RequestEvent(request_id, event):
                 self._deliver(request_id, event)
-            case LoadReport(queue, active, received):
+            case LoadReport(queue, active, received, observed):
                 with self._cond:
                     self._child_queue, self._child_active, self._child_received = queue, active, received
-                if self._metrics is not None:
+                if self._metrics is not None and observed:
                     self._metrics.set_load(queue, active)
             case Warm(error):
                 self._warm_error = error
@@ -323,6 +347,90 @@ class EngineProcess:
             self._cond.notify_all()
         for on_event in owners:
             on_event(event)
+
+
+class ChildLink(Protocol):
+    """How a server reaches the process behind an engine's pipe beyond the pipe itself."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def close(self, conn: Connection) -> None: ...
+
+    def describe_exit(self) -> str: ...
+
+
+class OwnedChild:
+    """An engine process this server spawned: closing the pipe ends it."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def close(self, conn: Connection) -> None:
+        close_child(conn, self._process)
+
+    def describe_exit(self) -> str:
+        return exit_description(self._process)
+
+
+class SharedChild:
+    """A shared engine the parent spawned (`--shared-engines`): closing the pipe leaves it to the others; a
+    hung one is killed by its pid, and the parent, seeing it go, stops the server."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+
+    def close(self, conn: Connection) -> None:
+        with suppress(OSError):
+            conn.send(Close())
+        conn.close()
+
+    def describe_exit(self) -> str:
+        return "the shared engine process closed its socket"
+
+
+class SharedModel:
+    """A server process's attachment to a shared engine (`--shared-engines`): the engine's facts, then, with
+    `start_engine`, an `EngineProcess` over the connection. The engine is started and warm already."""
+
+    def __init__(self, address: str, answer_timeout_s: float = START_TIMEOUT_S) -> None:
+        """Connect (the parent started the engine before this server process: a refusal means it is gone)."""
+        self._conn = Client(address, family="AF_UNIX", authkey=current_process().authkey)
+        facts = self._conn.recv() if self._conn.poll(answer_timeout_s) else None
+        if not isinstance(facts, RunnerFacts):
+            self._conn.close()
+            raise RuntimeError(f"the shared engine at {address} did not answer")
+        self.spec, self.metadata, self.max_slots = facts.spec, facts.metadata, facts.max_slots
+        self.provider, self.kv_cache, self.pid = facts.provider, facts.kv_cache, facts.pid
+        log.info("attached to shared engine process %d at %s", facts.pid, address)
+
+    def start_engine(
+        self, limits: EngineLimits, metrics: EngineObserver | None, on_failure: Callable[[], None] | None,
+    ) -> EngineProcess:  # fmt: skip
+        """The engine as this server's `EngineProcess`: its admission bounded by `limits` against the shared
+        queue, which every server's load reports count."""
+        return EngineProcess(self._conn, SharedChild(self.pid), self.spec, limits, metrics, on_failure)
+
+    def close(self) -> None:
+        """Leave the engine before starting it (a model that failed to load beside it)."""
+        SharedChild(self.pid).close(self._conn)
 
 
 def close_child(conn: Connection, process: multiprocessing.process.BaseProcess) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from server.backend.engine_messages import GcCounts
-from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings, SharedModel
 from server.backend.priority import lower_thread_priority
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
@@ -19,7 +19,8 @@ from server.core.runner import Runner
 if TYPE_CHECKING:
     from server.backend.runtime import OnnxRunner
 
-OpenedModel: TypeAlias = Runner | ModelProcess  # a runner in this process, or a child process holding one
+# A runner in this process, a child process holding one, or a shared engine the `--processes` parent holds.
+OpenedModel: TypeAlias = Runner | ModelProcess | SharedModel
 OpenedGraphs: TypeAlias = "OnnxRunner | ModelProcess"  # what `open_model` opens: onnxruntime here or in a child
 
 
@@ -38,7 +39,9 @@ def start_engine(
 ) -> EngineClient:
     """An engine over the model, started, its decoding `nice` steps below the calling process's priority
     (`server.backend.priority`); in the model's child process where it has one (which then also watches
-    its engine for stalls)."""
+    its engine for stalls). A shared engine runs at the niceness its parent gave it."""
+    if isinstance(model, SharedModel):
+        return model.start_engine(limits, observer, on_failure)
     if isinstance(model, ModelProcess):
         return model.start_engine(limits, observer, on_failure, stall_seconds, nice)
     engine = Engine(model, limits, observer, on_failure=on_failure)
@@ -49,13 +52,15 @@ def start_engine(
 
 
 def close_model(model: OpenedModel) -> None:
-    """Release what the model holds outside this process (a child); a runner here needs nothing."""
-    if isinstance(model, ModelProcess):
+    """Release what the model holds outside this process (a child, a shared engine's connection); a runner here
+    needs nothing."""
+    if isinstance(model, ModelProcess | SharedModel):
         model.close()
 
 
 def child_pid(model: OpenedModel) -> int | None:
-    """The pid of the child process holding the model, None for a runner in this process."""
+    """The pid of the child process holding the model, None for a runner in this process and for a shared
+    engine (its parent reports that process)."""
     return model.pid if isinstance(model, ModelProcess) else None
 
 

@@ -46,6 +46,17 @@ CONNECTION_SECONDS = (  # the HTTP/2 connection timers, in seconds, that server/
 
 
 @dataclass(frozen=True)
+class SharedEngines:
+    """A model whose engines the `--processes` parent started for all its server processes to share."""
+
+    directory: Path
+    name: str  # the name requests route by
+    revision: str  # the commit a hub model was built from, "" if none
+    variant: str  # the graphs the engines run
+    sockets: tuple[str, ...]  # one Unix socket path per engine
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """How one server process runs; built by `parse_config` and passed down, never read from globals."""
 
@@ -104,6 +115,13 @@ class ServerConfig:
     # None = by the engine count (`engine_processes_for`): wherever a server process runs two or more
     # engines, else in this process.
     engine_processes: bool | None = None
+    # The engines in processes of their own, started by the `--processes` parent and shared by all its server
+    # processes, each connecting over a Unix socket: a step gathers the calls of every server process instead
+    # of each server process stepping its own thinner batches (docs/service.md). Off: each has its own engines.
+    shared_engines: bool = False
+    # Set by the parent for its server processes under shared_engines: what each served model's engines run
+    # and the sockets they listen on.
+    engine_sockets: tuple[SharedEngines, ...] = ()
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
     log_format: str = "text"  # text for people, json for log pipelines: one object per line (server/edge/logs.py)
@@ -147,6 +165,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
+        if self.shared_engines and self.processes < 2:
+            raise ValueError("shared_engines shares the engines between server processes: give processes 2 or more")
         if self.processes > 1 and self.port == 0:
             raise ValueError("processes > 1 share one port: give a fixed port, not 0 (each would bind its own)")
         if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
@@ -288,6 +308,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("cache-bytes", int, "most memory the cache of one model holds, in bytes (an estimate)")
     switch = partial(_add_switch, parser, environ, defaults)
     switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
+    switch("shared-engines", "one set of engine processes shared by all --processes (default: each has its own)")
     switch(
         "engine-processes",
         "run each engine (scheduler, sessions, caches) in a process of its own (default: on CPU, 2 or more engines)",

@@ -22,13 +22,14 @@ from server.backend.engines import (
     OpenedGraphs,
     OpenedModel,
     RunnerSettings,
+    SharedModel,
     close_model,
     open_model,
 )
 from server.core.documents import RequestLimits
 from server.core.runner import ModelSpec
 from server.core.splitter import PUNCTUATION, rule_for
-from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig
+from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig, SharedEngines
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,9 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
     unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
     the other. A --model still building or waiting for another replica's build gives up once `stopped()`."""
-    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
-    names = [source.name for source in sources]
-    if duplicated := sorted({n for n in names if names.count(n) > 1}):
-        raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
+    if config.engine_sockets:
+        return [attach_model(shared, socket) for shared in config.engine_sockets for socket in shared.sockets]
+    sources = model_sources(config, stopped)
     provider = resolve_provider(config.provider)
     engines, threads = engine_plan(available_cores(), len(sources), provider, config)
     in_children = config.engine_processes_for(engines * len(sources))
@@ -106,6 +106,28 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     )  # fmt: skip
     each = replace(config, threads=threads, engine_processes=in_children)
     return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
+
+
+def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
+    """Every model to serve (directories, then each --model fetched and built), their names unique."""
+    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
+    names = [source.name for source in sources]
+    if duplicated := sorted({n for n in names if names.count(n) > 1}):
+        raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
+    return sources
+
+
+def attach_model(shared: SharedEngines, socket: str) -> LoadedModel:
+    """A model whose engine the `--processes` parent runs (`--shared-engines`), attached over its socket."""
+    try:
+        runner = SharedModel(socket)
+    except (OSError, EOFError, RuntimeError) as err:  # gone, or closing as it answered
+        raise StartupError(f"cannot reach the shared engine of {shared.name} at {socket}: {err}") from err
+    try:
+        return describe_model(shared.directory, shared.name, shared.revision, shared.variant, runner)
+    except Exception as err:  # a tokenizer that does not match the engine's graphs
+        close_model(runner)
+        raise StartupError(f"cannot load the model from {shared.directory}: {type(err).__name__}: {err}") from err
 
 
 def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
@@ -198,13 +220,7 @@ def build_missing_graphs(model_dir: Path) -> None:
 
 def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:
     # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
-    from model.directory import (
-        available_variants,
-        choose_variant,
-        direction_name,
-        read_decoding_defaults,
-        read_length_penalties,
-    )
+    from model.directory import choose_variant
 
     provider = resolve_provider(config.provider)
 
@@ -225,14 +241,20 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str)
         logger.warning("%s; --provider auto: serving on the CPU", why)
         provider = "cpu"
         variant, runner = open_on(provider)
+    return describe_model(model_dir, name, revision, variant, runner)
+
+
+def describe_model(
+    model_dir: Path, name: str, revision: str, variant: str, runner: OpenedGraphs | SharedModel
+) -> LoadedModel:
+    """The opened `variant` of the model in `model_dir` with its tokenizer and what ListModels reports."""
+    from model.directory import available_variants, direction_name, read_decoding_defaults, read_length_penalties
+
     meta = runner.metadata
     directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
     length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
     beam_size, max_output_len = read_decoding_defaults(model_dir, meta.source_sha256)
-    logger.info(
-        "loaded %s variant %s on %s with %s caches (requested provider %s)",
-        model_dir, variant, runner.provider, runner.kv_cache, provider,
-    )  # fmt: skip
+    logger.info("loaded %s variant %s on %s with %s caches", model_dir, variant, runner.provider, runner.kv_cache)
     description = ModelDescription(
         name=name,
         revision=revision,

@@ -13,7 +13,9 @@ again, every few minutes. The parent:
   all have: 0 if every one drained cleanly, else 1;
 - restarts a process that dies while serving (its engine died or hung, its own requests already answered
   UNAVAILABLE) up to RESTART_LIMIT times in RESTART_WINDOW_S; more often, or a process that fails to start
-  (a bad model directory fails in every one), stops all and exits 1 for the orchestrator to act on.
+  (a bad model directory fails in every one), stops all and exits 1 for the orchestrator to act on;
+- with `--shared-engines`, first starts the engines every server process shares (`server.edge.shared_engines`),
+  stops them once the last server process has drained, and stops all if one of them dies.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from pathlib import Path
 from types import FrameType
 
 from server.backend.parent_watch import follow_parent
-from server.edge.config import ServerConfig
+from server.edge.config import ServerConfig, SharedEngines
 from server.edge.loading import StartupError, available_cores, engine_plan, model_directories, resolve_provider
 from server.edge.logs import configure_logging
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
 from server.edge.server import metrics_address, run
+from server.edge.shared_engines import SharedEngine, start_shared_engines, stop_shared_engines
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +67,12 @@ def replica_config(config: ServerConfig) -> ServerConfig:
     """A server process's config: one process's share of the cores split among its engines as a single server
     would split them all, its threads explicit (0, onnxruntime's every core, would oversubscribe), the port
     shared, and no metrics server of its own."""
+    shared = dict(processes=1, reuse_port=True, metrics_port=-1, shared_engines=False)
+    if config.shared_engines:  # the engines are the parent's: a server process only attaches
+        return replace(config, **shared)  # type: ignore[arg-type]
     cores = max(1, available_cores() // config.processes)
     engines, threads = engine_plan(cores, len(model_directories(config)), resolve_provider(config.provider), config)
-    return replace(config, processes=1, reuse_port=True, metrics_port=-1, engines=engines, threads=threads or cores)
+    return replace(config, **shared, engines=engines, threads=threads or cores)  # type: ignore[arg-type]
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -101,12 +107,21 @@ class Supervisor:
 
     def __init__(self, config: ServerConfig, metrics_dir: str) -> None:
         self.config = config
+        self.engines: list[SharedEngine] = []  # shared by the server processes (`share`)
         self.metrics_dir = metrics_dir
         self.context = multiprocessing.get_context("spawn")
         self.stopping = threading.Event()
         self.failure: str | None = None
         self.restarts: deque[float] = deque()
-        self.pids: dict[str, int] = {}  # "server-<index>" -> pid of each running server process, for its metrics
+        # "server-<index>" -> pid of each running server process, "engine-<model>#<replica>" of each shared
+        # engine: the processes whose CPU and memory the metrics show
+        self.pids: dict[str, int] = {}
+
+    def share(self, engines: list[SharedEngine], sockets: tuple[SharedEngines, ...]) -> None:
+        """Have every server process use these engines, reached at these sockets."""
+        self.engines = engines
+        self.config = replace(self.config, engine_sockets=sockets)
+        self.pids.update({e.label: e.process.pid for e in engines if e.process.pid is not None})
 
     def start(self, index: int) -> ServerProcess:
         serving = self.context.Event()
@@ -132,7 +147,11 @@ class Supervisor:
                 logger.info("stopping %d server process(es): each drains its requests", len(running))
                 self.stop_all(running)
                 told_to_stop = True
-            multiprocessing.connection.wait([s.process.sentinel for s in running.values()], timeout=POLL_S)
+            multiprocessing.connection.wait(
+                [s.process.sentinel for s in running.values()] + [e.process.sentinel for e in self.engines],
+                timeout=POLL_S,
+            )
+            self.check_engines()
             for server in [s for s in running.values() if not s.process.is_alive()]:
                 del running[server.index]
                 self.ended(server, running)
@@ -140,6 +159,17 @@ class Supervisor:
             logger.error("%s", self.failure)
             return 1
         return 0
+
+    def check_engines(self) -> None:
+        """Stop all if a shared engine has died: every server process has answered its requests UNAVAILABLE,
+        and a server process started again would find no engine."""
+        for engine in [e for e in self.engines if e.process.exitcode is not None]:
+            self.engines.remove(engine)
+            self.pids.pop(engine.label, None)
+            if engine.process.pid is not None:
+                forget_process(engine.process.pid, self.metrics_dir)
+            if not self.stopping.is_set():
+                self.give_up(f"shared engine {engine.label} ended ({engine.exit_reason()}): stopping the server")
 
     def ended(self, server: ServerProcess, running: dict[int, ServerProcess]) -> None:
         """Account for a server process that exited: restart it, or stop everything."""
@@ -185,20 +215,37 @@ def run_replicas(config: ServerConfig) -> int | str:
     supervisor = Supervisor(child, metrics_dir)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.on_signal)
+    socket_dir: Path | None = None
     try:
-        if config.metrics_port >= 0:
+        if config.shared_engines:
             try:
-                address = metrics_address(config.host)
-                port = start_multiprocess_metrics_server(
-                    config.metrics_port, metrics_dir, address, supervisor.pids.copy
-                )
-            except OSError as err:
-                return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
-            logger.info("metrics of all server processes on :%d/metrics", port)
+                engines, sockets, socket_dir = start_shared_engines(config, supervisor.stopping.is_set)
+            except StartupError as err:
+                return f"translate-server: {err}"
+            supervisor.share(engines, sockets)
+        return _supervise(config, supervisor, metrics_dir)
+    finally:
+        stop_shared_engines(supervisor.engines)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _supervise(config: ServerConfig, supervisor: Supervisor, metrics_dir: str) -> int | str:
+    if config.metrics_port >= 0:
+        try:
+            address = metrics_address(config.host)
+            port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, address, supervisor.pids.copy)
+        except OSError as err:
+            return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
+        logger.info("metrics of all server processes on :%d/metrics", port)
+    child = supervisor.config
+    if config.shared_engines:
+        logger.info("%d server processes on %s:%d sharing %d engine(s)",
+                    config.processes, config.host, config.port, len(supervisor.engines))  # fmt: skip
+    else:
         logger.info(
             "%d server processes on %s:%d, %d engine(s) of %d thread(s) per model in each",
             config.processes, config.host, config.port, child.engines, child.threads,
         )  # fmt: skip
-        return supervisor.run(config.processes)
-    finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return supervisor.run(config.processes)

@@ -101,7 +101,7 @@ class TranslationServer:
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.caches: dict[str, ResponseCache] = {}  # by model name
         self.engine_pids: dict[str, int] = {}  # "engine-<model name>#<replica>" -> pid, for engine processes
-        self.engine_children: dict[str, EngineClient] = {}  # the same labels -> those engines
+        self.engine_children: dict[str, EngineClient] = {}  # the same labels -> every engine, for their GC counts
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._stop_watching = threading.Event()  # ends every engine's stall watch
         self.credentials = server_credentials(config)
@@ -180,7 +180,8 @@ class TranslationServer:
         self.engines[f"{info.name}#{replica}"] = engine
         if pid is not None:
             self.engine_pids[f"engine-{info.name}#{replica}"] = pid
-            self.engine_children[f"engine-{info.name}#{replica}"] = engine
+        # The GC counts of an engine process, or of a shared engine where this server is the one it reports to.
+        self.engine_children[f"engine-{info.name}#{replica}"] = engine
         try:
             await self._off_loop(engine.warmup)
         except RuntimeError as err:

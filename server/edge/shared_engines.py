@@ -1,0 +1,133 @@
+"""`translate-server --processes N --shared-engines`: the engines started once, by the parent, for every server
+process to use.
+
+Without it each server process of `--processes` runs engines of its own, and a GPU shared by N of them steps
+N times as many batches, each a fraction as full. Here the parent opens each model's engines in processes of
+their own (`server.backend.engine_process.ModelProcess` with a socket), warms them, and hands their Unix
+socket paths to the server processes (`ServerConfig.engine_sockets`); each server process connects to every
+engine and uses it as it would its own engine process (`server.backend.engine_process.SharedModel`), and every
+step gathers the calls of all of them. Each server's admission counts the shared queue (every server gets the
+engine's load reports); one server, the first connected, shows the engine's measurements in the metrics.
+
+An engine that dies or hangs answers the requests it held UNAVAILABLE in every server process; the parent
+then stops the server (exit 1) for the orchestrator to restart it, since each server process's restart
+would meet the same dead engine. The sockets live in a private directory (mode 0700) and take only
+connections that prove the parent's key (`multiprocessing`'s authkey, which its spawned processes inherit).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.backend.engines import EngineProcess, ModelProcess, RunnerSettings
+from server.core.events import EngineLimits
+from server.edge.config import ServerConfig, SharedEngines
+from server.edge.loading import (
+    StartupError,
+    available_cores,
+    build_missing_graphs,
+    engine_plan,
+    model_sources,
+    resolve_provider,
+)
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0  # the server processes have drained before the engines stop: nothing is left to answer
+
+
+@dataclass
+class SharedEngine:
+    """One running shared engine: its process and the parent's pipe to it."""
+
+    label: str  # "engine-<model name>#<replica>", as a server process labels its own engine processes
+    process: ModelProcess
+    control: EngineProcess
+
+    def stop(self) -> None:
+        self.control.stop(STOP_TIMEOUT_S)
+
+    def exit_reason(self) -> str:
+        return self.process.describe_exit()
+
+
+def start_shared_engines(
+    config: ServerConfig, stopped: Callable[[], bool] = lambda: False
+) -> tuple[list[SharedEngine], tuple[SharedEngines, ...], Path]:
+    """Open, start and warm every model's engines (`engine_plan` over the whole node), each listening on a socket
+    in a new private directory; the engines, what the server processes attach to, and that directory."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="translate-engines-"))  # mode 0700
+    engines: list[SharedEngine] = []
+    try:
+        sources = model_sources(config, stopped)
+        provider = resolve_provider(config.provider)
+        per_model, threads = engine_plan(available_cores(), len(sources), provider, config)
+        shared = []
+        for source in sources:
+            build_missing_graphs(source.directory)
+            variant = _variant(source.directory, config.variant, provider)
+            settings = RunnerSettings(
+                source.directory / "onnx" / variant, config.slots_for(provider), provider, threads, config.kv_cache,
+                config.spin_threads,
+            )  # fmt: skip
+            sockets = []
+            for replica in range(per_model):
+                socket = str(socket_dir / f"engine-{len(engines)}.sock")
+                engines.append(_start_one(config, settings, provider, f"engine-{source.name}#{replica}", socket))
+                sockets.append(socket)
+            shared.append(SharedEngines(source.directory, source.name, source.revision, variant, tuple(sockets)))
+    except BaseException:
+        stop_shared_engines(engines)
+        raise
+    logger.info(
+        "%d shared engine process(es) per model, %s intra-op thread(s) each, at nice %d",
+        per_model, threads or "onnxruntime's default", config.engine_nice_for(True),
+    )  # fmt: skip
+    return engines, tuple(shared), socket_dir
+
+
+def _variant(model_dir: Path, requested: str, provider: str) -> str:
+    from model.directory import choose_variant
+
+    try:
+        return choose_variant(model_dir, requested, provider)
+    except Exception as err:
+        raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
+
+
+def _start_one(config: ServerConfig, settings: RunnerSettings, provider: str, label: str, socket: str) -> SharedEngine:
+    try:
+        process = ModelProcess(settings, listen_at=socket)
+    except RuntimeError as err:
+        raise StartupError(f"cannot load the model from {settings.variant_dir}: {err}") from err
+    if provider == "cuda" and process.provider != "CUDAExecutionProvider":
+        process.close()
+        raise StartupError(
+            f"onnxruntime could not run {settings.variant_dir} on CUDA and fell back to {process.provider} (its log "
+            "says why); fix the CUDA libraries, or serve with --provider cpu"
+        )
+    slots = min(config.max_slots or process.max_slots, process.max_slots)
+    limits = EngineLimits(max_slots=slots, max_queue_sentences=config.queue_for(provider))
+    control = process.start_engine(limits, None, None, config.stall_seconds, config.engine_nice_for(True))
+    engine = SharedEngine(label, process, control)
+    try:
+        control.warmup()
+    except RuntimeError as err:
+        engine.stop()
+        raise StartupError(f"the model in {settings.variant_dir} does not run: {err}") from err
+    logger.info("%s (pid %s) listens at %s", label, process.pid, socket)
+    return engine
+
+
+def stop_shared_engines(engines: list[SharedEngine]) -> None:
+    """Stop every engine (the server processes have left them), each killed if it does not exit; the list is
+    emptied."""
+    while engines:
+        engine = engines.pop()
+        with suppress(Exception):  # one engine that fails to stop must not keep the others running
+            engine.stop()
