@@ -161,7 +161,8 @@ class _Front:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.outbox = _Outbox(conn)
-        self.handles: dict[int, Any] = {}  # its request ids -> their engine handles
+        self.handles: dict[int, Any] = {}  # its request ids -> their engine handles, until their final event
+        self.lock = threading.Lock()  # orders a handle's keeping (front thread) and removal (engine thread)
         self.received = 0  # sentences received from it, ever (reported with each load)
         self.last_load: LoadReport | None = None
         self.last_sent = 0.0  # monotonic time of its last load report
@@ -324,7 +325,9 @@ class _ChildEngine:
         with self._fronts_lock:
             if front in self._fronts:
                 self._fronts.remove(front)
-        for handle in list(front.handles.values()):
+        with front.lock:
+            handles = list(front.handles.values())
+        for handle in handles:
             handle.cancel()
         with suppress(OSError):
             front.conn.close()
@@ -340,16 +343,23 @@ class _ChildEngine:
     def _submit(self, front: _Front, message: Submit) -> None:
         front.received += len(message.sentences)
         request_id = message.request_id
+        ended = False  # its final event came (possibly before `submit` returned its handle)
 
         def on_event(event: Event) -> None:
+            nonlocal ended
             if isinstance(event, RequestDone | RequestFailed):
-                front.handles.pop(request_id, None)
+                with front.lock:
+                    ended = True
+                    front.handles.pop(request_id, None)
             front.outbox.add_event(RequestEvent(request_id, event))
 
         try:  # admitted by the server already: only a race with a stopping or dying engine refuses it here
-            front.handles[request_id] = self._engine.submit(
+            handle = self._engine.submit(
                 message.sentences, message.options, on_event, message.deadline, message.lang_pair
             )
+            with front.lock:
+                if not ended:  # else kept forever: nothing would remove it
+                    front.handles[request_id] = handle
         except DrainingError:
             front.outbox.put(RequestEvent(request_id, RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE)))
         except Exception:  # the client gets the fixed message; the cause goes to the log
