@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from model.artifact import load_config
-from model.directory import STATIC_DECODER_FILE
+from model.directory import FUSED_DECODER_FILE, STATIC_DECODER_FILE
 
 
 class Unavailable(RuntimeError):
@@ -171,7 +171,7 @@ class OnnxEngine:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
-        if kv_cache == "static" and not (variant_dir / STATIC_DECODER_FILE).is_file():
+        if kv_cache in ("static", "fused") and not (variant_dir / CAPTURABLE_FILES[kv_cache]).is_file():
             raise Unavailable(f"no capturable decoder step in {variant_dir} (its head size, or an older export)")
         from server.backend.runners import open_runner
 
@@ -206,6 +206,7 @@ ENGINES: dict[str, EngineFactory] = {
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
     "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16", kv_cache=UNCAPTURED_CACHE[s.device], name="onnx-fp16"),
     "onnx-fp16-static": lambda s, work: OnnxEngine(s, "fp16", kv_cache="static"),  # CUDA graphs on CUDA
+    "onnx-fp16-fused": lambda s, work: OnnxEngine(s, "fp16", kv_cache="fused"),  # the same, from fused ops
     "transformers-generate": lambda s, work: TransformersEngine(s),
 }
 # int8 is the CPU quantization, fp16 the GPU one (as in the export variants).
@@ -216,11 +217,12 @@ DEVICE_ENGINES: dict[str, list[str]] = {
     ],
     "cuda": [
         *("ctranslate2-float32", "ctranslate2-float16", "pytorch-eager", "onnx-fp32", "onnx-fp16"),
-        *("onnx-fp16-static", "transformers-generate"),
+        *("onnx-fp16-static", "onnx-fp16-fused", "transformers-generate"),
     ],
 }
 # An engine and the uncaptured engine whose ids it must reproduce exactly (the benchmark reports their agreement).
-UNCAPTURED = {"onnx-fp16-static": "onnx-fp16"}
+UNCAPTURED = {"onnx-fp16-static": "onnx-fp16", "onnx-fp16-fused": "onnx-fp16"}
+CAPTURABLE_FILES = {"static": STATIC_DECODER_FILE, "fused": FUSED_DECODER_FILE}  # by --kv-cache
 
 
 def create(name: str, settings: EngineSettings, work_dir: Path | None = None) -> OfflineEngine:

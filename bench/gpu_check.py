@@ -18,9 +18,9 @@ The CUDA path verified end to end on a GPU node, in one command:
 5. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
 6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
-   PyTorch: the captured step (`onnx-fp16-static` offline; the served default) beside the uncaptured device
-   caches (`onnx-fp16`, served `fp16-device`), and the served levers one at a time (GPU_ARMS: one engine
-   instead of two engine processes, with either cache; four server processes sharing the two engines), each
+   PyTorch: the captured step (`onnx-fp16-static` offline, and its fused build `onnx-fp16-fused`; the served
+   default) beside the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the served levers
+   (GPU_ARMS: the fused capturable step; four server processes sharing the two engines; both), each
    closed-loop run with the engines' own step time, rows per step and busy share read from the server's
    metrics.
 7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
@@ -58,26 +58,27 @@ SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench", "startup")
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
-# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight; about 5 minutes on an H100.
+# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight; about 5 minutes on an H100 with the
+# arms then given, an estimated 7 to 8 with GPU_ARMS (within one `run` call's 10).
 SHAPE_BENCH_ARGS = [
     *("--max-len", "16", "--concurrency", "64,256", "--latency-requests", "40", "--sentences", "512"),
     *("--offline-s", "3", "--load-s", "3", "--load-fractions", "0.5,1.0", "--served-variants", "fp16"),
 ]
 # Offline at a shape on CUDA: PyTorch eager (one sentence at a time) is left out, the parity step compares
 # the graphs with it; generate on the same weights is the baseline.
-SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-static"]}
+SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-static,onnx-fp16-fused"]}
 # A replica's start to SERVING on the model's built graphs, serving what GPU nodes serve (the CPU: how tests
 # check the step): the CUDA context, the sessions, and the captured step's graphs at warm-up
 STARTUP_FLAGS = {"cuda": "--provider cuda --variant fp16", "cpu": "--provider cpu --variant fp32"}
 STARTUP_RUNS = 2
 # The served levers on CUDA one at a time against the default (the captured step, two engine processes).
-GPU_ARMS = [
+GPU_ARMS = [  # the levers not yet measured on a GPU (one engine, and device caches, were: bench/results/)
     "--served-arm",
-    "fp16-1engine=fp16 --engines 1",
-    "--served-arm",
-    "fp16-device-1engine=fp16 --engines 1 --kv-cache device",
+    "fp16-fused=fp16 --kv-cache fused",
     "--served-arm",
     "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
+    "--served-arm",
+    "fp16-4fronts-shared-fused=fp16 --processes 4 --shared-engines --kv-cache fused",
 ]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime

@@ -61,7 +61,8 @@ def served_rows(results: dict[str, Any]) -> list[str]:
             b = served[f"beam{beam}"]
             single = b["single"]
             cells += [_fmt(b["saturation_tokens_per_s"]), f"{_fmt(single['p50_ms'])} / {_fmt(single['p99_ms'])}", "-"]
-        layout = f"{served['engines']} engines x {served['threads_per_engine']} thread"
+        engines = served["engines"] or "the server's default"  # 0: the server plans them (two per GPU)
+        layout = f"{engines} engines x {served['threads_per_engine']} thread"
         layout += "".join(f" {arg}" for arg in served.get("server_args", []))
         rows.append(f"| served {variant} (gRPC, end to end, {layout}) | " + " | ".join(cells) + " |")
     return rows

@@ -180,8 +180,8 @@ def free_port() -> int:
 def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
     """(engines, intra-op threads each) for the served path: on CPU one single-threaded engine per thread
     of the budget (the server's own default on a node of that many cores, and CTranslate2's throughput
-    layout); on CUDA one engine."""
-    return (settings.threads, 1) if settings.device == "cpu" else (1, settings.threads)
+    layout); on CUDA 0, the server's own default (two engines on the GPU)."""
+    return (settings.threads, 1) if settings.device == "cpu" else (0, settings.threads)
 
 
 def start_server(
@@ -201,12 +201,33 @@ def start_server(
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 120
     probe = [sys.executable, "-m", "server.edge.healthcheck", "--address", f"127.0.0.1:{port}"]
-    while subprocess.run(probe, capture_output=True).returncode != 0:
+    while subprocess.run(probe, capture_output=True).returncode != 0 or not every_process_serving(port, extra):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise engines.Unavailable(f"server did not become SERVING (exit code {proc.poll()})")
         time.sleep(1)
     return proc
+
+
+def every_process_serving(port: int, server_args: Sequence[str]) -> bool:
+    """Whether a health check over each of several new connections says SERVING: one check reaches one server
+    process of `--processes N`, and a run must not start while another still loads. Twice the run's
+    connections, each new, leave a process that still loads unseen with a chance of about e^-8."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    connections = connections_for(server_args)
+    if connections == 1:
+        return True
+    for _ in range(2 * connections):
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            except grpc.RpcError:
+                return False
+            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                return False
+    return True
 
 
 def served_unavailable(settings: engines.EngineSettings, variant: str) -> str | None:

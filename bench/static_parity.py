@@ -1,6 +1,6 @@
 """python -m bench.static_parity --model-dir DIR [--provider cuda] [--variants fp32,fp16] [--limit N]: the
-capturable decoder step (`--kv-cache static`, CUDA graphs on CUDA) against the uncaptured path the server
-opens by default (`--kv-cache auto`), on the same provider and graphs' weights.
+capturable decoder step, plain (`--kv-cache static`) and fused (`--kv-cache fused`; CUDA graphs on CUDA), against
+the uncaptured path the server opens by default (`--kv-cache auto`), on the same provider and graphs' weights.
 
 For each variant, the test set's sources (both directions the model translates) decoded offline through
 `server.core.offline.translate_ids` by both runners, greedy and beam 4, with fewer slots than rows so rows
@@ -27,6 +27,7 @@ from server.core.beam import Hypothesis
 from server.core.offline import translate_ids
 
 BEAMS = (1, 4)
+CAPTURED = ("static", "fused")  # the capturable step's plain and fused builds (`--kv-cache`)
 
 
 def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int) -> tuple[list[Hypothesis], float]:
@@ -37,22 +38,25 @@ def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int
 
 
 def compare(variant_dir: Path, provider: str, sources: list[list[int]], slots: int, max_len: int) -> bool:
-    """Both runners on one variant; prints one line per beam; whether every id agreed."""
+    """The plain and the fused capturable steps each against the uncaptured runner on one variant; prints one
+    line per step and beam; whether every id agreed."""
     uncaptured = open_runner(variant_dir, slots, provider, kv_cache="auto")
-    static = open_runner(variant_dir, slots, provider, kv_cache="static")
-    if static.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
-        raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {static.provider}")
+    expected = {beam: decode(uncaptured, sources, beam, max_len) for beam in BEAMS}
     ok = True
-    for beam in BEAMS:
-        expected, expected_s = decode(uncaptured, sources, beam, max_len)
-        got, got_s = decode(static, sources, beam, max_len)
-        same = sum(a.tokens == b.tokens for a, b in zip(got, expected, strict=True))
-        gap = max(abs(a.score - b.score) for a, b in zip(got, expected, strict=True))
-        ok &= same == len(sources)
-        print(
-            f"{variant_dir.name} beam {beam}: identical token ids {same}/{len(sources)}, max score difference"
-            f" {gap:.2e}; {uncaptured.kv_cache} {expected_s:.2f} s, static {got_s:.2f} s"
-        )
+    for place in CAPTURED:
+        captured = open_runner(variant_dir, slots, provider, kv_cache=place)
+        if captured.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
+            raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {captured.provider}")
+        for beam in BEAMS:
+            (want, want_s), (got, got_s) = expected[beam], decode(captured, sources, beam, max_len)
+            same = sum(a.tokens == b.tokens for a, b in zip(got, want, strict=True))
+            gap = max(abs(a.score - b.score) for a, b in zip(got, want, strict=True))
+            ok &= same == len(sources)
+            print(
+                f"{variant_dir.name} {place} beam {beam}: identical token ids {same}/{len(sources)}, max score"
+                f" difference {gap:.2e}; {uncaptured.kv_cache} {want_s:.2f} s, {place} {got_s:.2f} s"
+            )
+        del captured  # its buffers go before the next runner's
     return ok
 
 

@@ -22,6 +22,9 @@ DECODER_FILE = "decoder_step.onnx"
 # The capturable decoder step (export/builder/static_step.py), beside the ordinary one in the fp32 and fp16
 # variants of models whose head size GroupQueryAttention takes; read only by the static-cache runner.
 STATIC_DECODER_FILE = "decoder_step_static.onnx"
+# The same step built from onnxruntime's fused contrib ops (export/builder/fused_step.py), beside it; read only
+# by the fused runner (`--kv-cache fused`).
+FUSED_DECODER_FILE = "decoder_step_fused.onnx"
 STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
 # Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
 KV_GATHER_FILE = "kv_gather.onnx"

@@ -13,9 +13,13 @@ from server.backend.runtime import OnnxRunner
 from server.core.runner import EncodeItem
 
 
-def teacher_forced_gap(model: Transformer, variant_dir: Path, sources: list[list[int]], target: list[int]) -> float:
-    """Largest |log-prob difference| over every step of `target` (bos first) fed to every source's row."""
-    runner = OnnxRunner(variant_dir, max_slots=len(sources), intra_op_threads=1)
+def teacher_forced_gap(
+    model: Transformer, variant_dir: Path, sources: list[list[int]], target: list[int],
+    runner_class: type[OnnxRunner] = OnnxRunner,
+) -> float:  # fmt: skip
+    """Largest |log-prob difference| over every step of `target` (bos first) fed to every source's row, through
+    a runner of `runner_class` (the slot cache, or a capturable step's)."""
+    runner = runner_class(variant_dir, max_slots=len(sources), intra_op_threads=1)
     runner.encode([EncodeItem(source, [row]) for row, source in enumerate(sources)])
     rows = list(range(len(sources)))
     steps = [runner.step_log_probs(rows, [token] * len(rows), [i] * len(rows)) for i, token in enumerate(target)]

@@ -269,8 +269,8 @@ def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Pat
     assert [(t.case.beam, t.case.steps) for t in timings] == [(1, 5), (3, 5)]
     assert all(min(t.slot_ms, t.growing_ms, t.growing_bound_ms) > 0 for t in timings)
     assert list(sorted(p.name for p in (tiny_exported_dir / "onnx" / "fp32").iterdir())) == sorted(
-        ["decoder_step.onnx", "decoder_step_static.onnx", "encoder.onnx", "kv_append.onnx", "kv_gather.onnx",
-         "kv_move.onnx", "kv_write.onnx", "metadata.json"]
+        ["decoder_step.onnx", "decoder_step_fused.onnx", "decoder_step_static.onnx", "encoder.onnx", "kv_append.onnx",
+         "kv_gather.onnx", "kv_move.onnx", "kv_write.onnx", "metadata.json"]
     )  # fmt: skip
 
 
@@ -358,12 +358,20 @@ def _not_installed(name: str) -> str:
     raise importlib.metadata.PackageNotFoundError(name)
 
 
+def test_a_run_over_several_server_processes_waits_for_each_to_serve() -> None:
+    from bench.run import every_process_serving, free_port
+
+    nobody = free_port()  # nothing listens there
+    assert every_process_serving(nobody, ["--engines", "2"])  # one process: the health probe before decides
+    assert not every_process_serving(nobody, ["--processes", "2", "--shared-engines"])
+
+
 def test_served_layout_is_one_single_threaded_engine_per_thread_on_cpu(tiny_model_dir: Path) -> None:
     from bench.engines import EngineSettings
     from bench.run import served_layout, served_variants
 
     assert served_layout(EngineSettings(tiny_model_dir, "cpu", 2, 8, 4)) == (2, 1)
-    assert served_layout(EngineSettings(tiny_model_dir, "cuda", 2, 8, 4)) == (1, 2)
+    assert served_layout(EngineSettings(tiny_model_dir, "cuda", 2, 8, 4)) == (0, 2)  # the server's CUDA default
     assert served_variants("auto", "cpu") == ["fp32", "int8"] and served_variants("fp32", "cpu") == ["fp32"]
 
 

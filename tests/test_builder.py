@@ -22,6 +22,7 @@ from model.config import ModelConfig
 from model.tokenizer import Tokenizer, file_sha256
 from model.transformer import Transformer, make_model
 from server.backend.runtime import OnnxRunner
+from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner
 from tests.builder_parity import teacher_forced_gap
 from tests.tiny import TINY_CONFIG, TINY_PAIRS, build_tiny_tokenizer
 
@@ -99,6 +100,17 @@ def test_log_probs_equal_pytorch(option_model: tuple[Path, Transformer]) -> None
     model_dir, model = option_model
     target = [model.cfg.bos_id, 7, 9, 11, 13, 8, 6]
     gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target)
+    assert gap <= LOG_PROB_TOLERANCE
+
+
+@pytest.mark.parametrize("runner_class", [StaticCacheRunner, FusedStaticRunner], ids=["static", "fused"])
+def test_the_capturable_steps_equal_pytorch(option_model: tuple[Path, Transformer], runner_class: type) -> None:
+    """The plain and the fused capturable steps (GroupQueryAttention over static buffers; the fused one with
+    packed QKV, MultiHeadAttention, SkipLayerNormalization and fused activations) under every option: pre- and
+    post-norm, ReLU, SiLU and GELU, banned pad, logits bias, separate vocabularies."""
+    model_dir, model = option_model
+    target = [model.cfg.bos_id, 7, 9, 11, 13, 8, 6]
+    gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target, runner_class)
     assert gap <= LOG_PROB_TOLERANCE
 
 

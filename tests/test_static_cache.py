@@ -21,10 +21,17 @@ from bench.engines import EngineSettings
 from bench.run import QUICK, bench_served_cache, load_workload
 from export.__main__ import main as export_main
 from export.builder.static_step import HOST_READ_OPS, check_capturable
-from model.directory import DECODER_FILE, STATIC_DECODER_FILE, STATIC_TOP_K, MetadataError, read_metadata
+from model.directory import (
+    DECODER_FILE,
+    FUSED_DECODER_FILE,
+    STATIC_DECODER_FILE,
+    STATIC_TOP_K,
+    MetadataError,
+    read_metadata,
+)
 from server.backend.runners import open_runner
 from server.backend.runtime import OnnxRunner, make_session
-from server.backend.static_cache import StaticCacheRunner, buckets
+from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner, buckets
 from server.core.events import EngineLimits
 from server.core.offline import translate_ids
 from server.core.runner import Candidates, EncodeItem
@@ -47,17 +54,18 @@ def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
-def static_graph(model: Path, variant: str) -> onnx.ModelProto:
-    return onnx.load(str(model / "onnx" / variant / STATIC_DECODER_FILE))
+def static_graph(model: Path, variant: str, name: str = STATIC_DECODER_FILE) -> onnx.ModelProto:
+    return onnx.load(str(model / "onnx" / variant / name))
 
 
 def dims(value: onnx.ValueInfoProto) -> list[int | str]:
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
+@pytest.mark.parametrize("name", [STATIC_DECODER_FILE, FUSED_DECODER_FILE])
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])
-def test_the_graph_has_static_buffers_and_reads_nothing_on_the_host(model: Path, variant: str) -> None:
-    graph = static_graph(model, variant).graph
+def test_the_graph_has_static_buffers_and_reads_nothing_on_the_host(model: Path, variant: str, name: str) -> None:
+    graph = static_graph(model, variant, name).graph
     meta = read_metadata(model / "onnx" / variant)
     inputs, outputs = {v.name: dims(v) for v in graph.input}, {v.name: dims(v) for v in graph.output}
     buffer = ["B", meta.n_heads, meta.max_target_len, meta.head_dim]
@@ -71,6 +79,10 @@ def test_the_graph_has_static_buffers_and_reads_nothing_on_the_host(model: Path,
     ops = [node.op_type for node in graph.node]
     assert ops.count("GroupQueryAttention") == meta.n_decoder_layers
     assert not set(ops) & HOST_READ_OPS
+    if name == FUSED_DECODER_FILE:  # every residual and norm, and the cross-attention, one op each
+        assert ops.count("SkipLayerNormalization") == 3 * meta.n_decoder_layers
+        assert ops.count("MultiHeadAttention") == meta.n_decoder_layers
+        assert len(ops) < len([n for n in static_graph(model, variant).graph.node]) * 0.7
 
 
 def test_a_graph_that_reads_shapes_on_the_host_is_refused(model: Path) -> None:
@@ -85,12 +97,15 @@ def test_buckets_double_up_to_the_pool() -> None:
     assert buckets(5) == [5]
 
 
+@pytest.mark.parametrize("runner_class", [StaticCacheRunner, FusedStaticRunner], ids=["static", "fused"])
 @pytest.mark.parametrize(("variant", "tolerance"), [("fp32", 1e-5), ("fp16", 2e-2)])
-def test_step_for_step_equal_to_the_slot_cache(model: Path, variant: str, tolerance: float) -> None:
+def test_step_for_step_equal_to_the_slot_cache(
+    model: Path, variant: str, tolerance: float, runner_class: type[StaticCacheRunner]
+) -> None:
     """Rows at different positions, beam copies across sources, a slot re-encoded, steps in two buckets, and
     the warm-up's capture runs repeated before some steps (on CPU they run every bucket uncaptured)."""
     path = model / "onnx" / variant
-    slot, static = OnnxRunner(path, 12, intra_op_threads=1), StaticCacheRunner(path, 12, intra_op_threads=1)
+    slot, static = OnnxRunner(path, 12, intra_op_threads=1), runner_class(path, 12, intra_op_threads=1)
     assert static.buckets == [8, 12]
     rng = np.random.default_rng(0)
     position = dict.fromkeys(range(12), 0)
@@ -126,15 +141,16 @@ def test_step_for_step_equal_to_the_slot_cache(model: Path, variant: str, tolera
             position.update({d: position[p] for p, d in zip(parents, [0, 1, 2], strict=True)})
 
 
+@pytest.mark.parametrize("kv_cache", ["static", "fused"])
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_whole_decodes_equal_the_working_batch(model: Path, variant: str, beam: int) -> None:
+def test_whole_decodes_equal_the_working_batch(model: Path, variant: str, beam: int, kv_cache: str) -> None:
     """Few slots for many sentences, so rows join and leave at different lengths: identical ids."""
     sources = [[*SOURCES[i % 4][:-1], 7 + i % 5, 3] for i in range(16)]
     path = model / "onnx" / variant
     working = open_runner(path, 2 * beam + 1, kv_cache="working", intra_op_threads=1)
-    static = open_runner(path, 2 * beam + 1, kv_cache="static", intra_op_threads=1)
-    assert isinstance(static, StaticCacheRunner)
+    static = open_runner(path, 2 * beam + 1, kv_cache=kv_cache, intra_op_threads=1)
+    assert isinstance(static, StaticCacheRunner) and static.kv_cache == kv_cache
     expected = translate_ids(working, sources, beam, 1.0, 24)
     got = translate_ids(static, sources, beam, 1.0, 24)
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
@@ -173,12 +189,14 @@ def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported
 
 
 def test_the_benchmark_arm_reproduces_its_uncaptured_twin(model: Path, tiny_exported_dir: Path) -> None:
-    """bench.run's `onnx-fp16-static` engine (CUDA only there) against `onnx-fp16`, here on CPU."""
+    """bench.run's `onnx-fp16-static` and `onnx-fp16-fused` engines (CUDA only there) against `onnx-fp16`, here
+    on CPU."""
     settings = EngineSettings(model, "cpu", threads=1, max_len=12, max_batch=3)
     sources = [[*SOURCES[i % 4][:-1], 7 + i, 3] for i in range(10)]
-    for beam in (1, 4):
-        static = engines.create("onnx-fp16-static", settings).translate(sources, beam)
-        assert static == engines.create(engines.UNCAPTURED["onnx-fp16-static"], settings).translate(sources, beam)
+    for name in ("onnx-fp16-static", "onnx-fp16-fused"):
+        for beam in (1, 4):
+            captured = engines.create(name, settings).translate(sources, beam)
+            assert captured == engines.create(engines.UNCAPTURED[name], settings).translate(sources, beam)
     with pytest.raises(engines.Unavailable, match="no capturable decoder step"):
         engines.OnnxEngine(replace(settings, model_dir=tiny_exported_dir), "int8", kv_cache="static")
 
@@ -188,7 +206,7 @@ def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.C
     assert static_parity.main(["--model-dir", str(model), "--limit", "6", "--slots", "5", "--max-len", "10"]) == 0
     printed = capsys.readouterr().out
     counts = re.findall(r"identical token ids (\d+)/(\d+)", printed)
-    assert len(counts) == 4 and all(same == total != "0" for same, total in counts)  # fp32, fp16 x greedy, beam 4
+    assert len(counts) == 8 and all(same == total != "0" for same, total in counts)  # fp32, fp16 x plain, fused x beams
     assert "static parity: PASS" in printed
 
 

@@ -13,11 +13,19 @@ import onnx
 
 from export.builder.decoder import decoder_step_graph
 from export.builder.encoder import encoder_graph
+from export.builder.fused_step import fused_step_graph
 from export.builder.static_step import capturable, check_capturable, static_step_graph
 from export.builder.weights import Weights, load_weights
 from export.kv_ops import export_kv_ops
 from model.config import ModelConfig
-from model.directory import DECODER_FILE, ENCODER_FILE, FORMAT_VERSION, STATIC_DECODER_FILE, ExportMetadata
+from model.directory import (
+    DECODER_FILE,
+    ENCODER_FILE,
+    FORMAT_VERSION,
+    FUSED_DECODER_FILE,
+    STATIC_DECODER_FILE,
+    ExportMetadata,
+)
 from model.files import load_config, weights_sha256
 from model.tokenizer import open_tokenizer
 
@@ -64,12 +72,13 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
     }
     if capturable(cfg):
         graphs[STATIC_DECODER_FILE] = static_step_graph
+        graphs[FUSED_DECODER_FILE] = fused_step_graph
     else:
         log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", STATIC_DECODER_FILE, cfg.head_dim)
     for name, build in graphs.items():
         model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
         check_graph(model, out_dir / name)
-        if name == STATIC_DECODER_FILE:
+        if name in (STATIC_DECODER_FILE, FUSED_DECODER_FILE):
             check_capturable(model, out_dir / name)
         onnx.save(model, str(out_dir / name))
         del model  # the checker reads the file: a graph of weights is not held twice

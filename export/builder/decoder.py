@@ -60,9 +60,11 @@ def decoder_layer(
         return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
-def row_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig, past_keep: bool) -> tuple[str, str, str]:
+def row_inputs(
+    b: GraphBuilder, w: Weights, cfg: ModelConfig, past_keep: bool, keep_mask: bool = True
+) -> tuple[str, str, str]:
     """The row inputs (past_keep (B, P) too, if asked) and the cross caches; returns x (B, 1, D), the positions
-    and the source keep mask (B, 1, 1, S)."""
+    and the source keep mask (B, 1, 1, S), or with `keep_mask` False the src_mask input (B, S) itself."""
     tokens = b.add_input("tokens", TensorProto.INT64, ["B"])
     positions = b.add_input("positions", TensorProto.INT64, ["B"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
@@ -75,7 +77,7 @@ def row_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig, past_keep: bool) -
         column = b.ints(1)
         ids, steps = b.op("Unsqueeze", tokens, column), b.op("Unsqueeze", positions, column)  # (B, 1)
         x = layers.embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
-        return x, positions, layers.keep_mask(b, src_mask)
+        return x, positions, layers.keep_mask(b, src_mask) if keep_mask else src_mask
 
 
 def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
@@ -89,12 +91,13 @@ def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str
         return x, self_keep, src_keep
 
 
-def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> str:
-    """(B, 1, D) -> float32 log-probabilities (B, V): the output projection tied to the target embedding, the
-    logits bias if any, log-softmax in float32, and banned ids (pad, under `ban_pad`) set after normalising
-    (and also excluded before it under `renormalize_logits`)."""
+def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: bool = False) -> str:
+    """(B, 1, D) -> float32 log-probabilities (B, V): the final norm under pre-norm (unless x is `normed`
+    already), the output projection tied to the target embedding, the logits bias if any, log-softmax in
+    float32, and banned ids (pad, under `ban_pad`) set after normalising (and also excluded before it under
+    `renormalize_logits`)."""
     with b.scope("decoder"):
-        if cfg.norm_placement == "pre":
+        if cfg.norm_placement == "pre" and not normed:
             x = layers.layer_norm(b, w, "decoder_norm", x, "decoder_norm")
         with b.scope("logits"):
             logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)

@@ -12,7 +12,7 @@ from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
 from server.backend.sessions import PROVIDERS
-from server.backend.static_cache import StaticCacheRunner
+from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner
 from server.backend.working_batch import WorkingBatchRunner
 
 log = logging.getLogger(__name__)
@@ -27,15 +27,16 @@ def open_runner(
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    if kv_cache == "static" and provider == "cuda" and not captured_on_cuda(variant_dir):  # auto checked it
-        raise MetadataError(
-            f"--kv-cache static on CUDA takes a float16 variant: {variant_dir.name} is "
+    if kv_cache in ("static", "fused") and provider == "cuda" and not captured_on_cuda(variant_dir):
+        raise MetadataError(  # auto checked it
+            f"--kv-cache {kv_cache} on CUDA takes a float16 variant: {variant_dir.name} is "
             f"{read_metadata(variant_dir).dtype}, whose attention onnxruntime runs on the CPU, so the step cannot "
             "be captured; serve --variant fp16, or --kv-cache device"
         )
-    runner_class = {"device": DeviceCacheRunner, "working": WorkingBatchRunner, "static": StaticCacheRunner}.get(
-        place, OnnxRunner
-    )
+    runner_class = {
+        "device": DeviceCacheRunner, "working": WorkingBatchRunner, "static": StaticCacheRunner,
+        "fused": FusedStaticRunner,
+    }.get(place, OnnxRunner)  # fmt: skip
     return runner_class(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
 
 

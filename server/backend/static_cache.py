@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.directory import STATIC_DECODER_FILE, MetadataError
+from model.directory import FUSED_DECODER_FILE, STATIC_DECODER_FILE, MetadataError
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import LOG_PROBS_OUTPUT, Feeds
 from server.backend.sessions import kv_names
@@ -45,13 +45,14 @@ class StaticCacheRunner(DeviceCacheRunner):
     """The device runner's caches and kv_* graphs, stepped by one fixed binding per bucket (see above)."""
 
     kv_cache = "static"
+    step_file = STATIC_DECODER_FILE
 
     def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
-        """decoder_step_static, the only step this runner takes (the dynamic step graph is never opened);
-        CUDA captures it per `gpu_graph_id` (the option is CUDA's alone: the CPU provider runs it as is)."""
-        path = variant_dir / STATIC_DECODER_FILE
+        """The capturable step (`step_file`), the only step this runner takes (the dynamic step graph is never
+        opened); CUDA captures it per `gpu_graph_id` (the option is CUDA's alone: the CPU provider runs it as is)."""
+        path = variant_dir / self.step_file
         if not path.is_file():
-            raise MetadataError(f"no {STATIC_DECODER_FILE} in {variant_dir}: export again with python -m export")
+            raise MetadataError(f"no {self.step_file} in {variant_dir}: export again with python -m export")
         return self._session(path, cuda_graph=True)
 
     def _open_caches(self, variant_dir: Path) -> None:
@@ -153,6 +154,14 @@ class StaticCacheRunner(DeviceCacheRunner):
         """An output's stepped rows: the first k candidates of each (the graph's order is total)."""
         values = np.asarray(self.rows_out[name].numpy())[rows]
         return values if name == LOG_PROBS_OUTPUT else values[:, :k]
+
+
+class FusedStaticRunner(StaticCacheRunner):
+    """The static runner stepping the fused build of the capturable step (`--kv-cache fused`): the same inputs,
+    outputs and buffers, about half the kernels per decoder layer (export/builder/fused.py)."""
+
+    kv_cache = "fused"
+    step_file = FUSED_DECODER_FILE
 
 
 _NUMPY_TYPES = {

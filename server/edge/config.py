@@ -270,7 +270,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("cache-dir", Path, "the cache of built models (default: translate-service beside the Hugging Face cache)")
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
-    add("kv-cache", str, "where the key/value caches live (auto: device memory on cuda, host on cpu)", KV_CACHES)
+    add(
+        "kv-cache",
+        str,
+        "where the key/value caches live (auto: on CUDA the captured step for fp16, device memory for fp32; the "
+        "working batch on CPU; fused: the captured step built from fused ops)",
+        KV_CACHES,
+    )
     add("max-slots", int, "decoding slots (beam rows) per step (0 = by device: 64 on CPU, 256 on CUDA)")
     add(
         "max-queue",

@@ -1,0 +1,82 @@
+"""decoder_step_fused.onnx from the weights: the capturable step (`export.builder.static_step`, whose inputs,
+outputs and buffer contract it keeps exactly) built from onnxruntime's fused contrib ops
+(`export.builder.fused`): packed QKV into GroupQueryAttention, MultiHeadAttention over the cross caches,
+SkipLayerNormalization for every residual and norm, the feed-forward's activation fused with its bias where
+onnxruntime has the op. About half the kernels of the plain step per decoder layer, for a CUDA graph that
+replays every kernel it holds; served by `--kv-cache fused`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from export.builder import fused
+from export.builder.decoder import log_probs, row_inputs
+from export.builder.graph import GraphBuilder
+from export.builder.ranking import add_candidate_selection
+from export.builder.static_step import HEAD_DIM_MULTIPLE, capturable
+from export.builder.weights import Weights
+from model.config import ModelConfig
+from model.directory import STATIC_TOP_K
+
+
+def fused_self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: str, cfg: ModelConfig) -> str:
+    """GroupQueryAttention of h (B, 1, D), packed QKV, over layer i's shared past/present buffers (B, H, L, Dh)
+    -> the output projection's product (B, 1, D), its bias left to the residual."""
+    prefix = f"decoder.{i}.self_attn"
+    kv_dims: list[int | str] = ["B", cfg.n_heads, cfg.max_len, cfg.head_dim]
+    with b.scope("self_attn"):
+        qkv = fused.packed_qkv(b, w, prefix, h)  # (B, 1, 3D)
+        past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
+        total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
+        node = b.op_n(
+            "GroupQueryAttention", qkv, "", "", past[0], past[1], seqlens, total, outputs=3, domain=fused.MS,
+            num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
+        )  # fmt: skip
+        for kind, value in zip("kv", node[1:], strict=True):
+            b.rename(value, f"present_{kind}_{i}")
+        return fused.matmul(b, w, f"{prefix}.out_proj", node[0])
+
+
+def fused_layer(
+    b: GraphBuilder, w: Weights, i: int, stream: fused.Stream, seqlens: str, key_mask: str, cfg: ModelConfig
+) -> fused.Stream:
+    """Self-attention, encoder-decoder attention, feed-forward, each closed by its fused residual and norm."""
+    prefix = f"decoder.{i}"
+    last = i + 1 == cfg.n_decoder_layers
+    # under pre-norm, the norm of what reads each sublayer's sum: the next sublayer's, then the next layer's
+    after = [f"{prefix}.norm2", f"{prefix}.norm3", "decoder_norm" if last else f"decoder.{i + 1}.norm1"]
+    if cfg.norm_placement == "post":
+        after = ["", "", ""]
+    with b.scope(f"decoder/layers.{i}"):
+        attended = fused_self_attention(b, w, i, stream.h, seqlens, cfg)
+        out_bias = fused.bias(b, w, f"{prefix}.self_attn.out_proj")
+        stream = fused.residual(b, w, attended, out_bias, stream, f"{prefix}.norm1", after[0])
+        crossed = fused.cross_attention(b, w, i, stream.h, key_mask, cfg)
+        out_bias = fused.bias(b, w, f"{prefix}.cross_attn.out_proj")
+        stream = fused.residual(b, w, crossed, out_bias, stream, f"{prefix}.norm2", after[1])
+        fed = fused.feed_forward(b, w, prefix, stream.h, cfg)
+        return fused.residual(b, w, fed, fused.bias(b, w, f"{prefix}.ff.w2"), stream, f"{prefix}.norm3", after[2])
+
+
+def fused_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
+    if not capturable(cfg):
+        raise ValueError(f"head_dim {cfg.head_dim} is not a multiple of {HEAD_DIM_MULTIPLE}")
+    b = GraphBuilder("decoder_step_fused", dtype)
+    x, positions, src_mask = row_inputs(b, w, cfg, past_keep=False, keep_mask=False)
+    with b.scope("decoder"):
+        seqlens = b.op("Cast", positions, to=TensorProto.INT32, name="seqlens_k")  # entries before this step
+        key_mask = fused.key_padding_mask(b, src_mask)
+        stream = fused.first_stream(b, w, x, cfg)
+    for i in range(cfg.n_decoder_layers):
+        stream = fused_layer(b, w, i, stream, seqlens, key_mask, cfg)
+    b.add_output(log_probs(b, w, stream.h, cfg, normed=True), TensorProto.FLOAT, ["B", cfg.vocab_size])
+    add_candidate_selection(b, "log_probs", fixed_k=min(STATIC_TOP_K, cfg.vocab_size))
+    for i in range(cfg.n_decoder_layers):
+        for kind in "kv":
+            b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, cfg.max_len, cfg.head_dim])
+    return b.model(opset)
