@@ -4,9 +4,10 @@ the uncaptured path the server opens by default (`--kv-cache auto`), on the same
 
 For each variant, the test set's sources (both directions the model translates) decoded offline through
 `server.core.offline.translate_ids` by both runners, greedy and beam 4, with fewer slots than rows so rows
-join and leave at different lengths: the token ids must be identical; the largest score difference is
-reported beside them. A model whose head size GroupQueryAttention does not take has no capturable step and
-is skipped, said so; exits 1 if any ids differ or a capturable model's variant lacks the step.
+join and leave at different lengths: the token ids must be identical (the fused build in float16: at least
+FUSED_FP16_AGREEMENT of them, below); the largest score difference is reported beside them. A model whose
+head size GroupQueryAttention does not take has no capturable step and is skipped, said so; exits 1 if ids
+differ beyond that or a capturable model's variant lacks the step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from bench.parity import fits, parity_cases
 from bench.variants import model_tokenizer
@@ -28,6 +31,10 @@ from server.core.offline import translate_ids
 
 BEAMS = (1, 4)
 CAPTURED = ("static", "fused")  # the capturable step's plain and fused builds (`--kv-cache`)
+# The fused build in float16 runs other kernels than the uncaptured step (fp32 sums inside SkipLayerNormalization
+# and MultiHeadAttention, each rounded once), so float16's near-ties may break the other way: at least this share
+# of its ids must agree, where every other comparison must agree exactly.
+FUSED_FP16_AGREEMENT = 0.9
 
 
 def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int) -> tuple[list[Hypothesis], float]:
@@ -51,7 +58,8 @@ def compare(variant_dir: Path, provider: str, sources: list[list[int]], slots: i
             (want, want_s), (got, got_s) = expected[beam], decode(captured, sources, beam, max_len)
             same = sum(a.tokens == b.tokens for a, b in zip(got, want, strict=True))
             gap = max(abs(a.score - b.score) for a, b in zip(got, want, strict=True))
-            ok &= same == len(sources)
+            inexact = place == "fused" and captured.dtype == np.float16
+            ok &= same >= FUSED_FP16_AGREEMENT * len(sources) if inexact else same == len(sources)
             print(
                 f"{variant_dir.name} {place} beam {beam}: identical token ids {same}/{len(sources)}, max score"
                 f" difference {gap:.2e}; {uncaptured.kv_cache} {want_s:.2f} s, {place} {got_s:.2f} s"

@@ -25,6 +25,7 @@ STATIC_DECODER_FILE = "decoder_step_static.onnx"
 # The same step built from onnxruntime's fused contrib ops (export/builder/fused_step.py), beside it; read only
 # by the fused runner (`--kv-cache fused`).
 FUSED_DECODER_FILE = "decoder_step_fused.onnx"
+FUSED_ENCODER_FILE = "encoder_fused.onnx"  # the encoder from fused ops (export/builder/fused_encoder.py), beside it
 STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
 # Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
 KV_GATHER_FILE = "kv_gather.onnx"

@@ -269,8 +269,8 @@ def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Pat
     assert [(t.case.beam, t.case.steps) for t in timings] == [(1, 5), (3, 5)]
     assert all(min(t.slot_ms, t.growing_ms, t.growing_bound_ms) > 0 for t in timings)
     assert list(sorted(p.name for p in (tiny_exported_dir / "onnx" / "fp32").iterdir())) == sorted(
-        ["decoder_step.onnx", "decoder_step_fused.onnx", "decoder_step_static.onnx", "encoder.onnx", "kv_append.onnx",
-         "kv_gather.onnx", "kv_move.onnx", "kv_write.onnx", "metadata.json"]
+        ["decoder_step.onnx", "decoder_step_fused.onnx", "decoder_step_static.onnx", "encoder.onnx",
+         "encoder_fused.onnx", "kv_append.onnx", "kv_gather.onnx", "kv_move.onnx", "kv_write.onnx", "metadata.json"]
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import onnx
 
 from export.builder.decoder import decoder_step_graph
 from export.builder.encoder import encoder_graph
+from export.builder.fused_encoder import fused_encoder_graph
 from export.builder.fused_step import fused_step_graph
 from export.builder.static_step import capturable, check_capturable, static_step_graph
 from export.builder.weights import Weights, load_weights
@@ -23,6 +24,7 @@ from model.directory import (
     ENCODER_FILE,
     FORMAT_VERSION,
     FUSED_DECODER_FILE,
+    FUSED_ENCODER_FILE,
     STATIC_DECODER_FILE,
     ExportMetadata,
 )
@@ -73,6 +75,7 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
     if capturable(cfg):
         graphs[STATIC_DECODER_FILE] = static_step_graph
         graphs[FUSED_DECODER_FILE] = fused_step_graph
+        graphs[FUSED_ENCODER_FILE] = fused_encoder_graph
     else:
         log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", STATIC_DECODER_FILE, cfg.head_dim)
     for name, build in graphs.items():

@@ -26,15 +26,21 @@ def encoder_layer(b: GraphBuilder, w: Weights, i: int, x: str, keep: str, cfg: M
         return layers.residual_output(b, w, f"{prefix}.norm2", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
-def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
-    b = GraphBuilder("encoder", dtype)
+def encoder_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str]:
+    """The graph's inputs src_ids and src_mask (B, S), and the embedded sources x (B, S, D): src_mask, x."""
     src_ids = b.add_input("src_ids", TensorProto.INT64, ["B", "S"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
     with b.scope("encoder"):
         length = b.op("Gather", b.op("Shape", src_ids), b.const(1, np.int64), axis=0)  # S, a scalar
         positions = b.op("Range", b.const(0, np.int64), length, b.const(1, np.int64))  # (S,)
         table = "src_embed.weight" if cfg.src_vocab_size else "embed.weight"
-        x = layers.embed(b, w, table, src_ids, positions, cfg)  # (B, S, D)
+        return src_mask, layers.embed(b, w, table, src_ids, positions, cfg)
+
+
+def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
+    b = GraphBuilder("encoder", dtype)
+    src_mask, x = encoder_inputs(b, w, cfg)
+    with b.scope("encoder"):
         keep = layers.keep_mask(b, src_mask)  # (B, 1, 1, S)
     for i in range(cfg.n_encoder_layers):
         x = encoder_layer(b, w, i, x, keep, cfg)

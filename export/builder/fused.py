@@ -60,11 +60,11 @@ def packed_qkv(b: GraphBuilder, w: Weights, prefix: str, h: str) -> str:
     return b.op("Add", product, b.weight(f"{prefix}.qkv_proj.bias", packed_bias))
 
 
-def first_stream(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig) -> Stream:
-    """The embeddings as the first layer reads them."""
+def first_stream(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, norm: str = "decoder.0.norm1") -> Stream:
+    """The embeddings as the first layer reads them (under pre-norm, normalised by its `norm`)."""
     if cfg.norm_placement == "post":
         return Stream(x, x)
-    return Stream(x, layers.layer_norm(b, w, "decoder.0.norm1", x, "norm1"))
+    return Stream(x, layers.layer_norm(b, w, norm, x, "norm1"))
 
 
 def residual(b: GraphBuilder, w: Weights, out: str, out_bias: str, stream: Stream, norm: str, after: str) -> Stream:

@@ -63,6 +63,7 @@ class OnnxRunner:
     """Encoder + decoder-step sessions and numpy caches for `max_slots` decoding rows."""
 
     kv_cache = "host"
+    encoder_file = ENCODER_FILE  # the graph the encoder session opens
 
     def __init__(
         self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, *,
@@ -76,7 +77,9 @@ class OnnxRunner:
         self.metadata: ExportMetadata = read_metadata(variant_dir)
         self.spec: ModelSpec = self.metadata.spec()
         self.max_slots = max_slots
-        self.encoder = self._session(variant_dir / ENCODER_FILE)
+        if not (variant_dir / self.encoder_file).is_file():
+            raise MetadataError(f"no {self.encoder_file} in {variant_dir}: export again with python -m export")
+        self.encoder = self._session(variant_dir / self.encoder_file)
         self.decoder = self._open_step(variant_dir)
         self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
         if "row_scores" not in {arg.name for arg in self.decoder.get_inputs()}:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.directory import FUSED_DECODER_FILE, STATIC_DECODER_FILE, MetadataError
+from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, STATIC_DECODER_FILE, MetadataError
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import LOG_PROBS_OUTPUT, Feeds
 from server.backend.sessions import kv_names
@@ -157,11 +157,13 @@ class StaticCacheRunner(DeviceCacheRunner):
 
 
 class FusedStaticRunner(StaticCacheRunner):
-    """The static runner stepping the fused build of the capturable step (`--kv-cache fused`): the same inputs,
-    outputs and buffers, about half the kernels per decoder layer (export/builder/fused.py)."""
+    """The static runner over the fused builds of the capturable step and the encoder (`--kv-cache fused`): the
+    same inputs, outputs and buffers, about half the step's kernels per decoder layer and the cross keys and
+    values in one projection (export/builder/fused.py)."""
 
     kv_cache = "fused"
     step_file = FUSED_DECODER_FILE
+    encoder_file = FUSED_ENCODER_FILE
 
 
 _NUMPY_TYPES = {
