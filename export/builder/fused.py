@@ -1,8 +1,10 @@
-"""The decoder's sublayers as onnxruntime's fused contrib ops (com.microsoft), for the capturable step.
+"""The Transformer's sublayers as onnxruntime's fused contrib ops (com.microsoft), for the fused builds of the
+capturable step (`export.builder.fused_step`) and the encoder (`export.builder.fused_encoder`).
 
 A captured step replays every kernel of its graph; at OPUS-MT's size each is a few microseconds of a small
-batch, so the count of kernels, not arithmetic, sets the step's time. Fused here, against the plain ops of
-`export.builder.layers` (per decoder layer, about half the kernels):
+batch, so the count of kernels, not arithmetic, sets the step's time (and an uncaptured encoder call also
+pays each kernel's launch). Fused here, against the plain ops of `export.builder.layers` (per decoder layer,
+about half the kernels):
 
 - self-attention's three projections as one MatMul over the concatenated weights, read by
   GroupQueryAttention as packed QKV;
@@ -35,8 +37,8 @@ MS = "com.microsoft"
 
 @dataclass(frozen=True)
 class Stream:
-    """Where a decoder layer stands: the residual stream x (B, 1, D), and under pre-norm its normalisation h
-    with the norm of the sublayer that reads it next (under post-norm h is x)."""
+    """Where a layer stands: the residual stream x (B, T, D), and under pre-norm its normalisation h with the
+    norm of the sublayer that reads it next (under post-norm h is x)."""
 
     x: str
     h: str
@@ -52,7 +54,7 @@ def bias(b: GraphBuilder, w: Weights, prefix: str) -> str:
 
 
 def packed_qkv(b: GraphBuilder, w: Weights, prefix: str, h: str) -> str:
-    """(B, 1, D) -> (B, 1, 3D): the query, key and value projections in one MatMul and one Add."""
+    """(B, T, D) -> (B, T, 3D): the query, key and value projections in one MatMul and one Add."""
     names = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
     weight = np.concatenate([w[f"{name}.weight"].T for name in names], axis=1)  # (D, 3D)
     packed_bias = np.concatenate([w[f"{name}.bias"] for name in names])
@@ -86,7 +88,7 @@ def residual(b: GraphBuilder, w: Weights, out: str, out_bias: str, stream: Strea
 
 
 def feed_forward(b: GraphBuilder, w: Weights, prefix: str, h: str, cfg: ModelConfig) -> str:
-    """(B, 1, D) -> the second projection's product (B, 1, D), its bias left to the residual."""
+    """(B, T, D) -> the second projection's product (B, T, D), its bias left to the residual."""
     with b.scope("ff"):
         hidden = matmul(b, w, f"{prefix}.ff.w1", h)
         first_bias = bias(b, w, f"{prefix}.ff.w1")
