@@ -8,8 +8,6 @@ replays every kernel it holds; served by `--kv-cache fused`.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -18,7 +16,7 @@ from export.builder import fused
 from export.builder.decoder import log_probs, row_inputs
 from export.builder.graph import GraphBuilder
 from export.builder.ranking import add_candidate_selection
-from export.builder.static_step import HEAD_DIM_MULTIPLE, capturable
+from export.builder.static_step import HEAD_DIM_MULTIPLE, capturable, shared_buffer_attention
 from export.builder.weights import Weights
 from model.config import ModelConfig
 from model.directory import STATIC_TOP_K
@@ -28,18 +26,10 @@ def fused_self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: s
     """GroupQueryAttention of h (B, 1, D), packed QKV, over layer i's shared past/present buffers (B, H, L, Dh)
     -> the output projection's product (B, 1, D), its bias left to the residual."""
     prefix = f"decoder.{i}.self_attn"
-    kv_dims: list[int | str] = ["B", cfg.n_heads, cfg.max_len, cfg.head_dim]
     with b.scope("self_attn"):
         qkv = fused.packed_qkv(b, w, prefix, h)  # (B, 1, 3D)
-        past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
-        total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
-        node = b.op_n(
-            "GroupQueryAttention", qkv, "", "", past[0], past[1], seqlens, total, outputs=3, domain=fused.MS,
-            num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
-        )  # fmt: skip
-        for kind, value in zip("kv", node[1:], strict=True):
-            b.rename(value, f"present_{kind}_{i}")
-        return fused.matmul(b, w, f"{prefix}.out_proj", node[0])
+        attended = shared_buffer_attention(b, i, (qkv, "", ""), seqlens, cfg)
+        return fused.matmul(b, w, f"{prefix}.out_proj", attended)
 
 
 def fused_layer(

@@ -40,21 +40,28 @@ def capturable(cfg: ModelConfig) -> bool:
     return cfg.head_dim % HEAD_DIM_MULTIPLE == 0
 
 
+def shared_buffer_attention(b: GraphBuilder, i: int, qkv: tuple[str, str, str], seqlens: str, cfg: ModelConfig) -> str:
+    """GroupQueryAttention of layer i over its shared past/present buffers (B, H, L, Dh), naming present_*:
+    queries, keys and values (B, 1, D) each, or packed (B, 1, 3D) with the other two "" -> (B, 1, D)."""
+    kv_dims: list[int | str] = ["B", cfg.n_heads, cfg.max_len, cfg.head_dim]
+    past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
+    total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
+    node = b.op_n(
+        "GroupQueryAttention", *qkv, past[0], past[1], seqlens, total, outputs=3, domain="com.microsoft",
+        num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
+    )  # fmt: skip
+    for kind, value in zip("kv", node[1:], strict=True):
+        b.rename(value, f"present_{kind}_{i}")
+    return node[0]
+
+
 def static_self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: str, cfg: ModelConfig) -> str:
     """GroupQueryAttention of h (B, 1, D) over layer i's shared past/present buffers -> (B, 1, D)."""
     prefix = f"decoder.{i}.self_attn"
-    kv_dims: list[int | str] = ["B", cfg.n_heads, cfg.max_len, cfg.head_dim]
     with b.scope("self_attn"):
         q, k, v = (layers.linear(b, w, f"{prefix}.{name}", h, name) for name in ("q_proj", "k_proj", "v_proj"))
-        past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
-        total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
-        node = b.op_n(
-            "GroupQueryAttention", q, k, v, past[0], past[1], seqlens, total, outputs=3, domain="com.microsoft",
-            num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
-        )  # fmt: skip
-        for kind, value in zip("kv", node[1:], strict=True):
-            b.rename(value, f"present_{kind}_{i}")
-        return layers.linear(b, w, f"{prefix}.out_proj", node[0], "out_proj")
+        attended = shared_buffer_attention(b, i, (q, k, v), seqlens, cfg)
+        return layers.linear(b, w, f"{prefix}.out_proj", attended, "out_proj")
 
 
 def static_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:

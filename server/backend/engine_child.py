@@ -173,16 +173,17 @@ class _ForwardingObserver:
     first still connected, reports the measurements, the load it shows and the GC counts, so that metrics
     summed over server processes count each engine once."""
 
-    def __init__(self, fronts: Callable[[], list[_Front]]) -> None:
+    def __init__(self, fronts: Callable[[], tuple[_Front, ...]]) -> None:
         self._fronts = fronts
         self._reporter: _Front | None = None
         self._capacity: CapacitySet | None = None
         self._last_gc: GcCounts | None = None
         self._load = (0, 0)  # the queue depth and active slots of the engine's last iteration
 
-    def _reporting(self) -> _Front | None:
-        """The front that reports; a new one first gets the capacity the engine set."""
-        fronts = self._fronts()
+    def _reporting(self, fronts: tuple[_Front, ...] | None = None) -> _Front | None:
+        """The front that reports (of `fronts`, else the connected ones); a new one first gets the capacity
+        the engine set."""
+        fronts = self._fronts() if fronts is None else fronts
         reporter = fronts[0] if fronts else None
         if reporter is not self._reporter:
             self._reporter, self._last_gc = reporter, None
@@ -202,13 +203,14 @@ class _ForwardingObserver:
         """The end of every iteration: send each front what it must see now (see `_Outbox`), and at least one
         report a `HEARTBEAT_S` while iterating, so that it can tell a busy engine from a hung one."""
         self._load = (queue_depth, active_slots)
-        reporter = self._reporting()
+        fronts = self._fronts()
+        reporter = self._reporting(fronts)
         gc_counts = GcCounts.now()  # goes with the next message: an idle child collects next to nothing
         if reporter is not None and gc_counts != self._last_gc:
             self._last_gc = gc_counts
             reporter.outbox.add(gc_counts)
         now = time.monotonic()
-        for front in self._fronts():
+        for front in fronts:
             load = LoadReport(queue_depth, active_slots, front.received, observed=front is reporter)
             if load != front.last_load or front.outbox.has_events or now - front.last_sent >= HEARTBEAT_S:
                 front.last_load, front.last_sent = load, now
@@ -238,7 +240,9 @@ class _ChildEngine:
 
     def __init__(self, runner: OnnxRunner, limits: EngineLimits, stall_seconds: float, shared: bool) -> None:
         self._shared = shared
-        self._fronts: list[_Front] = []
+        # Replaced whole under the lock, never changed in place: the engine thread reads it every iteration
+        # without taking the lock
+        self._fronts: tuple[_Front, ...] = ()
         self._fronts_lock = threading.Lock()
         self._observer = _ForwardingObserver(self.fronts)
         self._engine = Engine(runner, limits, self._observer, on_failure=self._failed)
@@ -246,14 +250,13 @@ class _ChildEngine:
         self._warm = False
         self._engine.start()
 
-    def fronts(self) -> list[_Front]:
-        with self._fronts_lock:
-            return list(self._fronts)
+    def fronts(self) -> tuple[_Front, ...]:
+        return self._fronts
 
     def add_front(self, conn: Connection) -> _Front:
         front = _Front(conn)
         with self._fronts_lock:
-            self._fronts.append(front)
+            self._fronts = (*self._fronts, front)
         self._observer.front_added()
         return front
 
@@ -323,8 +326,7 @@ class _ChildEngine:
     def _leave(self, front: _Front) -> None:
         """A server process left: its requests free their slots (nobody is left to answer)."""
         with self._fronts_lock:
-            if front in self._fronts:
-                self._fronts.remove(front)
+            self._fronts = tuple(f for f in self._fronts if f is not front)
         with front.lock:
             handles = list(front.handles.values())
         for handle in handles:
