@@ -13,17 +13,20 @@ The CUDA path verified end to end on a GPU node, in one command:
 2. export: the fp32 and fp16 graphs of the model.
 3. parity on CUDA: `python -m bench.parity --provider cuda` (the fp32 graphs against PyTorch).
 4. the capturable step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`):
-   `--kv-cache static`, one CUDA graph per row bucket, against the uncaptured device caches, greedy and
-   beam 4: identical ids.
-5. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
+   `--kv-cache static` and its fused build `--kv-cache fused`, one CUDA graph per row bucket, against the
+   uncaptured device caches, greedy and beam 4: identical ids (the fused build: FUSED_FP16_AGREEMENT).
+5. where the captured step's time goes (`python -m bench.runner_split`, `--kernel-profile` on CUDA): each runner
+   call of an offline decode timed, each bucket's graph replayed alone, and the kernels of the step and of a
+   beam reorder (split.json; the step's log holds the tables).
+6. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
-6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
-   PyTorch: the captured step (`onnx-fp16-static` offline, and its fused build `onnx-fp16-fused`; the served
-   default) beside the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the served levers
-   (GPU_ARMS: the fused capturable step; four server processes sharing the two engines; both), each
+7. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
+   PyTorch: the captured step's fused build (`onnx-fp16-fused` offline; the served default) beside its plain
+   build (`onnx-fp16-static`) and the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the
+   served levers (GPU_ARMS: the plain captured step; four server processes sharing the two engines), each
    closed-loop run with the engines' own step time, rows per step and busy share read from the server's
    metrics.
-7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
+8. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
    context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
 `--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
@@ -52,14 +55,20 @@ from pathlib import Path
 
 from bench.marian_random import SHAPES
 
-STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench", "startup")
+STEPS = ("onnxruntime", "export", "parity", "static", "split", "gate", "bench", "startup")
 # with --shape: random weights, no BLEU gate
-SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "bench", "startup")
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "split", "bench", "startup")
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
+# The split of a decode's time, on what each provider serves: fp16 on CUDA, with the kernels; fp32 on CPU.
+SPLIT_FLAGS = {
+    "cuda": ["--variant", "fp16", "--kv-caches", "device,static,fused", "--kernel-profile"],
+    "cpu": ["--variant", "fp32", "--kv-caches", "working,static,fused"],
+}
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
-# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight; about 5 minutes on an H100 with the
-# arms then given, an estimated 7 to 8 with GPU_ARMS (within one `run` call's 10).
+# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight. On an H100 the model, static and
+# bench steps took 4 min 7 s with three served arms beside the default, three offline engines and no device-cache
+# arm; the whole default command, an estimated 6 (within one `run` call's 10).
 SHAPE_BENCH_ARGS = [
     *("--max-len", "16", "--concurrency", "64,256", "--latency-requests", "40", "--sentences", "512"),
     *("--offline-s", "3", "--load-s", "3", "--load-fractions", "0.5,1.0", "--served-variants", "fp16"),
@@ -71,14 +80,14 @@ SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp1
 # check the step): the CUDA context, the sessions, and the captured step's graphs at warm-up
 STARTUP_FLAGS = {"cuda": "--provider cuda --variant fp16", "cpu": "--provider cpu --variant fp32"}
 STARTUP_RUNS = 2
-# The served levers on CUDA one at a time against the default (the captured step, two engine processes).
-GPU_ARMS = [  # the levers not yet measured on a GPU (one engine, and device caches, were: bench/results/)
+# The served levers on CUDA one at a time against the default (the fused captured step, two engine processes):
+# the plain captured step it replaced, and four server processes in front of the same two engines. The others
+# measured (one engine, four, device caches, several processes of their own engines) are in bench/results/.
+GPU_ARMS = [
     "--served-arm",
-    "fp16-fused=fp16 --kv-cache fused",
+    "fp16-static=fp16 --kv-cache static",
     "--served-arm",
     "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
-    "--served-arm",
-    "fp16-4fronts-shared-fused=fp16 --processes 4 --shared-engines --kv-cache fused",
 ]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime
@@ -152,6 +161,8 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
         "static": [python, "-m", "bench.static_parity", "--model-dir", model, "--provider", args.provider,
                    "--variants", STATIC_VARIANTS[args.provider], *limit],
+        "split": [python, "-m", "bench.runner_split", "--model-dir", model, "--provider", args.provider,
+                  *SPLIT_FLAGS[args.provider], "--sentences", "64", "--out", str(args.out / "split.json")],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
                   "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *arms,

@@ -546,6 +546,11 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--engines", type=_names, default=[], help="offline engines to run (default: the device's)")
     parser.add_argument("--load-fractions", type=_fractions, default=(), help="open-loop rates, e.g. 0.5,1.0")
     parser.add_argument(
+        "--no-device-arm",
+        action="store_true",
+        help="on CUDA, leave out the served run of the uncaptured device caches beside the captured default",
+    )
+    parser.add_argument(
         "--served-arm", action="append", type=_arm, default=[], metavar="LABEL=VARIANT FLAGS",
         help='one more served run with its own flags, e.g. "fp16-2proc=fp16 --engines 2 --engine-processes"',
     )  # fmt: skip
@@ -571,32 +576,50 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     )
     work = load_workload(args.model_dir, args.data, args.sentences)
     started = time.perf_counter()
-    offline = bench_offline(settings, work, budget, args.engines)
+    offline: dict[str, Any] = {}
+    served: dict[str, Any] = {}
+    host, model_sha256 = machine(), weights_sha256(args.model_dir)
+
+    def gathered() -> dict[str, Any]:
+        return {
+            "command": command
+            or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": host,
+            "settings": {
+                **asdict(settings),
+                "model_dir": str(settings.model_dir),
+                "hf_dir": str(args.hf_dir or ""),
+                "quick": args.quick,
+            },
+            "model_sha256": model_sha256,
+            "sentences": len(work.sources),
+            "budget": asdict(budget),
+            "offline": offline,
+            "served": served,
+            "ratios_to_ctranslate2": ratios(offline, served),
+            "ratios_to_transformers": ratios_to_transformers(offline, served),
+            "wall_s": time.perf_counter() - started,
+        }
+
+    # what is measured so far is on disk after each run, so a run stopped at a node's time limit keeps it
+    offline.update(bench_offline(settings, work, budget, args.engines))
+    write_partial(gathered(), args.out)
     variants = served_variants(args.served_variants, args.device)
-    served = bench_served(settings, work, budget, variants, shlex.split(args.server_args))
+    served.update(bench_served(settings, work, budget, variants, shlex.split(args.server_args)))
+    write_partial(gathered(), args.out)
     for label, variant, flags in args.served_arm:
         served[label] = bench_served_variant(settings, work, budget, variant, [*shlex.split(args.server_args), *flags])
-    if args.device == "cuda" and "fp16" in variants:  # the uncaptured device caches beside the captured default
+        write_partial(gathered(), args.out)
+    if args.device == "cuda" and "fp16" in variants and not args.no_device_arm:
+        # the uncaptured device caches beside the captured default
         served["fp16-device"] = bench_served_cache(settings, work, budget, shlex.split(args.server_args), "device")
-    results = {
-        "command": command or shlex.join(["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine(),
-        "settings": {
-            **asdict(settings),
-            "model_dir": str(settings.model_dir),
-            "hf_dir": str(args.hf_dir or ""),
-            "quick": args.quick,
-        },
-        "model_sha256": weights_sha256(args.model_dir),
-        "sentences": len(work.sources),
-        "budget": asdict(budget),
-        "offline": offline,
-        "served": served,
-        "ratios_to_ctranslate2": ratios(offline, served),
-        "ratios_to_transformers": ratios_to_transformers(offline, served),
-        "wall_s": time.perf_counter() - started,
-    }
-    write_results(results, args.out)
+    write_results(gathered(), args.out)
+
+
+def write_partial(results: dict[str, Any], out: Path) -> None:
+    """The results so far, as JSON only (`results.json`; the table and plots come with the whole run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=True) + "\n")
 
 
 def write_results(results: dict[str, Any], out: Path) -> None:

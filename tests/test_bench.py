@@ -202,6 +202,29 @@ def test_bench_pipeline_end_to_end_quick(tiny_exported_dir: Path, tmp_path: Path
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_bench_stopped_midway_keeps_what_it_measured(
+    tiny_exported_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """results.json holds the offline figures as soon as they are measured, and each served run's as it ends: a
+    run stopped at a GPU node's time limit keeps them."""
+    import bench.run
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the node's time limit, arriving during the served runs
+
+    monkeypatch.setattr(bench.run, "bench_served", stopped)
+    out = tmp_path / "results"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run.main([
+            "--model-dir", str(tiny_exported_dir), "--out", str(out), "--quick", "--sentences", "4",
+            "--max-len", "6", "--engines", "onnx-fp32",
+        ])  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["offline"]) == ["onnx-fp32"] and results["served"] == {}
+    assert results["offline"]["onnx-fp32"]["beam1"]["throughput"]["tokens_per_s"] > 0
+    assert not (out / "results.md").exists()  # the table comes with the whole run
+
+
 def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
     tiny_exported_dir: Path, tmp_path: Path
 ) -> None:

@@ -123,8 +123,13 @@ def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_pat
     assert main(["--provider", "cpu", "--shape", "tiny", "--out", str(out), "--limit", "3", "--quick",
                  "--bench-args", bench]) == 0  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["name"] for s in summary["steps"]] == ["onnxruntime", "model", "parity", "static", "bench", "startup"]
+    assert [s["name"] for s in summary["steps"]] == [
+        "onnxruntime", "model", "parity", "static", "split", "bench", "startup"
+    ]  # fmt: skip
     assert len(json.loads((out / "startup.json").read_text())) == STARTUP_RUNS  # the replica's start to SERVING
+    split = {run["kv_cache"]: run for run in json.loads((out / "split.json").read_text())["runs"]}
+    assert split["working"]["splits"][0]["tokens_per_s"] > 0  # the decode's time, call by call
+    assert "capturable" in split["static"]["skipped"] and "capturable" in split["fused"]["skipped"]
     # the tiny shape's head size (4) has no capturable step: said, not failed (tests/test_static_cache.py runs it)
     assert "skipped, head size 4 has no capturable step" in (out / "static.log").read_text()
     results = json.loads((out / "bench" / "results.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from model.artifact import load_artifact
-from model.directory import METADATA_FILE, STATIC_DECODER_FILE, MetadataError
+from model.directory import FUSED_ENCODER_FILE, METADATA_FILE, STATIC_DECODER_FILE, MetadataError
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import OnnxRunner, make_session
@@ -266,7 +266,10 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
     shutil.copytree(variant, half)
     metadata = json.loads((half / METADATA_FILE).read_text())
     (half / METADATA_FILE).write_text(json.dumps({**metadata, "dtype": "float16", "variant": "fp16"}))
-    assert auto_cache_place(half, "cuda") == "static"  # the captured step, where the variant can take it
+    # the captured step where the variant can take it, from fused ops where the export built them
+    assert auto_cache_place(half, "cuda") == "fused"
+    (half / FUSED_ENCODER_FILE).unlink()
+    assert auto_cache_place(half, "cuda") == "static"  # an export without the whole fused build
     (half / STATIC_DECODER_FILE).unlink()
     assert auto_cache_place(half, "cuda") == "device"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])

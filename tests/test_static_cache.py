@@ -5,6 +5,7 @@ decodes against the slot cache and the working batch, in fp32 and fp16. CUDA cap
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -295,3 +296,38 @@ def test_the_scheduler_hands_out_the_lowest_free_slots(model: Path) -> None:
     step()  # slot 0 was freed after the first step, slot 2 after this one
     scheduler.add(3, [SOURCES[1]], DecodeOptions(beam_size=1, max_output_len=4), None, now=0.0)
     assert [item.slots for item in step().encode] == [[0]]
+
+
+def test_the_runner_split_accounts_for_every_call(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.runner_split`: the runner's calls and the host's rest add up to the decode, each
+    step is filed under the bucket it ran, the beam decode's reorders are counted, every bucket is replayed,
+    and the runner's own methods are back afterwards."""
+    from bench import runner_split
+
+    variant_dir = model / "onnx" / "fp32"
+    runner = open_runner(variant_dir, 16, "cpu", kv_cache="static")
+    assert isinstance(runner, StaticCacheRunner)
+    sources = runner_split.random_sources(runner.spec.vocab_size, runner.spec.eos_id, 6, 5)
+    greedy, beam = (runner_split.split(runner, sources, beam, 4) for beam in (1, 4))
+    assert not {"encode", "copy_slots", "step"} & set(vars(runner))  # the class's methods again
+    for found in (greedy, beam):
+        assert found["runner_ms"] + found["host_ms"] == pytest.approx(found["total_ms"])
+        assert found["tokens"] <= 6 * 4 * found["beam"]
+        steps = {key: call for key, call in found["calls"].items() if key.startswith("step@")}
+        assert set(steps) <= {f"step@{size}" for size in runner.buckets}
+        assert sum(call["calls"] for call in steps.values()) >= 4  # a step per generated position at least
+    assert greedy["calls"] == {"encode": greedy["calls"]["encode"], "step@8": greedy["calls"]["step@8"]}
+    assert greedy["calls"]["step@8"]["calls"] <= 4  # 6 rows in the smallest bucket, at most 4 positions
+    assert "copy_slots" not in greedy["calls"] and beam["calls"]["copy_slots"]["calls"] >= 1
+    assert set(runner_split.replay_ms(runner)) == set(runner.buckets)
+
+    out = model.parent / "split.json"
+    args = ["--model-dir", str(model), "--variant", "fp32", "--kv-caches", "working,static", "--sentences", "4"]
+    assert runner_split.main([*args, "--slots", "8", "--max-len", "3", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert [run["kv_cache"] for run in written["runs"]] == ["working", "static"]
+    assert "replay_ms" in written["runs"][1] and "replay_ms" not in written["runs"][0]
+    assert written["command"].startswith("python -m bench.runner_split --model-dir")
+    assert "static beam 4:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        runner_split.main([*args, "--kernel-profile"])  # CUDA kernels only

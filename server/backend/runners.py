@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from model.directory import STATIC_DECODER_FILE, MetadataError, read_metadata
+from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, STATIC_DECODER_FILE, MetadataError, read_metadata
 from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
@@ -41,18 +41,21 @@ def open_runner(
 
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
-    """Device caches only where they pay: on CUDA, the captured step over static buffers where the variant can
-    take it (`captured_on_cuda`; on an H100 at opus-mt's shape it served up to 2x the tokens/s of the
-    uncaptured device caches at a quarter of their single-sentence p50, docs/benchmarks.md#gpu), else the
-    uncaptured device caches. On CPU
-    host memory is the device: numpy caches measure faster there (`python -m bench.cache_shape`), kept as the
-    working batch."""
+    """Device caches only where they pay. On CUDA the captured step over static buffers where the variant can
+    take it (`captured_on_cuda`), built from fused ops where the export has that build (`fused`: on an H100 at
+    opus-mt's shape it served 1.11x the plain captured step's tokens/s greedy and 1.06x at beam 4, at a lower
+    single-sentence p50; the plain build served 2.5x the uncaptured device caches' tokens/s greedy,
+    docs/benchmarks.md#gpu), else the uncaptured device caches. On CPU host memory is the device: numpy caches
+    measure faster there (`python -m bench.cache_shape`), kept as the working batch."""
     if provider != "cuda":
         return "working"
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         log.warning("kv_cache auto: the caches stay in host memory because this onnxruntime has no CUDA provider")
         return "working"
-    return "static" if captured_on_cuda(variant_dir) else "device"
+    if not captured_on_cuda(variant_dir):
+        return "device"
+    fused = all((variant_dir / name).is_file() for name in (FUSED_DECODER_FILE, FUSED_ENCODER_FILE))
+    return "fused" if fused else "static"
 
 
 def captured_on_cuda(variant_dir: Path) -> bool:

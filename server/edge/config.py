@@ -273,8 +273,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add(
         "kv-cache",
         str,
-        "where the key/value caches live (auto: on CUDA the captured step for fp16, device memory for fp32; the "
-        "working batch on CPU; fused: the captured step and encoder built from fused ops)",
+        "where the key/value caches live (auto: on CUDA the captured step from fused ops for fp16, device memory for "
+        "fp32; the working batch on CPU; static: the captured step from plain ops)",
         KV_CACHES,
     )
     add("max-slots", int, "decoding slots (beam rows) per step (0 = by device: 64 on CPU, 256 on CUDA)")
