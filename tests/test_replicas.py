@@ -305,7 +305,7 @@ def test_a_process_dying_again_and_again_stops_the_server(monkeypatch: pytest.Mo
     monkeypatch.setattr(supervisor, "start", start)
     running: dict[int, object] = {}
     for attempt in range(module.RESTART_LIMIT + 1):
-        dead = module.ServerProcess(0, _ExitedProcess(1000 + attempt), _Served(True))  # type: ignore[arg-type]
+        dead = module.ServerProcess(0, _ExitedProcess(1000 + attempt), _Served(True), _Served(False))  # type: ignore[arg-type]
         supervisor.ended(dead, running)  # type: ignore[arg-type]
     assert started == [0] * module.RESTART_LIMIT
     assert supervisor.stopping.is_set() and supervisor.failure is not None and "died 4 times" in supervisor.failure

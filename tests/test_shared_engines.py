@@ -229,17 +229,62 @@ async def _calls_until_killed(address: str, pid: int) -> list[grpc.StatusCode]:
     return await in_flight
 
 
-def test_a_shared_engine_that_dies_stops_the_server_with_the_reason(tiny_exported_dir: Path, tmp_path: Path) -> None:
+def _engine_pids(log: str) -> list[int]:
+    """Every shared engine started so far, in the order they were, from the parent's log."""
+    return [int(pid) for pid in re.findall(r"\(pid (\d+)\) listens at", log)]
+
+
+def test_a_shared_engine_that_dies_is_started_again_and_the_servers_attach_to_it(
+    tiny_exported_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL to a shared engine: the parent starts it again at the same socket, the server processes that ended
+    with it are started again (without counting against the budget: the engine's restart counted) and attach to
+    it, and every call then succeeds; none ever ends INTERNAL."""
     with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
-        servers = served.children()
-        engine = int(re.findall(r"\(pid (\d+)\) listens at", served.log.read_text())[0])
-        os.kill(engine, signal.SIGKILL)
-        assert served.process.wait(60) == 1
-        wait_until(lambda: not any(_cmdline(pid) for pid in servers), 10)
-        assert re.search(
-            r"shared engine engine-\S+#0 ended \(killed by signal 9\): stopping the server", served.log.read_text()
-        )
-        assert not pid_alive(engine)
+        first, other = _engine_pids(served.log.read_text())
+        servers = set(served.children()) - {first, other}
+        held = asyncio.run(_calls_until_killed(served.address, first))
+        assert set(held) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+        wait_until(lambda: len(_engine_pids(served.log.read_text())) == 3, 120)
+        restarted = _engine_pids(served.log.read_text())[2]
+        log = served.log.read_text()
+        assert re.search(r"shared engine engine-\S+#0 ended \(killed by signal 9\): starting it again", log)
+        sockets = re.findall(r"engine-\S+#0 \(pid \d+\) listens at (\S+)", log)
+        assert len(sockets) == 2 and sockets[0] == sockets[1]  # the same socket, which the servers know
+        wait_until(lambda: len(SERVING.findall(served.log.read_text())) == 8, 120)  # both servers, both engines
+        assert not pid_alive(first) and pid_alive(other) and pid_alive(restarted)
+        assert servers and not servers & set(served.children())  # the servers ended with their engine, started again
+        assert "ended with its shared engine: starting it again" in served.log.read_text()
+        assert asyncio.run(translate_over(served.address, channels=8, calls=16)) == [grpc.StatusCode.OK] * 16
+        assert served.process.poll() is None
+
+
+def test_shared_engines_that_keep_dying_stop_the_server_with_the_reason(
+    tiny_exported_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine killed again and again: its restarts count against the budget (RESTART_LIMIT), and past it the
+    parent stops every server process and exits 1 with the reason."""
+    from server.edge.replicas import RESTART_LIMIT
+
+    with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
+
+        def engines_started() -> int:
+            return len(_engine_pids(served.log.read_text()))
+
+        def servers_serving() -> int:
+            return len(SERVING.findall(served.log.read_text()))
+
+        for killed in range(RESTART_LIMIT + 1):
+            wait_until(lambda: engines_started() == killed + 2, 120)  # noqa: B023  (waited for within the iteration)
+            os.kill(_engine_pids(served.log.read_text())[-1], signal.SIGKILL)  # engine #0, the last started
+            if killed < RESTART_LIMIT:  # each restart serves before the next kill: two servers, two engines each
+                wait_until(lambda: servers_serving() == 4 * (killed + 2), 120)  # noqa: B023
+        assert served.process.wait(120) == 1
+        log = served.log.read_text()
+        assert log.count("starting it again") >= RESTART_LIMIT
+        ended = rf"shared engine engine-\S+#\d ended \(killed by signal 9\): stopping the server after {RESTART_LIMIT}"
+        assert re.search(ended + r" restarts in \d+ s", log)
+        wait_until(lambda: not any(pid_alive(pid) for pid in _engine_pids(log)), 10)
 
 
 @pytest.mark.parametrize("argv", [["--shared-engines"], ["--processes", "1", "--shared-engines"]])

@@ -108,6 +108,11 @@ class ModelProcess:
         """None while the child runs."""
         return self._process.exitcode
 
+    def join(self, timeout_s: float) -> None:
+        """Wait for the child to exit: its sentinel is ready once its files close, its exit status a moment
+        later."""
+        self._process.join(timeout_s)
+
     def describe_exit(self) -> str:
         return exit_description(self._process)
 
@@ -384,7 +389,7 @@ class OwnedChild:
 
 class SharedChild:
     """A shared engine the parent spawned (`--shared-engines`): closing the pipe leaves it to the others; a
-    hung one is killed by its pid, and the parent, seeing it go, stops the server."""
+    hung one is killed by its pid, and the parent, seeing it go, starts it again."""
 
     def __init__(self, pid: int) -> None:
         self._pid = pid

@@ -15,7 +15,8 @@ again, every few minutes. The parent:
   UNAVAILABLE) up to RESTART_LIMIT times in RESTART_WINDOW_S; more often, or a process that fails to start
   (a bad model directory fails in every one), stops all and exits 1 for the orchestrator to act on;
 - with `--shared-engines`, first starts the engines every server process shares (`server.edge.shared_engines`),
-  stops them once the last server process has drained, and stops all if one of them dies.
+  stops them once the last server process has drained, and starts one that dies again at its socket (a
+  restart within the same budget), restarting the server processes that ended with it without counting them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ logger = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # where prometheus-client's multiprocess mode keeps its files
 RESTART_LIMIT = 3  # restarts within the window before the parent gives up
 RESTART_WINDOW_S = 300.0
+# A server process that ends because its engine died, this soon after a shared engine was started again, is
+# restarted without counting: the engine's restart was counted (a hung engine is killed, so it restarts too)
+ENGINE_RESTART_GRACE_S = 60.0
+ENGINE_EXIT_WAIT_S = 5.0  # how long a server process that lost its engine waits for the parent to see it go
 POLL_S = 0.2  # how often the parent looks at its signals while no process exits
 
 
@@ -61,6 +66,7 @@ class ServerProcess:
     index: int
     process: SpawnProcess
     serving: ProcessEvent
+    engine_lost: ProcessEvent  # set if it stops serving because an engine died or hung
 
 
 def replica_config(config: ServerConfig) -> ServerConfig:
@@ -88,12 +94,12 @@ def check_port_free(host: str, port: int) -> None:
             raise StartupError(f"could not bind {host}:{port}: {err.strerror} (is another server running?)") from err
 
 
-def serve_replica(config: ServerConfig, serving: ProcessEvent, parent: int) -> None:
+def serve_replica(config: ServerConfig, serving: ProcessEvent, engine_lost: ProcessEvent, parent: int) -> None:
     """A server process's entry point (spawned: a fresh interpreter that reads MULTIPROC_ENV at import)."""
     configure_logging(config.log_level, config.log_format)
     disable_created_metrics()
     stop_with_parent(parent)
-    run(config, on_serving=serving.set, report_to=Path(os.environ[MULTIPROC_ENV]))
+    run(config, on_serving=serving.set, report_to=Path(os.environ[MULTIPROC_ENV]), on_engine_died=engine_lost.set)
 
 
 def stop_with_parent(parent: int) -> None:
@@ -103,7 +109,8 @@ def stop_with_parent(parent: int) -> None:
 
 
 class Supervisor:
-    """Starts the server processes, restarts one that dies while serving, and stops them all on a signal."""
+    """Starts the server processes, restarts one that dies while serving (and a shared engine that dies), and stops
+    them all on a signal."""
 
     def __init__(self, config: ServerConfig, metrics_dir: str) -> None:
         self.config = config
@@ -113,6 +120,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.failure: str | None = None
         self.restarts: deque[float] = deque()
+        self.engine_restarted_at = -ENGINE_RESTART_GRACE_S  # when a shared engine was last started again
         # "server-<index>" -> pid of each running server process, "engine-<model>#<replica>" of each shared
         # engine: the processes whose CPU and memory the metrics show
         self.pids: dict[str, int] = {}
@@ -124,15 +132,17 @@ class Supervisor:
         self.pids.update({e.label: e.process.pid for e in engines if e.process.pid is not None})
 
     def start(self, index: int) -> ServerProcess:
-        serving = self.context.Event()
+        serving, engine_lost = self.context.Event(), self.context.Event()
         process = self.context.Process(
-            target=serve_replica, args=(self.config, serving, os.getpid()), name=f"translate-server-{index}"
+            target=serve_replica,
+            args=(self.config, serving, engine_lost, os.getpid()),
+            name=f"translate-server-{index}",
         )
         process.start()
         logger.info("server process %d started (pid %s)", index, process.pid)
         if process.pid is not None:
             self.pids[f"server-{index}"] = process.pid
-        return ServerProcess(index, process, serving)
+        return ServerProcess(index, process, serving, engine_lost)
 
     def stop_all(self, running: dict[int, ServerProcess]) -> None:
         for server in running.values():
@@ -161,15 +171,47 @@ class Supervisor:
         return 0
 
     def check_engines(self) -> None:
-        """Stop all if a shared engine has died: every server process has answered its requests UNAVAILABLE,
-        and a server process started again would find no engine."""
+        """Start a shared engine that died again, at its socket, within the restart budget (every server process
+        has answered its requests UNAVAILABLE and ends, to be restarted by `ended`); past the budget, or if it
+        cannot start, stop all."""
+        gone = multiprocessing.connection.wait([e.process.sentinel for e in self.engines], timeout=0)
+        for engine in [e for e in self.engines if e.process.sentinel in gone]:
+            engine.process.join(ENGINE_EXIT_WAIT_S)  # for its exit status, which follows its sentinel
         for engine in [e for e in self.engines if e.process.exitcode is not None]:
             self.engines.remove(engine)
             self.pids.pop(engine.label, None)
             if engine.process.pid is not None:
                 forget_process(engine.process.pid, self.metrics_dir)
-            if not self.stopping.is_set():
-                self.give_up(f"shared engine {engine.label} ended ({engine.exit_reason()}): stopping the server")
+            if self.stopping.is_set():
+                continue
+            reason = f"shared engine {engine.label} ended ({engine.exit_reason()})"
+            if not self.may_restart():
+                self.give_up(f"{reason}: stopping the server after {len(self.restarts)} restarts in "
+                             f"{RESTART_WINDOW_S:.0f} s")  # fmt: skip
+                return
+            logger.warning("%s: starting it again", reason)
+            try:
+                restarted = engine.relaunch()
+            except StartupError as err:
+                self.give_up(f"{reason}, and could not start again: {err}")
+                return
+            self.engines.append(restarted)
+            self.engine_restarted_at = time.monotonic()
+            if restarted.process.pid is not None:
+                self.pids[restarted.label] = restarted.process.pid
+
+    def engine_restarted_lately(self) -> bool:
+        return time.monotonic() - self.engine_restarted_at < ENGINE_RESTART_GRACE_S
+
+    def may_restart(self) -> bool:
+        """Whether the budget allows one more restart (RESTART_LIMIT in RESTART_WINDOW_S); counts it if so."""
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
+            self.restarts.popleft()
+        if len(self.restarts) >= RESTART_LIMIT:
+            return False
+        self.restarts.append(now)
+        return True
 
     def ended(self, server: ServerProcess, running: dict[int, ServerProcess]) -> None:
         """Account for a server process that exited: restart it, or stop everything."""
@@ -185,14 +227,19 @@ class Supervisor:
         if not server.serving.is_set():
             self.give_up(f"server process {server.index} failed to start (exit code {code}; its log says why)")
             return
-        now = time.monotonic()
-        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
-            self.restarts.popleft()
-        if len(self.restarts) >= RESTART_LIMIT:
+        if server.engine_lost.is_set() and self.engines and not self.engine_restarted_lately():
+            # it saw its engine go before the parent did: restart the engine first, then the server attaches to it
+            multiprocessing.connection.wait([e.process.sentinel for e in self.engines], timeout=ENGINE_EXIT_WAIT_S)
+            self.check_engines()
+            if self.stopping.is_set():
+                return
+        if server.engine_lost.is_set() and self.engine_restarted_lately():
+            logger.warning("server process %d ended with its shared engine: starting it again", server.index)
+        elif not self.may_restart():
             self.give_up(f"server processes died {len(self.restarts) + 1} times in {RESTART_WINDOW_S:.0f} s")
             return
-        self.restarts.append(now)
-        logger.warning("server process %d exited with %s while serving: starting it again", server.index, code)
+        else:
+            logger.warning("server process %d exited with %s while serving: starting it again", server.index, code)
         running[server.index] = self.start(server.index)
 
     def give_up(self, reason: str) -> None:

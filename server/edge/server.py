@@ -340,10 +340,12 @@ async def serve(
     model: LoadedModel | Sequence[LoadedModel] | None = None,
     on_serving: Callable[[], None] | None = None,
     report_to: Path | None = None,
+    on_engine_died: Callable[[], None] | None = None,
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain and return; `model` defaults to the configured ones;
-    `on_serving` is called once every model is loaded and health says SERVING; with `report_to` (a server
-    process of `--processes`), the processes behind this one are reported there for the parent's /metrics.
+    `on_serving` is called once every model is loaded and health says SERVING, `on_engine_died` when serving
+    ends because an engine died or hung; with `report_to` (a server process of `--processes`), the processes
+    behind this one are reported there for the parent's /metrics.
 
     Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
     stopping the server either way.
@@ -387,6 +389,8 @@ async def serve(
         dying.cancel()
         if server.engine_died.is_set():
             failure = EngineDiedError("a decoding engine died or hung (logged above); restart the process")
+            if on_engine_died is not None:
+                on_engine_died()
     if failure is None:
         loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
         logger.info(
@@ -424,10 +428,11 @@ def run(
     model: LoadedModel | None = None,
     on_serving: Callable[[], None] | None = None,
     report_to: Path | None = None,
+    on_engine_died: Callable[[], None] | None = None,
 ) -> None:
     """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
     try:
-        asyncio.run(serve(config, model, on_serving, report_to))
+        asyncio.run(serve(config, model, on_serving, report_to, on_engine_died))
     except ModelSourceError as err:  # bad input, as a bad flag is: status 2
         logger.debug("the server stopped", exc_info=err)
         print(f"translate-server: {err}", file=sys.stderr)

@@ -9,10 +9,14 @@ engine and uses it as it would its own engine process (`server.backend.engine_pr
 step gathers the calls of all of them. Each server's admission counts the shared queue (every server gets the
 engine's load reports); one server, the first connected, shows the engine's measurements in the metrics.
 
-An engine that dies or hangs answers the requests it held UNAVAILABLE in every server process; the parent
-then stops the server (exit 1) for the orchestrator to restart it, since each server process's restart
-would meet the same dead engine. The sockets live in a private directory (mode 0700) and take only
-connections that prove the parent's key (`multiprocessing`'s authkey, which its spawned processes inherit).
+An engine that dies answers the requests it held UNAVAILABLE in every server process, and each server process
+then exits (a server process ends when one of its engines does); the parent starts the engine again at the
+same socket (`SharedEngine.relaunch`), then the server processes, which attach to it, counting the engine's
+restart against the same budget as a server process's (`server.edge.replicas`); past it the parent stops
+the server (exit 1) for the orchestrator to act. An engine that hangs dies the same way: the server process
+that finds it silent while holding requests kills it (`SharedChild.kill`). The sockets live in a private
+directory (mode 0700) and take only connections that prove the parent's key (`multiprocessing`'s authkey,
+which its spawned processes inherit).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import tempfile
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from server.backend.engines import EngineProcess, ModelProcess, RunnerSettings
@@ -48,6 +53,7 @@ class SharedEngine:
     label: str  # "engine-<model name>#<replica>", as a server process labels its own engine processes
     process: ModelProcess
     control: EngineProcess
+    relaunch: Callable[[], SharedEngine]  # the same engine started again, at the same socket, warm
 
     def stop(self) -> None:
         self.control.stop(STOP_TIMEOUT_S)
@@ -78,7 +84,7 @@ def start_shared_engines(
             sockets = []
             for replica in range(per_model):
                 socket = str(socket_dir / f"engine-{len(engines)}.sock")
-                engines.append(_start_one(config, settings, provider, f"engine-{source.name}#{replica}", socket))
+                engines.append(_launch(config, settings, provider, f"engine-{source.name}#{replica}", socket))
                 sockets.append(socket)
             shared.append(SharedEngines(source.directory, source.name, source.revision, variant, tuple(sockets)))
     except BaseException:
@@ -100,7 +106,11 @@ def _variant(model_dir: Path, requested: str, provider: str) -> str:
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
 
-def _start_one(config: ServerConfig, settings: RunnerSettings, provider: str, label: str, socket: str) -> SharedEngine:
+def _launch(config: ServerConfig, settings: RunnerSettings, provider: str, label: str, socket: str) -> SharedEngine:
+    """Start, warm and open one engine at `socket`: a dead engine's socket file is removed first (its listener
+    cannot bind over it)."""
+    with suppress(FileNotFoundError):
+        Path(socket).unlink()
     try:
         process = ModelProcess(settings, listen_at=socket)
     except RuntimeError as err:
@@ -114,7 +124,7 @@ def _start_one(config: ServerConfig, settings: RunnerSettings, provider: str, la
     slots = min(config.max_slots or process.max_slots, process.max_slots)
     limits = EngineLimits(max_slots=slots, max_queue_sentences=config.queue_for(provider))
     control = process.start_engine(limits, None, None, config.stall_seconds, config.engine_nice_for(True))
-    engine = SharedEngine(label, process, control)
+    engine = SharedEngine(label, process, control, partial(_launch, config, settings, provider, label, socket))
     try:
         control.warmup()
     except RuntimeError as err:
