@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event as ProcessEvent
@@ -179,6 +180,8 @@ class Supervisor:
             engine.process.join(ENGINE_EXIT_WAIT_S)  # for its exit status, which follows its sentinel
         for engine in [e for e in self.engines if e.process.exitcode is not None]:
             self.engines.remove(engine)
+            with suppress(Exception):  # closes the parent's pipe to it; nothing is left to answer
+                engine.stop()
             self.pids.pop(engine.label, None)
             if engine.process.pid is not None:
                 forget_process(engine.process.pid, self.metrics_dir)
