@@ -23,7 +23,7 @@ The CUDA path verified end to end on a GPU node, in one command:
 7. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
    PyTorch: the captured step's fused build (`onnx-fp16-fused` offline; the served default) beside its plain
    build (`onnx-fp16-static`) and the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the
-   served levers (GPU_ARMS: the plain captured step; four server processes sharing the two engines), each
+   served levers (GPU_ARMS: the plain captured step; four and eight server processes sharing the two engines), each
    closed-loop run with the engines' own step time, rows per step and busy share read from the server's
    metrics.
 8. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
@@ -68,7 +68,7 @@ SPLIT_FLAGS = {
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
 # engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight. On an H100 the model, static and
 # bench steps took 4 min 7 s with three served arms beside the default, three offline engines and no device-cache
-# arm; the whole default command, an estimated 6 (within one `run` call's 10).
+# arm; the whole default command, an estimated 7 (within one `run` call's 10).
 SHAPE_BENCH_ARGS = [
     *("--max-len", "16", "--concurrency", "64,256", "--latency-requests", "40", "--sentences", "512"),
     *("--offline-s", "3", "--load-s", "3", "--load-fractions", "0.5,1.0", "--served-variants", "fp16"),
@@ -81,13 +81,16 @@ SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp1
 STARTUP_FLAGS = {"cuda": "--provider cuda --variant fp16", "cpu": "--provider cpu --variant fp32"}
 STARTUP_RUNS = 2
 # The served levers on CUDA one at a time against the default (the fused captured step, two engine processes):
-# the plain captured step it replaced, and four server processes in front of the same two engines. The others
-# measured (one engine, four, device caches, several processes of their own engines) are in bench/results/.
+# the plain captured step it replaced, and four and eight server processes in front of the same two engines
+# (four served 1.57x one's greedy tokens/s: how far more fronts go). The others measured (one engine, four,
+# device caches, several processes of their own engines) are in bench/results/.
 GPU_ARMS = [
     "--served-arm",
     "fp16-static=fp16 --kv-cache static",
     "--served-arm",
     "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
+    "--served-arm",
+    "fp16-8fronts-shared=fp16 --processes 8 --shared-engines",
 ]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime
