@@ -251,12 +251,12 @@ class Scheduler:
         spans = [(g.start, g.rows, g.sentence.beam.candidates_needed) for g in beams]
         ranked = merge_candidates_of(candidates.scores, ids, self.spec.vocab_size, spans)
         merged = dict(zip(map(id, beams), ranked, strict=True))
+        requests, vocab = self._requests, self.spec.vocab_size
         for group in batch.groups:
-            request = group.sentence.request
-            if request.request_id not in self._requests:  # failed by bad rows of another of its sentences
+            request, start = group.sentence.request, group.start
+            if request.request_id not in requests:  # failed by bad rows of another of its sentences
                 continue
-            span = slice(group.start, group.start + group.rows)
-            if any(bad_rows[span]):
+            if bad_rows[start] if group.rows == 1 else any(bad_rows[start : start + group.rows]):
                 logger.error(
                     "the runner returned NaN scores or ids outside the vocabulary for request %d; failing it",
                     request.request_id,
@@ -264,9 +264,9 @@ class Scheduler:
                 events += self.fail({request.request_id}, FailureReason.INTERNAL, INTERNAL_MESSAGE)
                 continue
             try:
-                beam, vocab = group.sentence.beam, self.spec.vocab_size
+                beam = group.sentence.beam
                 if beam.beam_size == 1:
-                    move = beam.advance_greedy(best_scores[group.start], best_ids[group.start], vocab)
+                    move = beam.advance_greedy(best_scores[start], best_ids[start], vocab)
                 else:
                     move = beam.advance_merged(*merged[id(group)], vocab)
             except Exception:  # a bug seen through one request's rows (a bad id): it fails that request alone
@@ -408,7 +408,8 @@ class Scheduler:
                 del self._requests[request.request_id]
                 events.append((request.request_id, RequestDone()))
             return
-        sentence.slots, sentence.planned_copies = reorder_slots(sentence.slots, move.parents)
+        if move.parents != [0]:  # one row continuing itself (greedy) keeps its slot: nothing to reorder
+            sentence.slots, sentence.planned_copies = reorder_slots(sentence.slots, move.parents)
         sentence.feed = move.tokens
         if request.options.stream_tokens and request.options.beam_size == 1:
             events.append((request.request_id, TokensEvent(sentence.index, sentence.beam.live[0][0])))
