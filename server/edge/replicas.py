@@ -56,7 +56,7 @@ RESTART_WINDOW_S = 300.0
 # A server process that ends because its engine died, this soon after a shared engine was started again, is
 # restarted without counting: the engine's restart was counted (a hung engine is killed, so it restarts too)
 ENGINE_RESTART_GRACE_S = 60.0
-ENGINE_EXIT_WAIT_S = 5.0  # how long a server process that lost its engine waits for the parent to see it go
+ENGINE_EXIT_WAIT_S = 5.0  # how long the parent waits for a shared engine's exit to show
 POLL_S = 0.2  # how often the parent looks at its signals while no process exits
 
 
@@ -177,8 +177,7 @@ class Supervisor:
         cannot start, stop all."""
         gone = multiprocessing.connection.wait([e.process.sentinel for e in self.engines], timeout=0)
         for engine in [e for e in self.engines if e.process.sentinel in gone]:
-            engine.process.join(ENGINE_EXIT_WAIT_S)  # for its exit status, which follows its sentinel
-        for engine in [e for e in self.engines if e.process.exitcode is not None]:
+            engine.process.join(ENGINE_EXIT_WAIT_S)  # its exit status follows its sentinel by a moment
             self.engines.remove(engine)
             with suppress(Exception):  # closes the parent's pipe to it; nothing is left to answer
                 engine.stop()
@@ -231,7 +230,7 @@ class Supervisor:
             self.give_up(f"server process {server.index} failed to start (exit code {code}; its log says why)")
             return
         if server.engine_lost.is_set() and self.engines and not self.engine_restarted_lately():
-            # it saw its engine go before the parent did: restart the engine first, then the server attaches to it
+            # it saw its engine go before the parent did: the engine starts again first, then it attaches to it
             multiprocessing.connection.wait([e.process.sentinel for e in self.engines], timeout=ENGINE_EXIT_WAIT_S)
             self.check_engines()
             if self.stopping.is_set():
