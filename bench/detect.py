@@ -8,6 +8,12 @@ Each bucket reports the accuracy of the best guess, and the share the server dec
 ahead of the next by more than server.edge.detect.MIN_MARGIN) with the error among those.
 Detectors: lingua-language-detector (high accuracy, models preloaded; and its low accuracy mode) and
 py3langid, each measured in a fresh process so that resident memory is its own.
+
+    python -m bench.detect --foreign [--languages de,en]
+
+measures the server's own detector (server.edge.detect.SourceDetector, serving `--languages`) on texts in
+languages it does not serve: the share of the test set's texts it names after an unserved language (which
+the server then refuses), and how it names FOREIGN's sentences, three in each of 13 other languages.
 """
 
 from __future__ import annotations
@@ -61,6 +67,47 @@ def build(name: str, languages: list[str]):  # type: ignore[no-untyped-def]
     return langid
 
 
+FOREIGN = {
+    "es": ["¿Dónde está la estación de tren?", "No tengo tiempo para ti hoy.", "La casa es muy grande y bonita."],
+    "fr": ["Je n'ai pas le temps aujourd'hui.", "Où est la gare la plus proche ?", "La maison est très grande."],
+    "it": ["Non ho tempo per te oggi.", "Dov'è la stazione più vicina?", "La casa è molto grande."],
+    "pt": ["Não tenho tempo para você hoje.", "Onde fica a estação mais próxima?", "A casa é muito grande."],
+    "nl": ["Ik heb vandaag geen tijd voor je.", "Waar is het dichtstbijzijnde station?", "Het huis is erg groot."],
+    "sv": ["Jag har inte tid för dig idag.", "Var är närmaste station?", "Huset är väldigt stort."],
+    "pl": ["Nie mam dziś dla ciebie czasu.", "Gdzie jest najbliższa stacja?", "Dom jest bardzo duży."],
+    "tr": ["Bugün senin için vaktim yok.", "En yakın istasyon nerede?", "Ev çok büyük."],
+    "ru": ["У меня сегодня нет на тебя времени.", "Где ближайшая станция?", "Дом очень большой."],
+    "he": ["שלום עולם.", "אין לי זמן בשבילך היום.", "הבית גדול מאוד."],
+    "ar": ["مرحبا بالعالم.", "ليس لدي وقت لك اليوم.", "المنزل كبير جدا."],
+    "zh": ["今天我没有时间陪你。", "最近的火车站在哪里？", "房子很大。"],
+    "ja": ["今日はあなたのための時間がありません。", "最寄りの駅はどこですか？", "家はとても大きいです。"],
+}  # fmt: skip
+
+
+def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
+    """The server's detector serving `languages`: served texts it names after another language, by length,
+    and what it names each foreign sentence."""
+    from server.edge.detect import SourceDetector
+
+    detector = SourceDetector(languages)
+    result: dict[str, object] = {"served": languages, "candidates": detector.candidates}
+    for bucket, texts in texts_by_length(limit).items():
+        named = [detector.detect(text) for text, _ in texts]
+        result[f"{bucket}: named unserved"] = round(
+            sum(found is not None and found.language not in languages for found in named) / len(texts), 4
+        )
+    foreign = {language: [detector.detect(text) for text in texts] for language, texts in FOREIGN.items()}
+    result["foreign named right"] = sum(
+        f is not None and f.language == lang for lang, fs in foreign.items() for f in fs
+    )
+    result["foreign named served"] = sum(
+        f is not None and f.language in languages for fs in foreign.values() for f in fs
+    )
+    result["foreign undecided"] = sum(f is None for fs in foreign.values() for f in fs)
+    result["foreign sentences"] = sum(len(texts) for texts in FOREIGN.values())
+    return result
+
+
 def measure_one(name: str, languages: list[str], limit: int) -> dict[str, object]:
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
@@ -87,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--languages", default="de,en,fr,es,it,nl")
     parser.add_argument("--limit", type=int, default=1334, help="test-set pairs to use")
     parser.add_argument("--only", choices=DETECTORS, help=argparse.SUPPRESS)  # one detector, in this process
+    parser.add_argument("--foreign", action="store_true", help="the server's detector on unserved languages")
     args = parser.parse_args(argv)
     languages = args.languages.split(",")
+    if args.foreign:
+        print(json.dumps(measure_foreign(languages, args.limit), indent=2))
+        return 0
     if args.only:
         print(json.dumps(measure_one(args.only, languages, args.limit)))
         return 0

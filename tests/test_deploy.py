@@ -599,6 +599,10 @@ def test_the_deployments_serve_opus_mt_by_id_from_a_shared_cache_beside_the_ship
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
     for dockerfile in DOCKERFILES:
         runtime = " ".join(_stages(dockerfile)["runtime"])
-        assert "TRANSLATE_MODEL_DIR=/app/model/shipped" in runtime and "TRANSLATE_CACHE_DIR=/models" in runtime
+        # No TRANSLATE_MODEL_DIR: the shipped model, at the path DEFAULT_MODEL_DIR resolves to under /app, is served
+        # when no model is named, and never shadows the models TRANSLATE_MODEL names (routing ties go to the first).
+        assert "TRANSLATE_MODEL_DIR" not in runtime
+        assert "COPY --from=export /src/model/shipped/ model/shipped/" in runtime
+        assert "TRANSLATE_CACHE_DIR=/models" in runtime
         assert "HF_HOME=/models/huggingface" in runtime and "install -d -o 10001 -g 10001 /models" in runtime
         assert "COPY export/*.py export/" in runtime and "requirements-hub.txt" in " ".join(_stages(dockerfile)["venv"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.detect import FOREIGN
 from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
 from server.edge.detect import MIN_MARGIN, SourceDetector
@@ -31,7 +32,7 @@ def test_detection_among_the_served_sources() -> None:
     assert all((d := detector.detect(t)) is not None and d.language == "fr" for t in FRENCH)
     assert detector.detect("ok") is None  # German and English alike
     # One word each side of the margin: "Museum" leads by under 0.2 (English over German), "Bank" by more
-    museum, bank = (detector._identifier.rank(word) for word in ("Museum", "Bank"))
+    museum, bank = (detector.rank(word) for word in ("Museum", "Bank"))
     assert 0 < museum[0][1] - museum[1][1] <= MIN_MARGIN < bank[0][1] - bank[1][1]
     assert detector.detect("Museum") is None
     assert (found := detector.detect("Bank")) is not None and found.language == "de"
@@ -113,3 +114,65 @@ def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(frenc
 def test_list_models_and_result_fields_exist_in_the_proto() -> None:
     """The fields clients read (a regenerated proto would drop a renamed one silently)."""
     assert {"detected_source_language", "detected_language_confidence"} <= set(pb.TextResult.DESCRIPTOR.fields_by_name)
+
+
+def test_texts_already_in_the_target_language_come_back_as_they_came(german_model_dir: Path) -> None:
+    """The README's example: a German and an English text to English. Broken once on purpose (the English text
+    routed as the pair en-en), the whole call was INVALID_ARGUMENT."""
+    english = "The house is big."
+    with running_server(onnx_model(german_model_dir)) as served:
+        alone = served.stub.Translate(request([GERMAN[2]], "de", "en")).results[0]
+        mixed = served.stub.Translate(request([GERMAN[2], english, "..."], "auto", "en")).results
+        only = served.stub.Translate(request([english, "42"], "", "en", num_hypotheses=2, beam_size=2)).results
+        streamed = [m.result for m in served.stub.TranslateStream(request([english, GERMAN[2]], "", "en"))]
+        counted = sample_value(served.registry, "translation_detected_texts_total", language="en")
+    assert [r.index for r in mixed] == [0, 1, 2]
+    assert (mixed[0].translation, mixed[0].detected_source_language) == (alone.translation, "de")
+    assert (mixed[1].translation, mixed[1].detected_source_language, mixed[1].sentences) == (english, "en", 0)
+    assert mixed[1].detected_language_confidence > 0.5 and mixed[2].translation == "..."
+    assert (only[0].translation, only[0].detected_source_language, only[0].output_tokens) == (english, "en", 0)
+    assert [h.text for h in only[0].hypotheses] == [english]  # one hypothesis: the text itself
+    assert only[1].sentences == 1 and only[1].detected_source_language == ""  # numbers: translated by a model
+    assert sorted((r.index, r.translation) for r in streamed) == [(0, english), (1, alone.translation)]
+    assert counted == 3
+
+
+def test_markup_is_detected_by_its_text_not_its_tags(german_model_dir: Path) -> None:
+    """Broken once on purpose (detection reading the raw markup), the tag and attribute names, the script
+    and the code called each of these English."""
+    html = pb.TEXT_TYPE_HTML
+    documents = [
+        '<div class="main-content wrapper" data-role="navigation"><p>Das Haus ist sehr groß.</p></div>',
+        '<script>function hello() { return "the world is big and the house is small"; }</script><p>Das Haus ist'
+        " sehr groß.</p>",
+        '<p title="Wo ist der nächste Bahnhof?">Ich habe heute keine Zeit für dich. <code>return the value</code></p>',
+    ]
+    with running_server(onnx_model(german_model_dir)) as served:
+        texts = [*documents, "<div><br/></div>", "<p>&nbsp;</p>"]
+        reply = served.stub.Translate(request(texts, "", "en", text_type=html))
+    assert [r.detected_source_language for r in reply.results] == ["de", "de", "de", "", ""]
+    assert [r.translation for r in reply.results[3:]] == ["<div><br/></div>", "<p>&nbsp;</p>"]
+
+
+def test_a_request_without_a_target_is_refused_before_detection(german_model_dir: Path) -> None:
+    with running_server(onnx_model(german_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
+        served.stub.Translate(request(["Hallo"], "", ""))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (failed.value.details() or "").startswith("options.target_language is required")
+
+
+def test_a_text_in_a_language_no_model_serves_is_named_after_it_not_the_nearest_served_one(
+    german_model_dir: Path,
+) -> None:
+    """Broken once on purpose (ranking the served languages alone), Spanish was called German at 0.80 and
+    translated, Hebrew and Polish called English or German; German and English texts stay theirs."""
+    detector = SourceDetector(["de", "en"])
+    assert detector.candidates == ["de", "en"]
+    for language, texts in FOREIGN.items():
+        assert [(found.language if (found := detector.detect(text)) else None) for text in texts] == [language] * 3
+    assert all((d := detector.detect(t)) is not None and d.language == "de" for t in GERMAN)
+    assert (d := detector.detect("The house is big.")) is not None and d.language == "en"
+    with running_server(onnx_model(german_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
+        served.stub.Translate(request([GERMAN[0], FOREIGN["es"][0]], "auto", "en"))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1 text(s) detected as 'es'" in (failed.value.details() or "")

@@ -3,9 +3,13 @@
 py3langid (a maintained fork of langid.py; its model ships in its wheel) classifies each text among the
 languages the served models take as sources, which is what makes short texts decidable: on the test
 set's two-word snippets it decides 89% of them at 0.9% error among six languages, against 33% among all it
-knows (docs/service.md, `python -m bench.detect`). Where fewer than two served sources are detectable it
-classifies among every language it knows, so that a French text sent to a German-only server is named
-French and refused rather than called German. A text whose best language is not ahead of the next by more
+knows (docs/service.md, `python -m bench.detect`). It ranks every language it knows first, though: a text
+whose best language is one no model serves, ahead of the best served one by more than MIN_MARGIN, is named
+after it (and refused by routing) rather than called the nearest served language. That way a Spanish text
+sent to a German and English server is refused as Spanish, not translated as German, while German and
+English texts are almost never taken for another language (`python -m bench.detect --foreign`: 0 of the test
+set's sentences, 0.8% of their two-word snippets). Where fewer than two served sources are detectable it
+classifies among every language it knows. A text whose best language is not ahead of the next by more
 than MIN_MARGIN in probability is undecided: the caller asks for source_language, never guesses. The
 margin, unlike a floor on the best probability, means the same whatever the number of candidates (two
 languages split an uninformative text about evenly, six about a sixth each).
@@ -35,14 +39,16 @@ class Detection:
 
 
 class SourceDetector:
-    """Detects a text's language among the served sources. The model loads on first use (about a second and
-    some 75 MiB resident): a server whose clients always name the source never pays for it."""
+    """Detects a text's language among the served sources (or names a language none serves). The model loads on
+    first use (docs/service.md#languages gives its memory): a server whose clients always name the source never
+    pays for it."""
 
     def __init__(self, sources: Iterable[str]) -> None:
         self._sources = list(dict.fromkeys(sources))
         self._lock = threading.Lock()
         self._identifier: Any = None
         self._candidates: list[str] = []
+        self._candidate_set: frozenset[str] = frozenset()
         self._undetectable: list[str] = []
 
     @property
@@ -62,13 +68,31 @@ class SourceDetector:
         return self._undetectable
 
     def detect(self, text: str) -> Detection | None:
-        """The text's language, or None where it is not ahead of the next by more than MIN_MARGIN."""
+        """The text's language, or None where it is not ahead of the next by more than MIN_MARGIN: a language
+        no model serves where it leads the served ones by that much, else one of the candidates."""
         self._load()
-        ranked = self._identifier.rank(text)
-        (language, best), runner_up = ranked[0], ranked[1][1] if len(ranked) > 1 else 0.0
+        everything = self._identifier.rank(text)  # every language it knows; probabilities over all of them
+        (top, top_p) = everything[0]
+        best_served = next((p for language, p in everything if language in self._candidate_set), 0.0)
+        if top not in self._candidate_set and top_p - best_served > MIN_MARGIN:
+            return Detection(str(top), float(top_p))
+        served = self._among_candidates(everything)
+        (language, best), runner_up = served[0], served[1][1] if len(served) > 1 else 0.0
         if best - runner_up <= MIN_MARGIN:
             return None
         return Detection(str(language), float(best))
+
+    def rank(self, text: str) -> list[tuple[str, float]]:
+        """The candidates, best first, with their probabilities among the candidates alone."""
+        self._load()
+        return self._among_candidates(self._identifier.rank(text))
+
+    def _among_candidates(self, everything: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """Probabilities over every language renormalized over the candidates: what a classifier restricted to
+        them computes (each is a softmax over its classes' scores)."""
+        kept = [(language, p) for language, p in everything if language in self._candidate_set]
+        total = sum(p for _, p in kept) or 1.0
+        return [(language, p / total) for language, p in kept]
 
     def _load(self) -> None:
         with self._lock:
@@ -84,8 +108,8 @@ class SourceDetector:
             served = sorted({iso639_1(s) for s in sources} & known)
             grouped = len(sources) < len(self._sources)
             self._candidates = served if len(served) >= 2 and not grouped else sorted(known)
+            self._candidate_set = frozenset(self._candidates)
             self._undetectable = sorted(s for s in sources if iso639_1(s) not in known)
-            identifier.set_languages(self._candidates)
             self._identifier = identifier
         logger.info(
             "source detection loaded: %d candidate languages (%s); served sources it cannot detect: %s",

@@ -2,7 +2,10 @@
 
 A request that names its source language is one job. One that leaves it to detection (server.edge.detect)
 has its texts grouped by the language detected, each group a job of the model that serves that language;
-texts without a letter (nothing to translate, or numbers and symbols any model takes) join the first job.
+texts without a letter (nothing to translate, or numbers and symbols any model takes) join the first job, and
+texts detected in the target language itself, which no model translates, come back as they came (as search
+engines' and DeepL's translators answer them). An HTML or XML text is detected by the text it would have
+translated (its units: no tag or attribute names, no script, style or code), so its markup does not vote.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+from model.languages import iso639_1
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from server.core.markup import MarkupDepthError, TextType, parse
 from server.edge.backends import Backend, Backends
-from server.edge.convert import TranslateJob, check_texts, text_result_to_pb
+from server.edge.convert import TEXT_TYPES, TranslateJob, check_texts, text_result_to_pb
 from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
 from server.edge.errors import InvalidRequest
 from server.edge.metrics import Metrics
@@ -35,13 +40,19 @@ class JobPart:
     job: TranslateJob
     indices: list[int]  # request position of each of the job's texts
     detections: Mapping[int, Detection] = field(default_factory=dict)  # by request position, where detected
+    unchanged: bool = False  # texts detected in the target language: answered as they came, by no engine
 
     def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
         message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
         if (found := self.detections.get(message.index)) is not None:
-            message.detected_source_language = self.job.source_lang
+            message.detected_source_language = found.language if self.unchanged else self.job.source_lang
             message.detected_language_confidence = found.confidence
         return message
+
+    async def unchanged_items(self) -> AsyncGenerator[TextTranslation, None]:
+        """The part's texts as their own translations (an `unchanged` part's items)."""
+        for index, text in enumerate(self.job.texts):
+            yield TextTranslation(index, [(text, 0.0)], input_tokens=0, output_tokens=0, sentences=0)
 
     def original_partial(self, partial: PartialSentence) -> PartialSentence:
         return replace(partial, text_index=self.indices[partial.text_index])
@@ -71,30 +82,71 @@ class SourceGrouping:
     async def parts(self, request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
         texts = list(request.texts)
         check_texts(texts, self.limits)
-        detect = partial(_detect_all, self.detector, texts)
+        if not request.options.target_language:  # what routing would say, before any detection
+            backends.route(request.options, source=request.options.source_language)
+        read = partial(_detection_texts, texts, request.options.text_type, self.limits.max_markup_depth)
+        detect = partial(_detect_all, self.detector, read)
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
         groups, found = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
         parts: list[JobPart] = []
+        unchanged: list[int] = []
         for language, indices in groups.items():
-            backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
+            try:
+                backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
+            except InvalidRequest:
+                if language != iso639_1(request.options.target_language):
+                    raise
+                unchanged += indices  # already in the target language: no pair to route, nothing to translate
+                continue
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
-            if self.metrics is not None:
-                for _ in indices:
-                    self.metrics.observe_detected(language, backend.model.name)
-        if blank := [i for i in range(len(texts)) if i not in found]:  # no letter: with any model
-            if parts:
-                parts[0] = parts[0].with_texts(texts, blank)
+            self._count(language, backend, indices)
+        blank = [i for i in range(len(texts)) if i not in found]  # no letter: with any model
+        if blank and parts:
+            parts[0] = parts[0].with_texts(texts, blank)
+        elif blank or unchanged:  # nothing detected to translate: the request's options are checked all the same
+            first = blank or unchanged
+            backend, route = backends.route(request.options, source=backends.any_source(request.options))
+            job = parse(pb.TranslateRequest(texts=[texts[i] for i in first], options=request.options), backend, route)
+            parts.append(JobPart(backend, job, first))
+        if unchanged:
+            model = parts[0]
+            kept = JobPart(model.backend, replace(model.job, texts=[texts[i] for i in unchanged]), unchanged,
+                           {i: found[i] for i in unchanged}, unchanged=True)  # fmt: skip
+            if parts[-1].indices == unchanged:  # the part made for them just above
+                parts[-1] = kept
             else:
-                backend, route = backends.route(request.options, source=backends.any_source(request.options))
-                job = parse(pb.TranslateRequest(texts=texts, options=request.options), backend, route)
-                parts.append(JobPart(backend, job, blank))
+                parts.append(kept)
+            self._count(iso639_1(request.options.target_language), model.backend, unchanged)
         return parts
 
+    def _count(self, language: str, backend: Backend, indices: list[int]) -> None:
+        if self.metrics is not None:
+            for _ in indices:
+                self.metrics.observe_detected(language, backend.model.name)
 
-def _detect_all(detector: SourceDetector, texts: list[str]) -> tuple[dict[str, list[int]], dict[int, Detection]]:
-    """Texts grouped by detected language, and each text's detection; texts without a letter are in neither.
-    InvalidRequest naming the texts whose language no detection decides."""
+
+def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, max_depth: int) -> list[str]:
+    """What detection reads of each text: the text, or for HTML and XML its units (the text a translation
+    replaces, attributes such as alt and title included) joined by spaces."""
+    markup = TEXT_TYPES.get(text_type)
+    if markup in (None, TextType.TEXT):
+        return texts
+    read: list[str] = []
+    for index, text in enumerate(texts):
+        try:
+            read.append(" ".join(parse(text, markup, max_depth).units))
+        except MarkupDepthError as err:
+            raise InvalidRequest(f"texts[{index}]: {err}, the limit; send flatter markup") from err
+    return read
+
+
+def _detect_all(
+    detector: SourceDetector, read: Callable[[], list[str]]
+) -> tuple[dict[str, list[int]], dict[int, Detection]]:
+    """Texts (what `read` gives of them) grouped by detected language, and each text's detection; texts without
+    a letter are in neither. InvalidRequest naming the texts whose language no detection decides."""
+    texts = read()
     groups: dict[str, list[int]] = {}
     found: dict[int, Detection] = {}
     undecided: list[int] = []
@@ -133,8 +185,12 @@ async def merged_items(
 ) -> AsyncGenerator[tuple[JobPart, Item], None]:
     """Every part's items as they come, each with its part; a part that fails fails the call (and ends the
     others: their engines drop their sentences)."""
+
+    def items_of(part: JobPart) -> AsyncGenerator[Item, None]:
+        return part.unchanged_items() if part.unchanged else translate(part)
+
     if len(parts) == 1:
-        async with aclosing(translate(parts[0])) as items:
+        async with aclosing(items_of(parts[0])) as items:
             async for item in items:
                 yield parts[0], item
         return
@@ -142,7 +198,7 @@ async def merged_items(
 
     async def pump(part: JobPart) -> None:
         try:
-            async with aclosing(translate(part)) as items:
+            async with aclosing(items_of(part)) as items:
                 async for item in items:
                     queue.put_nowait((part, item))
         except Exception as err:  # handed to the call, which raises it
