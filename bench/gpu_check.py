@@ -57,7 +57,7 @@ from bench.marian_random import SHAPES
 
 STEPS = ("onnxruntime", "export", "parity", "static", "split", "gate", "bench", "startup")
 # with --shape: random weights, no BLEU gate
-SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "split", "bench", "startup")
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "split", "fp16gate", "bench", "startup")
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
 # The split of a decode's time, on what each provider serves: fp16 on CUDA, with the kernels; fp32 on CPU.
@@ -167,6 +167,7 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "split": [python, "-m", "bench.runner_split", "--model-dir", model, "--provider", args.provider,
                   *SPLIT_FLAGS[args.provider], "--sentences", "64", "--out", str(args.out / "split.json")],
         "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
+        "fp16gate": [python, "-m", "export.fp16_gate", "--model-dir", model, "--provider", args.provider],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
                   "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *arms,
                   *args.bench_args],
@@ -198,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs for parity and the gate (0 = all)")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a random model of this shape")
-    parser.add_argument("--steps", type=lambda s: s.split(","), default=None, help=",".join(("model", *STEPS)))
+    parser.add_argument(
+        "--steps", type=lambda s: s.split(","), default=None, help=",".join(("model", "fp16gate", *STEPS))
+    )
     parser.add_argument("--quick", action="store_true", help="the benchmark's smoke-test size")
     parser.add_argument("--bench-args", type=shlex.split, default=[], help="more bench.run options, one string")
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
 """A served model directory for a hub id or a transformers directory: fetched, imported, exported, cached.
 
     python -m export.hub Helsinki-NLP/opus-mt-de-en[@REVISION] [--cache-dir DIR] [--variants fp32,int8]
+    python -m export.hub Helsinki-NLP/opus-mt-de-en --cache-dir DIR --variants fp16 --fp16-gate cuda  # as auto on CUDA
 
 The cache holds one directory per (repository, commit sha, model-directory FORMAT_VERSION, build recipe):
 `<cache>/models--org--name/<sha>/f<FORMAT_VERSION>-<variants>-<recipe hash>/`, published whole by
@@ -43,6 +44,7 @@ class BuildPlan:
     variants: tuple[str, ...] = ("fp32",)  # always fp32 (the others derive from it or fall back to it)
     int8_7bit: bool = False  # int8 with 7-bit weights per output channel (CPUs without VNNI)
     opset: int = OPSET
+    fp16_gate: str = ""  # the provider whose fp16 agreement gate the build measures (export/fp16_gate.py), if any
 
     def recipe(self) -> str:
         from export.quantize import int8_recipe
@@ -50,6 +52,8 @@ class BuildPlan:
         parts = [f"opset {self.opset}", *self.variants]
         if "int8" in self.variants:
             parts.append(int8_recipe(self.int8_7bit, self.int8_7bit))
+        if self.fp16_gate:
+            parts.append(f"fp16 gated on {self.fp16_gate}")
         return "; ".join(parts)
 
     def folder(self) -> str:
@@ -69,8 +73,11 @@ class BuiltModel:
 
 
 def plan_for(variant: str, provider: str, cpu_int8: str) -> BuildPlan:
-    """The graphs `--variant` needs on `provider`. auto builds fp32 only: no quality gate has measured the
-    faster variants of an imported model (model.directory.choose_variant serves fp32 without one)."""
+    """The graphs `--variant` needs on `provider`. auto builds fp32 on CPU (no BLEU gate can price an imported
+    model's int8 without a test set) and fp32 and fp16 on CUDA, where the build measures fp16 against fp32
+    (export/fp16_gate.py) and model.directory.choose_variant serves fp16 if it agreed, else fp32."""
+    if variant == "auto" and provider == "cuda":
+        return BuildPlan(("fp32", "fp16"), fp16_gate="cuda")
     if variant in ("auto", "fp32"):
         return BuildPlan()
     from export.quantize import int8_flags_for
@@ -112,6 +119,11 @@ def build(
     _unless(stopped, f"building {name.repository}")
     _export(out, plan)
     (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
+    if plan.fp16_gate:
+        from export.fp16_gate import gate_fp16
+
+        _unless(stopped, f"building {name.repository}")
+        gate_fp16(out, plan.fp16_gate)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log.info("built %s: %.1f MB in %.1f s", name.repository, size / MB, time.monotonic() - started)
 
@@ -154,16 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, required=True, help="the cache of built model directories")
     parser.add_argument("--variants", default="fp32", help=f"comma-separated, from {', '.join(VARIANTS)}")
     parser.add_argument("--int8-7bit", action="store_true", help="int8 with 7-bit weights (CPUs without VNNI)")
+    parser.add_argument(
+        "--fp16-gate", choices=("cuda",), default="",
+        help="also measure fp16 against fp32 on this provider, as translate-server --variant auto does on CUDA "
+        "(with --variants fp16: the same cached build)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     variants = tuple(dict.fromkeys(["fp32", *(v for v in args.variants.split(",") if v)]))
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variants {unknown}")
+    if args.fp16_gate and "fp16" not in variants:
+        parser.error("--fp16-gate needs --variants fp16")
     from huggingface_hub import constants  # huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE at import
 
     hub = HubSettings(Path(constants.HF_HUB_CACHE), bool(constants.HF_HUB_OFFLINE))
     try:
-        built = ensure_model(args.model, BuildPlan(variants, args.int8_7bit), args.cache_dir, hub)
+        built = ensure_model(
+            args.model, BuildPlan(variants, args.int8_7bit, fp16_gate=args.fp16_gate), args.cache_dir, hub
+        )
     except (FetchError, BuildError) as err:
         print(f"export.hub: error: {err}", file=sys.stderr)
         return 2

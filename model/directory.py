@@ -38,6 +38,7 @@ FORMAT_VERSION = 1
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE, KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
+AGREEMENT_GATE = "fp16 agreement"  # a variants.json record of export/fp16_gate.py (imported models), not BLEU
 DECODING_FILE = "decoding.json"  # decoding defaults tuned on the validation set, tracked beside the model
 DEFAULT_LENGTH_PENALTY = 1.0  # for a direction the model directory has no tuned value for
 MAX_LENGTH_PENALTY = 2.0
@@ -172,6 +173,8 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     most fp16 ops in float32 (it inserts casts), so a CPU gate says little about fp16 on CUDA. A gate
     measured elsewhere, on other weights (retrained, exported again, not re-scored) or on a subset says
     nothing about these graphs: "auto" then serves fp32 and says why, rather than a variant never checked.
+    An imported model built by `translate-server --model` on CUDA carries an agreement record instead
+    (export/fp16_gate.py: its fp16 graphs against its fp32 graphs, no test set needed), trusted for fp16 only.
     """
     path = model_dir / VARIANTS_FILE
     if not path.is_file():
@@ -184,6 +187,9 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
         return False
     scores = record.get("variants", {}).get(variant, {})
     if not scores.get("passed", False):
+        if record.get("gate") == AGREEMENT_GATE and scores:
+            log.warning("%s: %s failed its agreement gate with fp32 on %s (%s): not serving it",
+                        path, variant, provider, {k: scores.get(k) for k in ("agreement", "finite")})  # fmt: skip
         return False
     meta = read_metadata(model_dir / "onnx" / variant)
     weights = meta.source_sha256
@@ -195,6 +201,8 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
         log.warning("%s was measured on other weights than the %s graphs' (%s...): not trusted; %s",
                     path, variant, weights[:12], fix)  # fmt: skip
         return False
+    if record.get("gate") == AGREEMENT_GATE:  # fp16 against fp32 on probes (export/fp16_gate.py): float16 alone
+        return variant == "fp16"
     if record.get("limit") is not None:
         log.warning("%s was measured on the first %s test pairs only: not trusted; %s", path, record["limit"], fix)
         return False

@@ -124,8 +124,9 @@ def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_pat
                  "--bench-args", bench]) == 0  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert [s["name"] for s in summary["steps"]] == [
-        "onnxruntime", "model", "parity", "static", "split", "bench", "startup"
+        "onnxruntime", "model", "parity", "static", "split", "fp16gate", "bench", "startup"
     ]  # fmt: skip
+    assert '"passed": true' in (out / "fp16gate.log").read_text()  # fp16 against fp32, as auto gates it on CUDA
     assert len(json.loads((out / "startup.json").read_text())) == STARTUP_RUNS  # the replica's start to SERVING
     split = {run["kv_cache"]: run for run in json.loads((out / "split.json").read_text())["runs"]}
     assert split["working"]["splits"][0]["tokens_per_s"] > 0  # the decode's time, call by call

@@ -122,6 +122,8 @@ def test_the_cache_key_changes_with_the_format_version_and_the_recipe(monkeypatc
     assert base.startswith(f"f{FORMAT_VERSION}-fp32-")
     int8 = BuildPlan(("fp32", "int8"))
     assert len({base, int8.folder(), BuildPlan(opset=17).folder(), replace(int8, int8_7bit=True).folder()}) == 4
+    fp16 = BuildPlan(("fp32", "fp16"))
+    assert fp16.folder() != replace(fp16, fp16_gate="cuda").folder()  # a gated build is never an ungated one
     monkeypatch.setattr(export.hub, "FORMAT_VERSION", FORMAT_VERSION + 1)
     assert BuildPlan().folder() != base
 
@@ -129,9 +131,11 @@ def test_the_cache_key_changes_with_the_format_version_and_the_recipe(monkeypatc
 def test_auto_builds_fp32_and_an_asked_variant_is_built_beside_it(
     tmp_path: Path, hub: Path, offline: HubSettings
 ) -> None:
-    """auto: no quality gate has measured a fetched model's faster variants, so fp32 is built and served; int8
-    asked for is built beside fp32 (7-bit weights per channel where the CPU has no int8 dot products)."""
-    assert plan_for("auto", "cpu", "vnni") == plan_for("auto", "cuda", "plain") == BuildPlan()
+    """auto on CPU: no BLEU gate can price a fetched model's int8 without a test set, so fp32 is built and
+    served (on CUDA fp16 is built beside it and gated against it: tests/test_fp16_gate.py); int8 asked for is
+    built beside fp32 (7-bit weights per channel where the CPU has no int8 dot products)."""
+    assert plan_for("auto", "cpu", "vnni") == BuildPlan()
+    assert plan_for("auto", "cuda", "plain") == BuildPlan(("fp32", "fp16"), fp16_gate="cuda")
     assert plan_for("int8", "cpu", "plain") == BuildPlan(("fp32", "int8"), int8_7bit=True)
     assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp32", "fp16"))
     (model,) = load_models(replace(server_config(tmp_path, hub), variant="int8"))

@@ -73,7 +73,7 @@ class ServerConfig:
     cache_dir: Path | None = None  # the cache of built model directories; None: `model_cache`, beside the HF cache
     hf_hub_cache: Path | None = None  # HF_HUB_CACHE (or HF_HOME/hub); None: huggingface_hub's default
     hf_offline: bool = False  # HF_HUB_OFFLINE: resolve revisions and read files from the caches only
-    variant: str = "auto"  # exported variant; auto = best variant that passed the BLEU gate for the provider
+    variant: str = "auto"  # exported variant; auto = the provider's fast variant where its gate passed, else fp32
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
     # Decoding slots (beam rows) in one step; bounds the batch and the KV cache memory. 0 = sized for the device
@@ -93,7 +93,8 @@ class ServerConfig:
     # iteration takes well under a second on a GPU and a few seconds at worst on a loaded CPU.
     stall_seconds: float = 60.0
     # Engines (replicas) per model, each with its own scheduler and onnxruntime session; a request goes to the
-    # least loaded. 0 = one per core on CPU (the cores split between the models), one on CUDA.
+    # least loaded. 0 = one per core on CPU (the cores split between the models), two on CUDA split between the
+    # models (CUDA_ENGINES, one each at least).
     engines: int = 0
     # onnxruntime intra-op threads per engine; 0 = the cores divided among the engines (onnxruntime's default,
     # every core, where one engine serves alone)
@@ -317,7 +318,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     switch("shared-engines", "one set of engine processes shared by all --processes (default: each has its own)")
     switch(
         "engine-processes",
-        "run each engine (scheduler, sessions, caches) in a process of its own (default: on CPU, 2 or more engines)",
+        "run each engine (scheduler, sessions, caches) in a process of its own (default: on with 2 or more engines)",
     )
     env_no_reflection = environ.get(env_name("no-reflection"))
     parser.add_argument(
