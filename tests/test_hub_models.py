@@ -94,7 +94,10 @@ def test_served_by_id_offline_and_a_second_start_builds_nothing(
     tmp_path: Path, hub: Path, offline: HubSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = server_config(tmp_path, hub)
+    logging.getLogger("huggingface_hub").addHandler(logging.StreamHandler())  # as huggingface_hub does at import
     with running_server(load_models(config), config) as server:
+        # huggingface_hub's records reach the server's handler alone (its own would print plain lines beside JSON)
+        assert logging.getLogger("huggingface_hub").handlers == []
         (info,) = server.stub.ListModels(pb.ListModelsRequest(), timeout=30).models
         assert (info.name, info.revision, info.variant) == (REPO, SHA, "fp32")
         reply = server.stub.Translate(request(["Das Haus ist groß."], model=REPO), timeout=60)

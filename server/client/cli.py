@@ -194,8 +194,11 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
             for chunk in chunks(texts, args.batch):
                 for result in translate_chunk(stub, chunk, options, args.timeout, metadata):
                     language = f"{result.detected_source_language or '-'}\t" if args.show_detected else ""
-                    text = result.translation if args.text_type != pb.TEXT_TYPE_TEXT else _one_line(result.translation)
-                    out.write(language + text + "\n")
+                    if args.text_type == pb.TEXT_TYPE_TEXT:
+                        out.write(language + _one_line(result.translation) + "\n")
+                    else:  # a document keeps its own last newline: a file in is the same file's shape out
+                        document = result.translation
+                        out.write(language + document + ("" if document.endswith("\n") else "\n"))
                     progress.update(1)
                 out.flush()
     except grpc.RpcError as error:

@@ -141,6 +141,9 @@ def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[Mode
     except ImportError as err:
         raise ModelSourceError(f"--model needs pip install 'translate-service[import]' ({err})") from err
     from model.directory import int8_kernels
+    from server.edge.logs import adopt_library_loggers
+
+    adopt_library_loggers("huggingface_hub")  # imported just now by export.fetch
 
     plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
     cache = config.model_cache

@@ -53,6 +53,16 @@ def configure_logging(level: str, log_format: str) -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
+def adopt_library_loggers(*names: str) -> None:
+    """Drop the handlers that libraries add to their own loggers at import (huggingface_hub writes plain lines
+    to stderr through one): their records reach the root's handler alone, in the server's format, once."""
+    for name in names:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def log_call(fields: dict[str, Any]) -> None:
     """Write one call's access record: `fields` as JSON keys, and as `key=value` words in the text message."""
     message = " ".join(f"{key}={value}" for key, value in fields.items())
