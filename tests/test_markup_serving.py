@@ -108,6 +108,27 @@ def test_malformed_markup_is_translated_and_only_limits_are_refused(served: Runn
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "text_type" in error.details
 
 
+def test_a_document_is_limited_by_its_text_to_translate_not_its_markup(served: RunningServer) -> None:
+    """A web page is mostly markup: 30,000 characters of it around two sentences are translated (broken once
+    on purpose, the 10,000 characters of a plain text were counted on the markup and the page refused), and
+    the text to translate keeps the plain limit."""
+    limits = served.stub.ListModels(pb.ListModelsRequest()).models[0].limits
+    assert (limits.max_chars_per_text, limits.max_markup_chars_per_text) == (10_000, 100_000)
+    style = "<style>" + "p { margin: 0 auto; }\n" * 1400 + "</style>"
+    page = f"<html><head>{style}</head><body><p>Das Haus ist groß.</p><p>Er wartete.</p></body></html>"
+    assert 30_000 < len(page) < limits.max_markup_chars_per_text
+    result = served.stub.Translate(request([page], text_type=pb.TEXT_TYPE_HTML)).results[0]
+    assert result.sentences == 2 and style in result.translation
+    plain = status_of(lambda: served.stub.Translate(request([page])))  # the same characters as plain text
+    assert plain.code == grpc.StatusCode.INVALID_ARGUMENT and "limit of 10000 per text" in plain.details
+    wordy = "<div>" + "<p>Das Haus ist groß.</p>" * 600 + "</div>"  # 11,400 characters of text to translate
+    error = status_of(lambda: served.stub.Translate(request([wordy], text_type=pb.TEXT_TYPE_HTML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "characters of text to translate" in error.details
+    huge = "<div>" + " " * limits.max_markup_chars_per_text + "</div>"
+    error = status_of(lambda: served.stub.Translate(request([huge], text_type=pb.TEXT_TYPE_XML)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "limit of 100000 per document" in error.details
+
+
 @pytest.mark.parametrize(("flag", "text_type"), [("--html", pb.TEXT_TYPE_HTML), ("--xml", pb.TEXT_TYPE_XML)])
 @pytest.mark.parametrize("last", ["", "\n"])
 def test_the_cli_sends_stdin_as_one_document_and_prints_it_whole(

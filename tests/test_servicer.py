@@ -667,6 +667,7 @@ def test_request_limits_match_the_proto_documentation() -> None:
     proto = (Path(__file__).resolve().parent.parent / "protos/translation/v1/translation.proto").read_text()
     assert f"at most {limits.max_texts} texts per request" in proto
     assert f"at most {limits.max_chars_per_text:,} characters per text" in proto
+    assert f"at most {limits.max_markup_chars_per_text:,} characters per document" in proto
     assert f"at most {limits.max_sentences} sentences per request" in proto
     assert f"beam_size 1..{limits.max_beam_size}" in proto
 

@@ -40,6 +40,9 @@ class RequestLimits:
     max_response_bytes: int = 16 * 1024 * 1024  # the server's gRPC send limit, for one Translate response
     max_markup_depth: int = 256  # HTML/XML: elements open inside one another
     max_markup_units: int = 512  # HTML/XML: units (blocks and translated attributes) in one request
+    # HTML/XML: characters of one document, markup included (a web page's markup is most of it); the text it
+    # translates counts against max_chars_per_text
+    max_markup_chars_per_text: int = 100_000
 
 
 @dataclass(frozen=True)

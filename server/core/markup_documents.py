@@ -68,9 +68,15 @@ def prepare_request(
 
 def _parse(index: int, text: str, text_type: TextType, limits: RequestLimits) -> MarkupDocument:
     try:
-        return parse(text, text_type, limits.max_markup_depth)
+        document = parse(text, text_type, limits.max_markup_depth)
     except MarkupDepthError as err:
         raise TextLimitError(f"texts[{index}]: {err}, the limit; send flatter markup") from err
+    if (chars := sum(len(unit) for unit in document.units)) > limits.max_chars_per_text:
+        raise TextLimitError(
+            f"texts[{index}] has {chars} characters of text to translate (blocks and attributes), over the limit of"
+            f" {limits.max_chars_per_text} per text; split the document across requests"
+        )
+    return document
 
 
 @dataclass

@@ -82,7 +82,7 @@ def parse_request(
     The model's defaults (length penalty by direction, beam width, output limit) fill in what it leaves unset.
     """
     texts = list(request.texts)
-    check_texts(texts, limits)
+    check_texts(texts, limits, request.options.text_type)
     source, target = route.source, route.target
     pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
     options = _parse_options(request.options, spec, limits, model, pair_default)
@@ -94,16 +94,21 @@ def parse_request(
     )
 
 
-def check_texts(texts: list[str], limits: RequestLimits) -> None:
-    """The request's texts within the limits on their number and length; InvalidRequest naming the first over."""
+def check_texts(texts: list[str], limits: RequestLimits, text_type: pb.TextType.ValueType) -> None:
+    """The request's texts within the limits on their number and length; InvalidRequest naming the first over.
+    An HTML or XML document is bounded as a whole here and by the text it translates once parsed
+    (`server.core.markup_documents`)."""
     if not texts:
         raise InvalidRequest(f"the request has no texts; send 1 to {limits.max_texts} in `texts`")
     if len(texts) > limits.max_texts:
         raise InvalidRequest(f"the request has {len(texts)} texts, over the limit of {limits.max_texts}")
+    markup = text_type in (pb.TEXT_TYPE_HTML, pb.TEXT_TYPE_XML)
+    limit = limits.max_markup_chars_per_text if markup else limits.max_chars_per_text
     for index, text in enumerate(texts):
-        if len(text) > limits.max_chars_per_text:
+        if len(text) > limit:
+            what = "document" if markup else "text"
             raise InvalidRequest(
-                f"texts[{index}] has {len(text)} characters, over the limit of {limits.max_chars_per_text}; "
+                f"texts[{index}] has {len(text)} characters, over the limit of {limit} per {what}; "
                 "split it across requests"
             )
 
@@ -181,6 +186,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
             max_message_bytes=limits.max_response_bytes,
             max_markup_depth=limits.max_markup_depth,
             max_markup_units=limits.max_markup_units,
+            max_markup_chars_per_text=limits.max_markup_chars_per_text,
         ),
         variant=model.variant,
         available_variants=model.available_variants,

@@ -81,7 +81,7 @@ class SourceGrouping:
 
     async def parts(self, request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
         texts = list(request.texts)
-        check_texts(texts, self.limits)
+        check_texts(texts, self.limits, request.options.text_type)
         if not request.options.target_language:  # what routing would say, before any detection
             backends.route(request.options, source=request.options.source_language)
         read = partial(_detection_texts, texts, request.options.text_type, self.limits.max_markup_depth)

@@ -13,7 +13,8 @@ INVALID_ARGUMENT naming the limit, never truncated):
 A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
 per request to what it can ever take; ListModels reports the limits in force.
 Languages: "de" and "en"; pairs de-en and en-de.
-HTML/XML texts (`text_type`): at most 256 elements open inside one another and 512 units to
+HTML/XML texts (`text_type`): at most 100,000 characters per document, markup included, of which at
+most 10,000 are text to translate; at most 256 elements open inside one another and 512 units to
 translate (blocks and translated attributes) per request; malformed markup is never refused.
 
 Status codes:
@@ -473,6 +474,7 @@ class Limits(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     MAX_MARKUP_DEPTH_FIELD_NUMBER: _builtins.int
     MAX_MARKUP_UNITS_FIELD_NUMBER: _builtins.int
+    MAX_MARKUP_CHARS_PER_TEXT_FIELD_NUMBER: _builtins.int
     max_texts_per_request: _builtins.int
     """Most texts in one request."""
     max_chars_per_text: _builtins.int
@@ -491,6 +493,10 @@ class Limits(_message.Message):
     """HTML/XML: most elements open inside one another in one text."""
     max_markup_units: _builtins.int
     """HTML/XML: most units to translate (blocks and translated attributes) in one request."""
+    max_markup_chars_per_text: _builtins.int
+    """HTML/XML: most characters in one document, markup included (its text to translate counts against
+    `max_chars_per_text`).
+    """
     def __init__(
         self,
         *,
@@ -503,10 +509,11 @@ class Limits(_message.Message):
         max_message_bytes: _builtins.int = ...,
         max_markup_depth: _builtins.int = ...,
         max_markup_units: _builtins.int = ...,
+        max_markup_chars_per_text: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_markup_depth", b"max_markup_depth", "max_markup_units", b"max_markup_units", "max_message_bytes", b"max_message_bytes", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_beam_size", b"max_beam_size", "max_chars_per_text", b"max_chars_per_text", "max_markup_chars_per_text", b"max_markup_chars_per_text", "max_markup_depth", b"max_markup_depth", "max_markup_units", b"max_markup_units", "max_message_bytes", b"max_message_bytes", "max_output_len", b"max_output_len", "max_sentences_per_request", b"max_sentences_per_request", "max_source_tokens", b"max_source_tokens", "max_texts_per_request", b"max_texts_per_request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,7 +13,8 @@ INVALID_ARGUMENT naming the limit, never truncated):
 A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
 per request to what it can ever take; ListModels reports the limits in force.
 Languages: "de" and "en"; pairs de-en and en-de.
-HTML/XML texts (`text_type`): at most 256 elements open inside one another and 512 units to
+HTML/XML texts (`text_type`): at most 100,000 characters per document, markup included, of which at
+most 10,000 are text to translate; at most 256 elements open inside one another and 512 units to
 translate (blocks and translated attributes) per request; malformed markup is never refused.
 
 Status codes:
