@@ -203,6 +203,21 @@ def test_xml_stays_well_formed_and_every_unknown_element_is_a_unit() -> None:
     assert "<![CDATA[<roh>]]>" in out and ">Hilfe<" in out
 
 
+def test_an_xml_entity_its_dtd_defines_is_carried_whole_never_translated() -> None:
+    """DocBook and DITA name products and terms by entities (`&product;`). Broken once on purpose (references
+    read as text), the model saw "&product;" as words and the translation lost it or gave `&amp;product;`."""
+    text = "<p>Installieren Sie &product; noch heute &amp; gratis auf &os-name;.</p>"
+    document = parse(text, TextType.XML, 256)
+    assert document.units == ["Installieren Sie  noch heute & gratis auf ."]
+    assert render(document, lambda unit: unit) == text
+    out = render(document, reverse_words)
+    assert out.count("&product;") == 1 and out.count("&os-name;") == 1 and "&amp;product;" not in out
+    changed = render(document, lambda unit: unit.replace("heute", "today"))
+    assert "today &amp; gratis" in changed and changed.count("&product;") == 1  # a predefined entity is text
+    html_units = parse(text, TextType.HTML, 256).units  # HTML has no DTD: an unknown reference is text there
+    assert html_units == ["Installieren Sie &product; noch heute & gratis auf &os-name;."]
+
+
 def test_xliff_inline_codes_stay_inside_their_segment() -> None:
     text = '<source>Hallo <g id="1">Welt</g>, <x id="2"/>bis <ph id="3">{name}</ph> morgen.</source>'
     document = parse(text, TextType.XML, 9)

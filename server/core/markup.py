@@ -57,6 +57,8 @@ KEPT_INLINES = frozenset({"code", "kbd", "samp", "var", "textarea", "svg", "math
 HTML_VOIDS = _names("area base br col embed hr img input link meta param source track wbr")
 TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
 IMPLIED_CLOSE = frozenset({"p", "li", "dt", "dd", "td", "th", "tr", "option"})  # `<li>a<li>b`: siblings
+XML_PREDEFINED_ENTITIES = frozenset({"amp", "lt", "gt", "quot", "apos"})
+_ENTITY_REFERENCE = re.compile(r"&([A-Za-z_:][\w.:-]*);")  # by name; character references (`&#38;`) are text
 _TAG_NAME = re.compile(r"<[^\s/>]*")
 _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+))?""")  # name, value
 
@@ -147,9 +149,13 @@ class _Builder:
         if self.kept is not None:
             self._keep(token, self.kept)
         elif token.kind is Kind.TEXT:
-            text = html.unescape(token.raw)
-            kept = Item(Edge.ANY, (token.raw,), kept_text=True)
-            self.items.append(Item(None, (token.raw,), text) if self.translate else kept)
+            for raw, reference in self._text_pieces(token.raw):
+                if reference:  # an XML entity the document's DTD defines: carried like an inline tag, never text
+                    self.items.append(Item(Edge.ANY, (raw,)))
+                elif self.translate:
+                    self.items.append(Item(None, (raw,), html.unescape(raw)))
+                else:
+                    self.items.append(Item(Edge.ANY, (raw,), kept_text=True))
         elif token.kind is Kind.OTHER:
             self.items.append(Item(Edge.ANY, (token.raw,)))
         elif token.kind is Kind.END:
@@ -235,6 +241,21 @@ class _Builder:
                 pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
                 done = match.end(2)
         return (*pieces, raw[done:])
+
+    def _text_pieces(self, raw: str) -> list[tuple[str, bool]]:
+        """A text token's raw text in pieces, each with whether it is an entity reference XML does not predefine
+        (`&product;`: its DTD says what it stands for, which the model must neither see as words nor lose)."""
+        if not self.xml or "&" not in raw:
+            return [(raw, False)]
+        pieces: list[tuple[str, bool]] = []
+        done = 0
+        for match in _ENTITY_REFERENCE.finditer(raw):
+            if match.group(1) in XML_PREDEFINED_ENTITIES:
+                continue
+            pieces += [(raw[done : match.start()], False)] if match.start() > done else []
+            pieces.append((match.group(0), True))
+            done = match.end()
+        return [*pieces, (raw[done:], False)] if done < len(raw) else pieces
 
     def _unit(self, text: str) -> int:
         self.units.append(text)
