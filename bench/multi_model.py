@@ -59,6 +59,11 @@ def measure(model_dirs: list[Path], flags: list[str], queries: list[Query], args
         process.wait(60)
 
 
+# The engines as threads of the server process in every layout, so that only their number and the models differ
+# (with two or more engines the default puts each in a process of its own: docs/service.md#engine-processes).
+THREADS = ["--no-engine-processes"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.multi_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=Path("model/shipped"), help="exported model to serve")
@@ -76,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         cores = available_cores()
         layouts = {
-            f"one model, one engine of {cores} threads": ([args.model_dir], ["--engines", "1"], alone),
-            f"one model, {cores} engines of one thread": ([args.model_dir], ["--engines", str(cores)], alone),
-            "two models, one engine each, mixed load": ([args.model_dir, second], ["--engines", "1"], mixed),
+            f"one model, one engine of {cores} threads": ([args.model_dir], ["--engines", "1", *THREADS], alone),
+            f"one model, {cores} engines of one thread": ([args.model_dir], ["--engines", str(cores), *THREADS], alone),
+            "two models, one engine each, mixed load": ([args.model_dir, second], ["--engines", "1", *THREADS], mixed),
         }
         results = {name: measure(dirs, flags, queries, args) for name, (dirs, flags, queries) in layouts.items()}
     for layout, summary in results.items():
