@@ -160,7 +160,8 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "onnxruntime": [python, "-c", check],
         "model": [python, "-m", "bench.opus_size", "--prepare-only", "--work", str(work), "--shape", str(args.shape),
                   "--variants", "fp32,fp16"],
-        "export": [python, "-m", "export", "--model-dir", model, "--variants", "fp32,fp16"],
+        "export": [python, "-m", "export", "--model-dir", model, "--variants", "fp32,fp16",
+                   *(["--capturable-fp32"] if args.provider == "cpu" else [])],  # the CPU checks the fp32 step too
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
         "static": [python, "-m", "bench.static_parity", "--model-dir", model, "--provider", args.provider,
                    "--variants", STATIC_VARIANTS[args.provider], *limit],

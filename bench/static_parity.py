@@ -23,7 +23,7 @@ from bench.parity import fits, parity_cases
 from bench.variants import model_tokenizer
 from export.builder.static_step import capturable
 from model.config import ModelConfig
-from model.directory import MetadataError, read_metadata
+from model.directory import STATIC_DECODER_FILE, MetadataError, read_metadata
 from server.backend.runners import open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.beam import Hypothesis
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         meta = read_metadata(variant_dir)
         if not capturable(ModelConfig.from_dict(meta.model_config)):
             print(f"{variant}: skipped, head size {meta.head_dim} has no capturable step")
+            continue
+        if not (variant_dir / STATIC_DECODER_FILE).is_file():  # fp32 builds it only when asked
+            print(f"{variant}: skipped, no capturable step exported (python -m export --capturable-fp32 builds it)")
             continue
         spec = meta.spec()
         cases = [case for cases in parity_cases(tokenizer, args.limit) for case in cases]

@@ -1,4 +1,5 @@
-"""python -m export --model-dir DIR [--out DIR] [--variants fp32,int8,fp16] [--opset 18] [--int8-7bit]"""
+"""python -m export --model-dir DIR [--out DIR] [--variants fp32,int8,fp16] [--opset 18] [--int8-7bit]
+[--capturable-fp32]"""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--int8-7bit", action="store_true",
         help="int8 with 7-bit weights and a scale per output channel, for x86 CPUs without VNNI (gate it again)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--capturable-fp32", action="store_true",
+        help="also the capturable step and fused graphs in fp32 (CPU tests of their arithmetic; nothing serves them)",
     )  # fmt: skip
     return parser.parse_args(argv)
 
@@ -65,9 +70,11 @@ def validate_tokenizer(model_dir: Path, cfg: ModelConfig) -> None:
         raise ExportError(f"config vocab_size {cfg.source_vocab_size} does not match the tokenizer's {vocab}")
 
 
-def run(model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False) -> None:
+def run(
+    model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False, capturable_fp32: bool = False
+) -> None:
     validate(model_dir, variants, opset)
-    fp32_dir = export_float(model_dir, out / "fp32", "fp32", opset)  # int8 derives from it
+    fp32_dir = export_float(model_dir, out / "fp32", "fp32", opset, capturable_fp32)  # int8 derives from it
     if "int8" in variants:
         export_int8(fp32_dir, out / "int8", per_channel=int8_7bit, reduce_range=int8_7bit)
     if "fp16" in variants:
@@ -79,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     try:
-        run(args.model_dir, args.out or args.model_dir / "onnx", variants, args.opset, args.int8_7bit)
+        out = args.out or args.model_dir / "onnx"
+        run(args.model_dir, out, variants, args.opset, args.int8_7bit, args.capturable_fp32)
     except ExportError as exc:
         print(f"export: error: {exc}", file=sys.stderr)
         return 2

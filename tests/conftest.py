@@ -55,7 +55,8 @@ def tiny_exported_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
 
     out = tmp_path_factory.mktemp("tiny_exported") / "model"
     shutil.copytree(tiny_model_dir, out)
-    assert export(["--model-dir", str(out), "--variants", "fp32,int8", *int8_args_for_this_cpu()]) == 0
+    flags = ["--variants", "fp32,int8", "--capturable-fp32", *int8_args_for_this_cpu()]
+    assert export(["--model-dir", str(out), *flags]) == 0
     return out
 
 

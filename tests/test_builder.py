@@ -80,7 +80,7 @@ def tiny_sources(model_dir: Path) -> list[list[int]]:
 def option_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Transformer]:
     out = tmp_path_factory.mktemp(request.param)
     model = build_option_model(out, OPTIONS[request.param])
-    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16"]) == 0
+    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16", "--capturable-fp32"]) == 0
     return out, model
 
 

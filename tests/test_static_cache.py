@@ -53,7 +53,7 @@ def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The tiny model with its fp32 and fp16 graphs."""
     out = tmp_path_factory.mktemp("static") / "model"
     shutil.copytree(tiny_model_dir, out)
-    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16"]) == 0
+    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16", "--capturable-fp32"]) == 0
     return out
 
 
@@ -202,6 +202,19 @@ def test_the_static_runner_never_opens_the_dynamic_step(model: Path, monkeypatch
 def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported_dir: Path) -> None:
     with pytest.raises(MetadataError, match=f"no {STATIC_DECODER_FILE} .*python -m export"):
         open_runner(tiny_exported_dir / "onnx" / "int8", 2, kv_cache="static", intra_op_threads=1)
+
+
+def test_float32_builds_the_capturable_graphs_only_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Each capturable or fused graph is another copy of the weights, and CUDA captures float16 only: a default
+    export builds them for fp16 alone (at opus-mt's size they had made an fp32 build 2.5x the size)."""
+    out = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16"]) == 0
+    capturable = {STATIC_DECODER_FILE, FUSED_DECODER_FILE, FUSED_ENCODER_FILE}
+    assert capturable <= {p.name for p in (out / "onnx" / "fp16").iterdir()}
+    assert not capturable & {p.name for p in (out / "onnx" / "fp32").iterdir()}
+    for kv_cache in ("static", "fused"):
+        with pytest.raises(MetadataError, match="export again with python -m export --capturable-fp32"):
+            open_runner(out / "onnx" / "fp32", 2, kv_cache=kv_cache, intra_op_threads=1)
 
 
 def test_the_benchmark_arm_reproduces_its_uncaptured_twin(model: Path, tiny_exported_dir: Path) -> None:

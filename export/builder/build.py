@@ -62,8 +62,12 @@ def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
     )  # fmt: skip
 
 
-def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Path:
-    """Build fp32, or fp16 (weights rounded to float16, mask constants finite in half precision)."""
+def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, capturable_fp32: bool = False) -> Path:
+    """Build fp32, or fp16 (weights rounded to float16, mask constants finite in half precision).
+
+    The capturable step and the fused encoder are built in float16, the one type CUDA captures them in
+    (onnxruntime's GroupQueryAttention takes no float32 there); in float32 only when asked (`capturable_fp32`:
+    the CPU tests of their arithmetic), since each is another full copy of the weights that nothing serves."""
     started = time.perf_counter()
     cfg = load_config(model_dir)
     weights = load_weights(model_dir, cfg)
@@ -72,12 +76,12 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int) -> Pa
         ENCODER_FILE: encoder_graph,
         DECODER_FILE: decoder_step_graph,
     }
-    if capturable(cfg):
+    if not capturable(cfg):
+        log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", STATIC_DECODER_FILE, cfg.head_dim)
+    elif variant == "fp16" or capturable_fp32:
         graphs[STATIC_DECODER_FILE] = static_step_graph
         graphs[FUSED_DECODER_FILE] = fused_step_graph
         graphs[FUSED_ENCODER_FILE] = fused_encoder_graph
-    else:
-        log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", STATIC_DECODER_FILE, cfg.head_dim)
     for name, build in graphs.items():
         model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
         check_graph(model, out_dir / name)

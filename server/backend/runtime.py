@@ -78,7 +78,7 @@ class OnnxRunner:
         self.spec: ModelSpec = self.metadata.spec()
         self.max_slots = max_slots
         if not (variant_dir / self.encoder_file).is_file():
-            raise MetadataError(f"no {self.encoder_file} in {variant_dir}: export again with python -m export")
+            raise MetadataError(f"no {self.encoder_file} in {variant_dir}: export again with {self._export_command}")
         self.encoder = self._session(variant_dir / self.encoder_file)
         self.decoder = self._open_step(variant_dir)
         self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
@@ -115,6 +115,12 @@ class OnnxRunner:
         self._cross_gather_key: tuple[bytes, int, int] | None = None
         self._open_caches(variant_dir)
         log.info("onnx runner %s on %s, %s caches, %d slots", meta.variant, self.provider, self.kv_cache, max_slots)
+
+    @property
+    def _export_command(self) -> str:
+        """What builds this runner's graphs: float32 builds the capturable and fused ones only when asked."""
+        asked = self.kv_cache in ("static", "fused") and self.metadata.dtype == "float32"
+        return "python -m export --capturable-fp32" if asked else "python -m export"
 
     def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
         """The decoder-step graph this runner steps (the static runner opens its capturable one instead)."""

@@ -52,7 +52,7 @@ class StaticCacheRunner(DeviceCacheRunner):
         opened); CUDA captures it per `gpu_graph_id` (the option is CUDA's alone: the CPU provider runs it as is)."""
         path = variant_dir / self.step_file
         if not path.is_file():
-            raise MetadataError(f"no {self.step_file} in {variant_dir}: export again with python -m export")
+            raise MetadataError(f"no {self.step_file} in {variant_dir}: export again with {self._export_command}")
         return self._session(path, cuda_graph=True)
 
     def _open_caches(self, variant_dir: Path) -> None:
