@@ -221,3 +221,28 @@ def test_a_container_cpu_quota_caps_the_cores(tmp_path: Path, cpu_max: str, cap:
     cores = len(os.sched_getaffinity(0))
     assert available_cores(tmp_path / "cpu.max") == (cores if cap is None else min(cores, cap))
     assert available_cores(tmp_path / "missing") == cores
+
+
+def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_different_idle_engines() -> None:
+    """Each server process routes from a turn of its own (its pid): a call that another process has just sent is
+    not in an engine's load until the engine reports it. Broken once on purpose (every process counting from 0),
+    two calls arriving together at two processes went to the same idle engine, the other left idle."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from server.edge.backends import Backend, Backends
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    spec = SimpleNamespace(pairs=(("de", "en"),))
+    model = SimpleNamespace(name="shared")
+    engines: list[object] = [SimpleNamespace(load=0, draining=False, failed=False) for _ in range(2)]
+    replicas = [cast(Backend, SimpleNamespace(engine=e, spec=spec, model=model)) for e in engines]
+    options = pb.TranslationOptions(source_language="de", target_language="en")
+
+    def engine_of(backends: Backends) -> int:
+        chosen = backends.route(options)[0].engine
+        return next(i for i, engine in enumerate(engines) if engine is chosen)
+
+    assert sorted(engine_of(Backends(replicas, first_turn=pid)) for pid in (4711, 4712)) == [0, 1]
+    one = Backends(replicas)  # this process: one engine after the other while both stay idle
+    assert {engine_of(one) for _ in range(2)} == {0, 1}

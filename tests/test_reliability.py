@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -463,6 +464,26 @@ def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -
         last_line = done.stderr.strip().splitlines()[-1]
         assert last_line.startswith(f"translate-server: could not bind localhost:{first.port}")
         assert first.stub.Translate(request([HOUSE]), timeout=30).results[0].sentences == 1
+
+
+def test_a_taken_metrics_port_or_a_certificate_that_is_not_pem_ends_in_one_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Broken once on purpose (the metrics port tried after gRPC had started), the right line came followed by
+    an "Event loop is closed" traceback; a DER or empty certificate was reported as a port another instance held."""
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = start_server_process("--port", "0", "--model-dir", str(tiny_model_dir), "--metrics-port", str(port))
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"translate-server: could not serve metrics on port {port}")
+    (tmp_path / "cert.der").write_bytes(b"0\x82\x01\n")
+    (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n")
+    tls = ["--tls-cert", str(tmp_path / "cert.der"), "--tls-key", str(tmp_path / "key.pem")]
+    done = start_server_process("--port", "0", "--model-dir", str(tiny_model_dir), *tls)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "is not PEM" in done.stderr.strip().splitlines()[-1]
 
 
 SHUTDOWN_REPEATS = int(os.environ.get("SHUTDOWN_REPEATS", "3"))  # the issue's bar: 20 in a row

@@ -612,6 +612,10 @@ def test_a_response_over_the_send_limit_is_refused_with_advice_and_counted_so(mo
     assert counted == 1
     assert reasons == {"queue_full": 0, "response_too_large": 1}  # not an overload: the queue-full alert stays quiet
     assert [m.result.translation.count("\n") for m in streamed] == [1500, 1500]  # one text per message fits
+    with running_server(model, config(max_message_bytes=4096)) as served:
+        too_big = status_of(lambda: list(served.stub.TranslateStream(request([text], num_hypotheses=4))))
+    assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "TranslateStream" not in too_big.details
+    assert "split the text across requests or ask for fewer hypotheses" in too_big.details  # advice that can work
 
 
 def test_reflection_lists_the_service_and_can_be_turned_off(model: LoadedModel) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -19,6 +20,8 @@ from server.edge.logs import LOG_FORMATS
 
 ENV_PREFIX = "TRANSLATE_"
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "model" / "shipped"
+MAX_SECONDS = 1_000_000  # a timer or grace past 11 days is a typo; gRPC's own limit is 24.8 days (int32 ms)
+MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's message size limits are 32-bit
 VARIANTS = ("auto", "fp32", "int8", "fp16")
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -164,6 +167,13 @@ class ServerConfig:
         for name in (*seconds, "threads", "engines", "max_concurrent_rpcs", "cache_size", "max_slots", "max_queue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in seconds:  # gRPC takes its timers as 32-bit milliseconds; nan and inf would pass every check
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) > MAX_SECONDS:
+                raise ValueError(f"{name} must be a number of seconds up to {MAX_SECONDS:,}, got {getattr(self, name)}")
+        if self.max_message_bytes > MAX_MESSAGE_BYTES:
+            raise ValueError(
+                f"max_message_bytes must be at most {MAX_MESSAGE_BYTES:,} (gRPC's), got {self.max_message_bytes}"
+            )
         if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
         if self.shared_engines and self.processes < 2:

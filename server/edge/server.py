@@ -133,9 +133,9 @@ class TranslationServer:
             else:
                 port = self.server.add_secure_port(address, self.credentials)
         except RuntimeError as err:  # grpc raises when no address could be bound
-            raise StartupError(f"could not bind {address}; is another instance running? ({err})") from err
+            raise StartupError(f"could not bind {address}: {_BIND_CAUSES} ({err})") from err
         if port == 0:
-            raise StartupError(f"could not bind {address}; is another instance running?")
+            raise StartupError(f"could not bind {address}: {_BIND_CAUSES}")
         await self.server.start()
         return port
 
@@ -287,9 +287,9 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     """TLS credentials from the configured PEM files (client certificates required with a client CA)."""
     if config.tls_cert is None or config.tls_key is None:
         return None
-    client_ca = _read_file(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
+    client_ca = _read_pem(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
     return grpc.ssl_server_credentials(
-        [(_read_file(config.tls_key, "TLS key"), _read_file(config.tls_cert, "TLS certificate"))],
+        [(_read_pem(config.tls_key, "TLS key"), _read_pem(config.tls_cert, "TLS certificate"))],
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
@@ -311,6 +311,17 @@ def _read_file(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
+
+
+_BIND_CAUSES = "the port taken (another instance?), or a host this machine has no address for"
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    """A PEM file's bytes; StartupError naming it if it holds no PEM block (gRPC would only fail to bind)."""
+    data = _read_file(path, what)
+    if b"-----BEGIN " not in data:
+        raise StartupError(f"the {what} {path} is not PEM (no -----BEGIN line): give the PEM file, not DER or a path")
+    return data
 
 
 def metrics_address(host: str) -> str:
@@ -359,7 +370,14 @@ async def serve(
     except RuntimeError as err:
         raise StartupError(str(err)) from err
     server = TranslationServer(config, tracing=tracing)
-    port = await server.start()
+    if config.metrics_port >= 0:
+        register_process_collectors(server.registry, lambda: server.engine_pids, server.children_gc)
+        try:
+            metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
+        except OSError as err:
+            raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
+        logger.info("metrics on :%d/metrics", metrics_port)
+    port = await server.start()  # after the metrics port: a refusal there leaves no started gRPC server behind
     logger.info(
         "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
         config.host,
@@ -368,13 +386,6 @@ async def serve(
         "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
         "required" if config.auth_token_file else "not required",
     )
-    if config.metrics_port >= 0:
-        register_process_collectors(server.registry, lambda: server.engine_pids, server.children_gc)
-        try:
-            metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
-        except OSError as err:
-            raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
-        logger.info("metrics on :%d/metrics", metrics_port)
     reporting = None if report_to is None else asyncio.create_task(report_processes(server, report_to))
     loading = asyncio.create_task(server.load(model))
     stopping = asyncio.create_task(stop.wait())

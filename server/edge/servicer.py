@@ -103,10 +103,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     def _fits(self, message: M, limits: RequestLimits) -> M:
         """The message, if grpc may send it; else a status we send and count (grpc would fail it after us)."""
         if (size := message.ByteSize()) > limits.max_response_bytes:
+            advice = (
+                "split the text across requests or ask for fewer hypotheses"  # one text's result is the message
+                if isinstance(message, pb.TranslateStreamResponse)
+                else "send fewer texts or hypotheses per request, or use TranslateStream (one message per text)"
+            )
             raise ResponseTooLarge(
                 f"the response would be {size:,} bytes, over the server's limit of {limits.max_response_bytes:,}"
-                " (each hypothesis repeats its text's whitespace): send fewer texts or hypotheses per request, "
-                "or use TranslateStream (one message per text)"
+                f" (each hypothesis repeats its text's whitespace): {advice}"
             )
         return message
 
