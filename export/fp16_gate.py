@@ -1,17 +1,22 @@
-"""Whether an imported model's float16 graphs may serve where `--variant auto` runs on CUDA: the gate a model
-served by hub id gets in place of the BLEU gate, which needs a test set that the hub does not carry.
+"""Whether an imported model's float16 graphs may serve where `--variant auto` runs on CUDA: the gate a model served by
+hub id gets in place of the BLEU gate, which needs a test set that the hub does not carry.
 
-What float16 risks in weights trained in float32 is range and rounding: an activation past 65,504 turns into
-inf and then NaN (the failure some Marian models show in float16), or rounding flips the decoder's choices.
-This gate measures both on the provider that will serve the graphs. Probe sources are made of the source
-vocabulary's most probable whole words (word salad in the source language, so no corpus is needed); the fp32
-graphs decode them greedily; the fp16 graphs are then fed the same tokens (teacher forcing), and at every
-position up to fp32's end of sentence the fp16 graphs' best token must be fp32's at AGREEMENT of the positions,
-with every log-probability finite. The record goes into variants.json under the provider, marked
+What float16 risks in weights trained in float32 is range and rounding: an activation past 65,504 turns into inf and
+then NaN (the failure some Marian models show in float16), or rounding flips the decoder's choices. This gate
+measures both on the provider that will serve the graphs. Probe sources are made of the source vocabulary's most
+probable whole words (word salad in the source language, so no corpus is needed); the fp32 graphs decode them
+greedily; each fp16 build is then fed the same tokens (teacher forcing): the plain encoder and step, and the fused
+encoder and capturable fused step that `--kv-cache auto` serves on CUDA (over static buffers, bound as the server
+binds them). At every position up to fp32's end of sentence each build's best token must be fp32's at AGREEMENT of
+the positions, with every log-probability finite. The record goes into variants.json under the provider, marked
 `"gate": AGREEMENT_GATE`, with the weights and the recipe it measured (model.directory.passed_gate trusts it for
 fp16 alone: int8 changes the arithmetic on purpose, which only a BLEU gate prices).
 
     python -m export.fp16_gate --model-dir DIR --provider cuda [--record]   # measure (and record) it by hand
+
+Exit status: 0 passed, 1 failed (both recorded with --record), 2 not measured (no such provider here, or
+onnxruntime failed): `export.hub` runs it so, in a process of its own, so that the CUDA context it opens goes
+with it.
 """
 
 from __future__ import annotations
@@ -21,13 +26,22 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from model.directory import AGREEMENT_GATE, DECODER_FILE, ENCODER_FILE, VARIANTS_FILE, ExportMetadata, read_metadata
+from model.directory import (
+    AGREEMENT_GATE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    FUSED_DECODER_FILE,
+    FUSED_ENCODER_FILE,
+    VARIANTS_FILE,
+    ExportMetadata,
+    read_metadata,
+)
 from model.marian_tokenizer import MarianTokenizer
 
 log = logging.getLogger(__name__)
@@ -44,12 +58,14 @@ PROVIDER_OPTIONS = {"cuda": {"use_tf32": "0"}}  # float32 in float32, as the ser
 
 @dataclass(frozen=True)
 class Agreement:
-    """fp16 against fp32 on the probes: positions compared, the share where the best tokens agree, and
-    whether every fp16 log-probability was finite."""
+    """fp16 against fp32 on the probes: positions compared, the share where the best tokens agree (the least
+    of the fp16 builds'; each build's by its step graph's name), and whether every fp16 log-probability was
+    finite."""
 
     positions: int
     agreement: float
     finite: bool
+    by_graph: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -78,35 +94,46 @@ def probe_sources(model_dir: Path, count: int = PROBES, seed: int = SEED) -> lis
     return [tokenizer.encode_source(text, target) for text in texts]
 
 
+def _session(path: Path, provider: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # as the server opens them
+    options.log_severity_level = 3  # onnxruntime's notes on node placement are not the gate's business
+    providers = [(_name(provider), PROVIDER_OPTIONS.get(provider, {}))]
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
 class _Graphs:
-    """One variant's encoder and decoder step, stepped with the caches in host memory."""
+    """One variant's encoder and ordinary decoder step, stepped with the caches in host memory."""
+
+    encoder_file, step_file = ENCODER_FILE, DECODER_FILE
 
     def __init__(self, variant_dir: Path, provider: str) -> None:
         self.meta: ExportMetadata = read_metadata(variant_dir)
         if _name(provider) not in ort.get_available_providers():
             raise RuntimeError(f"onnxruntime offers no {_name(provider)} here")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # as the server opens them
-        options.log_severity_level = 3  # onnxruntime's notes on node placement are not the gate's business
-        providers = [(_name(provider), PROVIDER_OPTIONS.get(provider, {}))]
-        self.encoder = ort.InferenceSession(str(variant_dir / ENCODER_FILE), options, providers=providers)
-        self.decoder = ort.InferenceSession(str(variant_dir / DECODER_FILE), options, providers=providers)
+        self.encoder = _session(variant_dir / self.encoder_file, provider)
+        self.decoder = _session(variant_dir / self.step_file, provider)
         self.provider = self.decoder.get_providers()[0]
+        self.device = "cuda" if self.provider == PROVIDER_NAMES["cuda"] else "cpu"
         self.dtype = np.float16 if self.meta.dtype == "float16" else np.float32
         layers = self.meta.n_decoder_layers
         self.new_names = [f"new_{kind}_{i}" for i in range(layers) for kind in ("k", "v")]
         self.past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("k", "v")]
 
+    def _encode(self, sources: list[list[int]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The sources' padding mask (B, S) and the encoder's cross keys and values by name."""
+        ids = np.full((len(sources), max(map(len, sources))), self.meta.pad_id, dtype=np.int64)
+        for row, source in enumerate(sources):
+            ids[row, : len(source)] = source
+        mask = ids != self.meta.pad_id
+        names = [output.name for output in self.encoder.get_outputs()]
+        return mask, dict(zip(names, self.encoder.run(None, {"src_ids": ids, "src_mask": mask}), strict=True))
+
     def decode(self, sources: list[list[int]], steps: int, forced: np.ndarray | None) -> tuple[np.ndarray, bool]:
         """(B, steps) best token at each position, fed the best token (greedy) or `forced`'s; whether every
         log-probability was finite."""
         meta = self.meta
-        ids = np.full((len(sources), max(map(len, sources))), meta.pad_id, dtype=np.int64)
-        for row, source in enumerate(sources):
-            ids[row, : len(source)] = source
-        mask = ids != meta.pad_id
-        names = [output.name for output in self.encoder.get_outputs()]
-        cross = dict(zip(names, self.encoder.run(None, {"src_ids": ids, "src_mask": mask}), strict=True))
+        mask, cross = self._encode(sources)
         rows = len(sources)
         past = [np.zeros((rows, meta.n_heads, 0, meta.head_dim), self.dtype) for _ in self.past_names]
         tokens = np.full(rows, meta.bos_id, dtype=np.int64)
@@ -125,21 +152,66 @@ class _Graphs:
         return np.stack(best, axis=1), finite
 
 
+class _FusedGraphs(_Graphs):
+    """The fused encoder and the capturable fused step over static buffers of the model's whole target length,
+    each buffer bound as both past and present as the server binds it (server/backend/static_cache.py)."""
+
+    encoder_file, step_file = FUSED_ENCODER_FILE, FUSED_DECODER_FILE
+
+    def decode(self, sources: list[list[int]], steps: int, forced: np.ndarray | None) -> tuple[np.ndarray, bool]:
+        meta, rows = self.meta, len(sources)
+        mask, cross = self._encode(sources)
+        binding = self.decoder.io_binding()
+        binding.bind_output("log_probs", "cpu")  # the first output bound: get_outputs()[0], on the host
+        for name in ("top_scores", "top_ids"):
+            binding.bind_output(name, self.device, 0)
+        for name, value in cross.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, self.device, 0))
+        shape = (rows, meta.n_heads, meta.max_target_len, meta.head_dim)
+        for past in self.past_names:
+            buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
+            binding.bind_ortvalue_input(past, buffer)
+            binding.bind_ortvalue_output(f"present_{past.removeprefix('past_')}", buffer)
+        binding.bind_cpu_input("src_mask", mask)
+        binding.bind_cpu_input("row_scores", np.zeros(rows, np.float32))
+        tokens = np.full(rows, meta.bos_id, dtype=np.int64)
+        best, finite = [], True
+        for position in range(steps):
+            binding.bind_cpu_input("tokens", tokens)
+            binding.bind_cpu_input("positions", np.full(rows, position, dtype=np.int64))
+            self.decoder.run_with_iobinding(binding)
+            log_probs = np.asarray(binding.get_outputs()[0].numpy())  # the buffers stay where they are
+            finite = finite and bool(np.isfinite(log_probs).all())
+            best.append(np.argmax(log_probs, axis=1))
+            tokens = best[-1] if forced is None else forced[:, position]
+        return np.stack(best, axis=1), finite
+
+
 def measure(model_dir: Path, provider: str) -> Agreement:
-    """The fp16 graphs of `model_dir` against its fp32 graphs on `provider` (see the module docstring);
+    """The fp16 builds of `model_dir` against its fp32 graphs on `provider` (see the module docstring);
     RuntimeError where onnxruntime put a graph on another provider."""
-    fp32, fp16 = (_Graphs(model_dir / "onnx" / variant, provider) for variant in ("fp32", "fp16"))
-    if {fp32.provider, fp16.provider} != {_name(provider)}:
-        raise RuntimeError(f"onnxruntime ran the graphs on {fp32.provider} and {fp16.provider}, not {_name(provider)}")
+    reference_graphs = _Graphs(model_dir / "onnx" / "fp32", provider)
+    fp16_dir = model_dir / "onnx" / "fp16"
+    builds = [_Graphs(fp16_dir, provider)]
+    if (fp16_dir / FUSED_DECODER_FILE).is_file() and (fp16_dir / FUSED_ENCODER_FILE).is_file():
+        builds.append(_FusedGraphs(fp16_dir, provider))
+    if {g.provider for g in (reference_graphs, *builds)} != {_name(provider)}:
+        raise RuntimeError(
+            f"onnxruntime ran the graphs on {sorted({g.provider for g in builds})}, not {_name(provider)}"
+        )
     sources = probe_sources(model_dir)
-    steps = min(STEPS, fp32.meta.max_target_len)
-    reference, reference_finite = fp32.decode(sources, steps, forced=None)
-    candidate, finite = fp16.decode(sources, steps, forced=reference)
+    steps = min(STEPS, reference_graphs.meta.max_target_len)
+    reference, finite = reference_graphs.decode(sources, steps, forced=None)
     # Positions up to and including fp32's first end of sentence: past it the fed tokens are nobody's output.
-    ended = np.cumsum(reference == fp32.meta.eos_id, axis=1)
-    compared = (ended == 0) | ((ended == 1) & (reference == fp32.meta.eos_id))
-    agree = float((candidate == reference)[compared].mean())
-    return Agreement(int(compared.sum()), round(agree, 4), finite and reference_finite)
+    eos = reference_graphs.meta.eos_id
+    ended = np.cumsum(reference == eos, axis=1)
+    compared = (ended == 0) | ((ended == 1) & (reference == eos))
+    by_graph: dict[str, float] = {}
+    for build in builds:
+        candidate, build_finite = build.decode(sources, steps, forced=reference)
+        finite = finite and build_finite
+        by_graph[build.step_file] = round(float((candidate == reference)[compared].mean()), 4)
+    return Agreement(int(compared.sum()), min(by_graph.values()), finite, by_graph)
 
 
 def _name(provider: str) -> str:
@@ -162,21 +234,6 @@ def record_gate(model_dir: Path, provider: str, found: Agreement) -> None:
     path.write_text(json.dumps(by_provider | {provider: record}, indent=2, sort_keys=True) + "\n")
 
 
-def gate_fp16(model_dir: Path, provider: str) -> Agreement | None:
-    """Measure and record the gate on `provider`; None (nothing recorded) where onnxruntime cannot run that
-    provider here, so that `auto` serves fp32 rather than trust a measurement made elsewhere."""
-    try:
-        found = measure(model_dir, provider)
-    except RuntimeError as err:  # no such provider here, or its libraries failed to load
-        log.warning("fp16 gate not measured (%s): auto serves fp32", err)
-        return None
-    record_gate(model_dir, provider, found)
-    verdict = "passed" if found.passed else f"failed (needs {AGREEMENT} and finite): auto serves fp32"
-    log.info("fp16 gate on %s: best tokens agree at %.1f%% of %d positions, finite %s: %s",
-             provider, 100 * found.agreement, found.positions, found.finite, verdict)  # fmt: skip
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export.fp16_gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True, help="an imported model with fp32 and fp16 graphs")
@@ -186,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         found = measure(args.model_dir, args.provider)
-    except RuntimeError as err:
-        print(f"export.fp16_gate: error: {err}", file=sys.stderr)
+    except Exception as err:  # onnxruntime's own errors are no RuntimeError
+        print(f"export.fp16_gate: error: not measured: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     if args.record:
         record_gate(args.model_dir, args.provider, found)

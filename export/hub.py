@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -120,10 +121,8 @@ def build(
     _export(out, plan)
     (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
     if plan.fp16_gate:
-        from export.fp16_gate import gate_fp16
-
         _unless(stopped, f"building {name.repository}")
-        gate_fp16(out, plan.fp16_gate)
+        _gate_fp16(name, out, plan.fp16_gate)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log.info("built %s: %.1f MB in %.1f s", name.repository, size / MB, time.monotonic() - started)
 
@@ -158,6 +157,19 @@ def _export(out: Path, plan: BuildPlan) -> None:
     if status != 0:
         reason = errors.getvalue().strip().splitlines()
         raise BuildError(reason[-1] if reason else f"python -m export exited {status}")
+
+
+def _gate_fp16(name: ModelName, out: Path, provider: str) -> None:
+    """export/fp16_gate.py in a process of its own (the CUDA context it opens goes with it), its result recorded
+    in `out`'s variants.json; BuildError where it could not measure, so that nothing is published under a
+    gated build's key without its record and the next start measures again."""
+    command = [sys.executable, "-m", "export.fp16_gate", "--model-dir", str(out), "--provider", provider, "--record"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 1):  # 1: measured and failed, recorded (auto serves fp32)
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise BuildError(f"{name.text}: the fp16 gate could not run on {provider} ({last}); serve --variant fp32, "
+                         "or --variant fp16 on your own word")  # fmt: skip
+    log.info("%s: fp16 gate on %s: %s", name.repository, provider, done.stdout.strip())
 
 
 def main(argv: list[str] | None = None) -> int:

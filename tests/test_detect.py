@@ -176,3 +176,18 @@ def test_a_text_in_a_language_no_model_serves_is_named_after_it_not_the_nearest_
         served.stub.Translate(request([GERMAN[0], FOREIGN["es"][0]], "auto", "en"))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "1 text(s) detected as 'es'" in (failed.value.details() or "")
+
+
+def test_a_text_in_the_target_language_comes_back_as_it_came_even_where_a_model_takes_it(
+    tmp_path: Path,
+) -> None:
+    """A `mul` source model takes English too, so routing finds en-en. Broken once on purpose (the text routed
+    wherever a model takes it), the English text went to the model and came back paraphrased."""
+    texts = tuple(zip(SOURCES["fr"], ENGLISH, strict=True))
+    hf_dir = build_marian_dir(tmp_path / "hf", layout="tc-big", languages=Languages("mul", "en", texts))
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "opus-mt-mul-en")]) == 0
+    export_tiny_onnx(tmp_path / "opus-mt-mul-en")
+    with running_server(onnx_model(tmp_path / "opus-mt-mul-en")) as served:
+        reply = served.stub.Translate(request([ENGLISH[0], FRENCH[0]], "", "en")).results
+    assert (reply[0].translation, reply[0].sentences, reply[0].detected_source_language) == (ENGLISH[0], 0, "en")
+    assert reply[1].sentences == 1 and reply[1].detected_source_language == "fr"

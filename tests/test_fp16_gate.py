@@ -16,9 +16,10 @@ from safetensors.numpy import load_file, save_file
 from bench.marian_random import build_marian_dir
 from export.__main__ import main as export_main
 from export.fetch import HubSettings
-from export.fp16_gate import AGREEMENT, Agreement, gate_fp16, measure, probe_sources, record_gate
+from export.fp16_gate import AGREEMENT, Agreement, measure, probe_sources, record_gate
+from export.fp16_gate import main as gate_main
 from export.hf import main as import_main
-from export.hub import BuildPlan, ensure_model
+from export.hub import BuildError, BuildPlan, ensure_model
 from model.directory import AGREEMENT_GATE, VARIANTS_FILE, choose_variant, passed_gate
 from model.marian_tokenizer import MarianTokenizer
 from tests.hub_cache import REPO, block_network, hub_cache, tiny_marian
@@ -92,10 +93,19 @@ def test_a_record_of_other_weights_or_graphs_is_not_trusted(layouts: dict[str, P
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is here")
-def test_without_cuda_the_gate_records_nothing(layouts: dict[str, Path], tmp_path: Path) -> None:
+def test_without_cuda_the_gate_records_nothing_and_a_gated_build_publishes_nothing(
+    layouts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gated build whose gate could not run is not published (its key would hold no record for good): the start
+    fails in one line and the next one measures again."""
     model = shutil.copytree(layouts["classic"], tmp_path / "model")
-    assert gate_fp16(model, "cuda") is None
+    assert gate_main(["--model-dir", str(model), "--provider", "cuda", "--record"]) == 2
     assert not (model / VARIANTS_FILE).exists() and choose_variant(model, "auto", "cuda") == "fp32"
+    hub = hub_cache(tmp_path / "hub", tiny_marian(tmp_path / "marian" / "opus-mt-de-en"))
+    block_network(monkeypatch.setattr)
+    with pytest.raises(BuildError, match="the fp16 gate could not run on cuda"):
+        ensure_model(REPO, BuildPlan(("fp32", "fp16"), fp16_gate="cuda"), tmp_path / "cache", HubSettings(hub, True))
+    assert not list((tmp_path / "cache").rglob("MANIFEST.json"))
 
 
 def test_a_gated_hub_build_publishes_the_record_with_the_graphs(
@@ -112,3 +122,19 @@ def test_a_gated_hub_build_publishes_the_record_with_the_graphs(
     assert VARIANTS_FILE in json.dumps(manifest)
     again = ensure_model(REPO, plan, tmp_path / "cache", HubSettings(hub, offline=True))
     assert again.directory == built.directory and not again.built
+
+
+def test_the_fused_build_served_on_cuda_is_gated_too(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The gate steps the fused encoder and capturable fused step over static buffers bound as past and present,
+    as the server binds them: fed fp32's greedy tokens, its best tokens agree and stay finite."""
+    from export.fp16_gate import _FusedGraphs, _Graphs
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    assert export_main(["--model-dir", str(model), "--variants", "fp32,fp16"]) == 0
+    sources = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3], [6, 7, 8, 9, 13, 14, 15, 3]]
+    reference, finite = _Graphs(model / "onnx" / "fp32", "cpu").decode(sources, 8, forced=None)
+    fused = _FusedGraphs(model / "onnx" / "fp16", "cpu")
+    candidate, fused_finite = fused.decode(sources, 8, forced=reference)
+    assert finite and fused_finite and (candidate == reference).mean() >= AGREEMENT
+    greedy, _ = fused.decode(sources, 8, forced=None)  # its own choices fed back: the buffers carry the past
+    assert (greedy == reference).mean() >= AGREEMENT

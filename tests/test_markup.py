@@ -214,6 +214,9 @@ def test_an_xml_entity_its_dtd_defines_is_carried_whole_never_translated() -> No
     assert out.count("&product;") == 1 and out.count("&os-name;") == 1 and "&amp;product;" not in out
     changed = render(document, lambda unit: unit.replace("heute", "today"))
     assert "today &amp; gratis" in changed and changed.count("&product;") == 1  # a predefined entity is text
+    titled = '<p title="Über &product; heute" alt="Ein Bild">Text</p>'  # an attribute value cannot carry it
+    assert parse(titled, TextType.XML, 256).units == ["Ein Bild", "Text"]
+    assert 'title="Über &product; heute"' in render(parse(titled, TextType.XML, 256), reverse_words)
     html_units = parse(text, TextType.HTML, 256).units  # HTML has no DTD: an unknown reference is text there
     assert html_units == ["Installieren Sie &product; noch heute & gratis auf &os-name;."]
 

@@ -224,13 +224,14 @@ def test_a_container_cpu_quota_caps_the_cores(tmp_path: Path, cpu_max: str, cap:
 
 
 def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_different_idle_engines() -> None:
-    """Each server process routes from a turn of its own (its pid): a call that another process has just sent is
-    not in an engine's load until the engine reports it. Broken once on purpose (every process counting from 0),
-    two calls arriving together at two processes went to the same idle engine, the other left idle."""
+    """Each server process routes from a turn of its own (its index among `--processes`): a call that another
+    process has just sent is not in an engine's load until the engine reports it. Broken once on purpose (every
+    process counting from 0), two calls arriving together at two processes went to the same idle engine."""
     from types import SimpleNamespace
     from typing import cast
 
     from server.edge.backends import Backend, Backends
+    from server.edge.config import parse_config
     from server.proto.translation.v1 import translation_pb2 as pb
 
     spec = SimpleNamespace(pairs=(("de", "en"),))
@@ -243,6 +244,7 @@ def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_dif
         chosen = backends.route(options)[0].engine
         return next(i for i, engine in enumerate(engines) if engine is chosen)
 
-    assert sorted(engine_of(Backends(replicas, first_turn=pid)) for pid in (4711, 4712)) == [0, 1]
+    assert sorted(engine_of(Backends(replicas, first_turn=index)) for index in (0, 1)) == [0, 1]
+    assert parse_config([], {}).process_index == 0  # set by the supervisor for each server process, no flag
     one = Backends(replicas)  # this process: one engine after the other while both stay idle
     assert {engine_of(one) for _ in range(2)} == {0, 1}

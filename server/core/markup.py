@@ -236,6 +236,10 @@ class _Builder:
             value = match.group(2)
             if value is None or match.group(1).lower() not in TRANSLATED_ATTRIBUTES:
                 continue
+            if self.xml and any(
+                ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(value)
+            ):
+                continue  # an attribute value has no place to carry `&product;` through a translation: kept whole
             text = html.unescape(value.strip("\"'"))
             if translatable(text):
                 pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
@@ -250,7 +254,7 @@ class _Builder:
         pieces: list[tuple[str, bool]] = []
         done = 0
         for match in _ENTITY_REFERENCE.finditer(raw):
-            if match.group(1) in XML_PREDEFINED_ENTITIES:
+            if not _defines_entities(match.group(0)):
                 continue
             pieces += [(raw[done : match.start()], False)] if match.start() > done else []
             pieces.append((match.group(0), True))
@@ -265,6 +269,11 @@ class _Builder:
         if name in BLOCKS:
             return True
         return self.xml and name not in INLINES and name not in KEPT_INLINES
+
+
+def _defines_entities(raw: str) -> bool:
+    """Whether `raw` holds an entity reference XML does not predefine (one a DTD defines)."""
+    return any(ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(raw))
 
 
 def _local(name: str) -> str:

@@ -4,7 +4,6 @@ the client's language codes (server.edge.routing), among the model it names, and
 from __future__ import annotations
 
 import itertools
-import os
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -36,12 +35,12 @@ class Backend:
 class Backends:
     """Every loaded backend in load order (none while the models load), routed among per call."""
 
-    def __init__(self, backends: list[Backend], first_turn: int | None = None) -> None:
+    def __init__(self, backends: list[Backend], first_turn: int = 0) -> None:
         self._backends = list(backends)
-        # Round robin among equally loaded engines, from a turn of this process's own (its pid): server processes
-        # sharing engines (`--shared-engines`) see a call another has just sent only once the engine reports it,
-        # and counters that all began at 0 sent two calls arriving together to the same idle engine.
-        self._turn = itertools.count(os.getpid() if first_turn is None else first_turn)
+        # Round robin among equally loaded engines, from this server process's own turn (its index among
+        # `--processes`): processes sharing engines (`--shared-engines`) see a call another has just sent only once
+        # the engine reports it, and counters that all began at 0 sent two calls arriving together to one engine.
+        self._turn = itertools.count(first_turn)
 
     def serving(self) -> list[Backend]:
         """Every backend, while the server takes calls; Unavailable while loading, DrainingError once draining."""

@@ -76,6 +76,9 @@ class ServerConfig:
     cache_dir: Path | None = None  # the cache of built model directories; None: `model_cache`, beside the HF cache
     hf_hub_cache: Path | None = None  # HF_HUB_CACHE (or HF_HOME/hub); None: huggingface_hub's default
     hf_offline: bool = False  # HF_HUB_OFFLINE: resolve revisions and read files from the caches only
+    # Which of the `--processes` server processes this is (set by their supervisor, no flag): where its round robin
+    # among equally loaded shared engines begins.
+    process_index: int = 0
     variant: str = "auto"  # exported variant; auto = the provider's fast variant where its gate passed, else fp32
     provider: str = "auto"  # onnxruntime provider; auto = cuda when available, else cpu
     kv_cache: str = "auto"  # where the key/value caches live; auto = on the device for cuda, host memory on cpu
@@ -132,7 +135,8 @@ class ServerConfig:
     # OTLP/gRPC collector to send traces to (e.g. http://localhost:4317); empty = no tracing. The standard
     # OTEL_* variables (service name, sampler, headers) configure the rest (server/edge/tracing.py).
     otlp_endpoint: str = ""
-    max_message_bytes: int = 16 * 1024 * 1024  # gRPC receive/send limit; 256 texts x 10k chars fit with room
+    # gRPC receive/send limit: 256 plain texts of 10k characters fit with room (256 markup documents of 100k do not)
+    max_message_bytes: int = 16 * 1024 * 1024
     max_connection_age_s: float = 300.0  # GOAWAY each connection after this long (0 = never): new replicas get traffic
     max_connection_age_grace_s: float = 30.0  # then its calls have this long to finish before it closes (0 = no limit)
     max_connection_idle_s: float = 300.0  # close a connection without calls for this long (0 = never)

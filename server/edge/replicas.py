@@ -136,7 +136,7 @@ class Supervisor:
         serving, engine_lost = self.context.Event(), self.context.Event()
         process = self.context.Process(
             target=serve_replica,
-            args=(self.config, serving, engine_lost, os.getpid()),
+            args=(replace(self.config, process_index=index), serving, engine_lost, os.getpid()),
             name=f"translate-server-{index}",
         )
         process.start()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from model.languages import iso639_1
+from model.languages import parse as parse_language
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
 from server.core.markup import MarkupDepthError, TextType, parse
 from server.edge.backends import Backend, Backends
@@ -45,7 +46,10 @@ class JobPart:
     def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
         message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
         if (found := self.detections.get(message.index)) is not None:
-            message.detected_source_language = found.language if self.unchanged else self.job.source_lang
+            # The model's code, as a request naming it would write it; the language itself where no model translated
+            # the text, or where the model's source is a group (`mul`) and its code would say nothing
+            named = not self.unchanged and not parse_language(self.job.source_lang).is_group
+            message.detected_source_language = self.job.source_lang if named else found.language
             message.detected_language_confidence = found.confidence
         return message
 
@@ -91,13 +95,10 @@ class SourceGrouping:
         parts: list[JobPart] = []
         unchanged: list[int] = []
         for language, indices in groups.items():
-            try:
-                backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
-            except InvalidRequest:
-                if language != iso639_1(request.options.target_language):
-                    raise
-                unchanged += indices  # already in the target language: no pair to route, nothing to translate
+            if language == iso639_1(request.options.target_language):  # already in it, whatever a model would take
+                unchanged += indices  # (a `mul` source model routes en to en, and would only paraphrase)
                 continue
+            backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
             self._count(language, backend, indices)

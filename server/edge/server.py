@@ -156,7 +156,7 @@ class TranslationServer:
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
         sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
-        self.servicer.attach(backends, SourceDetector(sources))
+        self.servicer.attach(backends, SourceDetector(sources), first_turn=self.config.process_index)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _start_engine(self, model: LoadedModel) -> Backend:

@@ -64,10 +64,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         self._grouping: SourceGrouping | None = None  # requests that leave the source language to detection
         self._lane = PreparationLane()  # splits and tokenizes admitted calls between arrivals
 
-    def attach(self, backends: list[Backend], detector: SourceDetector | None = None) -> None:
+    def attach(self, backends: list[Backend], detector: SourceDetector | None = None, first_turn: int = 0) -> None:
         """Start serving with loaded, warmed-up models, routed by language pair (and name) in this order;
-        `detector` serves requests that leave the source language to detection."""
-        self._backends = Backends(backends)
+        `detector` serves requests that leave the source language to detection; `first_turn`: where this
+        process's round robin among equally loaded engines begins (`Backends`)."""
+        self._backends = Backends(backends, first_turn)
         self._grouping = None if detector is None else SourceGrouping(detector, self.limits, self.metrics)
 
     @unary_call("Translate")
