@@ -136,11 +136,13 @@ def iso639_1(code: str) -> str:
     return ISO639_3_TO_1.get(tag.language) or ISO639_3_TO_1.get(MEMBER_TO_MACRO.get(tag.language, ""), "")
 
 
-# How well a model's code fits a client's, compared as tuples: (language, script, region, the very language).
-# The language counts a macrolanguage's usual member as the language itself (`zh` is `cmn`), so that the
-# script decides between `cmn_Hans` and `zho_Hant`; the very same language code only breaks a tie.
-Fit = tuple[int, int, int, int]
-VERBATIM: Fit = (9, 9, 9, 9)  # the client wrote the model's own code
+# How well a model's code fits a client's, compared as tuples: (language, script, region, the script written alike,
+# the very language). The language counts a macrolanguage's usual member as the language itself (`zh` is `cmn`),
+# so that the script decides between `cmn_Hans` and `zho_Hant`; where a model names one language with and
+# without its script (`cmn` and `cmn_Hans`, both Simplified), the client's spelling decides (`zh` takes `cmn`,
+# `zh-Hans` `cmn_Hans`); the very same language code only breaks a tie.
+Fit = tuple[int, int, int, int, int]
+VERBATIM: Fit = (9, 9, 9, 9, 9)  # the client wrote the model's own code
 
 
 def match(client: str, model_codes: Iterable[str]) -> str | None:
@@ -184,7 +186,7 @@ def known(code: str) -> bool:
 def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
     """How well an offered code fits a wanted one, compared as a tuple; None where it does not fit."""
     if offered.is_group:
-        return (0, 0, 0, 0) if not wanted.is_group and known(wanted.language) else None
+        return (0, 0, 0, 0, 0) if not wanted.is_group and known(wanted.language) else None
     language = _language_fit(wanted.language, offered.language)
     if language is None:
         return None
@@ -192,7 +194,8 @@ def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
     region = _part_fit(wanted.region, offered.region, explicit=bool(wanted.region and offered.region))
     if script is None or region is None:
         return None
-    return (language, script, region, int(wanted.language == offered.language))
+    written_alike = int(bool(wanted.script) == bool(offered.script))
+    return (language, script, region, written_alike, int(wanted.language == offered.language))
 
 
 def _language_fit(wanted: str, offered: str) -> int | None:

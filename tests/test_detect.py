@@ -182,12 +182,16 @@ def test_a_text_in_the_target_language_comes_back_as_it_came_even_where_a_model_
     tmp_path: Path,
 ) -> None:
     """A `mul` source model takes English too, so routing finds en-en. Broken once on purpose (the text routed
-    wherever a model takes it), the English text went to the model and came back paraphrased."""
+    wherever a model takes it), the English text went to the model and came back paraphrased. A text no
+    detection decides goes to that model, which needs no source language (refused: a third of everyday short
+    texts among its 97 candidate languages)."""
     texts = tuple(zip(SOURCES["fr"], ENGLISH, strict=True))
     hf_dir = build_marian_dir(tmp_path / "hf", layout="tc-big", languages=Languages("mul", "en", texts))
     assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "opus-mt-mul-en")]) == 0
     export_tiny_onnx(tmp_path / "opus-mt-mul-en")
     with running_server(onnx_model(tmp_path / "opus-mt-mul-en")) as served:
-        reply = served.stub.Translate(request([ENGLISH[0], FRENCH[0]], "", "en")).results
+        reply = served.stub.Translate(request([ENGLISH[0], FRENCH[0], "ok"], "", "en")).results
     assert (reply[0].translation, reply[0].sentences, reply[0].detected_source_language) == (ENGLISH[0], 0, "en")
     assert reply[1].sentences == 1 and reply[1].detected_source_language == "fr"
+    # "ok" leads no language by the margin: a model that takes any language reads it without being told which
+    assert reply[2].sentences == 1 and reply[2].detected_source_language == ""

@@ -9,6 +9,9 @@ from server.edge.routing import describe_pairs, route_pair
 
 PORTUGUESE = ["por", "pob"]  # opus-mt-tc-big-en-pt's tags: European and Brazilian Portuguese
 CHINESE = ["cmn_Hans", "cmn_Hant", "yue_Hant", "zho_Hant"]
+# opus-mt-en-zh's own target tags: one language with and without its script. Broken once on purpose (scripts
+# compared only as implied), `zh`, `zh-CN` and `zh-Hans` were refused as "could mean any of cmn, cmn_Hans".
+EN_ZH = ["cmn", "cmn_Hans", "cmn_Hant", "yue", "yue_Hans", "yue_Hant", "zho_Hans", "zho_Hant", "lzh", "lzh_Hans"]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +38,13 @@ CHINESE = ["cmn_Hans", "cmn_Hant", "yue_Hant", "zho_Hant"]
         ("zh-Hant", ["cmn_Hans", "zho_Hant"], "zho_Hant"),
         ("zh", ["cmn_Hans", "zho_Hant"], "cmn_Hans"),  # the script weighs more than macro or member
         ("yue", CHINESE, "yue_Hant"),
+        ("zh", EN_ZH, "cmn"),  # written as the client writes it: no script
+        ("zh-CN", EN_ZH, "cmn"),
+        ("zh-Hans", EN_ZH, "zho_Hans"),  # written alike, then the very language code
+        ("zh-TW", EN_ZH, "zho_Hant"),
+        ("zh-Hant", EN_ZH, "zho_Hant"),
+        ("yue-Hant", EN_ZH, "yue_Hant"),
+        ("yue", EN_ZH, "yue"),
         ("cmn", ["zho"], "zho"),
         ("no", ["nob", "nno"], "nob"),
         ("nn", ["nob", "nno"], "nno"),

@@ -248,3 +248,27 @@ def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_dif
     assert parse_config([], {}).process_index == 0  # set by the supervisor for each server process, no flag
     one = Backends(replicas)  # this process: one engine after the other while both stay idle
     assert {engine_of(one) for _ in range(2)} == {0, 1}
+
+
+def test_a_code_one_model_cannot_tell_apart_goes_to_a_model_it_fits_plainly() -> None:
+    """Broken once on purpose (one `try` around every model's routing), `ar` was refused as "could mean any of
+    ary, arz" although another model serves Arabic plainly."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from server.edge.backends import Backend, Backends
+    from server.edge.errors import InvalidRequest
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
+        engine = SimpleNamespace(load=0, draining=False, failed=False)
+        return cast(
+            Backend, SimpleNamespace(engine=engine, spec=SimpleNamespace(pairs=pairs), model=SimpleNamespace(name=name))
+        )
+
+    dialects = backend("opus-mt-en-ar-dialects", (("en", "ary"), ("en", "arz")))
+    arabic = backend("opus-mt-en-ar", (("en", "ara"),))
+    options = pb.TranslationOptions(source_language="en", target_language="ar")
+    assert Backends([dialects, arabic]).route(options)[0].model.name == "opus-mt-en-ar"
+    with pytest.raises(InvalidRequest, match="could mean any of ary, arz"):
+        Backends([dialects]).route(options)

@@ -67,10 +67,15 @@ class Backends:
         target = options.target_language
         if not target:
             raise InvalidRequest(f"options.target_language is required; {_served_pairs(backends)}")
-        try:
-            routes = [(b, route) for b in backends if (route := route_pair(source, target, b.spec.pairs))]
-        except AmbiguousLanguage as err:
-            raise InvalidRequest(f"{err}; {_served_pairs(backends)}") from err
+        routes, ambiguous = [], None
+        for backend in backends:  # a code one model cannot tell apart may fit another's plainly
+            try:
+                if route := route_pair(source, target, backend.spec.pairs):
+                    routes.append((backend, route))
+            except AmbiguousLanguage as err:
+                ambiguous = ambiguous or err
+        if not routes and ambiguous is not None:
+            raise InvalidRequest(f"{ambiguous}; {_served_pairs(backends)}") from ambiguous
         if not routes:
             raise InvalidRequest(f"unsupported language pair {source}-{target}; {_served_pairs(backends)}")
         best = max(route.fit for _, route in routes)
@@ -82,6 +87,16 @@ class Backends:
         start = next(self._turn) % len(replicas)
         return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load), route
 
+    def any_language_source(self, options: pb.TranslationOptions) -> str | None:
+        """`mul` where a served model takes any language as its source toward the request's target: such a model
+        reads a text without being told its language, so a text no detection decides can go to it."""
+        for backend in self.serving():
+            if any(source == ANY_LANGUAGE for source, _ in backend.spec.pairs):
+                with suppress(InvalidRequest):
+                    self.route(options, source=ANY_LANGUAGE)
+                    return ANY_LANGUAGE
+        return None
+
     def any_source(self, options: pb.TranslationOptions) -> str:
         """A served source that pairs with the request's target, for texts with nothing to translate."""
         backends = self.serving()
@@ -91,6 +106,9 @@ class Backends:
                     if route_pair(source, options.target_language, backend.spec.pairs):
                         return source
         return backends[0].spec.pairs[0][0]  # routing says what is wrong with the target
+
+
+ANY_LANGUAGE = "mul"  # OPUS-MT's source group of every language (`ROMANCE`, `gem`... name families)
 
 
 def _served_pairs(backends: list[Backend]) -> str:

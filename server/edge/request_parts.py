@@ -91,8 +91,14 @@ class SourceGrouping:
         read = partial(_detection_texts, texts, request.options.text_type, self.limits.max_markup_depth)
         detect = partial(_detect_all, self.detector, read)
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
-        groups, found = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
+        groups, found, undecided = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
         parts: list[JobPart] = []
+        if undecided:  # to a model that takes any language as its source, where one serves the target
+            if (anyone := backends.any_language_source(request.options)) is None:
+                raise InvalidRequest(_undecided_message(undecided))
+            backend, route = backends.route(request.options, source=anyone)
+            sub_request = pb.TranslateRequest(texts=[texts[i] for i in undecided], options=request.options)
+            parts.append(JobPart(backend, parse(sub_request, backend, route), undecided))
         unchanged: list[int] = []
         for language, indices in groups.items():
             if language == iso639_1(request.options.target_language):  # already in it, whatever a model would take
@@ -102,7 +108,7 @@ class SourceGrouping:
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
             self._count(language, backend, indices)
-        blank = [i for i in range(len(texts)) if i not in found]  # no letter: with any model
+        blank = [i for i in range(len(texts)) if i not in found and i not in undecided]  # no letter: any model's
         if blank and parts:
             parts[0] = parts[0].with_texts(texts, blank)
         elif blank or unchanged:  # nothing detected to translate: the request's options are checked all the same
@@ -144,9 +150,9 @@ def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, max_dep
 
 def _detect_all(
     detector: SourceDetector, read: Callable[[], list[str]]
-) -> tuple[dict[str, list[int]], dict[int, Detection]]:
-    """Texts (what `read` gives of them) grouped by detected language, and each text's detection; texts without
-    a letter are in neither. InvalidRequest naming the texts whose language no detection decides."""
+) -> tuple[dict[str, list[int]], dict[int, Detection], list[int]]:
+    """Texts (what `read` gives of them) grouped by detected language, each text's detection, and the texts no
+    detection decides; texts without a letter are in none."""
     texts = read()
     groups: dict[str, list[int]] = {}
     found: dict[int, Detection] = {}
@@ -160,13 +166,15 @@ def _detect_all(
             continue
         found[index] = detection
         groups.setdefault(detection.language, []).append(index)
-    if undecided:
-        listed = ", ".join(f"texts[{i}]" for i in undecided[:5]) + (" and more" if len(undecided) > 5 else "")
-        raise InvalidRequest(
-            f"cannot tell the language of {listed} (no language ahead of the others by {MIN_MARGIN}); "
-            "set options.source_language"
-        )
-    return groups, found
+    return groups, found, undecided
+
+
+def _undecided_message(undecided: list[int]) -> str:
+    listed = ", ".join(f"texts[{i}]" for i in undecided[:5]) + (" and more" if len(undecided) > 5 else "")
+    return (
+        f"cannot tell the language of {listed} (no language ahead of the others by {MIN_MARGIN}); "
+        "set options.source_language"
+    )
 
 
 def _route_detected(
