@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sentencepiece as spm
 from safetensors.numpy import load_file, save_file
 
 from export.builder.positions import sinusoid_table
 from model.config import ModelConfig
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
+from model.languages import AmbiguousLanguage
+from model.languages import match as match_language
 from model.marian_tokenizer import (
     EOS,
     LANGUAGES_FILE,
@@ -85,7 +88,17 @@ def resolve(model: str) -> Source:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The JSON object in `path` ({} where there is no such file); UnsupportedModel naming a file that is not one
+    (a download cut short leaves a truncated file)."""
+    if not path.is_file():
+        return {}
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnsupportedModel(f"{path.name} is not valid JSON ({exc}); a partial download? fetch it again") from exc
+    if not isinstance(found, dict):
+        raise UnsupportedModel(f"{path.name} holds no JSON object")
+    return found
 
 
 def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
@@ -229,11 +242,23 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
     if not (src and tgt) and (match := re.search(r"opus-mt-(?:tc-[a-z]+-)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)):
         src, tgt = src or match.group(1), tgt or match.group(2)
     if not (src and tgt):
-        raise UnsupportedModel("cannot tell the languages; pass --source-lang and --target-lang")
+        raise UnsupportedModel(
+            "cannot tell the languages from its name (opus-mt-SRC-TGT) or tokenizer_config.json; import it with "
+            "python -m export.hf --model ID --out DIR --source-lang SRC --target-lang TGT, then serve --model-dir DIR"
+        )
     vocab = read_vocab(source.directory / VOCAB_FILE)
     tags = sorted(m.group(1) for piece in vocab if (m := TAG.match(piece)))
-    targets = tags if tags and not args.target_lang else [tgt]
-    return [[src, t] for t in targets]
+    if tags and args.target_lang:  # a multilingual model served toward one of its targets: that target's own tag
+        try:
+            tag = match_language(args.target_lang, tags)
+        except AmbiguousLanguage as exc:
+            raise UnsupportedModel(f"--target-lang {exc}") from exc
+        if tag is None:
+            raise UnsupportedModel(
+                f"--target-lang {args.target_lang} is none of the model's target tags ({', '.join(tags)})"
+            )
+        return [[src, tag]]
+    return [[src, t] for t in (tags or [tgt])]
 
 
 def copy_tokenizer(directory: Path, out: Path) -> None:
@@ -243,9 +268,30 @@ def copy_tokenizer(directory: Path, out: Path) -> None:
         shutil.copyfile(directory / name, out / name)
     if (directory / TARGET_VOCAB_FILE).is_file():
         shutil.copyfile(directory / TARGET_VOCAB_FILE, out / TARGET_VOCAB_FILE)
-    vocab = read_vocab(out / VOCAB_FILE)
+    try:
+        vocab = read_vocab(out / VOCAB_FILE)
+        for name in (SOURCE_SPM, TARGET_SPM):  # a corrupt model fails here, in one line, not at export
+            spm.SentencePieceProcessor(model_file=str(out / name))
+    except (ValueError, RuntimeError, OSError) as exc:  # json's and sentencepiece's errors are ValueError, RuntimeError
+        raise UnsupportedModel(f"cannot read the tokenizer files of {directory}: {exc}") from exc
     if missing := [p for p in (EOS, UNK, PAD) if p not in vocab]:
         raise UnsupportedModel(f"{directory / VOCAB_FILE} lacks {missing}")
+
+
+def check_vocabularies(out: Path, cfg: ModelConfig) -> None:
+    """Each vocabulary holds the ids its embedding has: two vocabularies where the config keeps two tables (else
+    the target ids would be read through the source's pieces and come out as other words)."""
+    separate = (out / TARGET_VOCAB_FILE).is_file()
+    if cfg.src_vocab_size and not separate:
+        raise UnsupportedModel(f"the config keeps two vocabularies (decoder_vocab_size {cfg.vocab_size}) but there is "
+                               f"no {TARGET_VOCAB_FILE}")  # fmt: skip
+    sizes = {
+        VOCAB_FILE: cfg.src_vocab_size or cfg.vocab_size,
+        **({TARGET_VOCAB_FILE: cfg.vocab_size} if separate else {}),
+    }
+    for name, size in sizes.items():
+        if (top := max(read_vocab(out / name).values()) + 1) > size:
+            raise UnsupportedModel(f"{name} holds ids up to {top - 1}, past the {size} rows of its embedding")
 
 
 def check_special_ids(out: Path, cfg: ModelConfig) -> None:
@@ -301,6 +347,7 @@ def import_model(args: argparse.Namespace) -> Path:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(source.directory, out)
+    check_vocabularies(out, cfg)
     check_special_ids(out, cfg)
     pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
     (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
@@ -329,8 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         out = import_model(args)
-    except (UnsupportedModel, KeyError) as exc:
+    except UnsupportedModel as exc:
         print(f"export.hf: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:  # a config without a field every Marian config has
+        print(f"export.hf: error: {CONFIG_FILE} lacks {exc}", file=sys.stderr)
         return 2
     print(f"imported {args.model} to {out}; next: python -m export --model-dir {out}")
     return 0

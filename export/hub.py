@@ -98,12 +98,26 @@ def ensure_model(
     final = cache_dir / origin / commit / plan.folder()
     identity = {"repository": name.repository, "revision": commit, "format_version": FORMAT_VERSION,
                 "recipe": plan.recipe()}  # fmt: skip
-    directory, built = obtain(
-        final, identity, lambda staging: build(name, commit, staging, plan, hub, stopped), stopped
-    )
+    try:
+        directory, built = obtain(
+            final, identity, lambda staging: build(name, commit, staging, plan, hub, stopped), stopped
+        )
+    except BaseException:  # a build that failed leaves no empty folders behind it in the cache
+        _remove_empty(final.parent, up_to=cache_dir)
+        raise
     if not built:
         log.info("%s@%s: serving the cached build %s", name.repository, commit[:12], directory)
     return BuiltModel(name.repository, commit, directory, built)
+
+
+def _remove_empty(folder: Path, up_to: Path) -> None:
+    """`folder` and its parents below `up_to`, each only while empty (another replica's build may sit beside)."""
+    while folder != up_to and up_to in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        folder = folder.parent
 
 
 def build(
@@ -143,8 +157,10 @@ def _import(name: ModelName, source: Path, out: Path) -> None:
         link.symlink_to(source.resolve(), target_is_directory=True)
         try:
             import_model(import_args(["--model", str(link), "--out", str(out)]))
-        except (UnsupportedModel, KeyError) as err:
+        except UnsupportedModel as err:
             raise BuildError(f"{name.text}: the importer cannot carry this model: {err}") from err
+        except KeyError as err:  # a config without a field every Marian config has
+            raise BuildError(f"{name.text}: the importer cannot carry this model: config.json lacks {err}") from err
 
 
 def _export(out: Path, plan: BuildPlan) -> None:

@@ -243,3 +243,18 @@ def test_a_multilingual_model_translates_into_each_tagged_language(tmp_path: Pat
     for target in ("fr", "es"):
         for de, _ in TINY_PAIRS[:5]:
             assert ours.encode_source(de, target) == theirs(f">>{target}<< {de}").input_ids
+
+
+def test_what_the_files_cannot_back_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Broken once on purpose (sizes and tags unchecked), a separate-vocabulary model without target_vocab.json
+    imported and decoded its ids through the source's pieces, and --target-lang de on a model tagged >>deu<<
+    imported with no tag at all."""
+    separate = build_marian_dir(tmp_path / "separate", separate_vocabs=True)
+    (separate / "target_vocab.json").unlink()
+    assert import_main(["--model", str(separate), "--out", str(tmp_path / "a")]) == 2
+    assert "keeps two vocabularies" in capsys.readouterr().err
+    tagged = build_marian_dir(tmp_path / "opus-mt-en-mul", tags=(">>deu<<", ">>nld<<"))
+    assert import_main(["--model", str(tagged), "--out", str(tmp_path / "b"), "--target-lang", "de"]) == 0
+    assert json.loads((tmp_path / "b" / "languages.json").read_text())["pairs"][0][1] == "deu"  # the tag's own code
+    assert import_main(["--model", str(tagged), "--out", str(tmp_path / "c"), "--target-lang", "fr"]) == 2
+    assert "--target-lang fr is none of the model's target tags (deu, nld)" in capsys.readouterr().err

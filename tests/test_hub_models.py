@@ -425,3 +425,29 @@ def test_an_architecture_the_importer_cannot_carry_ends_with_its_reason(tmp_path
     assert result.returncode == 2, result.stderr
     assert "the importer cannot carry this model: model_type is 't5'" in last
     assert not published(tmp_path / "cache") and not leftovers(tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    ("repo", "damage", "says"),
+    [
+        ("acme/opus-mt-de-en", lambda d: (d / "config.json").write_text('{"model_type": "mar'),
+         "config.json is not valid JSON"),
+        ("acme/opus-mt-de-en", lambda d: (d / "source.spm").write_bytes(b"\x00not a sentencepiece model"),
+         "cannot read the tokenizer files"),
+        ("acme/my-model", lambda d: (d / "tokenizer_config.json").unlink(missing_ok=True),
+         "import it with python -m export.hf --model ID --out DIR --source-lang"),
+    ],
+)  # fmt: skip
+def test_a_damaged_or_unnamed_model_ends_in_one_line_and_leaves_no_folders(
+    tmp_path: Path, marian: Path, repo: str, damage: Any, says: str
+) -> None:
+    """Broken once on purpose (the importer reading the files as they came), a truncated config.json ended in a
+    JSONDecodeError traceback and exit 1, a corrupt source.spm imported and failed at export; a name that gives
+    no languages was told to pass flags translate-server does not have, and left empty folders in the cache."""
+    hub = hub_cache(tmp_path / "hub", marian, repo=repo)
+    damage(cache_folder(hub, repo) / "snapshots" / SHA)
+    result = _serve(hub, repo, tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert says in last
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir()]  # no folder left behind, empty or not
