@@ -186,3 +186,20 @@ def test_the_test_sets_sentences_mostly_skip_pysbd_and_split_as_pysbd_would() ->
     assert len(skipped) > len(lines) / 2
     for line, language in skipped:
         assert _pysbd_cuts(line, language) == [len(line.rstrip())], line
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "pieces"),
+    [
+        ("他说：“你好。”然后走了。", "zh", ["他说：“你好。”", "然后走了。"]),
+        ("第一句。“第二句？”第三句！", "zh", ["第一句。", "“第二句？”", "第三句！"]),
+        ("本当？！うそ！？", "ja", ["本当？！", "うそ！？"]),
+        ("真的吗？！", "zh", ["真的吗？！"]),
+    ],
+)
+def test_a_sentence_keeps_the_marks_and_quotes_that_close_it(text: str, language: str, pieces: list[str]) -> None:
+    """pysbd's Chinese and Japanese rules cut before a closing quote and between doubled marks. Broken once on
+    purpose (its cuts taken as they are), `”然后走了。` began a sentence and a lone exclamation mark came back
+    untranslated."""
+    found = split(text, language)
+    assert found.pieces == pieces and join(found.pieces, found.separators) == text

@@ -46,6 +46,12 @@ _SCRIPT_END = re.compile(
     "[\u3002\uff01\uff1f\uff61\u0964\u0965\u061f\u06d4\u1362\u1367\u1368\u0589\u104a\u104b\u17d4\u17d5]+"
     rf"[{_CLOSERS}]*"
 )
+# What still belongs to a sentence pysbd ends before it: more sentence marks and the quotes that close it
+# (its Chinese and Japanese rules cut a quoted sentence before its closing quote, and a doubled mark in two).
+_SENTENCE_TAIL = re.compile(
+    "[.!?\u2026\u3002\uff01\uff1f\uff61\u0964\u0965\u061f\u06d4\u1362\u1367\u1368\u0589\u104a\u104b\u17d4\u17d5]*"
+    rf"[{_CLOSERS}]*"
+)
 _PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmenter}
 
 
@@ -139,17 +145,29 @@ def _sentence_cuts(text: str, rule: str) -> list[int]:
 
 
 def _pysbd_cuts(line: str, language: str) -> list[int]:
-    """End offsets in `line` of the sentences pysbd finds there."""
+    """End offsets in `line` of the sentences pysbd finds there, each taking the marks and closing quotes that
+    follow it (`_SENTENCE_TAIL`)."""
     cuts: list[int] = []
     cursor = 0
+    taken = ""  # what the last cut took from the head of the segment after it
     for segment in _segmenter(language).segment(line):
-        found = line.find(segment.strip(), cursor) if segment.strip() else -1
+        text = segment.strip()
+        text, taken = (text[len(taken) :] if taken and text.startswith(taken) else text), ""
+        found = line.find(text, cursor) if text else -1
         if found >= 0:
-            cursor = found + len(segment.strip())
-            clause = language in _CUTS_CLAUSES and line[cursor - 1] in _CLAUSE_MARKS
+            end = found + len(text)
+            clause = language in _CUTS_CLAUSES and line[end - 1] in _CLAUSE_MARKS
+            cursor = end if clause else _after_tail(line, end)
+            taken = line[end:cursor]
             if not clause or not line[cursor:].strip():  # a clause's cut is dropped, but not the line's end
                 cuts.append(cursor)
     return cuts
+
+
+def _after_tail(text: str, at: int) -> int:
+    """Where the sentence marks and closing quotes that begin at `at` end (`at` where there are none)."""
+    found = _SENTENCE_TAIL.match(text, at)
+    return found.end() if found else at
 
 
 def _punctuation_cuts(line: str) -> list[int]:
