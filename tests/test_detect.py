@@ -125,7 +125,7 @@ def test_texts_already_in_the_target_language_come_back_as_they_came(german_mode
         mixed = served.stub.Translate(request([GERMAN[2], english, "..."], "auto", "en")).results
         only = served.stub.Translate(request([english, "42"], "", "en", num_hypotheses=2, beam_size=2)).results
         streamed = [m.result for m in served.stub.TranslateStream(request([english, GERMAN[2]], "", "en"))]
-        counted = sample_value(served.registry, "translation_detected_texts_total", language="en")
+        counted = sample_value(served.registry, "translation_detected_texts_total", language="en", model="")
     assert [r.index for r in mixed] == [0, 1, 2]
     assert (mixed[0].translation, mixed[0].detected_source_language) == (alone.translation, "de")
     assert (mixed[1].translation, mixed[1].detected_source_language, mixed[1].sentences) == (english, "en", 0)

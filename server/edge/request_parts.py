@@ -124,13 +124,14 @@ class SourceGrouping:
                 parts[-1] = kept
             else:
                 parts.append(kept)
-            self._count(iso639_1(request.options.target_language), model.backend, unchanged)
+            self._count(iso639_1(request.options.target_language), None, unchanged)  # no model saw them
         return parts
 
-    def _count(self, language: str, backend: Backend, indices: list[int]) -> None:
+    def _count(self, language: str, backend: Backend | None, indices: list[int]) -> None:
+        """Detected texts by language, each under the model that translates it (none: it came back as it came)."""
         if self.metrics is not None:
             for _ in indices:
-                self.metrics.observe_detected(language, backend.model.name)
+                self.metrics.observe_detected(language, backend.model.name if backend else "")
 
 
 def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, max_depth: int) -> list[str]:
