@@ -82,7 +82,8 @@ class ResponseCache:
         return self._bytes
 
     def lookup(self, keys: list[CacheKey]) -> list[CachedSentence | None]:
-        """The entry of each key, or None; found ones become the most recently used."""
+        """The entry of each key, or None; found ones become the most recently used. Counted: one miss per
+        distinct missing key, a hit for every other (`submit_through` decodes a repeated sentence once)."""
         found: list[CachedSentence | None] = []
         with self._lock:
             for key in keys:
@@ -90,9 +91,9 @@ class ResponseCache:
                 if entry is not None:
                     self._entries.move_to_end(key)
                 found.append(None if entry is None else entry[0])
-        if self._observer is not None:
-            hits = sum(1 for value in found if value is not None)
-            self._observer.observe_lookups(hits, len(found) - hits)
+        if self._observer is not None:  # a key repeated among `keys` misses once: its one decode answers the rest
+            misses = len({key for key, value in zip(keys, found, strict=True) if value is None})
+            self._observer.observe_lookups(len(found) - misses, misses)
         return found
 
     def put(self, key: CacheKey, value: CachedSentence) -> None:
