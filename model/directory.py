@@ -239,7 +239,7 @@ def _same_int8_cpu(path: Path, record: dict[str, Any], variant: str, provider: s
 
 
 def choose_variant(model_dir: Path, requested: str, provider: str) -> str:
-    """Resolve "auto" to the provider's fast variant if it passed the BLEU gate, else fp32."""
+    """Resolve "auto" to the provider's fast variant if it passed its gate (`passed_gate`), else fp32."""
     available = available_variants(model_dir)
     if requested != "auto":
         if requested not in available:

@@ -206,7 +206,7 @@ def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported
 
 def test_float32_builds_the_capturable_graphs_only_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Each capturable or fused graph is another copy of the weights, and CUDA captures float16 only: a default
-    export builds them for fp16 alone (at opus-mt's size they had made an fp32 build 2.5x the size)."""
+    export builds them for fp16 alone (docs/decisions.md gives what that saves at opus-mt's size)."""
     out = shutil.copytree(tiny_model_dir, tmp_path / "model")
     assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16"]) == 0
     capturable = {STATIC_DECODER_FILE, FUSED_DECODER_FILE, FUSED_ENCODER_FILE}

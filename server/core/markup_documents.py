@@ -52,7 +52,7 @@ def prepare_request(
     """The request's assembler; TextLimitError for a limit broken (depth, units, or prepare's own)."""
     if text_type is TextType.TEXT:
         return Assembler(tokenizer, prepare(texts), num_hypotheses)
-    documents = [_parse(index, text, text_type, limits) for index, text in enumerate(texts)]
+    documents = [parse_document(index, text, text_type, limits) for index, text in enumerate(texts)]
     units = [unit for document in documents for unit in document.units]
     if len(units) > limits.max_markup_units:
         raise TextLimitError(
@@ -66,7 +66,8 @@ def prepare_request(
     return MarkupAssembler(Assembler(tokenizer, prepared, num_hypotheses), documents, num_hypotheses)
 
 
-def _parse(index: int, text: str, text_type: TextType, limits: RequestLimits) -> MarkupDocument:
+def parse_document(index: int, text: str, text_type: TextType, limits: RequestLimits) -> MarkupDocument:
+    """Request text `index` as a document within the markup limits; TextLimitError naming the one it breaks."""
     try:
         document = parse(text, text_type, limits.max_markup_depth)
     except MarkupDepthError as err:

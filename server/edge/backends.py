@@ -39,7 +39,7 @@ class Backends:
         self._backends = list(backends)
         # Round robin among equally loaded engines, from this server process's own turn (its index among
         # `--processes`): processes sharing engines (`--shared-engines`) see a call another has just sent only once
-        # the engine reports it, and counters that all began at 0 sent two calls arriving together to one engine.
+        # the engine reports it, so two calls arriving together at two processes must start on different engines.
         self._turn = itertools.count(first_turn)
 
     def serving(self) -> list[Backend]:

@@ -266,13 +266,15 @@ def run_replicas(config: ServerConfig) -> int | str:
         signal.signal(sig, supervisor.on_signal)
     socket_dir: Path | None = None
     try:
+        if (failure := _serve_metrics(config, supervisor, metrics_dir)) is not None:
+            return failure  # before any engine loads: a taken port costs no model load
         if config.shared_engines:
             try:
                 engines, sockets, socket_dir = start_shared_engines(config, supervisor.stopping.is_set)
             except StartupError as err:
                 return f"translate-server: {err}"
             supervisor.share(engines, sockets)
-        return _supervise(config, supervisor, metrics_dir)
+        return _supervise(config, supervisor)
     finally:
         stop_shared_engines(supervisor.engines)
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -280,14 +282,20 @@ def run_replicas(config: ServerConfig) -> int | str:
             shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def _supervise(config: ServerConfig, supervisor: Supervisor, metrics_dir: str) -> int | str:
-    if config.metrics_port >= 0:
-        try:
-            address = metrics_address(config.host)
-            port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, address, supervisor.pids.copy)
-        except OSError as err:
-            return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
-        logger.info("metrics of all server processes on :%d/metrics", port)
+def _serve_metrics(config: ServerConfig, supervisor: Supervisor, metrics_dir: str) -> str | None:
+    """The parent's /metrics, summing every server process's; the one-line reason where it cannot be served."""
+    if config.metrics_port < 0:
+        return None
+    try:
+        address = metrics_address(config.host)
+        port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, address, supervisor.pids.copy)
+    except OSError as err:
+        return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
+    logger.info("metrics of all server processes on :%d/metrics", port)
+    return None
+
+
+def _supervise(config: ServerConfig, supervisor: Supervisor) -> int | str:
     child = supervisor.config
     if config.shared_engines:
         logger.info("%d server processes on %s:%d sharing %d engine(s)",

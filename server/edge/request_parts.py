@@ -19,7 +19,8 @@ from functools import partial
 from model.languages import iso639_1
 from model.languages import parse as parse_language
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
-from server.core.markup import MarkupDepthError, TextType, parse
+from server.core.markup import TextType
+from server.core.markup_documents import parse_document
 from server.edge.backends import Backend, Backends
 from server.edge.convert import TEXT_TYPES, TranslateJob, check_texts, text_result_to_pb
 from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
@@ -88,7 +89,7 @@ class SourceGrouping:
         check_texts(texts, self.limits, request.options.text_type)
         if not request.options.target_language:  # what routing would say, before any detection
             backends.route(request.options, source=request.options.source_language)
-        read = partial(_detection_texts, texts, request.options.text_type, self.limits.max_markup_depth)
+        read = partial(_detection_texts, texts, request.options.text_type, self.limits)
         detect = partial(_detect_all, self.detector, read)
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
         groups, found, undecided = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
@@ -134,19 +135,13 @@ class SourceGrouping:
                 self.metrics.observe_detected(language, backend.model.name if backend else "")
 
 
-def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, max_depth: int) -> list[str]:
+def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, limits: RequestLimits) -> list[str]:
     """What detection reads of each text: the text, or for HTML and XML its units (the text a translation
-    replaces, attributes such as alt and title included) joined by spaces."""
+    replaces, attributes such as alt and title included) joined by spaces; TextLimitError as parsing gives it."""
     markup = TEXT_TYPES.get(text_type)
     if markup in (None, TextType.TEXT):
         return texts
-    read: list[str] = []
-    for index, text in enumerate(texts):
-        try:
-            read.append(" ".join(parse(text, markup, max_depth).units))
-        except MarkupDepthError as err:
-            raise InvalidRequest(f"texts[{index}]: {err}, the limit; send flatter markup") from err
-    return read
+    return [" ".join(parse_document(index, text, markup, limits).units) for index, text in enumerate(texts)]
 
 
 def _detect_all(

@@ -66,6 +66,7 @@ from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
+_BIND_CAUSES = "the port taken (another instance?), or a host this machine has no address for"
 T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
@@ -311,9 +312,6 @@ def _read_file(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
-
-
-_BIND_CAUSES = "the port taken (another instance?), or a host this machine has no address for"
 
 
 def _read_pem(path: Path, what: str) -> bytes:
