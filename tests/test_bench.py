@@ -591,3 +591,13 @@ def test_loop_cost_reads_the_servers_event_loop_thread_and_counts_every_call(
     assert result["calls"] == 400 and result["calls_per_s"] > 0
     wall_us_per_call = 1e6 / result["calls_per_s"]
     assert 0 < result["loop_us_per_call"] < wall_us_per_call * 1.2, "one thread runs at most the wall time"
+
+
+def test_markup_parse_times_a_page_of_the_asked_size(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.markup_parse import PAGE, main
+    from server.core.markup import TextType, parse
+
+    assert len(parse(PAGE, TextType.HTML, 256).units) >= 6  # blocks and translated attributes, as a page has
+    assert main(["--chars", "3000", "--repeats", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["chars"] == 3000 and result["median_ms"] > 0
