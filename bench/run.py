@@ -171,10 +171,25 @@ def bench_offline(
     return results
 
 
+START_ATTEMPTS = 3  # a free port can be taken by another process before the server binds it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different ports free now (each probed while the others are still held)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
@@ -359,12 +374,15 @@ def bench_served_variant(
     if reason:
         log.warning("skipping the served %s path: %s", variant, reason)
         return {"skipped": reason}
-    port, metrics_port = free_port(), free_port()
-    try:
-        proc = start_server(settings, port, variant, extra, metrics_port)
-    except engines.Unavailable as err:
-        log.error("the served %s path %s did not start: %s", variant, shlex.join(extra), err)
-        return {"skipped": f"failed: {err}"}
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port, metrics_port = free_ports(2)
+        try:
+            proc = start_server(settings, port, variant, extra, metrics_port)
+            break
+        except engines.Unavailable as err:  # a port taken between our probe and the server's bind, say
+            log.error("the served %s path %s did not start (try %d): %s", variant, shlex.join(extra), attempt, err)
+            if attempt == START_ATTEMPTS:
+                return {"skipped": f"failed: {err}"}
     n_engines, threads = served_layout(settings)
     try:
         probe = EngineProbe(f"http://127.0.0.1:{metrics_port}/metrics")
