@@ -112,19 +112,12 @@ class SourceGrouping:
         blank = [i for i in range(len(texts)) if i not in found and i not in undecided]  # no letter: any model's
         if blank and parts:
             parts[0] = parts[0].with_texts(texts, blank)
-        elif blank or unchanged:  # nothing detected to translate: the request's options are checked all the same
-            first = blank or unchanged
-            backend, route = backends.route(request.options, source=backends.any_source(request.options))
-            job = parse(pb.TranslateRequest(texts=[texts[i] for i in first], options=request.options), backend, route)
-            parts.append(JobPart(backend, job, first))
-        if unchanged:
-            model = parts[0]
-            kept = JobPart(model.backend, replace(model.job, texts=[texts[i] for i in unchanged]), unchanged,
-                           {i: found[i] for i in unchanged}, unchanged=True)  # fmt: skip
-            if parts[-1].indices == unchanged:  # the part made for them just above
-                parts[-1] = kept
-            else:
-                parts.append(kept)
+        elif blank:
+            parts.append(_any_source_part(request, backends, parse, blank))
+        if unchanged:  # as they came, by no engine; a part that has a job gives the options checked once
+            model = parts[0] if parts else _any_source_part(request, backends, parse, unchanged)
+            job = replace(model.job, texts=[texts[i] for i in unchanged])
+            parts.append(JobPart(model.backend, job, unchanged, {i: found[i] for i in unchanged}, unchanged=True))
             self._count(iso639_1(request.options.target_language), None, unchanged)  # no model saw them
         return parts
 
@@ -133,6 +126,13 @@ class SourceGrouping:
         if self.metrics is not None:
             for _ in indices:
                 self.metrics.observe_detected(language, backend.model.name if backend else "")
+
+
+def _any_source_part(request: pb.TranslateRequest, backends: Backends, parse: Parse, indices: list[int]) -> JobPart:
+    """The request's texts at `indices` as a part of a model that pairs with its target (texts no language routes)."""
+    backend, route = backends.route(request.options, source=backends.any_source(request.options))
+    job = parse(pb.TranslateRequest(texts=[request.texts[i] for i in indices], options=request.options), backend, route)
+    return JobPart(backend, job, indices)
 
 
 def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, limits: RequestLimits) -> list[str]:
