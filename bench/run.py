@@ -175,9 +175,7 @@ START_ATTEMPTS = 3  # a free port can be taken by another process before the ser
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:

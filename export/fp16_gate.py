@@ -132,24 +132,33 @@ class _Graphs:
     def decode(self, sources: list[list[int]], steps: int, forced: np.ndarray | None) -> tuple[np.ndarray, bool]:
         """(B, steps) best token at each position, fed the best token (greedy) or `forced`'s; whether every
         log-probability was finite."""
-        meta = self.meta
-        mask, cross = self._encode(sources)
-        rows = len(sources)
-        past = [np.zeros((rows, meta.n_heads, 0, meta.head_dim), self.dtype) for _ in self.past_names]
-        tokens = np.full(rows, meta.bos_id, dtype=np.int64)
+        self._start(sources)
+        tokens = np.full(len(sources), self.meta.bos_id, dtype=np.int64)
         best, finite = [], True
         for position in range(steps):
-            feeds = {
-                "tokens": tokens, "positions": np.full(rows, position, dtype=np.int64), "src_mask": mask,
-                "past_keep": np.ones((rows, position), dtype=bool), "row_scores": np.zeros(rows, np.float32),
-                "top_k": np.asarray([1], np.int64), **cross, **dict(zip(self.past_names, past, strict=True)),
-            }  # fmt: skip
-            log_probs, *new = self.decoder.run(["log_probs", *self.new_names], feeds)
+            log_probs = self._step(tokens, np.full(len(sources), position, dtype=np.int64))
             finite = finite and bool(np.isfinite(log_probs).all())
             best.append(np.argmax(log_probs, axis=1))
-            past = [np.concatenate([cache, step], axis=2) for cache, step in zip(past, new, strict=True)]
             tokens = best[-1] if forced is None else forced[:, position]
         return np.stack(best, axis=1), finite
+
+    def _start(self, sources: list[list[int]]) -> None:
+        """Encode the sources; empty caches (host arrays the step's new row is appended to)."""
+        self.mask, self.cross = self._encode(sources)
+        shape = (len(sources), self.meta.n_heads, 0, self.meta.head_dim)
+        self.past = [np.zeros(shape, self.dtype) for _ in self.past_names]
+
+    def _step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """(B, V) log-probabilities of one step, its new keys and values appended to the caches."""
+        rows, position = len(tokens), int(positions[0])
+        feeds = {
+            "tokens": tokens, "positions": positions, "src_mask": self.mask,
+            "past_keep": np.ones((rows, position), dtype=bool), "row_scores": np.zeros(rows, np.float32),
+            "top_k": np.asarray([1], np.int64), **self.cross, **dict(zip(self.past_names, self.past, strict=True)),
+        }  # fmt: skip
+        log_probs, *new = self.decoder.run(["log_probs", *self.new_names], feeds)
+        self.past = [np.concatenate([cache, step], axis=2) for cache, step in zip(self.past, new, strict=True)]
+        return np.asarray(log_probs)
 
 
 class _FusedGraphs(_Graphs):
@@ -158,10 +167,10 @@ class _FusedGraphs(_Graphs):
 
     encoder_file, step_file = FUSED_ENCODER_FILE, FUSED_DECODER_FILE
 
-    def decode(self, sources: list[list[int]], steps: int, forced: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    def _start(self, sources: list[list[int]]) -> None:
         meta, rows = self.meta, len(sources)
         mask, cross = self._encode(sources)
-        binding = self.decoder.io_binding()
+        binding = self.binding = self.decoder.io_binding()
         binding.bind_output("log_probs", "cpu")  # the first output bound: get_outputs()[0], on the host
         for name in ("top_scores", "top_ids"):
             binding.bind_output(name, self.device, 0)
@@ -174,17 +183,12 @@ class _FusedGraphs(_Graphs):
             binding.bind_ortvalue_output(f"present_{past.removeprefix('past_')}", buffer)
         binding.bind_cpu_input("src_mask", mask)
         binding.bind_cpu_input("row_scores", np.zeros(rows, np.float32))
-        tokens = np.full(rows, meta.bos_id, dtype=np.int64)
-        best, finite = [], True
-        for position in range(steps):
-            binding.bind_cpu_input("tokens", tokens)
-            binding.bind_cpu_input("positions", np.full(rows, position, dtype=np.int64))
-            self.decoder.run_with_iobinding(binding)
-            log_probs = np.asarray(binding.get_outputs()[0].numpy())  # the buffers stay where they are
-            finite = finite and bool(np.isfinite(log_probs).all())
-            best.append(np.argmax(log_probs, axis=1))
-            tokens = best[-1] if forced is None else forced[:, position]
-        return np.stack(best, axis=1), finite
+
+    def _step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        self.binding.bind_cpu_input("tokens", tokens)
+        self.binding.bind_cpu_input("positions", positions)
+        self.decoder.run_with_iobinding(self.binding)
+        return np.asarray(self.binding.get_outputs()[0].numpy())  # the buffers stay where they are
 
 
 def measure(model_dir: Path, provider: str) -> Agreement:
@@ -197,7 +201,8 @@ def measure(model_dir: Path, provider: str) -> Agreement:
         builds.append(_FusedGraphs(fp16_dir, provider))
     if {g.provider for g in (reference_graphs, *builds)} != {_name(provider)}:
         raise RuntimeError(
-            f"onnxruntime ran the graphs on {sorted({g.provider for g in builds})}, not {_name(provider)}"
+            f"onnxruntime ran the graphs on {sorted({g.provider for g in (reference_graphs, *builds)})}, not "
+            f"{_name(provider)}"
         )
     sources = probe_sources(model_dir)
     steps = min(STEPS, reference_graphs.meta.max_target_len)

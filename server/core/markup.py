@@ -254,7 +254,7 @@ class _Builder:
         pieces: list[tuple[str, bool]] = []
         done = 0
         for match in _ENTITY_REFERENCE.finditer(raw):
-            if not _defines_entities(match.group(0)):
+            if match.group(1) in XML_PREDEFINED_ENTITIES:  # text: `&amp;` and its like
                 continue
             pieces += [(raw[done : match.start()], False)] if match.start() > done else []
             pieces.append((match.group(0), True))

@@ -109,7 +109,8 @@ class SourceGrouping:
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
             self._count(language, backend, indices)
-        blank = [i for i in range(len(texts)) if i not in found and i not in undecided]  # no letter: any model's
+        decided_or_not = found.keys() | set(undecided)
+        blank = [i for i in range(len(texts)) if i not in decided_or_not]  # no letter: any model's
         if blank and parts:
             parts[0] = parts[0].with_texts(texts, blank)
         elif blank:
