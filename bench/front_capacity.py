@@ -5,7 +5,8 @@ released; what is left on the host is the server's own Python: gRPC and the even
 tokenizing, the engine's scheduling. This starts `translate-server`'s front in this process with the
 shipped model's tokenizer and engines whose runner sleeps `--step-ms` per decoder step and `--encode-ms`
 per encoder call (releasing the lock as a CUDA call does, ranking the same candidates for every row), and
-drives it over gRPC with `bench.loadgen` from another process: one-sentence calls, `--max-len` tokens each.
+drives it over gRPC with `bench.loadgen` from another process: calls of `--texts-per-request` sentences (one by
+default), `--max-len` tokens each.
 At steps near zero it measures the front's own ceiling; at a GPU's measured step and encoder times
 (docs/benchmarks.md#at-opus-mt-de-ens-shape-on-one-h100) it stands in for that GPU's served path.
 
@@ -76,7 +77,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     runners = [SleepingRunner(spec, args.slots, step_s, encode_s) for _ in range(args.engines)]
     config = ServerConfig(
         port=free_port(), host="127.0.0.1", metrics_port=-1, max_slots=args.slots, max_queue=100_000,
-        engines=args.engines, log_level="WARNING",
+        engines=args.engines, log_level="WARNING", admission_wait_ms=args.admission_wait_ms,
     )  # fmt: skip
     models = [LoadedModel(r, tokenizer, description) for r in runners]
     server, port = await create_server(config, models, CollectorRegistry())
@@ -84,6 +85,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, "-m", "bench.loadgen", "--address", f"127.0.0.1:{port}", "--concurrency",
         str(args.concurrency), "--duration", str(args.duration), "--beam-size", str(args.beam),
         "--max-output-len", str(args.max_len), "--data", str(args.data),
+        "--texts-per-request", str(args.texts_per_request),
     ]  # fmt: skip
     try:
         client = await asyncio.create_subprocess_exec(*command, cwd=ROOT, stdout=subprocess.PIPE)
@@ -107,6 +109,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--max-len", type=int, default=16)
+    parser.add_argument("--admission-wait-ms", type=float, default=ServerConfig.admission_wait_ms)
+    parser.add_argument(
+        "--texts-per-request", type=int, default=1, help="sentences per call (the front's cost is per call)"
+    )
     args = parser.parse_args(argv)
     result = asyncio.run(measure(args))
     print(json.dumps(result))

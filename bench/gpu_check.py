@@ -23,9 +23,10 @@ The CUDA path verified end to end on a GPU node, in one command:
 7. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
    PyTorch: the captured step's fused build (`onnx-fp16-fused` offline; the served default) beside its plain
    build (`onnx-fp16-static`) and the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the
-   served levers (GPU_ARMS: the plain captured step; four and eight server processes sharing the two engines), each
-   closed-loop run with the engines' own step time, rows per step and busy share read from the server's
-   metrics.
+   served levers (GPU_ARMS: the plain captured step; the encoder batched across arrivals, `--admission-wait-ms
+   20`; four and eight server processes sharing the two engines), each closed-loop run with the engines' own
+   step time, rows per step and busy share read from the server's metrics. The served path runs the server's
+   CUDA default of 256 slots per engine.
 8. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
    context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
@@ -87,6 +88,8 @@ STARTUP_RUNS = 2
 GPU_ARMS = [
     "--served-arm",
     "fp16-static=fp16 --kv-cache static",
+    "--served-arm",
+    "fp16-admission-wait=fp16 --admission-wait-ms 20",
     "--served-arm",
     "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
     "--served-arm",

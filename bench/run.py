@@ -197,6 +197,14 @@ def served_layout(settings: engines.EngineSettings) -> tuple[int, int]:
     return (settings.threads, 1) if settings.device == "cpu" else (0, settings.threads)
 
 
+def served_slots(settings: engines.EngineSettings) -> list[str]:
+    """The served path's slots per engine: on CPU as many decoding rows as one offline batch of beam-4 sentences
+    (the offline engines' work per step, where a step costs by the row); on CUDA the server's own default (256,
+    `server.edge.config.DEVICE_SLOTS`), where a step costs about the same at 8 rows as at 256 and 256 sentences
+    in flight over two engines need 512 rows at beam 4."""
+    return ["--max-slots", str(settings.max_batch * 4)] if settings.device == "cpu" else []
+
+
 def start_server(
     settings: engines.EngineSettings, port: int, variant: str, extra: Sequence[str] = (), metrics_port: int = -1
 ) -> subprocess.Popen[bytes]:
@@ -207,8 +215,7 @@ def start_server(
         "--metrics-port", str(metrics_port),
         "--model-dir", str(settings.model_dir), "--variant", variant, "--provider", settings.device,
         "--engines", str(n_engines), "--threads", str(threads), "--max-queue", "100000", "--log-level", "WARNING",
-        # per engine, as many decoding rows as one offline batch of beam-4 sentences: the offline engines' work per step
-        "--max-slots", str(settings.max_batch * 4), *extra,
+        *served_slots(settings), *extra,
     ]  # fmt: skip
     log.info("starting %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd)

@@ -577,6 +577,23 @@ def test_front_capacity_serves_every_call_through_a_sleeping_device_stand_in(
         assert 0 < result["p50_ms"] <= result["p99_ms"]
 
 
+def test_admission_ab_reads_the_engines_encoder_calls_under_each_wait(tiny_exported_dir: Path, tmp_path: Path) -> None:
+    """`python -m bench.admission`: each arm's server answers its closed loop, and what its engines did comes
+    from /metrics: encoder calls and their seconds, steps with rows in them."""
+    from bench.admission import main
+
+    data = tmp_path / "pairs.tsv"
+    write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data)
+    runs = main([
+        "--model-dir", str(tiny_exported_dir), "--data", str(data), "--waits", "0,50", "--beams", "1",
+        "--rounds", "1", "--concurrency", "8", "--duration", "1.5", "--warmup-s", "0.5",
+    ])  # fmt: skip
+    assert [run["wait_ms"] for run in runs] == [0.0, 50.0]
+    for run in runs:
+        assert run["tokens_per_s"] > 0 and not run["errors"] and run["steps"] > 0
+        assert run["encoder_calls"] > 0 and run["encoder_s"] > 0 and run["rows_per_step"] >= 1
+
+
 def test_loop_cost_reads_the_servers_event_loop_thread_and_counts_every_call(
     tiny_exported_dir: Path, tmp_path: Path
 ) -> None:

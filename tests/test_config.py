@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from server.core.documents import RequestLimits
-from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ENGINE_PROCESS_NICE, ServerConfig, parse_config
+from server.edge.config import (
+    CONNECTION_SECONDS,
+    DEFAULT_MODEL_DIR,
+    ENGINE_PROCESS_NICE,
+    ServerConfig,
+    parse_config,
+)
 from server.edge.loading import model_directories, request_limits
 
 
@@ -172,6 +178,21 @@ def test_slots_and_queue_are_sized_for_the_device_unless_given() -> None:
     documented = replace(RequestLimits(), max_response_bytes=auto.max_message_bytes)
     assert request_limits(auto, auto.slots_for("cpu"), auto.queue_for("cpu")) == documented
     assert request_limits(given, 4, 9).max_beam_size == 4 and request_limits(given, 4, 9).max_sentences == 9
+
+
+def test_an_engines_limits_carry_the_admission_wait() -> None:
+    """The limits an engine gets carry the admission wait in seconds, beside its device's slots and queue; a given
+    wait, from the flag or the environment, wins."""
+    auto = parse_config([], {})
+    for provider in ("cpu", "cuda"):
+        limits = auto.limits_for(provider, 32)
+        assert limits.admission_wait_s == ServerConfig.admission_wait_ms / 1000 == 0  # off until a GPU measures it
+        assert (limits.max_slots, limits.max_queue_sentences) == (32, auto.queue_for(provider))
+    assert parse_config(["--admission-wait-ms", "20"], {}).limits_for("cuda", 8).admission_wait_s == 0.02
+    assert parse_config([], {"TRANSLATE_ADMISSION_WAIT_MS": "5"}).limits_for("cpu", 8).admission_wait_s == 0.005
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="admission_wait_ms"):
+            parse_config(["--admission-wait-ms", bad], {})
 
 
 def test_bad_flag_choice_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:

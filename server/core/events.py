@@ -34,6 +34,16 @@ class EngineLimits:
     max_slots: int = 64  # decoding rows stepped together; at most the runner's pool
     max_queue_sentences: int = 1024  # sentences waiting for slots; a request over the bound is refused whole
     max_encode_tokens: int = 4096  # source tokens encoded per iteration, so admitting a burst never stalls decoding
+    # The encoder batched across arrivals: while rows decode, queued sentences join only once they bring at least
+    # admission_ratio x the decoding rows, or admission_wait_s has passed since the last admission. Each encoder
+    # call has a fixed cost (on a GPU about the same for one sentence as for dozens) and holds up the decoding
+    # rows' next step. 0 = admitted at the first step with free slots.
+    admission_wait_s: float = 0.0
+    admission_ratio: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.admission_wait_s < float("inf") and 0.0 <= self.admission_ratio < float("inf")):
+            raise ValueError(f"admission_wait_s and admission_ratio must be finite and >= 0, got {self}")
 
 
 # Events delivered to a request's owner, in order; RequestDone and RequestFailed are final.

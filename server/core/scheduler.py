@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -147,6 +148,7 @@ class Scheduler:
         self._deadlines: list[tuple[float, int, int]] = []
         self._entries = itertools.count(1)
         self._cancelled: list[_Request] = []
+        self._admitted_at = -math.inf  # when sentences last got slots (`_defers_admission`)
 
     @property
     def queue_depth(self) -> int:
@@ -342,6 +344,8 @@ class Scheduler:
 
     def _admit(self, now: float, batch: Batch) -> None:
         """Strict FIFO: the head waits for K free slots, so wide beams are never starved by narrow ones."""
+        if self._defers_admission(now):
+            return
         budget = self.limits.max_encode_tokens
         while self._queue:
             head = self._queue[0]
@@ -363,6 +367,31 @@ class Scheduler:
                 batch.queue_waits.append(head.queue_wait_s)
                 head.waited = True
             budget -= len(head.source_ids)
+            self._admitted_at = now
+
+    def _defers_admission(self, now: float) -> bool:
+        """Whether the queue waits a step so that its sentences share one encoder call with later arrivals
+        (`EngineLimits.admission_wait_s`): only while rows decode (an idle engine admits at once), within the
+        wait since the last admission (so an engine admits at least that often, and a lone arrival to an engine
+        that admitted nobody lately joins at once), and while the rows the queue could bring now, in order into
+        the free slots, are fewer than admission_ratio x the decoding rows. text-generation-inference's router
+        holds prefills back by the same rule, counted in decoder steps since the last prefill: its
+        waiting_served_ratio and max_waiting_tokens."""
+        limits = self.limits
+        if not limits.admission_wait_s or not self._queue or not self._running:
+            return False
+        if now - self._admitted_at >= limits.admission_wait_s:
+            return False
+        free = len(self._free)
+        wanted = limits.admission_ratio * (limits.max_slots - free)
+        rows = 0
+        for sentence in self._queue:
+            rows += sentence.beam.beam_size
+            if rows > free:
+                return True
+            if rows >= wanted:
+                return False
+        return True
 
     def _may_join(self, request: _Request) -> bool:
         """Requests of an isolation group share runner calls only with each other, so that a failure

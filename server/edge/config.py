@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from server.backend import KV_CACHES
+from server.core.events import EngineLimits
 from server.edge.logs import LOG_FORMATS
 
 ENV_PREFIX = "TRANSLATE_"
@@ -89,6 +90,12 @@ class ServerConfig:
     # within a typical client deadline: a longer queue turns refusals into timeouts (docs/service.md).
     # 0 = QUEUE_BATCHES full batches of the device's default slots (`queue_for`): 512 on CPU, 2,048 on CUDA.
     max_queue: int = 0
+    # Milliseconds queued sentences may wait, while rows decode and since the last admission, to share one encoder
+    # call with later arrivals (`EngineLimits.admission_wait_s`); 0 = admitted at the first step with free slots.
+    # On CPU 20 ms takes 40% of the encoder calls away and leaves throughput and latency level; on a GPU, where an
+    # encoder call costs about the same for one sentence as for dozens, it is unmeasured: off until it is
+    # (docs/benchmarks.md#the-encoder-batched-across-arrivals).
+    admission_wait_ms: float = 0.0
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
     # replica") while the drain runs, as a Kubernetes preStop sleep would: balancers and clients move away
@@ -178,6 +185,8 @@ class ServerConfig:
             raise ValueError(
                 f"max_message_bytes must be at most {MAX_MESSAGE_BYTES:,} (gRPC's), got {self.max_message_bytes}"
             )
+        if not (math.isfinite(self.admission_wait_ms) and 0 <= self.admission_wait_ms <= 1000 * MAX_SECONDS):
+            raise ValueError(f"admission_wait_ms must be a number of milliseconds >= 0, got {self.admission_wait_ms}")
         if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
         if self.shared_engines and self.processes < 2:
@@ -214,6 +223,11 @@ class ServerConfig:
     def queue_for(self, provider: str) -> int:
         """The sentences an engine on `provider` may queue: --max-queue, or QUEUE_BATCHES of its default batches."""
         return self.max_queue or QUEUE_BATCHES * DEVICE_SLOTS[provider]
+
+    def limits_for(self, provider: str, slots: int) -> EngineLimits:
+        """The limits of an engine with `slots` slots on `provider` ("cpu" or "cuda")."""
+        queue = self.queue_for(provider)
+        return EngineLimits(max_slots=slots, max_queue_sentences=queue, admission_wait_s=self.admission_wait_ms / 1000)
 
     @property
     def model_cache(self) -> Path:
@@ -297,6 +311,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "max-queue",
         int,
         "sentences per engine that may wait for a slot before RESOURCE_EXHAUSTED (0 = 512 on CPU, 2048 on CUDA)",
+    )
+    add(
+        "admission-wait-ms",
+        float,
+        "while rows decode, queued sentences may wait this long after the last admission to share one encoder call "
+        "(0 = admit at once)",
     )
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")

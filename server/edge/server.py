@@ -42,7 +42,6 @@ from server.backend.engines import (
 )
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
-from server.core.events import EngineLimits
 from server.core.gc_pauses import PAUSES, freeze_startup_objects
 from server.core.response_cache import ResponseCache
 from server.core.stall_watch import start_stall_watch
@@ -164,8 +163,7 @@ class TranslationServer:
         info = model.description
         # The runner was opened with the configured slots or its device's; a test's injected runner may have fewer.
         slots = min(self.config.max_slots or model.runner.max_slots, model.runner.max_slots)
-        queue = self.config.queue_for("cuda" if info.provider == "CUDAExecutionProvider" else "cpu")
-        limits = EngineLimits(max_slots=slots, max_queue_sentences=queue)
+        limits = self.config.limits_for("cuda" if info.provider == "CUDAExecutionProvider" else "cpu", slots)
         loop = asyncio.get_running_loop()
 
         def engine_failed() -> None:  # on the dying engine thread, or the one that abandoned it
@@ -194,7 +192,7 @@ class TranslationServer:
         logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
                     ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
-        limits_in_force = request_limits(self.config, slots, queue)
+        limits_in_force = request_limits(self.config, slots, limits.max_queue_sentences)
         return Backend(engine, model.runner.spec, model.tokenizer, info, limits_in_force, self._cache_of(info.name))
 
     def _cache_of(self, model: str) -> ResponseCache | None:

@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 
 from server.backend.engines import EngineProcess, ModelProcess, RunnerSettings
-from server.core.events import EngineLimits
 from server.edge.config import ServerConfig, SharedEngines
 from server.edge.loading import (
     StartupError,
@@ -122,7 +121,7 @@ def _launch(config: ServerConfig, settings: RunnerSettings, provider: str, label
             "says why); fix the CUDA libraries, or serve with --provider cpu"
         )
     slots = min(config.max_slots or process.max_slots, process.max_slots)
-    limits = EngineLimits(max_slots=slots, max_queue_sentences=config.queue_for(provider))
+    limits = config.limits_for(provider, slots)
     control = process.start_engine(limits, None, None, config.stall_seconds, config.engine_nice_for(True))
     engine = SharedEngine(label, process, control, partial(_launch, config, settings, provider, label, socket))
     try:
