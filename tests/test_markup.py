@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import xml.etree.ElementTree as ElementTree
+from xml.dom import minidom
 
 import pytest
 from hypothesis import given, settings
@@ -219,6 +220,70 @@ def test_an_xml_entity_its_dtd_defines_is_carried_whole_never_translated() -> No
     assert 'title="Über &product; heute"' in render(parse(titled, TextType.XML, 256), reverse_words)
     html_units = parse(text, TextType.HTML, 256).units  # HTML has no DTD: an unknown reference is text there
     assert html_units == ["Installieren Sie &product; noch heute & gratis auf &os-name;."]
+
+
+def test_a_piece_kept_between_two_words_keeps_a_space_on_each_side() -> None:
+    """The model saw a double space where `translate="no"` text or a `<code>` stood and wrote one: the piece gets
+    back the space it lost, on whichever side. (Broken once on purpose, `_spaced` returning the tags as they
+    are: "The company<span ...>" came back glued to the word before it.)"""
+    kept = parse('<p>Die Firma <span translate="no">Acme</span> ist groß.</p>', TextType.HTML, 9)
+    assert kept.units == ["Die Firma  ist groß."]
+    out = kept.render(["The company is large."])[0]
+    assert out == '<p>The company <span translate="no">Acme</span> is large.</p>'
+    code = parse("<p>Starten Sie den Befehl <code>make</code> im Ordner.</p>", TextType.HTML, 9)
+    assert " <code>make</code> " in code.render(["Run the command in the folder."])[0]
+    for translation in ("Das Unternehmen ist groß.", "Groß ist das Unternehmen."):  # wherever the gap lands
+        rendered = kept.render([translation])[0]
+        assert re.search(r'(^|\s)<span translate="no">Acme</span>(\s|\.|$)', rendered.removeprefix("<p>")), rendered
+    glued = parse('<p>Das Haus<sup translate="no">1</sup> ist groß.</p>', TextType.HTML, 9)  # no space before it
+    assert glued.render(["The house is large."])[0] == '<p>The house<sup translate="no">1</sup> is large.</p>'
+
+
+def test_html_optional_end_tags_close_as_in_a_browser() -> None:
+    """`<tr>` ends an open cell and row, `<dd>` a `<dt>`, `<ul>` a `<p>`: rows do not nest (a long table without
+    end tags is no deeper than one with them), and a closed element's translate="no" ends with it. (Broken once
+    on purpose, only a start tag of the same name closing: the table was refused as too deep.)"""
+    rows = "<table>" + "".join(f"<tr><td>Zeile {i}<td>Wert" for i in range(130)) + "</table>"
+    assert len(parse(rows, TextType.HTML, 256).units) == 260
+    assert parse('<dl><dt class="notranslate">Acme<dd>Wir liefern schnell.</dl>', TextType.HTML, 9).units == [
+        "Wir liefern schnell."
+    ]
+    assert parse('<p translate="no">Acme GmbH<ul><li>Liste</ul>', TextType.HTML, 9).units == ["Liste"]
+    assert parse('<table><tr class="notranslate"><td>Acme<tr><td>Preis</table>', TextType.HTML, 9).units == ["Preis"]
+    xml = parse('<r><p translate="no">Acme<ul><li>Liste</li></ul></p></r>', TextType.XML, 9)
+    assert xml.units == []  # XML closes nothing implicitly
+
+
+def test_processing_instructions_and_doctype_subsets_are_kept_whole_to_their_true_end() -> None:
+    """A processing instruction ends at "?>" and a doctype's internal subset at its "]>", whatever ">" they hold
+    inside: XML that parsed before parses after. (Broken once on purpose, the parser's first ">" standing: the
+    rest of the instruction was translated and the XML no longer parsed.)"""
+    text = (
+        '<?xml version="1.0"?>\n<!DOCTYPE doc [\n<!ENTITY warn "<b>Achtung</b>">\n]>\n'
+        '<doc><?app cond="a > b" note="Hallo Welt"?><p>Das Haus ist groß.</p></doc>'
+    )
+    document = parse(text, TextType.XML, 256)
+    assert document.units == ["Das Haus ist groß."]
+    out = render(document, reverse_words)
+    assert '<?app cond="a > b" note="Hallo Welt"?>' in out and '<!ENTITY warn "<b>Achtung</b>">' in out
+    minidom.parseString(out)
+    php = parse("<p><?php if ($n > 0): ?>Hallo Welt<?php endif; ?></p>", TextType.HTML, 9)
+    assert php.units == ["Hallo Welt"]
+
+
+def test_an_attribute_value_loses_only_its_delimiting_quotes() -> None:
+    document = parse("""<img alt='"Hallo Welt"' title="Er sagt 'ja'">""", TextType.HTML, 9)
+    assert document.units == ['"Hallo Welt"', "Er sagt 'ja'"]
+    out = document.render(['"Hello world"', "He says 'yes'"])[0]
+    assert out == """<img alt='&quot;Hello world&quot;' title="He says &#x27;yes&#x27;">"""
+
+
+def test_an_unclosed_code_ends_where_its_paragraph_does() -> None:
+    """Browsers end an open `<code>` at its paragraph's end tag: the next paragraph is translated. (Broken once on
+    purpose, a kept element running to its own end tag only: the second paragraph was copied untranslated.)"""
+    document = parse("<p>Nutze <code>ls -l</p><p>Das Haus ist groß.</p>", TextType.HTML, 9)
+    assert document.units == ["Nutze ", "Das Haus ist groß."]
+    assert render(document, lambda unit: unit) == "<p>Nutze <code>ls -l</p><p>Das Haus ist groß.</p>"
 
 
 def test_xliff_inline_codes_stay_inside_their_segment() -> None:

@@ -7,7 +7,8 @@ img...) stay inside it and are put back into its translation by `server.core.tag
 Left byte for byte: script, style, template and pre (which end a unit), code, kbd, samp, var,
 textarea, svg and math (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
-turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated.
+turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated (not on an
+element copied whole). HTML's optional end tags close as a browser's parser closes them (`IMPLIED_CLOSE`).
 
 A unit whose translation is its own text comes back as it came, entities and all; otherwise its
 text is escaped again, so `&lt;script&gt;` stays text. Tags keep their order, so the output has
@@ -56,7 +57,25 @@ KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole;
 KEPT_INLINES = frozenset({"code", "kbd", "samp", "var", "textarea", "svg", "math"})  # copied whole inside a unit
 HTML_VOIDS = _names("area base br col embed hr img input link meta param source track wbr")
 TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
-IMPLIED_CLOSE = frozenset({"p", "li", "dt", "dd", "td", "th", "tr", "option"})  # `<li>a<li>b`: siblings
+# HTML's optional end tags: a start tag of the key closes open elements of these names at the top of the stack
+# (`<li>a<li>b`, `<tr><td>a<tr>`, `<dt>a<dd>b`, `<p>a<ul>`), as a browser's parser does; XML closes nothing.
+_CELLS = frozenset({"td", "th"})
+_CLOSES_P = _names(
+    "address article aside blockquote details dialog div dl fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6"
+    " header hgroup hr main menu nav ol p pre section table ul"
+)
+IMPLIED_CLOSE: dict[str, frozenset[str]] = {
+    **{name: frozenset({"p"}) for name in _CLOSES_P},
+    "li": frozenset({"li", "p"}),
+    "dt": frozenset({"dt", "dd", "p"}),
+    "dd": frozenset({"dt", "dd", "p"}),
+    "tr": _CELLS | {"tr"},
+    "td": _CELLS,
+    "th": _CELLS,
+    **{name: _CELLS | {"tr", "thead", "tbody", "tfoot"} for name in ("thead", "tbody", "tfoot")},
+    "option": frozenset({"option"}),
+    "optgroup": frozenset({"option", "optgroup"}),
+}
 XML_PREDEFINED_ENTITIES = frozenset({"amp", "lt", "gt", "quot", "apos"})
 _ENTITY_REFERENCE = re.compile(r"&([A-Za-z_:][\w.:-]*);")  # by name; character references (`&#38;`) are text
 _TAG_NAME = re.compile(r"<[^\s/>]*")
@@ -165,6 +184,10 @@ class _Builder:
 
     def _start(self, token: Token) -> None:
         name = _local(token.name)
+        if not self.xml:  # the elements this start tag ends (before its translate="no" is read from its parent)
+            closed = IMPLIED_CLOSE.get(name, frozenset())
+            while self.stack and self.stack[-1][0] in closed:
+                self.stack.pop()
         void = token.kind is Kind.VOID or (not self.xml and name in HTML_VOIDS)
         if not void and name in KEPT_BLOCKS | KEPT_INLINES:
             self.kept = _Kept(token.name, name in KEPT_INLINES, [token.raw])
@@ -178,8 +201,6 @@ class _Builder:
             self.items.append(Item(Edge.ANY if void else Edge.OPEN, pieces))
         if void:
             return
-        if not self.xml and name in IMPLIED_CLOSE and self.stack and self.stack[-1][0] == token.name:
-            self.stack.pop()
         self.stack.append((token.name, translate))
         if len(self.stack) > self.max_depth:
             raise MarkupDepthError(f"elements nest deeper than {self.max_depth}")
@@ -196,6 +217,11 @@ class _Builder:
             self.items.append(Item(Edge.CLOSE if matched else Edge.ANY, (token.raw,)))
 
     def _keep(self, token: Token, kept: _Kept) -> None:
+        if not self.xml and kept.inline and token.kind is Kind.END and token.name in (n for n, _ in self.stack):
+            self.kept = None  # `<p>Nutze <code>ls</p>`: the paragraph's end ends the code, as in a browser
+            self._add_kept(kept)
+            self._end(token)
+            return
         kept.raw.append(token.raw)
         if token.kind is Kind.START and token.name == kept.name:
             kept.depth += 1
@@ -240,7 +266,7 @@ class _Builder:
                 ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(value)
             ):
                 continue  # an attribute value has no place to carry `&product;` through a translation: kept whole
-            text = html.unescape(value.strip("\"'"))
+            text = html.unescape(_unquoted(value))
             if translatable(text):
                 pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
                 done = match.end(2)
@@ -274,6 +300,11 @@ class _Builder:
 def _defines_entities(raw: str) -> bool:
     """Whether `raw` holds an entity reference XML does not predefine (one a DTD defines)."""
     return any(ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(raw))
+
+
+def _unquoted(value: str) -> str:
+    """An attribute value without its delimiting quotes: `'"Hallo"'` is `"Hallo"`, quotes of its own kept."""
+    return value[1:-1] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else value
 
 
 def _local(name: str) -> str:
@@ -324,8 +355,26 @@ def _render_block(block: Block, units: list[str], translations: Sequence[str]) -
         after_text = False
     positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation)
     out, done = [], 0
-    for (_, _, members), position in zip(groups, positions, strict=True):
-        out += [html.escape(translation[done:position], quote=False), *members]
+    for (offset, _, members), position in zip(groups, positions, strict=True):
+        out += [
+            html.escape(translation[done:position], quote=False),
+            *_spaced(members, offset, source, position, translation),
+        ]
         done = position
     out.append(html.escape(translation[done:], quote=False))
     return "".join(out), bool(groups)
+
+
+def _spaced(members: list[str], offset: int, source: str, position: int, translation: str) -> list[str]:
+    """Tags placed at a gap, with the gap's spaces: a piece that stood between two words with a space on each
+    side (`Die Firma <span translate="no">Acme</span> ist`) left the model a double space, which it writes as
+    one, so the piece gets back the space it lost on one side. Elsewhere the tags come as they are."""
+    inside = 0 < position < len(translation)
+    if not (0 < offset < len(source) and source[offset - 1].isspace() and source[offset].isspace() and inside):
+        return members
+    before, after = translation[position - 1].isspace(), translation[position].isspace()
+    if before and not after:
+        return [*members, " "]
+    if after and not before:
+        return [" ", *members]
+    return members

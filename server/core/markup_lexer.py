@@ -125,7 +125,44 @@ def _events(text: str) -> list[_Event]:
             events.append(_Event(failed_at, Kind.TEXT, "", (), 0))
             base = failed_at + 1
             continue
-        return events + recorder.events
+        return _enclosed(text, events + recorder.events)
+
+
+_SUBSET_END = re.compile(r"\]\s*>")
+
+
+def _enclosed(text: str, events: list[_Event]) -> list[_Event]:
+    """The events with each processing instruction and doctype the parser ended at its first ">" run to its
+    true end: `<?app cond="a > b"?>` (and PHP's `<?php if ($n > 0): ?>`) at "?>", `<!DOCTYPE d [<!ENTITY w
+    "<b>x</b>">]>` at the "]>" after its internal subset. What the parser read inside becomes part of it; what
+    follows its end, up to the next construct, is text."""
+    out: list[_Event] = []
+    until = 0  # the end of the last construct run to its true end
+    for event in events:
+        if event.start < until:
+            continue
+        if out and out[-1].start < until < event.start:  # text between that end and this construct
+            out.append(_Event(until, Kind.TEXT, "", (), 0))
+        out.append(event)
+        if event.kind is Kind.OTHER:
+            until = max(until, _enclosure_end(text, event.start))
+    if out and out[-1].start < until < len(text):
+        out.append(_Event(until, Kind.TEXT, "", (), 0))
+    return out
+
+
+def _enclosure_end(text: str, start: int) -> int:
+    """Where a processing instruction or a doctype with an internal subset beginning at `start` ends; 0 for
+    anything else, or for one that never ends (the parser's reading stands)."""
+    if text.startswith("<?", start):
+        end = text.find("?>", start + 2)
+        return end + 2 if end >= 0 else 0
+    if text[start : start + 9].upper() == "<!DOCTYPE":
+        subset, first_close = text.find("[", start), text.find(">", start)
+        if 0 <= subset < first_close:
+            match = _SUBSET_END.search(text, subset)
+            return match.end() if match else 0
+    return 0
 
 
 def _cut(event: _Event, raw: str) -> list[Token]:

@@ -68,7 +68,8 @@ class TextType(_TextType, metaclass=_TextTypeEnumTypeWrapper):
     are carried into its translation (see TextResult.tag_placement). Copied byte for byte: script,
     style, template, pre, code, kbd, samp, var, textarea, svg, math, comments, and the text of every
     element under translate="no" or class="notranslate" (inherited; translate="yes" turns it back on).
-    Attributes alt, title, placeholder and aria-label are translated; no other attribute is touched.
+    Attributes alt, title, placeholder and aria-label are translated (not on the elements copied whole);
+    no other attribute is touched.
     Escaped text stays escaped, and the output has the input's tag tree. XML: every element not an
     HTML inline name or an XLIFF inline code (g, x, ph, mrk...) is a block.
     """
