@@ -24,6 +24,7 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # What the importer (export/hf.py) reads; pytorch_model.bin is left out: OPUS-MT repositories carry safetensors.
 HUB_FILES = ["*.json", "*.spm", "*.safetensors", "README.md"]
+REQUIRED_FILES = ("config.json", "*.safetensors", "source.spm", "target.spm", "vocab.json")  # what the importer reads
 LOCAL_FILES = ("*.json", "*.spm", "*.safetensors", "pytorch_model.bin")  # hashed into a local directory's revision
 PROGRESS_EVERY_S = 10.0
 MB = 1e6
@@ -110,10 +111,26 @@ def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
             if hub.offline:
                 raise
             directory = snapshot(local_only=False)
+        # huggingface_hub hands back a cached snapshot without the commit's file listing as it is, and a
+        # tokenizer or config fetched alone (from_pretrained, hf_hub_download) leaves one without the weights
+        if (missing := missing_files(directory)) and not hub.offline:
+            directory = snapshot(local_only=False)
+            missing = missing_files(directory)
+    if missing:
+        why = "HF_HUB_OFFLINE is set" if hub.offline else "the hub did not send them"
+        raise FetchError(
+            f"the cached snapshot of {name.repository}@{commit[:12]} ({directory}) lacks {', '.join(missing)} and "
+            f"{why}: a partial download; fetch it with network access"
+        )
     size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
     log.info("fetched %s@%s: %.1f MB in %.1f s (%s)", name.repository, commit[:12], size / MB,
              time.monotonic() - started, directory)  # fmt: skip
     return directory
+
+
+def missing_files(directory: Path) -> list[str]:
+    """Which of the files every OPUS-MT snapshot holds (REQUIRED_FILES) `directory` lacks."""
+    return [pattern for pattern in REQUIRED_FILES if not any(directory.glob(pattern))]
 
 
 @contextmanager
@@ -162,7 +179,9 @@ def hub_errors(name: ModelName, hub: HubSettings) -> Iterator[None]:
         raise FetchError(f"{name.repository} has no revision {name.revision!r}") from err
     except (errors.RevisionResolutionError, errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as err:
         why = "HF_HUB_OFFLINE is set" if hub.offline else "the hub cannot be reached"
-        raise FetchError(f"{what} is not in the Hugging Face cache and {why}") from err
+        pinned = name.revision is not None and COMMIT.fullmatch(name.revision) is not None
+        hint = "" if pinned else f" (a build already in --cache-dir is served by its commit: {name.repository}@SHA)"
+        raise FetchError(f"{what} is not in the Hugging Face cache and {why}{hint}") from err
     except errors.HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else "no response"
         raise FetchError(f"the hub refused {what} (HTTP {status})") from err

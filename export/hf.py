@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from export.builder.positions import sinusoid_table
@@ -66,6 +67,10 @@ class UnsupportedModel(Exception):
     """The source is not a Marian model this project can represent; reported as one line, exit status 2."""
 
 
+class DamagedFiles(UnsupportedModel):
+    """A file the model needs is missing or cannot be read: a download cut short, not an architecture."""
+
+
 @dataclass(frozen=True)
 class Source:
     directory: Path
@@ -95,7 +100,7 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UnsupportedModel(f"{path.name} is not valid JSON ({exc}); a partial download? fetch it again") from exc
+        raise DamagedFiles(f"{path.name} is not valid JSON ({exc}); a partial download? fetch it again") from exc
     if not isinstance(found, dict):
         raise UnsupportedModel(f"{path.name} holds no JSON object")
     return found
@@ -155,7 +160,10 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
 
 def load_weights(directory: Path) -> dict[str, np.ndarray]:
     if (directory / "model.safetensors").is_file():
-        return load_file(str(directory / "model.safetensors"))
+        try:
+            return load_file(str(directory / "model.safetensors"))
+        except (SafetensorError, OSError, ValueError) as exc:  # cut short, or not safetensors at all
+            raise DamagedFiles(f"model.safetensors cannot be read ({exc}); a partial download? fetch it again") from exc
     if (directory / "pytorch_model.bin").is_file():
         return load_pickled_weights(directory / "pytorch_model.bin")
     raise UnsupportedModel(f"no model.safetensors or pytorch_model.bin in {directory}")
@@ -264,7 +272,7 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
 def copy_tokenizer(directory: Path, out: Path) -> None:
     for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
         if not (directory / name).is_file():
-            raise UnsupportedModel(f"missing {name} in {directory}")
+            raise DamagedFiles(f"no {name} in {directory}: a partial download? fetch it again")
         shutil.copyfile(directory / name, out / name)
     if (directory / TARGET_VOCAB_FILE).is_file():
         shutil.copyfile(directory / TARGET_VOCAB_FILE, out / TARGET_VOCAB_FILE)
@@ -273,7 +281,9 @@ def copy_tokenizer(directory: Path, out: Path) -> None:
         for name in (SOURCE_SPM, TARGET_SPM):  # a corrupt model fails here, in one line, not at export
             spm.SentencePieceProcessor(model_file=str(out / name))
     except (ValueError, RuntimeError, OSError) as exc:  # json's and sentencepiece's errors are ValueError, RuntimeError
-        raise UnsupportedModel(f"cannot read the tokenizer files of {directory}: {exc}") from exc
+        raise DamagedFiles(
+            f"cannot read the tokenizer files of {directory}: {exc}; a partial download? fetch it again"
+        ) from exc
     if missing := [p for p in (EOS, UNK, PAD) if p not in vocab]:
         raise UnsupportedModel(f"{directory / VOCAB_FILE} lacks {missing}")
 

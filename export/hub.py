@@ -132,7 +132,16 @@ def build(
     _import(name, source, out)
     log.info("imported %s in %.1f s", name.repository, time.monotonic() - started)
     _unless(stopped, f"building {name.repository}")
-    _export(out, plan)
+    from export.builder.weights import WeightsError
+
+    try:
+        _export(out, plan)
+    except WeightsError as err:  # the snapshot's config.json and weights disagree
+        detail = str(err).replace(f"{out / 'model.safetensors'}", "the weights").removeprefix("the weights: ")
+        raise BuildError(
+            f"{name.text}: config.json and model.safetensors of {source} disagree ({detail}); a partial or mixed "
+            "download? fetch it again"
+        ) from err
     (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
     if plan.fp16_gate:
         _unless(stopped, f"building {name.repository}")
@@ -147,7 +156,7 @@ def _unless(stopped: Callable[[], bool], what: str) -> None:
 
 
 def _import(name: ModelName, source: Path, out: Path) -> None:
-    from export.hf import UnsupportedModel, import_model
+    from export.hf import DamagedFiles, UnsupportedModel, import_model
     from export.hf import parse_args as import_args
 
     # The importer reads the languages from the directory's name (opus-mt-de-en) where the tokenizer config
@@ -157,8 +166,11 @@ def _import(name: ModelName, source: Path, out: Path) -> None:
         link.symlink_to(source.resolve(), target_is_directory=True)
         try:
             import_model(import_args(["--model", str(link), "--out", str(out)]))
+        except DamagedFiles as err:  # named by the snapshot the operator can look at, not the link
+            raise BuildError(f"{name.text}: {str(err).replace(str(link), str(source))}") from err
         except UnsupportedModel as err:
-            raise BuildError(f"{name.text}: the importer cannot carry this model: {err}") from err
+            reason = str(err).replace(str(link), str(source))
+            raise BuildError(f"{name.text}: the importer cannot carry this model: {reason}") from err
         except KeyError as err:  # a config without a field every Marian config has
             raise BuildError(f"{name.text}: the importer cannot carry this model: config.json lacks {err}") from err
 

@@ -115,7 +115,9 @@ def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServ
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [("--beam-size", "0", "must be >= 1, got 0"), ("--max-output-len", "-1", "must be >= 0, got -1"),
-     ("--batch", "0", "must be >= 1, got 0"), ("--beam-size", "two", "invalid integer >= 1 value: 'two'")],
+     ("--batch", "0", "must be >= 1, got 0"), ("--beam-size", "two", "invalid integer >= 1 value: 'two'"),
+     ("--timeout", "0", "must be a number of seconds above 0, got 0"), ("--timeout", "-1", "must be a number of seconds above 0, got -1"),
+     ("--timeout", "nan", "must be a number of seconds above 0, got nan")],
 )  # fmt: skip
 def test_out_of_range_counts_are_usage_errors_not_tracebacks(
     flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
@@ -124,6 +126,16 @@ def test_out_of_range_counts_are_usage_errors_not_tracebacks(
         build_parser().parse_args(["--source", "de", "--target", "en", flag, value])
     assert exited.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("given", "dialled"),
+    [("localhost", "localhost:50051"), ("10.0.0.7:7000", "10.0.0.7:7000"), ("[::1]", "[::1]:50051"),
+     ("[::1]:7000", "[::1]:7000"), ("unix:/run/translate.sock", "unix:/run/translate.sock")],
+)  # fmt: skip
+def test_a_server_without_a_port_is_dialled_at_the_servers_port(given: str, dialled: str) -> None:
+    """gRPC dials 443 for a target without a port: the command fills in translate-server's own."""
+    assert build_parser().parse_args(["--source", "de", "--target", "en", "--server", given]).server == dialled
 
 
 class ShortStub:

@@ -180,6 +180,13 @@ def test_slots_and_queue_are_sized_for_the_device_unless_given() -> None:
     assert request_limits(given, 4, 9).max_beam_size == 4 and request_limits(given, 4, 9).max_sentences == 9
 
 
+def test_a_model_named_twice_is_refused_before_anything_is_fetched() -> None:
+    for twice in (["a/opus-mt-de-en", "a/opus-mt-de-en"], ["a/opus-mt-de-en", "a/opus-mt-de-en@main"]):
+        with pytest.raises(ValueError, match="names a/opus-mt-de-en more than once"):
+            parse_config([arg for model in twice for arg in ("--model", model)], {})
+    assert parse_config(["--model", "a/opus-mt-de-en", "--model", "a/opus-mt-en-de"], {}).models
+
+
 def test_an_engines_limits_carry_the_admission_wait() -> None:
     """The limits an engine gets carry the admission wait in seconds, beside its device's slots and queue; a given
     wait, from the flag or the environment, wins."""

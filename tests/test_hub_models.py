@@ -436,6 +436,13 @@ def test_an_architecture_the_importer_cannot_carry_ends_with_its_reason(tmp_path
          "cannot read the tokenizer files"),
         ("acme/my-model", lambda d: (d / "tokenizer_config.json").unlink(missing_ok=True),
          "import it with python -m export.hf --model ID --out DIR --source-lang"),
+        ("acme/opus-mt-de-en", lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 100),
+         "model.safetensors cannot be read"),
+        ("acme/opus-mt-de-en", lambda d: (d / "model.safetensors").unlink(),
+         "lacks *.safetensors and HF_HUB_OFFLINE is set: a partial download; fetch it with network access"),
+        ("acme/opus-mt-de-en", lambda d: (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), "d_model": 32})),
+         "config.json and model.safetensors of"),
     ],
 )  # fmt: skip
 def test_a_damaged_or_unnamed_model_ends_in_one_line_and_leaves_no_folders(
@@ -443,7 +450,9 @@ def test_a_damaged_or_unnamed_model_ends_in_one_line_and_leaves_no_folders(
 ) -> None:
     """Broken once on purpose (the importer reading the files as they came), a truncated config.json ended in a
     JSONDecodeError traceback and exit 1, a corrupt source.spm imported and failed at export; a name that gives
-    no languages was told to pass flags translate-server does not have, and left empty folders in the cache."""
+    no languages was told to pass flags translate-server does not have, and left empty folders in the cache.
+    Weights cut short or disagreeing with the config ended in a SafetensorError or WeightsError traceback and
+    exit 1, and a snapshot without its weights was taken for complete and blamed on the architecture."""
     hub = hub_cache(tmp_path / "hub", marian, repo=repo)
     damage(cache_folder(hub, repo) / "snapshots" / SHA)
     result = _serve(hub, repo, tmp_path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from server.edge.config import parse_config
 from server.edge.logs import ACCESS_LOGGER, JsonFormatter, configure_logging, log_call, request_id
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, running_server, server_config
+from tests.serving import FAKE_DESCRIPTION, ROOT, RunningServer, fake_model, request, running_server, server_config
 
 TEXTS = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
 FIELDS = {
@@ -107,3 +109,19 @@ def test_the_log_format_is_text_unless_json_is_asked_for() -> None:
     assert parse_config([], {"TRANSLATE_LOG_FORMAT": "JSON"}).log_format == "json"
     with pytest.raises(SystemExit):
         parse_config(["--log-format", "xml"], {})
+
+
+def test_huggingface_hubs_own_stderr_handler_is_dropped_even_before_it_is_imported() -> None:
+    """The server adopts huggingface_hub's logger before a fetch imports the module that adds a plain stderr
+    handler: that handler must not appear afterwards, or `--log-format json` gets plain lines beside its JSON.
+    (Broken once on purpose, importing only the top-level package: the handler came back at the fetch's import.)"""
+    script = (
+        "import logging, sys\n"
+        "from server.edge.logs import adopt_library_loggers\n"
+        "assert 'huggingface_hub' not in sys.modules\n"
+        "adopt_library_loggers('huggingface_hub')\n"
+        "from huggingface_hub import HfApi, snapshot_download\n"
+        "print(len(logging.getLogger('huggingface_hub').handlers))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip() == "0", result.stderr

@@ -35,6 +35,7 @@ from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
 TOKEN_ENV = "TRANSLATE_TOKEN"
+DEFAULT_PORT = 50051  # translate-server's
 PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to help
 DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
 DECODE_ERRORS = ("strict", "replace")  # what --errors may ask for input that is not UTF-8
@@ -60,6 +61,25 @@ def _count(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its "invalid ... value" message
     return parse
+
+
+def _seconds(raw: str) -> float:
+    """An argparse type: a deadline in seconds, above 0 (0 or less would fail every call at once)."""
+    value = float(raw)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {raw}")
+    return value
+
+
+_seconds.__name__ = "seconds"
+
+
+def _address(raw: str) -> str:
+    """An argparse type: HOST:PORT, the port 50051 where none is given (gRPC would dial 443)."""
+    host, colon, port = raw.rpartition(":")
+    if raw.startswith("unix:") or (colon and port.isdigit() and not host.endswith(":")):
+        return raw
+    return f"{raw}:{DEFAULT_PORT}"
 
 
 class Progress(Protocol):
@@ -91,7 +111,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         prog="translate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
-    parser.add_argument("--server", default="localhost:50051", help="HOST:PORT of translate-server")
+    parser.add_argument(
+        "--server", type=_address, default=f"localhost:{DEFAULT_PORT}", help="HOST[:PORT] of translate-server"
+    )
     parser.add_argument(
         "--source", default="auto", help="source language, e.g. de, pt-BR, por (default auto: detected per text)"
     )
@@ -101,7 +123,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("--model", default="", help="the model to use where several serve the pair (--list-models)")
     parser.add_argument("--list-models", action="store_true", help="print each served model and its pairs, then exit")
-    parser.add_argument("--beam-size", type=_count(1), default=None, help="beam width (server default 4)")
+    parser.add_argument(
+        "--beam-size", type=_count(1), default=None, help="beam width (default: the model's, as --list-models shows)"
+    )
     parser.add_argument(
         "--length-penalty",
         type=float,
@@ -110,7 +134,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--max-output-len", type=_count(0), default=0,
-        help="most tokens per sentence (0 = 3 x source tokens + 10, at most the model limit)",
+        help="most tokens per sentence (0 = the model's default: its max_length, else 3 x source tokens + 10)",
     )  # fmt: skip
     markup = parser.add_mutually_exclusive_group()
     markup.add_argument(
@@ -122,7 +146,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="the texts are XML (without texts, all of stdin is one document), printed back as XML",
     )  # fmt: skip
     parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
-    parser.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds")
+    parser.add_argument("--timeout", type=_seconds, default=None, help="deadline per request in seconds")
     parser.add_argument(
         "--errors", choices=DECODE_ERRORS, default="strict",
         help="input that is not UTF-8: strict stops with exit status 2 naming the line; "

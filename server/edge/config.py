@@ -189,6 +189,12 @@ class ServerConfig:
             raise ValueError(f"admission_wait_ms must be a number of milliseconds >= 0, got {self.admission_wait_ms}")
         if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
+        repositories = [model.partition("@")[0].rstrip("/") for model in self.models]
+        if twice := sorted({name for name in repositories if repositories.count(name) > 1}):
+            raise ValueError(
+                f"--model names {twice[0]} more than once: a server serves one revision of a repository, requests "
+                "route by its id"
+            )
         if self.shared_engines and self.processes < 2:
             raise ValueError("shared_engines shares the engines between server processes: give processes 2 or more")
         if self.processes > 1 and self.port == 0:

@@ -143,7 +143,7 @@ def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[Mode
     from model.directory import int8_kernels
     from server.edge.logs import adopt_library_loggers
 
-    adopt_library_loggers("huggingface_hub")  # imported just now by export.fetch
+    adopt_library_loggers("huggingface_hub")
 
     plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
     cache = config.model_cache

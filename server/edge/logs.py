@@ -9,6 +9,8 @@ each record is one object per line, these fields at its top level beside `time` 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import re
@@ -55,8 +57,12 @@ def configure_logging(level: str, log_format: str) -> None:
 
 def adopt_library_loggers(*names: str) -> None:
     """Drop the handlers that libraries add to their own loggers at import (huggingface_hub writes plain lines
-    to stderr through one): their records reach the root's handler alone, in the server's format, once."""
+    to stderr through one): their records reach the root's handler alone, in the server's format, once. The
+    module that adds it (`utils.logging` in huggingface_hub and transformers) is imported first where installed:
+    the importers load it only when a model is fetched, which would add the handler after this ran."""
     for name in names:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"{name}.utils.logging")
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

@@ -137,9 +137,10 @@ class TranslationOptions(_message.Message):
     model's value for the direction (ModelInfo.default_length_penalty), else 1.0.
     """
     max_output_len: _builtins.int
-    """Most tokens generated per sentence, 1..the model's limit. 0 (default): 3 x the sentence's source
-    tokens + 10, at most the model's limit (a translation is rarely longer than twice its source;
-    the default only cuts runaway repetition).
+    """Most tokens generated per sentence, 1..the model's limit. 0 (default): the model's
+    default_max_output_len (ListModels; an imported model's max_length), or where that is 0, 3 x the
+    sentence's source tokens + 10, at most the model's limit (a translation is rarely longer than twice
+    its source; the default only cuts runaway repetition).
     """
     num_hypotheses: _builtins.int
     """Hypotheses returned per text, 1..beam_size. Default 1."""
