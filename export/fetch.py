@@ -117,7 +117,11 @@ def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
             directory = snapshot(local_only=False)
             missing = missing_files(directory)
     if missing:
-        why = "HF_HUB_OFFLINE is set" if hub.offline else "the hub did not send them"
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if hub.offline
+            else "the hub did not send them (unreachable, or not in the repository)"
+        )
         raise FetchError(
             f"the cached snapshot of {name.repository}@{commit[:12]} ({directory}) lacks {', '.join(missing)} and "
             f"{why}: a partial download; fetch it with network access"

@@ -116,7 +116,8 @@ def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServ
     ("flag", "value", "message"),
     [("--beam-size", "0", "must be >= 1, got 0"), ("--max-output-len", "-1", "must be >= 0, got -1"),
      ("--batch", "0", "must be >= 1, got 0"), ("--beam-size", "two", "invalid integer >= 1 value: 'two'"),
-     ("--timeout", "0", "must be a number of seconds above 0, got 0"), ("--timeout", "-1", "must be a number of seconds above 0, got -1"),
+     ("--timeout", "0", "must be a number of seconds above 0, got 0"),
+     ("--timeout", "-1", "must be a number of seconds above 0, got -1"),
      ("--timeout", "nan", "must be a number of seconds above 0, got nan")],
 )  # fmt: skip
 def test_out_of_range_counts_are_usage_errors_not_tracebacks(

@@ -460,3 +460,19 @@ def test_a_damaged_or_unnamed_model_ends_in_one_line_and_leaves_no_folders(
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert says in last
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir()]  # no folder left behind, empty or not
+
+
+def test_a_snapshot_without_its_weights_is_fetched_again_when_the_hub_is_reachable(
+    tmp_path: Path, marian: Path
+) -> None:
+    """A cached snapshot that lacks the weights (a tokenizer fetched alone leaves one) is not taken for complete:
+    with a network the files are asked for again, here of a hub that cannot be reached, and the line says what
+    the snapshot lacks. (Broken once on purpose, the local snapshot taken as it came: it ended in "the importer
+    cannot carry this model: no model.safetensors".)"""
+    repo = "acme/opus-mt-de-en"
+    hub = hub_cache(tmp_path / "hub", marian, repo=repo)
+    (cache_folder(hub, repo) / "snapshots" / SHA / "model.safetensors").unlink()
+    result = _serve(hub, f"{repo}@{SHA}", tmp_path, HF_ENDPOINT=closed_endpoint(), HF_HUB_OFFLINE="0")
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "cannot carry" not in last and "lacks *.safetensors and the hub did not send them" in last, last

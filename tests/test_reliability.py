@@ -9,6 +9,8 @@ loop, and startup that fails loudly.
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import os
 import shutil
 import signal
@@ -28,6 +30,7 @@ import numpy.typing as npt
 import pytest
 
 from model.tokenizer import TextTokenizer
+from server.client.channels import CLIENT_SERVICE_CONFIG, open_channel
 from server.core.documents import prepare_texts
 from server.core.engine import Engine
 from server.core.events import EngineLimits, Event, FailureReason, RequestDone, RequestFailed, SentenceDone
@@ -519,6 +522,36 @@ def test_calls_sent_just_before_sigterm_end_ok_or_unavailable_never_cancelled(
     assert all(details == DRAINING_MESSAGE for code, details in answers if code != grpc.StatusCode.OK), answers
     assert process.returncode == 0
     assert exit_s >= SHUTDOWN_DELAY_S, "the port stays open for the shutdown delay"
+
+
+def test_a_client_with_the_clis_service_config_rides_out_a_replica_shutting_down(tiny_model_dir: Path) -> None:
+    """Two replicas behind one round-robin channel, one sent SIGTERM mid-traffic: with the service config the
+    `translate` CLI uses (each replica's health, a retry of UNAVAILABLE) every call ends OK, and the draining
+    replica's exit is as usual. (Broken once on purpose, the channel with plain round robin: the calls sent to
+    the draining replica ended UNAVAILABLE until it closed.)"""
+    assert json.loads(CLIENT_SERVICE_CONFIG)["healthCheckConfig"]["serviceName"] == SERVICE_NAME
+    flags = ("--shutdown-delay-seconds", "2", "--drain-seconds", "5", "--step-delay", "0.01")
+    with (
+        server_process(tiny_model_dir, *flags) as (leaving, first),
+        server_process(tiny_model_dir, *flags) as (_, second),
+    ):
+        target = "ipv4:" + ",".join(address.replace("localhost", "127.0.0.1") for address in (first, second))
+        with open_channel(target, service_config=CLIENT_SERVICE_CONFIG) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            for _ in range(10):  # both replicas in the rotation
+                assert stub.Translate(request([HOUSE], beam_size=1), timeout=30).results
+            codes: list[grpc.StatusCode] = []
+            started = time.monotonic()
+            while time.monotonic() - started < 5:
+                if len(codes) == 10:
+                    leaving.send_signal(signal.SIGTERM)
+                try:
+                    stub.Translate(request([HOUSE], beam_size=1), timeout=30)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+        assert leaving.wait(30) == 0
+    assert len(codes) > 20 and set(codes) == {grpc.StatusCode.OK}, collections.Counter(codes)
 
 
 class FailsOnceShared(FakeRunner):

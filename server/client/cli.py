@@ -30,7 +30,7 @@ from typing import IO, Protocol
 
 import grpc
 
-from server.client.channels import Metadata, auth_metadata, open_channel
+from server.client.channels import CLIENT_SERVICE_CONFIG, Metadata, auth_metadata, open_channel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -205,7 +205,9 @@ def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[st
     metadata = auth_metadata(args.token)
     progress = make_progress(len(texts), err)
     try:
-        channel = open_channel(args.server, args.tls_ca, args.tls_cert, args.tls_key)
+        channel = open_channel(
+            args.server, args.tls_ca, args.tls_cert, args.tls_key, service_config=CLIENT_SERVICE_CONFIG
+        )
     except (OSError, ValueError) as error:
         err.write(f"translate: {error}\n")
         return 2
