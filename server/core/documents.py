@@ -17,6 +17,7 @@ scripts need to spell words correctly (in Persian, "mi\u200cxâham", I want, is 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from model.tokenizer import TextTokenizer
@@ -80,6 +81,11 @@ class PartialSentence:
     finished: bool
 
 
+def request_text(index: int) -> str:
+    """How a limit's message names text `index` of a request."""
+    return f"texts[{index}]"
+
+
 def prepare_texts(
     texts: list[str],
     source_lang: str,
@@ -87,8 +93,10 @@ def prepare_texts(
     tokenizer: TextTokenizer,
     limits: RequestLimits,
     max_tokens: int,
+    names: Callable[[int], str] = request_text,
 ) -> list[PreparedText]:
-    """Split and tokenize every text; reject (never truncate) anything over a limit."""
+    """Split and tokenize every text; reject (never truncate) anything over a limit, naming the text by `names`
+    (a markup document's units are named by their document)."""
     prepared: list[PreparedText] = []
     sentences = 0
     for index, text in enumerate(texts):
@@ -96,14 +104,14 @@ def prepare_texts(
         sentences += len(parts.pieces)
         if sentences > limits.max_sentences:
             raise TextLimitError(
-                f"the request splits into more than {limits.max_sentences} sentences (limit reached at text {index}); "
-                "send fewer or shorter texts per request"
+                f"the request splits into more than {limits.max_sentences} sentences (limit reached at "
+                f"{names(index)}); send fewer or shorter texts per request"
             )
         sources = [tokenizer.encode_source(model_text(piece), target_lang) for piece in parts.pieces]
         for position, ids in enumerate(sources):
             if len(ids) > max_tokens:
                 raise TextLimitError(
-                    f"texts[{index}] sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
+                    f"{names(index)} sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
                     "tokens per sentence (tag and end token included); split it into shorter sentences"
                 )
         prepared.append(PreparedText(index, parts, sources))

@@ -41,10 +41,16 @@ class RequestAssembler(Protocol):
     ) -> TextTranslation | None: ...
 
 
+class Prepare(Protocol):
+    """`prepare_texts` with the request's languages, tokenizer and limits bound."""
+
+    def __call__(self, texts: list[str], names: Callable[[int], str] = ...) -> list[PreparedText]: ...
+
+
 def prepare_request(
     texts: list[str],
     text_type: TextType,
-    prepare: Callable[[list[str]], list[PreparedText]],  # prepare_texts with the request's languages bound
+    prepare: Prepare,  # prepare_texts with the request's languages bound
     tokenizer: TextTokenizer,
     limits: RequestLimits,
     num_hypotheses: int,
@@ -59,10 +65,12 @@ def prepare_request(
             f"the request's markup has {len(units)} units to translate (blocks and attributes), over the limit"
             f" of {limits.max_markup_units}; send fewer or shorter documents per request"
         )
-    try:
-        prepared = prepare(units)
-    except TextLimitError as err:  # its texts[i] is the i-th unit
-        raise TextLimitError(f"{err} (texts[i] here: the request's i-th unit, blocks and attributes in order)") from err
+    owners = [
+        f"texts[{index}] (its unit {unit}, blocks and attributes in order)"
+        for index, document in enumerate(documents)
+        for unit in range(len(document.units))
+    ]
+    prepared = prepare(units, names=owners.__getitem__)
     return MarkupAssembler(Assembler(tokenizer, prepared, num_hypotheses), documents, num_hypotheses)
 
 
