@@ -486,7 +486,7 @@ def test_drain_finishes_in_flight_work_and_refuses_new_work(tiny_model_dir: Path
         list_models = refused_while_draining(lambda: served.stub.ListModels(pb.ListModelsRequest()))
         for refusal in (translate, list_models):  # by the service, which says where to go: the port is still open
             assert refusal.code() == grpc.StatusCode.UNAVAILABLE and refusal.details() == DRAINING_MESSAGE
-            assert ("grpc-retry-pushback-ms", "0") in (refusal.trailing_metadata() or ())  # retry at once elsewhere
+            assert ("grpc-retry-pushback-ms", "50") in (refusal.trailing_metadata() or ())  # retry soon, elsewhere
         gated.gate.set()
         assert [r.sentences for r in in_flight.result(30).results] == [1, 1]
         assert drained.result(30) is True
