@@ -15,50 +15,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.burst import server
 from bench.loadgen import load_queries, run_grpc
 from bench.run import EngineProbe, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(model_dir: Path | None, wait_ms: float, port: int, metrics_port: int) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable, "-m", "server.edge.main", "--host", "127.0.0.1", "--port", str(port),
-        "--metrics-port", str(metrics_port), "--log-level", "WARNING", "--admission-wait-ms", str(wait_ms),
-        *(["--model-dir", str(model_dir)] if model_dir else []),
-    ]  # fmt: skip
-    server = subprocess.Popen(command, cwd=ROOT)
-    probe = [sys.executable, "-m", "server.edge.healthcheck", "--address", f"127.0.0.1:{port}"]
-    deadline = time.monotonic() + 120
-    while subprocess.run(probe, capture_output=True).returncode != 0:
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise RuntimeError(f"translate-server did not become SERVING (exit code {server.poll()})")
-        time.sleep(0.5)
-    return server
-
-
 def one_run(args: argparse.Namespace, wait_ms: float, beam: int) -> dict[str, Any]:
-    port, metrics_port = free_ports(2)
-    server = start(args.model_dir, wait_ms, port, metrics_port)
-    try:
+    (metrics_port,) = free_ports(1)
+    flags = ["--metrics-port", str(metrics_port), "--log-level", "WARNING", "--admission-wait-ms", str(wait_ms)]
+    flags += ["--model-dir", str(args.model_dir)] if args.model_dir else []
+    with server(flags, args.log) as address:  # bench.burst's: SERVING before it yields, stopped after
         queries = load_queries(args.data)
-        address = f"127.0.0.1:{port}"
         asyncio.run(run_grpc(address, queries, beam, args.warmup_s, concurrency=args.concurrency))
-        probe = EngineProbe(f"http://127.0.0.1:{metrics_port}/metrics")
+        probe = EngineProbe(f"http://localhost:{metrics_port}/metrics")
         before = probe.snapshot()
         load = asyncio.run(run_grpc(address, queries, beam, args.duration, concurrency=args.concurrency))
         after = probe.snapshot()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
     diff = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
     steps, encodes = diff.get("step_count", 0.0), diff.get("encode_count", 0.0)
     return {
@@ -85,6 +62,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of measured load per run")
     parser.add_argument("--warmup-s", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--log", type=Path, default=Path("/tmp/bench-admission-server.log"), help="the server's log")
     args = parser.parse_args(argv)
     runs = []
     for beam in args.beams:

@@ -166,11 +166,11 @@ def _import(name: ModelName, source: Path, out: Path) -> None:
         link.symlink_to(source.resolve(), target_is_directory=True)
         try:
             import_model(import_args(["--model", str(link), "--out", str(out)]))
-        except DamagedFiles as err:  # named by the snapshot the operator can look at, not the link
-            raise BuildError(f"{name.text}: {str(err).replace(str(link), str(source))}") from err
         except UnsupportedModel as err:
-            reason = str(err).replace(str(link), str(source))
-            raise BuildError(f"{name.text}: the importer cannot carry this model: {reason}") from err
+            reason = str(err).replace(str(link), str(source))  # the snapshot the operator can look at, not the link
+            # a download cut short says so; anything else is an architecture the importer cannot carry
+            why = "" if isinstance(err, DamagedFiles) else "the importer cannot carry this model: "
+            raise BuildError(f"{name.text}: {why}{reason}") from err
         except KeyError as err:  # a config without a field every Marian config has
             raise BuildError(f"{name.text}: the importer cannot carry this model: config.json lacks {err}") from err
 

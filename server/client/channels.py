@@ -18,13 +18,14 @@ Metadata = tuple[tuple[str, str], ...]
 # which round robin sends to the next one. A translation is idempotent, so a retry is always safe. Plain round
 # robin answers every call sent to the draining replica UNAVAILABLE until its connection closes
 # (docs/service.md#clients-and-rolling-updates).
+SERVICE = "translation.v1.Translator"
 CLIENT_SERVICE_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],
-        "healthCheckConfig": {"serviceName": "translation.v1.Translator"},
+        "healthCheckConfig": {"serviceName": SERVICE},
         "methodConfig": [
             {
-                "name": [{"service": "translation.v1.Translator"}],
+                "name": [{"service": SERVICE}],
                 "retryPolicy": {
                     "maxAttempts": 3,
                     "initialBackoff": "0.05s",
