@@ -4,10 +4,9 @@
 
 Three levels, as minGPT's import test: logits of teacher-forced translations within 1e-4 (recomputed in
 full and decoded step by step against our key/value cache), then greedy and beam token ids equal to
-`generate` at the same settings. transformers' beam search runs with `early_stopping=True`, the stopping
-rule our decoder and server implement (stop when `beam_size` hypotheses have finished); its default
-(False) can go on decoding after that and, rarely, find a better one. The ONNX side of parity (graphs
-against our PyTorch) is `python -m bench.parity`.
+`generate` at the same settings, its beam search stopping as the model's generation config says
+(`early_stopping`, whose default, False, our import carries as `patient_beam`). The ONNX side of parity
+(graphs against our PyTorch) is `python -m bench.parity`.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def transformers_ids(hf: Any, src: list[int], beam_size: int, max_len: int, pad_
     """generate()'s best output for one source: ids after the start token, up to and without EOS."""
     out = hf.generate(
         input_ids=torch.tensor([src]), attention_mask=torch.ones(1, len(src), dtype=torch.long),
-        num_beams=beam_size, max_new_tokens=max_len, min_length=0, length_penalty=1.0, early_stopping=True,
-        do_sample=False, bad_words_ids=[[pad_id]], num_return_sequences=1,
+        num_beams=beam_size, max_new_tokens=max_len, min_length=0, length_penalty=1.0, do_sample=False,
+        bad_words_ids=[[pad_id]], num_return_sequences=1,
     )[0].tolist()  # fmt: skip
     generated = out[1:]
     eos = hf.config.eos_token_id

@@ -145,16 +145,50 @@ def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
     )
 
 
+# Raised whenever importing the same files gives another model directory (what a generation setting becomes, say):
+# part of a hub build's cache key, so that a cached build made by older rules is built again
+IMPORT_RULES = 2
+
+# generate()'s settings that change its translations and that the decoder here does not apply, at the values
+# that leave them off: a model setting one otherwise is refused, not served with other translations.
+INERT_GENERATION = {
+    "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "do_sample": False,
+    "num_beam_groups": 1, "diversity_penalty": 0.0, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "exponential_decay_length_penalty": None, "sequence_bias": None, "forced_bos_token_id": None,
+    "constraints": None, "force_words_ids": None,
+}  # fmt: skip
+
+
 def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
     """How the model's generate() ends a hypothesis and normalises, from its generation config: EOS forced at
-    the output limit where `forced_eos_token_id` is the EOS id, the pad ban before normalising where
-    `renormalize_logits` is set."""
+    the output limit where `forced_eos_token_id` is the EOS id, the pad ban where `bad_words_ids` bans pad
+    (before normalising where `renormalize_logits` is set), beam search's patience from `early_stopping`; any
+    other setting that would change generate()'s translations is refused."""
     forced = gen.get("forced_eos_token_id")
     forced_ids = forced if isinstance(forced, list) else [forced]
     if forced is not None and forced_ids != [cfg.eos_id]:
         raise UnsupportedModel(f"forced_eos_token_id {forced} is not the EOS id {cfg.eos_id}")
+    for key, inert in INERT_GENERATION.items():
+        if (value := gen.get(key)) not in (None, inert, [], {}):
+            raise UnsupportedModel(
+                f"its generation config sets {key} {value!r}: generate() would apply it, and this decoder does not"
+                " (it serves beam search with a length penalty, a forced EOS and a pad ban only)"
+            )
+    early_stopping = gen.get("early_stopping", False)
+    if early_stopping not in (True, False, None):  # "never": another heuristic, with max_length
+        raise UnsupportedModel(f"its generation config sets early_stopping {early_stopping!r}; true or false is served")
+    banned = gen.get("bad_words_ids") or []
+    if banned not in ([], [[cfg.pad_id]]):
+        raise UnsupportedModel(
+            f"bad_words_ids {banned} bans more than <pad> ({cfg.pad_id}); only the pad ban is served"
+        )
     return dataclasses.replace(
-        cfg, forced_eos_at_limit=forced is not None, renormalize_logits=bool(gen.get("renormalize_logits"))
+        cfg,
+        forced_eos_at_limit=forced is not None,
+        renormalize_logits=bool(gen.get("renormalize_logits")),
+        ban_pad=bool(banned),
+        patient_beam=early_stopping is not True,  # generate()'s default, False, decodes on past K finished
     )
 
 
@@ -244,7 +278,7 @@ def check_positions(saved: np.ndarray | None, cfg: ModelConfig) -> None:
 
 def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[str, Any]) -> list[list[str]]:
     """Pairs from the flags, else tokenizer_config.json, else a name like opus-mt-de-en; every >>xx<< tag
-    of a multilingual vocabulary is a target."""
+    of a multilingual vocabulary is a target, every code of a `+`-joined list a source."""
     src = args.source_lang or tokenizer_config.get("source_lang")
     tgt = args.target_lang or tokenizer_config.get("target_lang")
     if not (src and tgt) and (match := re.search(r"opus-mt-(?:tc-[a-z]+-)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)):
@@ -265,8 +299,14 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
             raise UnsupportedModel(
                 f"--target-lang {args.target_lang} is none of the model's target tags ({', '.join(tags)})"
             )
-        return [[src, tag]]
-    return [[src, t] for t in (tags or [tgt])]
+        return [[s, tag] for s in listed(src)]
+    return [[s, t] for s in listed(src) for t in (tags or listed(tgt))]
+
+
+def listed(languages: str) -> list[str]:
+    """A model's languages as its tokenizer_config.json writes them: one code, or several joined by `+` where a
+    classic release reads many sources (opus-mt-ROMANCE-en: `fr+fr_BE+...+es+...+pt_br+pt_BR+...+la`)."""
+    return list(dict.fromkeys(code for code in languages.split("+") if code))
 
 
 def copy_tokenizer(directory: Path, out: Path) -> None:
@@ -323,7 +363,8 @@ def generation_defaults(directory: Path, hf: dict[str, Any], pairs: list[list[st
         "length_penalty": {f"{s}-{t}": penalty for s, t in pairs},
         "beam_size": int(gen.get("num_beams") or 1),
         # transformers' max_length counts the decoder's start token; ours counts generated tokens only
-        "max_output_len": max(int(gen.get("max_length") or hf.get("max_length") or 0) - 1, 0),
+        "max_output_len": int(gen.get("max_new_tokens") or 0)
+        or max(int(gen.get("max_length") or hf.get("max_length") or 0) - 1, 0),
         "weights_sha256": weights,
         "source": "generation_config.json" if (directory / "generation_config.json").is_file() else "config.json",
     }
@@ -352,13 +393,14 @@ def import_model(args: argparse.Namespace) -> Path:
     hf = read_json(source.directory / CONFIG_FILE)
     if not hf:
         raise UnsupportedModel(f"no {CONFIG_FILE} in {source.directory}")
-    cfg = ending(model_config(hf, args.max_len), read_json(source.directory / "generation_config.json") or hf)
+    cfg = model_config(hf, args.max_len)
     weights = convert_weights(load_weights(source.directory), cfg)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(source.directory, out)
     check_vocabularies(out, cfg)
     check_special_ids(out, cfg)
+    cfg = ending(cfg, read_json(source.directory / "generation_config.json") or hf)  # its ids checked first
     pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
     (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
     cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})

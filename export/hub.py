@@ -48,9 +48,10 @@ class BuildPlan:
     fp16_gate: str = ""  # the provider whose fp16 agreement gate the build measures (export/fp16_gate.py), if any
 
     def recipe(self) -> str:
+        from export.hf import IMPORT_RULES
         from export.quantize import int8_recipe
 
-        parts = [f"opset {self.opset}", *self.variants]
+        parts = [f"import rules {IMPORT_RULES}", f"opset {self.opset}", *self.variants]
         if "int8" in self.variants:
             parts.append(int8_recipe(self.int8_7bit, self.int8_7bit))
         if self.fp16_gate:

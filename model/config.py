@@ -56,6 +56,9 @@ class ModelConfig:
     # A hypothesis that reaches the output limit ends with EOS in its last place, at no cost to its score
     # (transformers' `forced_eos_token_id`, which OPUS-MT generation configs set): else it ends cut off
     forced_eos_at_limit: bool = False
+    # Beam search goes on past K finished hypotheses while the best live one, at its length, could still beat the
+    # K-th (transformers' default `early_stopping=False`); else it stops at K finished (`early_stopping=True`)
+    patient_beam: bool = False
     # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json
     tokenizer: str = "tagged-spm"
     # sha256 of the tokenizer the embeddings were trained against (model.tokenizer.tokenizer_sha256): another

@@ -12,6 +12,8 @@ token. Beam search, per source sentence with beam size K:
    live until K are live. Candidates past those K are dropped.
 3. Stop when K hypotheses have finished, or when the generated length reaches `max_len`, at which
    point the live hypotheses are finished as they are (normalised by their length). A model with
+   `patient_beam` (transformers' default, `early_stopping=False`) goes on past K finished while the best
+   live hypothesis, normalised at its present length, scores above the K-th best finished one. A model with
    `forced_eos_at_limit` (transformers' `forced_eos_token_id`) instead ends every live hypothesis with
    EOS in place `max_len`, at no cost to its score (normalised by its length with that EOS).
 4. Return finished hypotheses by descending normalised score (ties: earlier finished first).
@@ -85,6 +87,7 @@ def beam_search(
     cfg = model.cfg
     if beam_size < 1 or max_len < 1:
         raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size} and {max_len}")
+    patient = cfg.patient_beam and beam_size > 1  # greedy stops at its EOS (transformers decodes it without beams)
     device = next(model.parameters()).device  # every tensor of the search where the model is
     decoder = CachedDecoder(model, torch.tensor([src_ids], dtype=torch.long, device=device))
     live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
@@ -114,14 +117,18 @@ def beam_search(
             else:
                 new_live.append(((*tokens, token), score))
                 parents.append(hyp)
-            if len(finished) >= beam_size or len(new_live) == beam_size:
+            if len(new_live) == beam_size or (len(finished) >= beam_size and not patient):
                 break
-        if len(finished) >= beam_size or step + 1 == max_len:
+        if step + 1 == max_len:
             break
+        if len(finished) >= beam_size:
+            kth = sorted((h.normalized for h in finished), reverse=True)[beam_size - 1]
+            if not (patient and new_live and normalize(new_live[0][1], step + 1, length_penalty) > kth):
+                break
         live = new_live
         decoder.reorder(torch.tensor(parents, device=device))
         last = torch.tensor([t[-1] for t, _ in live], device=device)
-    if len(finished) < beam_size:
+    if step + 1 == max_len and (len(finished) < beam_size or patient):
         finished.extend(Hypothesis(t, s, normalize(s, len(t), length_penalty)) for t, s in new_live)
     return sorted(finished, key=lambda h: -h.normalized)  # sorted() is stable: ties keep finish order
 

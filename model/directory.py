@@ -59,6 +59,7 @@ class ModelSpec:
     pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
     source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
     forced_eos: bool = False  # a hypothesis at the output limit ends with EOS (ModelConfig.forced_eos_at_limit)
+    patient_beam: bool = False  # beam search stops only when no live row could beat the K-th (ModelConfig's)
 
 
 class MetadataError(ValueError):
@@ -101,6 +102,7 @@ class ExportMetadata:
             pairs=tuple((s, t) for s, t in self.language_pairs),
             source_vocab_size=int(self.model_config.get("src_vocab_size") or self.vocab_size),
             forced_eos=bool(self.model_config.get("forced_eos_at_limit", False)),
+            patient_beam=bool(self.model_config.get("patient_beam", False)),
         )
 
     def write(self, variant_dir: Path) -> Path:

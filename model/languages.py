@@ -77,8 +77,8 @@ _ISO639_5 = """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber b
     pqw pra qwe roa sai sal sdv sem sgn sio sit sla smi son sqj ssa syd tai tbq trk tup tut tuw urj wak wen xgn
     xnd ypk zhx zle zls zlw znd"""
 ISO639_5 = frozenset(_ISO639_5.split())
-_CODE = re.compile(r"^([A-Za-z]{2,3})(?:[-_]([A-Za-z]{4}))?(?:[-_]([A-Za-z]{2}|[0-9]{3}))?(?:[-_].*)?$")
-AUTO = "auto"  # the source language a client leaves to detection (as does an empty one)
+# language, script, region, then any further BCP-47 subtags (variants, extensions: `de-DE-1996`, `en-u-ca-gregory`)
+_CODE = re.compile(r"([A-Za-z]{2,3})(?:[-_]([A-Za-z]{4}))?(?:[-_]([A-Za-z]{2}|[0-9]{3}))?(?:[-_][A-Za-z0-9]{1,8})*")
 
 
 class AmbiguousLanguage(ValueError):
@@ -108,8 +108,8 @@ def parse(code: str) -> LanguageTag:
     """`code` read as a language tag; a code that is no tag this module knows is its own language."""
     if code.lower() in SPECIAL:
         return LanguageTag(*SPECIAL[code.lower()])
-    found = _CODE.match(code)
-    if not found or (code.isupper() and len(code) > 3):  # OPUS-MT's group names: "ROMANCE", "NORTH_EU"
+    found = _CODE.fullmatch(code)
+    if not found:  # OPUS-MT's group names ("ROMANCE", "NORTH_EU"), or no code at all
         return LanguageTag(code)
     language, script, region = found.groups()
     language = language.lower()
@@ -130,6 +130,19 @@ def bcp47(code: str) -> str:
     return "-".join(part for part in (language or tag.language, tag.script, tag.region) if part)
 
 
+def canonical(code: str) -> str:
+    """`code` with language, script and region in their usual case, the rest as written: `pt_br` -> `pt_BR`."""
+    found = _CODE.fullmatch(code)
+    if found is None:
+        return code
+    cased = code
+    for group, case in ((1, str.lower), (2, str.title), (3, str.upper)):
+        if found.group(group):
+            begin, end = found.span(group)
+            cased = cased[:begin] + case(found.group(group)) + cased[end:]
+    return cased
+
+
 def iso639_1(code: str) -> str:
     """The two-letter code of `code`'s language (or of its macrolanguage), '' where it has none."""
     tag = parse(code)
@@ -142,7 +155,7 @@ def iso639_1(code: str) -> str:
 # without its script (`cmn` and `cmn_Hans`, both Simplified), the client's spelling decides (`zh` takes `cmn`,
 # `zh-Hans` `cmn_Hans`); the very same language code only breaks a tie.
 Fit = tuple[int, int, int, int, int]
-VERBATIM: Fit = (9, 9, 9, 9, 9)  # the client wrote the model's own code
+VERBATIM: Fit = (9, 9, 9, 9, 9)  # the client wrote the model's own code, one naming no single language (`mul`)
 
 
 def match(client: str, model_codes: Iterable[str]) -> str | None:
@@ -154,19 +167,22 @@ def match(client: str, model_codes: Iterable[str]) -> str | None:
 def match_fit(client: str, model_codes: Iterable[str]) -> tuple[Fit, str] | None:
     """`match` with how well the code fits, so that a server can prefer one model's fit over another's.
 
-    A code the model names verbatim is always itself. Otherwise each model code is scored (language, then
+    A code the model names verbatim is always itself (scored as its language, VERBATIM where it names none). Otherwise
+    each model code is scored (language, then
     script, then region, as the module says); a group code (`mul`) takes any known language, below every
     real match.
     """
     codes = list(dict.fromkeys(model_codes))
-    if client in codes:
-        return VERBATIM, client
     wanted = parse(client)
+    if client in codes:  # scored as any spelling of its language is, so that `eng` and `en` fit two models alike
+        return _score(wanted, wanted) or VERBATIM, client
     scored = [(fit, code) for code in codes if (fit := _score(wanted, parse(code))) is not None]
     if not scored:
         return None
     best = max(fit for fit, _ in scored)
     winners = [code for fit, code in scored if fit == best]
+    if len({parse(code) for code in winners}) == 1:  # one language spelt twice (`>>pt_br<<`, `>>pt_BR<<`)
+        winners = sorted(winners, key=lambda code: (code != canonical(code), code))[:1]
     if len(winners) > 1:
         raise AmbiguousLanguage(f"{client!r} could mean any of {', '.join(winners)}: send one of them")
     return best, winners[0]
@@ -177,7 +193,7 @@ def known(code: str) -> bool:
     code (ISO 639-3 has thousands; any is taken), optionally with script and region."""
     if code.lower() in SPECIAL:
         return True
-    found = _CODE.match(code)
+    found = _CODE.fullmatch(code)
     if found is None:
         return False
     return len(found.group(1)) == 3 or found.group(1).lower() in ISO639_1_TO_3

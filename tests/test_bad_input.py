@@ -26,6 +26,7 @@ from server.core.splitter import join, translatable
 from server.core.work import InvalidWorkError
 from server.edge.errors import MALFORMED_MESSAGE, status_for
 from server.edge.loading import LoadedModel
+from server.proto.translation.v1 import translation_pb2 as pb
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
     RunningServer,
@@ -197,6 +198,30 @@ def test_bytes_that_do_not_parse_are_invalid_argument(served: RunningServer, cas
         error = status_of(lambda: call(payload, timeout=10))  # noqa: B023
         assert (error.code, error.details) == (grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE)
     assert_still_serving(served)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("source_language", "de" * 5_000), ("target_language", "x" * 1_000_000), ("model", "m" * 300)],
+)
+def test_an_overlong_code_or_model_name_is_invalid_argument_before_routing(
+    served: RunningServer, field: str, value: str
+) -> None:
+    """Broken once on purpose (no length check), a 1 MB code came back echoed in the message: past gRPC's 16 KB
+    of metadata the client saw RESOURCE_EXHAUSTED (which says "retry"), and routing's cache kept the code."""
+    options = pb.TranslationOptions(source_language="de", target_language="en")
+    setattr(options, field, value)
+    error = status_of(lambda: served.stub.Translate(pb.TranslateRequest(texts=["Hallo."], options=options), timeout=30))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"options.{field} is {len(value):,} characters long, over the limit of" in error.details
+    assert len(error.details) < 200
+    assert_still_serving(served)
+
+
+def test_codes_are_trimmed_before_routing(served: RunningServer) -> None:
+    padded = served.stub.Translate(request(["Das Haus ist groß."], " de ", "en\t", beam_size=1), timeout=30)
+    plain = served.stub.Translate(request(["Das Haus ist groß."], "de", "en", beam_size=1), timeout=30)
+    assert padded.results[0].translation == plain.results[0].translation
 
 
 def option_errors(options: dict[str, object]) -> bool:

@@ -67,7 +67,7 @@ def german_model_dir(tiny_exported_dir: Path, tmp_path_factory: pytest.TempPathF
     return out
 
 
-@pytest.mark.parametrize("auto", ["", "auto"])
+@pytest.mark.parametrize("auto", ["", "auto", " AUTO ", "und"])
 def test_auto_detects_each_text_and_routes_it_to_the_model_serving_its_language(
     german_model_dir: Path, french_model_dir: Path, auto: str
 ) -> None:
@@ -195,3 +195,37 @@ def test_a_text_in_the_target_language_comes_back_as_it_came_even_where_a_model_
     assert reply[1].sentences == 1 and reply[1].detected_source_language == "fr"
     # "ok" leads no language by the margin: a model that takes any language reads it without being told which
     assert reply[2].sentences == 1 and reply[2].detected_source_language == ""
+
+
+ROMANCE_SOURCES = "fr+fr_BE+fr_CA+es+es_MX+pt+pt_br+pt_BR+pt_PT+it+ro+ca+la"  # opus-mt-ROMANCE-en's list, shortened
+
+
+@pytest.fixture(scope="module")
+def romance_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A classic group-source release: its tokenizer_config.json joins every source code with `+`."""
+    root = tmp_path_factory.mktemp("romance")
+    texts = tuple(zip(SOURCES["fr"], ENGLISH, strict=True))
+    hf_dir = build_marian_dir(root / "hf", languages=Languages(ROMANCE_SOURCES, "en", texts))
+    assert import_main(["--model", str(hf_dir), "--out", str(root / "opus-mt-ROMANCE-en")]) == 0
+    export_tiny_onnx(root / "opus-mt-ROMANCE-en")
+    return root / "opus-mt-ROMANCE-en"
+
+
+def test_a_source_list_joined_with_plus_serves_each_language_and_detection_names_them(
+    romance_model_dir: Path,
+) -> None:
+    """Broken once on purpose (the list read as one code), `fr`, `es` and `pt-BR` were each "unsupported language
+    pair", French detected with confidence 1.0 was refused the same way, and ListModels named one 40-character
+    language."""
+    with running_server(onnx_model(romance_model_dir)) as served:
+        (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
+        by_code = {
+            code: served.stub.Translate(request([FRENCH[0]], code, "en", beam_size=2)).results[0].translation
+            for code in ("fr", "fr-FR", "es-MX", "PT-BR", "pt_br", "it-IT", "ro", "ca")
+        }
+        detected = served.stub.Translate(request([FRENCH[0], FRENCH[2]], "", "en", beam_size=2)).results
+    assert sorted({p.source for p in info.pairs}) == sorted(ROMANCE_SOURCES.split("+"))
+    assert {p.target for p in info.pairs} == {"en"}
+    assert len(set(by_code.values())) == 1  # a classic release reads no source tag: every code is the same input
+    assert [r.detected_source_language for r in detected] == ["fr", "fr"]
+    assert detected[0].translation == by_code["fr"]

@@ -3,6 +3,7 @@ checked equal to transformers (logits, cached logits, greedy and beam ids, token
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import replace
@@ -131,6 +132,46 @@ def test_unrepresentable_models_fail_the_import_clearly(
     assert message in capsys.readouterr().err
 
 
+def patched_generation(imported: tuple[Path, Path], tmp_path: Path, patch: dict[str, object]) -> Path:
+    """A copy of the tiny checkpoint whose generation_config.json is `patch`ed (None removes a key)."""
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(imported[0], hf_dir)
+    gen = json.loads((hf_dir / "generation_config.json").read_text()) | patch
+    (hf_dir / "generation_config.json").write_text(json.dumps({k: v for k, v in gen.items() if v is not None}))
+    return hf_dir
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [{"no_repeat_ngram_size": 2}, {"repetition_penalty": 1.3}, {"do_sample": True}, {"min_length": 5},
+     {"suppress_tokens": [7]}, {"bad_words_ids": "pad and 5"}],
+)  # fmt: skip
+def test_generation_settings_the_decoder_does_not_apply_fail_the_import(
+    imported: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, object]
+) -> None:
+    """generate() applies them from the same file, so serving the model without them would translate otherwise.
+    Broken once on purpose (the keys not read, as before), no_repeat_ngram_size 2 and repetition_penalty 1.3
+    imported with exit 0 and every served greedy and beam-4 translation of a probe differed from generate()'s."""
+    if patch.get("bad_words_ids"):
+        pad = json.loads((imported[0] / "config.json").read_text())["pad_token_id"]
+        patch = {"bad_words_ids": [[pad], [5]]}
+    hf_dir = patched_generation(imported, tmp_path, patch)
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "out")]) == 2
+    (key,) = patch
+    assert f"its generation config sets {key}" in capsys.readouterr().err or key == "bad_words_ids"
+
+
+def test_the_pad_ban_and_the_new_token_limit_come_from_the_generation_config(
+    imported: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Without bad_words_ids generate() may produce pad (transformers bans it through that setting alone)."""
+    hf_dir = patched_generation(imported, tmp_path, {"bad_words_ids": None, "max_new_tokens": 17})
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["ban_pad"] is False
+    assert json.loads((tmp_path / "out" / "decoding.json").read_text())["max_output_len"] == 17
+    assert json.loads((imported[1] / "config.json").read_text())["ban_pad"] is True
+
+
 def test_served_translations_equal_transformers(imported: tuple[Path, Path], tmp_path: Path) -> None:
     """Export, load in the server, translate over gRPC: the text of generate()'s ids, greedy and beam 4."""
     from transformers import MarianMTModel
@@ -153,6 +194,41 @@ def test_served_translations_equal_transformers(imported: tuple[Path, Path], tmp
             for text, result in zip(texts, reply.results, strict=True):
                 ids = transformers_ids(hf, tokenizer.encode_source(text, "en"), beam, max_len, model.runner.spec.pad_id)
                 assert result.translation == tokenizer.decode(ids), (beam, text)
+
+
+def test_beam_search_goes_on_past_k_finished_as_generate_does_by_default(
+    imported: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """generate()'s default `early_stopping=False` decodes on while a live beam could still beat the K-th
+    finished one: the import carries it (`patient_beam`), and the reference and the served path follow it.
+    Stopping at K finished instead, as both did before, gives other ids on some of these sources (the probe
+    that found it: 2-5 of 12 beam-4 inputs per tiny model)."""
+    from transformers import MarianMTModel
+
+    from model.decode import beam_search
+
+    hf_dir, ours_dir = imported
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    tokenizer, ours = MarianTokenizer(ours_dir), load_artifact(ours_dir)
+    impatient = load_artifact(ours_dir)
+    impatient.cfg = dataclasses.replace(impatient.cfg, patient_beam=False)
+    texts = [text for pair in TINY_PAIRS for text in pair]  # the English too: more sources, random weights
+    expected, differs = [], 0
+    for text in texts:
+        src = tokenizer.encode_source(text, "en")
+        ids = transformers_ids(hf, src, 4, 23, ours.cfg.pad_id)
+        assert list(beam_search(ours, src, 4, 23)[0].tokens) == ids, text
+        differs += list(beam_search(impatient, src, 4, 23)[0].tokens) != ids
+        expected.append(tokenizer.decode(ids))
+    separate = (hf_dir / "target_vocab.json").is_file()  # that random model's beams never need the patience
+    assert differs or separate, "no source where patience matters: the test would pass without it"
+    model_dir = tmp_path / "model"
+    shutil.copytree(ours_dir, model_dir)
+    export_tiny_onnx(model_dir)
+    with running_server(onnx_model(model_dir)) as served:
+        reply = served.stub.Translate(request(texts, beam_size=4, max_output_len=23))
+    single = [(r.translation, e) for r, e in zip(reply.results, expected, strict=True) if r.sentences == 1]
+    assert len(single) >= len(texts) - 2 and all(got == want for got, want in single)  # one sentence: one decode
 
 
 def test_reference_targets_equal_marian_tokenizer(imported: tuple[Path, Path]) -> None:
@@ -183,7 +259,8 @@ def test_export_variants_gate_and_parity_run_on_an_imported_model(imported: tupl
 def test_ctranslate2_converter_on_the_same_directory_yields_the_same_ids(
     imported: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """The peer's converter (`ct2-transformers-converter`) agrees with our import, greedy and beam 4.
+    """The peer's converter (`ct2-transformers-converter`) agrees with our import, greedy and beam 4, its beam
+    search stopping as ours does without patience (at K finished: CTranslate2 reads no `early_stopping`).
     It handles the shared-vocabulary layout only (its MarianMTLoader has no second vocabulary)."""
     import subprocess
     import sys
@@ -201,6 +278,8 @@ def test_ctranslate2_converter_on_the_same_directory_yields_the_same_ids(
     index = {piece: i for i, piece in enumerate(vocabulary)}
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     tokenizer, ours = MarianTokenizer(ours_dir), load_artifact(ours_dir)
+    assert ours.cfg.patient_beam  # the import carries generate()'s default ...
+    ours.cfg = dataclasses.replace(ours.cfg, patient_beam=False)  # ... which CTranslate2 does not follow
     sources = [tokenizer.encode_source(de, "en") for de, _ in TINY_PAIRS]
     for beam in (1, 4):
         results = translator.translate_batch(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import export.hf
 import export.hub
 from export import publish
 from export.fetch import FetchError, HubSettings
@@ -128,6 +129,9 @@ def test_the_cache_key_changes_with_the_format_version_and_the_recipe(monkeypatc
     fp16 = BuildPlan(("fp32", "fp16"))
     assert fp16.folder() != replace(fp16, fp16_gate="cuda").folder()  # a gated build is never an ungated one
     monkeypatch.setattr(export.hub, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    assert BuildPlan().folder() != base
+    monkeypatch.setattr(export.hub, "FORMAT_VERSION", FORMAT_VERSION)
+    monkeypatch.setattr(export.hf, "IMPORT_RULES", export.hf.IMPORT_RULES + 1)  # an import that now differs
     assert BuildPlan().folder() != base
 
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from model.languages import AmbiguousLanguage, LanguageTag, bcp47, iso639_1, match, parse
+from model.languages import (
+    VERBATIM,
+    AmbiguousLanguage,
+    LanguageTag,
+    bcp47,
+    canonical,
+    iso639_1,
+    match,
+    match_fit,
+    parse,
+)
 from server.edge.routing import describe_pairs, route_pair
 
 PORTUGUESE = ["por", "pob"]  # opus-mt-tc-big-en-pt's tags: European and Brazilian Portuguese
@@ -53,6 +63,14 @@ EN_ZH = ["cmn", "cmn_Hans", "cmn_Hant", "yue", "yue_Hans", "yue_Hant", "zho_Hans
         ("sr-Latn", ["srp_Cyrl", "srp_Latn"], "srp_Latn"),
         ("fr", ["mul"], "mul"),  # a group takes any known language
         ("fr", ["mul", "fra"], "fra"),  # below every real match
+        ("PT-BR", PORTUGUESE, "pob"),  # DeepL's spelling: tags are case-insensitive (RFC 5646 2.1.1)
+        ("ZH-HANT", CHINESE, "zho_Hant"),
+        ("EN-US", ["eng"], "eng"),
+        ("de-DE-1996", ["deu"], "deu"),  # a variant subtag
+        ("en-u-ca-gregory", ["eng"], "eng"),  # an extension
+        # opus-mt-en-ROMANCE names Brazilian Portuguese twice; one language, so no ambiguity: the usual casing
+        ("pt-BR", ["pt", "pt_br", "pt_BR", "pt_PT"], "pt_BR"),
+        ("pt_br", ["pt", "pt_br", "pt_BR", "pt_PT"], "pt_br"),  # its own spelling: itself
     ],
 )
 def test_client_codes_reach_the_models_own(client: str, offered: list[str], expected: str) -> None:
@@ -61,8 +79,9 @@ def test_client_codes_reach_the_models_own(client: str, offered: list[str], expe
 
 @pytest.mark.parametrize(
     ("client", "offered"),
-    [("pt-PT", ["pob"]), ("zh-Hant", ["cmn_Hans"]), ("fr", ["de", "en"]), ("klingon", ["mul"]), ("", ["en"])],
-)
+    [("pt-PT", ["pob"]), ("zh-Hant", ["cmn_Hans"]), ("fr", ["de", "en"]), ("klingon", ["mul"]), ("", ["en"]),
+     ("de\n", ["deu"]), ("fr+es", ["fra"])],
+)  # fmt: skip
 def test_codes_that_name_no_served_language_match_nothing(client: str, offered: list[str]) -> None:
     """Broken once on purpose (`_part_fit` letting two different regions written out on both sides fit),
     `pt-PT` was matched to `pob`."""
@@ -98,6 +117,23 @@ def test_codes_are_read_into_language_script_and_region(code: str, tag: Language
 def test_model_codes_in_bcp47_and_iso_639_1(code: str, spelled: str, two_letter: str) -> None:
     assert bcp47(code) == spelled
     assert iso639_1(code) == two_letter
+
+
+@pytest.mark.parametrize(
+    ("code", "cased"), [("pt_br", "pt_BR"), ("ZH-HANS", "zh-Hans"), ("DE", "de"), ("ROMANCE", "ROMANCE")]
+)
+def test_canonical_cases_language_script_and_region(code: str, cased: str) -> None:
+    assert canonical(code) == cased
+
+
+def test_a_language_fits_alike_however_the_client_or_the_model_spells_it() -> None:
+    """Two models name English `en` and `eng`: a client's `eng` must not fit the second better for being its
+    spelling, so that routing can prefer the specialised model (broken once on purpose: a verbatim code scored
+    above every other spelling, and `eng->de` went to a multilingual en-mul beside opus-mt-en-de)."""
+    spelt_otherwise, own_spelling = match_fit("eng", ["en"]), match_fit("eng", ["eng"])
+    assert spelt_otherwise is not None and own_spelling is not None
+    assert spelt_otherwise[0] == own_spelling[0] != VERBATIM and own_spelling[1] == "eng"
+    assert match_fit("mul", ["mul"]) == (VERBATIM, "mul")  # a group has no language to score
 
 
 def test_a_pair_is_routed_by_its_source_then_the_targets_of_that_source() -> None:

@@ -272,3 +272,46 @@ def test_a_code_one_model_cannot_tell_apart_goes_to_a_model_it_fits_plainly() ->
     assert Backends([dialects, arabic]).route(options)[0].model.name == "opus-mt-en-ar"
     with pytest.raises(InvalidRequest, match="could mean any of ary, arz"):
         Backends([dialects]).route(options)
+
+
+@pytest.mark.parametrize("source", ["en", "eng", "EN-US"])
+def test_a_language_goes_to_the_specialised_model_however_the_client_spells_it(source: str) -> None:
+    """opus-mt-en-de, opus-mt-en-ROMANCE and a tc-big en-mul (source `eng`) loaded in that order, the multilingual
+    one listed first to show that load order is not what decides. Broken once on purpose (a verbatim code fitting
+    above every spelling), `eng->de` and `eng->es` went to en-mul; and en-ROMANCE's `>>pt_br<<` beside `>>pt_BR<<`
+    refused `pt-BR` as ambiguous, which sent it to en-mul while `pt` stayed on en-ROMANCE."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from server.edge.backends import Backend, Backends
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
+        engine = SimpleNamespace(load=0, draining=False, failed=False)
+        return cast(
+            Backend, SimpleNamespace(engine=engine, spec=SimpleNamespace(pairs=pairs), model=SimpleNamespace(name=name))
+        )
+
+    targets = ("deu", "spa", "por", "pob", "fra", "ita", "nld", "pol", "ces", "fin", "swe", "dan", "nob", "tur", "ell")
+    multilingual = backend("opus-mt-tc-big-en-mul", tuple(("eng", t) for t in targets))  # hundreds, in a release
+    german = backend("opus-mt-en-de", (("en", "de"),))
+    romance = backend("opus-mt-en-ROMANCE", tuple(("en", t) for t in ("fr", "es", "pt", "pt_br", "pt_BR", "it")))
+    backends = Backends([multilingual, german, romance])
+    routed = {}
+    for target in ("de", "DE", "es", "pt", "pt-BR", "PT-BR", "fr"):
+        chosen, route = backends.route(pb.TranslationOptions(source_language=source, target_language=target))
+        routed[target] = (chosen.model.name, route.target)
+    assert routed == {
+        "de": ("opus-mt-en-de", "de"),
+        "DE": ("opus-mt-en-de", "de"),
+        "es": ("opus-mt-en-ROMANCE", "es"),
+        "pt": ("opus-mt-en-ROMANCE", "pt"),
+        "pt-BR": ("opus-mt-en-ROMANCE", "pt_BR"),
+        "PT-BR": ("opus-mt-en-ROMANCE", "pt_BR"),
+        "fr": ("opus-mt-en-ROMANCE", "fr"),
+    }
+    group = backend("opus-mt-ROMANCE-en", tuple((s, "en") for s in ("fr", "fr_BE", "es", "it", "pt")))
+    french = backend("opus-mt-fr-en", (("fr", "en"),))
+    assert Backends([group, french]).route(pb.TranslationOptions(source_language="fr", target_language="en"))[
+        0
+    ].model.name == ("opus-mt-fr-en")

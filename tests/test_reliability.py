@@ -419,7 +419,7 @@ def test_a_hung_runner_call_fails_its_requests_and_turns_not_serving(tiny_model_
             gate.wait_for_step()
             error = status_of(lambda: hung.result(30))
             assert error.code == grpc.StatusCode.UNAVAILABLE and "engine failed" in error.details
-            assert served.server.engine_died.is_set()  # what makes `serve` exit non-zero
+            wait_until(served.server.engine_died.is_set)  # what makes `serve` exit non-zero (set on the loop, after)
             wait_until(lambda: health_status(served.channel) == "NOT_SERVING")
         finally:
             gate.gate.set()  # release the abandoned thread

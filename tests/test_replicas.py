@@ -5,6 +5,7 @@ SIGTERM draining every process without losing a call, and startup failures stopp
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -83,7 +84,10 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str, engines_each: int = 1
         "--max-slots", str(MAX_SLOTS), "--shutdown-delay-seconds", "0.2", *flags,
     ]  # fmt: skip
     with log.open("w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        # its own process group, as systemd or supervisord start it: a test may signal the whole group
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True
+        )
     served = Served(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
     try:
         # both processes serving, not only loaded: one killed while still starting stops the whole server
@@ -202,8 +206,13 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_export
         assert "while serving: starting it again" in served.log.read_text()
 
 
-def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Path, tmp_path: Path) -> None:
-    with replicas(tiny_exported_dir, tmp_path, "--drain-seconds", "30") as served:
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-parent", "to-the-process-group"])
+def test_sigterm_drains_every_process_and_no_call_is_lost(
+    tiny_exported_dir: Path, tmp_path: Path, to_group: bool
+) -> None:
+    """SIGTERM to the parent, or to every process of its group at once (systemd's default KillMode, `timeout`,
+    supervisord's stopasgroup): the engine processes among them wait for their server to drain and stop them."""
+    with replicas(tiny_exported_dir, tmp_path, "--drain-seconds", "30", "--engine-processes") as served:
 
         async def calls_then_sigterm() -> list[grpc.StatusCode]:
             in_flight = asyncio.ensure_future(
@@ -215,7 +224,10 @@ def test_sigterm_drains_every_process_and_no_call_is_lost(tiny_exported_dir: Pat
             while (held := await asyncio.to_thread(received)) < DRAIN_CALLS and time.monotonic() < wait:
                 await asyncio.sleep(0.01)
             assert held >= DRAIN_CALLS, f"the servers received {held} of {DRAIN_CALLS} calls"
-            served.process.send_signal(signal.SIGTERM)
+            if to_group:
+                os.killpg(served.process.pid, signal.SIGTERM)
+            else:
+                served.process.send_signal(signal.SIGTERM)
             return await in_flight
 
         def received() -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
@@ -691,6 +692,22 @@ def test_signal_drains_in_flight_requests_then_exits(tiny_model_dir: Path, sig: 
         results = [m.result for m in in_flight if m.HasField("result")]
         assert sorted((r.index, r.sentences) for r in results) == [(0, 1), (1, 1), (2, 1)]
         assert process.wait(60) == 0
+
+
+@pytest.mark.process
+def test_an_open_health_watch_does_not_hold_the_exit_for_the_drain_grace(tiny_model_dir: Path) -> None:
+    """Client-side health checking keeps a `Health.Watch` stream open on every connection; a stream that never
+    ends on its own must not keep an idle server's shutdown waiting out the whole drain grace (30 s here)."""
+    with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert process.wait(60) == 0
+        assert time.monotonic() - signalled < 15  # the port's 1 s, the stop's 1 s flush, the interpreter's exit
+        with pytest.raises(grpc.RpcError):
+            next(watch)  # ended by the server's stop
 
 
 @pytest.mark.process

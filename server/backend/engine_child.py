@@ -95,7 +95,10 @@ def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int, lis
     `listen_at` (a Unix socket path), answer every server process that connects there instead (`--shared-engines`),
     `conn` then carrying only the parent's start, warmup and stop."""
     follow_parent(parent_pid, lambda: os._exit(1))  # an engine without its server holds memory for nothing
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server drains first
+    # Ctrl-C, and SIGTERM sent to the process group (systemd's default KillMode, `timeout`, supervisord's
+    # stopasgroup), reach the engines too: the server drains first, then stops them over the pipe
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         runner = settings.open()
     except Exception as err:

@@ -7,7 +7,8 @@ references in tests. Both pick the same candidates.
 It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
 order (ties: lower flat index first), EOS candidates among the K best finish with
 score / length ** length_penalty (EOS ranked lower is passed over), the rest stay live until K are
-live; stop at K finished or at `max_len` generated tokens.
+live; stop at K finished (a patient search: once no live row could beat the K-th) or at `max_len` generated
+tokens.
 The caller owns the rows (slots): after `advance`, live row i continues from parent row
 `parents[i]` with token `tokens[i]`. Greedy is K = 1.
 """
@@ -123,12 +124,14 @@ class BeamState:
     length_penalty: float
     eos_id: int
     forced_eos: bool = False  # the step at max_len ends every live row with EOS, score unchanged (generate's ending)
+    patient: bool = False  # go on past K finished while the best live row could beat the K-th (model/decode.py)
     live: list[tuple[tuple[int, ...], float]] = field(default_factory=lambda: [((), 0.0)])
     finished: list[Hypothesis] = field(default_factory=list)
     steps: int = 0  # tokens generated so far by every live row
 
     def __post_init__(self) -> None:
         assert self.beam_size >= 1 and self.max_len >= 1, f"unchecked work: {self.beam_size=}, {self.max_len=}"
+        self.patient = self.patient and self.beam_size > 1  # greedy stops at its EOS, patient model or not
 
     @property
     def candidates_needed(self) -> int:
@@ -199,16 +202,28 @@ class BeamState:
             else:
                 new_live.append(((*tokens, token), score))
                 parents.append(hyp)
-            if len(self.finished) >= self.beam_size or len(new_live) == self.beam_size:
+            if len(new_live) == self.beam_size or (len(self.finished) >= self.beam_size and not self.patient):
                 break
         self.steps += 1
-        if len(self.finished) >= self.beam_size or self.steps >= self.max_len:
-            if len(self.finished) < self.beam_size:
+        if self.steps >= self.max_len:
+            if len(self.finished) < self.beam_size or self.patient:  # the patient pool takes them as finished
                 self.finished.extend(Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live)
+            self.live = []
+            return Advance([], [], done=True)
+        if len(self.finished) >= self.beam_size and not (self.patient and self._could_improve(new_live)):
             self.live = []
             return Advance([], [], done=True)
         self.live = new_live
         return Advance(parents, [t[-1] for t, _ in new_live], done=False)
+
+    def _could_improve(self, live: list[tuple[tuple[int, ...], float]]) -> bool:
+        """Whether the best live row, normalised at its present length, beats the K-th best finished
+        hypothesis: transformers' heuristic for `early_stopping=False` (generation/utils.py
+        `_check_early_stop_heuristic`), which assumes a longer hypothesis scores no better."""
+        if not live:
+            return False
+        kth = sorted((h.normalized for h in self.finished), reverse=True)[self.beam_size - 1]
+        return normalize(live[0][1], self.steps, self.length_penalty) > kth
 
     def _force_eos(self) -> Advance:
         """The last step under `forced_eos`: each live row's only candidate is EOS, at log-probability 0 (as

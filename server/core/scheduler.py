@@ -194,7 +194,10 @@ class Scheduler:
         request = _Request(request_id, options, deadline, pending=len(sentences))
         for index, ids in enumerate(sentences):
             max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
-            beam = BeamState(options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos)
+            beam = BeamState(
+                options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos,
+                patient=self.spec.patient_beam,
+            )  # fmt: skip
             request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
@@ -316,7 +319,9 @@ class Scheduler:
     def _restart(self, sentence: _Sentence) -> _Sentence:
         self._release(sentence)
         beam = sentence.beam
-        sentence.beam = BeamState(beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos)
+        sentence.beam = BeamState(
+            beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos, patient=beam.patient
+        )
         sentence.feed = []
         return sentence
 

@@ -54,9 +54,9 @@ class Backends:
 
     def route(self, options: pb.TranslationOptions, source: str | None = None) -> tuple[Backend, LanguageRoute]:
         """The model for the request and its pair: the best fit of the client's codes (model.languages) among
-        every model serving them, among those of its name if it names one; ties go to the first in load
-        order, and among one model's engines to the least loaded. `source` overrides the request's (a
-        detected language)."""
+        every model serving them, among those of its name if it names one; ties go to the model with the fewest
+        pairs sharing the route's source or target, then the first in load order, and among one model's engines
+        to the least loaded. `source` overrides the request's (a detected language)."""
         backends = self.serving()
         if options.model:
             backends = [b for b in backends if b.model.name == options.model]
@@ -79,7 +79,9 @@ class Backends:
         if not routes:
             raise InvalidRequest(f"unsupported language pair {source}-{target}; {_served_pairs(backends)}")
         best = max(route.fit for _, route in routes)
-        backend, route = next((b, r) for b, r in routes if r.fit == best)
+        # Among equal fits the most specialised model (opus-mt-en-de before a multilingual en-mul, opus-mt-fr-en
+        # before opus-mt-ROMANCE-en), then the first in load order.
+        backend, route = min(((b, r) for b, r in routes if r.fit == best), key=lambda found: _breadth(*found))
         replicas = [b for b, r in routes if b.model.name == backend.model.name]
         if len(replicas) == 1:
             return backend, route
@@ -113,3 +115,8 @@ ANY_LANGUAGE = "mul"  # OPUS-MT's source group of every language (`ROMANCE`, `ge
 
 def _served_pairs(backends: list[Backend]) -> str:
     return "supported pairs: " + describe_pairs({b.model.name: b.spec.pairs for b in backends})
+
+
+def _breadth(backend: Backend, route: LanguageRoute) -> int:
+    """How many of the model's pairs share the route's source or target: 1 for a model made for the pair."""
+    return sum(1 for source, target in backend.spec.pairs if source == route.source or target == route.target)

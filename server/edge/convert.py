@@ -64,6 +64,32 @@ class TranslateJob:
         return direction_name(self.source_lang, self.target_lang)
 
 
+# Longer than any language code (a BCP-47 tag with a variant and an extension stays under 40) or model name (a hub id
+# with its `@sha`): refused before routing, which caches what it sees and echoes codes in its messages.
+MAX_LANGUAGE_CODE_CHARS = 64
+MAX_MODEL_NAME_CHARS = 256
+UNDETERMINED = ("auto", "und")  # a source left to detection, as an empty one is (`und`: BCP-47's "undetermined")
+
+
+def normalize_codes(options: pb.TranslationOptions) -> None:
+    """Check the lengths of the request's language codes and model name, trim their whitespace, and clear a
+    source that asks for detection (`auto`, `und`, any case): what routing and detection read after."""
+    for name, limit in (
+        ("source_language", MAX_LANGUAGE_CODE_CHARS),
+        ("target_language", MAX_LANGUAGE_CODE_CHARS),
+        ("model", MAX_MODEL_NAME_CHARS),
+    ):
+        value = getattr(options, name)
+        if len(value) > limit:
+            raise InvalidRequest(
+                f"options.{name} is {len(value):,} characters long, over the limit of {limit}"
+                f" (it begins {value[:20]!r})"
+            )
+        setattr(options, name, value.strip())
+    if options.source_language.lower() in UNDETERMINED:
+        options.source_language = ""
+
+
 def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
     """The (source, target) pairs the model translates, as its export records them."""
     return list(spec.pairs)

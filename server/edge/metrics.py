@@ -43,6 +43,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.calls_in_flight = 0  # this process's calls in the service's handlers, any method: what shutdown awaits
         self.requests = Counter(
             "translation_requests_total",
             "Finished RPCs by method, gRPC status code name, language pair and model (empty before routing).",
@@ -204,6 +205,7 @@ class Metrics:
     def count_in_flight(self, method: str, change: int) -> None:
         """A call of `method` began (+1) or ended (-1)."""
         self.in_flight.labels(method=method).inc(change)
+        self.calls_in_flight += change
 
     def observe_rejected(self, method: str, reason: str, model: str = "") -> None:
         self.rejected.labels(method=method, reason=reason, model=model).inc()

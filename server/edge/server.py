@@ -70,6 +70,7 @@ T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translation.v1.Translator"
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server
 MIN_STOP_GRACE_S = 1.0  # time to flush responses of requests that finished during the drain
+ANSWERS_POLL_S = 0.01  # how often shutdown looks whether the service's handlers have all answered
 MAX_LIFECYCLE_THREADS = 16  # loading, draining and stopping threads: engines drain side by side up to this many
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
@@ -221,7 +222,11 @@ class TranslationServer:
         drains = await asyncio.gather(*(self._drain(engine, grace) for engine in engines))  # side by side
         drained = all(drains)
         await asyncio.sleep(delay - (time.monotonic() - started))  # returns at once when the drain outlasted it
-        await self.server.stop(max(0.0, grace - (time.monotonic() - started)) + MIN_STOP_GRACE_S)
+        while self.metrics.calls_in_flight > 0 and time.monotonic() - started < grace:
+            await asyncio.sleep(ANSWERS_POLL_S)  # the handlers still assembling and sending their answers
+        # Calls that never end on their own (a client's open Health.Watch stream) do not hold the exit for the
+        # rest of the grace: every answer is out, so gRPC stops after its short flush.
+        await self.server.stop(MIN_STOP_GRACE_S)
         join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
         await asyncio.gather(*(self._off_loop(e.stop, join_timeout) for e in engines))  # joins the loop threads
         self._stop_watching.set()

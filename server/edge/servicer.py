@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import grpc.aio
 
-from model.languages import AUTO
 from server.core.admission_ledger import Admission
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine_client import Cancellable, EngineClient
@@ -29,6 +28,7 @@ from server.edge.backends import Backend, Backends
 from server.edge.convert import (
     TranslateJob,
     model_info_to_pb,
+    normalize_codes,
     parse_request,
     partial_to_pb,
 )
@@ -125,8 +125,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     async def _parts(self, request: pb.TranslateRequest, call: CallRecord, stream: bool) -> list[JobPart]:
         """The request as jobs, one per model pair (server.edge.request_parts)."""
+        normalize_codes(request.options)
         parse = partial(self._parse, call=call, stream=stream)
-        if request.options.source_language not in ("", AUTO):
+        if request.options.source_language:
             return whole_request(request, self._backends, parse)
         if self._grouping is None:
             self._backends.serving()  # while the models load: Unavailable, as for any call
