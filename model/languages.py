@@ -130,6 +130,15 @@ def bcp47(code: str) -> str:
     return "-".join(part for part in (language or tag.language, tag.script, tag.region) if part)
 
 
+def same_written_language(a: str, b: str) -> bool:
+    """Whether two codes name one language in one script: `en` and `en-US`, `no` and `nb`; not `zh` and `zh-TW`
+    (Simplified and Traditional), `sr` and `sr-Latn`, nor a group (`mul`) and anything."""
+    x, y = parse(a), parse(b)
+    if x.is_group or y.is_group or _language_fit(x.language, y.language) is None:
+        return False
+    return x.likely_script == y.likely_script
+
+
 def canonical(code: str) -> str:
     """`code` with language, script and region in their usual case, the rest as written: `pt_br` -> `pt_BR`."""
     found = _CODE.fullmatch(code)

@@ -91,14 +91,25 @@ def test_auto_detects_each_text_and_routes_it_to_the_model_serving_its_language(
     assert counted == 4  # two calls, two French texts each
 
 
-def test_a_text_no_detection_decides_is_invalid_argument_asking_for_the_source(german_model_dir: Path) -> None:
+def test_a_text_no_detection_decides_takes_the_language_of_the_request_or_is_invalid_argument(
+    german_model_dir: Path,
+) -> None:
+    """A name, "OK" or a code snippet among texts whose language detection tells goes with the language most of
+    them are in, confidence 0 (broken once on purpose, as before: one such text refused the whole batch); alone,
+    it asks for the source."""
+    texts = ["Das Haus ist groß.", "ok", "Wo ist der nächste Bahnhof?", "Maria"]
     with running_server(onnx_model(german_model_dir)) as served:
         with pytest.raises(grpc.RpcError) as failed:
-            served.stub.Translate(request(["Das Haus ist groß.", "ok"], "auto", "en"))
+            served.stub.Translate(request(["ok", "Maria"], "auto", "en"))
+        mixed = served.stub.Translate(request(texts, "auto", "en", beam_size=2)).results
+        named = served.stub.Translate(request(texts, "de", "en", beam_size=2)).results
         no_letters = served.stub.Translate(request(["...", " ", "12345"], "auto", "en")).results
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "cannot tell the language of texts[1]" in (failed.value.details() or "")
+    assert "cannot tell the language of texts[0], texts[1]" in (failed.value.details() or "")
     assert "set options.source_language" in (failed.value.details() or "")
+    assert [r.translation for r in mixed] == [r.translation for r in named]
+    assert [r.detected_source_language for r in mixed] == ["de"] * 4
+    assert [r.detected_language_confidence > 0.5 for r in mixed] == [True, False, True, False]
     assert [(r.translation, r.detected_source_language) for r in no_letters[:2]] == [("...", ""), (" ", "")]
     assert no_letters[2].sentences == 1 and no_letters[2].detected_source_language == ""  # numbers: any model's
 
@@ -107,7 +118,7 @@ def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(frenc
     with running_server(onnx_model(french_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
         served.stub.Translate(request([GERMAN[0]], "auto", "en"))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "detected as 'de'" in (failed.value.details() or "")
+    assert "texts[0] detected as 'de'" in (failed.value.details() or "")
     assert "supported pairs: opus-mt-fr-en: fr-en" in (failed.value.details() or "")
 
 
@@ -175,7 +186,7 @@ def test_a_text_in_a_language_no_model_serves_is_named_after_it_not_the_nearest_
     with running_server(onnx_model(german_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
         served.stub.Translate(request([GERMAN[0], FOREIGN["es"][0]], "auto", "en"))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "1 text(s) detected as 'es'" in (failed.value.details() or "")
+    assert "texts[1] detected as 'es'" in (failed.value.details() or "")
 
 
 def test_a_text_in_the_target_language_comes_back_as_it_came_even_where_a_model_takes_it(
@@ -229,3 +240,18 @@ def test_a_source_list_joined_with_plus_serves_each_language_and_detection_names
     assert len(set(by_code.values())) == 1  # a classic release reads no source tag: every code is the same input
     assert [r.detected_source_language for r in detected] == ["fr", "fr"]
     assert detected[0].translation == by_code["fr"]
+
+
+def test_the_detected_language_is_reported_in_bcp47_whatever_the_model_calls_it(
+    french_model_dir: Path, tmp_path: Path
+) -> None:
+    """A tc-big release names French `fra`; a client reads `fr` either way (broken once on purpose, as before: the
+    same French text came back `fra` from this model and `fr` from one naming it `fr`)."""
+    hf_dir = french_model_dir.parent / "hf"
+    out = tmp_path / "opus-mt-tc-big-fra-eng"
+    assert import_main(["--model", str(hf_dir), "--out", str(out), "--source-lang", "fra", "--target-lang", "eng"]) == 0
+    export_tiny_onnx(out)
+    with running_server(onnx_model(out)) as served:
+        results = served.stub.Translate(request([FRENCH[0], ENGLISH[0]], "", "en", beam_size=2)).results
+    assert [r.detected_source_language for r in results] == ["fr", "en"]  # the English came back as it came
+    assert results[1].translation == ENGLISH[0] and results[1].sentences == 0

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from server.core.engine import Engine
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
+    SHUTDOWN_MESSAGE,
     DrainingError,
     EngineFailedError,
     EngineLimits,
@@ -326,7 +327,7 @@ def test_drain_times_out_and_stop_fails_the_rest_unavailable(engine_factory: Cal
     opener.start()
     engine.stop()
     opener.join()
-    assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, "the server is shutting down")
+    assert collector.wait() == RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE)
     assert runner.step_calls == 1
 
 

@@ -14,6 +14,7 @@ from model.languages import (
     match,
     match_fit,
     parse,
+    same_written_language,
 )
 from server.edge.routing import describe_pairs, route_pair
 
@@ -149,3 +150,16 @@ def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists(
     assert describe_pairs({"m": (("eng", "pob"),)}) == "m: eng-pob (en-pt-BR)"
     many = tuple(("eng", f"x{i:02d}") for i in range(40))
     assert "and 16 more (ListModels lists them)" in describe_pairs({"m": many})
+
+
+@pytest.mark.parametrize(
+    ("detected", "target", "same"),
+    [("en", "en-US", True), ("no", "nb", True), ("de", "deu", True), ("zh", "zh-CN", True), ("zh", "zh-TW", False),
+     ("sr", "sr-Latn", False), ("en", "mul", False), ("pt", "pt-BR", True), ("de", "en", False)],
+)  # fmt: skip
+def test_a_text_is_already_in_the_target_only_in_its_language_and_script(
+    detected: str, target: str, same: bool
+) -> None:
+    """Broken once on purpose (two-letter codes compared), Simplified Chinese asked for zh-TW came back
+    unchanged, and Norwegian asked for `nb` was refused as the pair no-nb."""
+    assert same_written_language(detected, target) is same

@@ -66,6 +66,8 @@ def test_a_refused_call_gets_a_new_request_id_in_its_status_and_its_record(
     assert len(sent) == 32 and sent != "not a plain id"  # replaced: it goes into logs
     (record,) = access_records(caplog)
     assert (record["request_id"], record["status"], record["sentences"]) == (sent, "INVALID_ARGUMENT", 0)
+    assert record["detail"] == error.details()  # what the client was told: why, for the operator too
+    assert str(record["detail"]).startswith("unsupported language pair de-fr")
     served.stub.ListModels(pb.ListModelsRequest())
     assert [r["method"] for r in access_records(caplog)] == ["Translate", "ListModels"]
 

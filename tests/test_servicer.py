@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits
-from server.core.events import RequestDone, SentenceDone, TokensEvent
+from server.core.events import SHUTDOWN_MESSAGE, RequestDone, SentenceDone, TokensEvent
 from server.core.splitter import join, split
 from server.edge import interceptors, preparation
 from server.edge.config import ServerConfig
@@ -591,7 +591,7 @@ def test_when_the_drain_grace_runs_out_the_rest_fails_unavailable_and_is_counted
         counted = sample_value(
             served.registry, "translation_requests_total", method="Translate", code="UNAVAILABLE", lang_pair="de-en"
         )
-    assert (error.code, error.details) == (grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+    assert (error.code, error.details) == (grpc.StatusCode.UNAVAILABLE, SHUTDOWN_MESSAGE)
     assert counted == 1
 
 

@@ -49,6 +49,7 @@ from server.backend.priority import lower_process_priority
 from server.core.engine import Engine
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
+    SHUTDOWN_MESSAGE,
     DrainingError,
     EngineLimits,
     Event,
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
 HEARTBEAT_S = 1.0  # the longest an iterating engine process stays silent
-SHUTDOWN_MESSAGE = "the server is shutting down"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from multiprocessing.connection import Client, Connection
 from typing import Protocol
 
 from model.directory import ModelSpec
-from server.backend.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, SHUTDOWN_MESSAGE, RunnerSettings, serve_model
+from server.backend.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, RunnerSettings, serve_model
 from server.backend.engine_messages import (
     Cancel,
     Close,
@@ -56,6 +56,7 @@ from server.backend.engine_messages import (
 from server.core.admission_ledger import Admission, AdmissionLedger
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
+    SHUTDOWN_MESSAGE,
     EngineFailedError,
     EngineLimits,
     Event,

@@ -29,6 +29,7 @@ from server.core.admission_ledger import Admission, AdmissionLedger
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
     INTERNAL_MESSAGE,
+    SHUTDOWN_MESSAGE,
     EngineLimits,
     Event,
     FailureReason,
@@ -275,7 +276,7 @@ class Engine:
         if self.failed:
             return  # the dying loop answered everything; its scheduler is not to be trusted
         self._take_inbox()  # the loop is gone: this thread owns the scheduler now
-        self._fail_all(FailureReason.UNAVAILABLE, "the server is shutting down")
+        self._fail_all(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE)
 
     def step(self) -> None:
         """One iteration: take new work, schedule, run, update, deliver."""

@@ -89,6 +89,7 @@ Event = TokensEvent | SentenceDone | RequestFailed | RequestDone
 
 
 ENGINE_FAILED_MESSAGE = "the translation engine failed; retry on another replica"
+SHUTDOWN_MESSAGE = "the server shut down before this request finished; retry on another replica"
 
 
 class EngineFailedError(Exception):

@@ -46,6 +46,7 @@ DRAINING_MESSAGE = "the server is shutting down; retry on another replica"
 # (grpcio 1.85) can hang a retried call until its deadline when the retry timer is near zero (grpc/grpc#41036):
 # at 0, the first call after SIGTERM hung in 3 of 4 runs of two replicas, at 50 in none.
 DRAINING_PUSHBACK = (("grpc-retry-pushback-ms", "50"),)
+MAX_DETAIL_CHARS = 300  # of a refusal's message in its access record
 MALFORMED_MESSAGE = "the request is not a valid serialized message of its type (bad wire format or UTF-8)"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token in the `authorization` metadata"
 DEADLINE_SLACK_S = 0.25  # network transit allowed between a client's deadline and the server's copy
@@ -140,8 +141,9 @@ class CallRecord:
     submitted: float = 0.0  # time.monotonic() when its sentences went to the engine
     trace: CallTrace = NO_TRACE  # its span, when tracing is on (server.edge.tracing)
 
-    def access_record(self, method: str, code: grpc.StatusCode, seconds: float) -> dict[str, object]:
-        """The call's access log fields (server.edge.logs): counts and timings, never text."""
+    def access_record(self, method: str, code: grpc.StatusCode, seconds: float, detail: str = "") -> dict[str, object]:
+        """The call's access log fields (server.edge.logs): counts and timings, never text; a refusal's status
+        message too (what the client was told: limits, codes and positions, never a text)."""
         return {
             "request_id": self.request_id,
             "method": method,
@@ -154,6 +156,7 @@ class CallRecord:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "queue_wait_ms": round(self.queue_wait_s * 1000, 2),
+            **({"detail": detail[:MAX_DETAIL_CHARS]} if detail else {}),
         }
 
 
@@ -267,7 +270,7 @@ async def _fail(
     code, message = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
         logger.error("%s failed (request id %s)", method, call.request_id, exc_info=exc)
-    _observe(metrics, method, call, code)
+    _observe(metrics, method, call, code, message)
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
         metrics.observe_rejected(method, reason, call.model)
     await context.abort(code, message, trailing_metadata(exc) + _request_id_metadata(call))
@@ -293,9 +296,9 @@ def _count_in_flight(metrics: Metrics | None, method: str, change: int) -> None:
         metrics.count_in_flight(method, change)
 
 
-def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode) -> None:
+def _observe(metrics: Metrics | None, method: str, call: CallRecord, code: grpc.StatusCode, detail: str = "") -> None:
     seconds = time.monotonic() - call.started
-    log_call(call.access_record(method, code, seconds))
+    log_call(call.access_record(method, code, seconds, detail))
     call.trace.end(code.name)
     if metrics is None:
         return

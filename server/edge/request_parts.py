@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from model.languages import iso639_1
+from model.languages import bcp47, iso639_1, same_written_language
 from model.languages import parse as parse_language
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
 from server.core.markup import TextType
@@ -47,10 +47,11 @@ class JobPart:
     def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
         message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
         if (found := self.detections.get(message.index)) is not None:
-            # The model's code, as a request naming it would write it; the language itself where no model translated
-            # the text, or where the model's source is a group (`mul`) and its code would say nothing
+            # The model's language in BCP-47 (`en` whether the model writes `en` or `eng`), as a request may name it;
+            # the detected language itself where no model translated the text, or where the model's source is a
+            # group (`mul`) and its code would say nothing
             named = not self.unchanged and not parse_language(self.job.source_lang).is_group
-            message.detected_source_language = self.job.source_lang if named else found.language
+            message.detected_source_language = bcp47(self.job.source_lang if named else found.language)
             message.detected_language_confidence = found.confidence
         return message
 
@@ -94,18 +95,23 @@ class SourceGrouping:
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
         groups, found, undecided = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
         parts: list[JobPart] = []
-        if undecided:  # to a model that takes any language as its source, where one serves the target
-            if (anyone := backends.any_language_source(request.options)) is None:
-                raise InvalidRequest(_undecided_message(undecided))
+        if undecided and (anyone := backends.any_language_source(request.options)) is not None:
+            # to a model that takes any language as its source, where one serves the target
             backend, route = backends.route(request.options, source=anyone)
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in undecided], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), undecided))
+        elif undecided and groups:  # a name, "OK", a code snippet among texts whose language is told: theirs
+            language = max(groups, key=lambda found_language: len(groups[found_language]))  # ties: the first told
+            groups[language] = sorted([*groups[language], *undecided])
+            found.update({i: Detection(language, 0.0) for i in undecided})  # confidence 0: told by the others
+        elif undecided:
+            raise InvalidRequest(_undecided_message(undecided))
         unchanged: list[int] = []
         for language, indices in groups.items():
-            if language == iso639_1(request.options.target_language):  # already in it, whatever a model would take
-                unchanged += indices  # (a `mul` source model routes en to en, and would only paraphrase)
+            if same_written_language(language, request.options.target_language):  # already in it: no model would
+                unchanged += indices  # translate it (a `mul` source model routes en to en, and would only paraphrase)
                 continue
-            backend, route = _route_detected(backends, request.options, language, [found[i] for i in indices])
+            backend, route = _route_detected(backends, request.options, language, indices, found)
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
             self._count(language, backend, indices)
@@ -166,23 +172,26 @@ def _detect_all(
     return groups, found, undecided
 
 
+def _listed(indices: list[int]) -> str:
+    return ", ".join(f"texts[{i}]" for i in indices[:5]) + (f" and {len(indices) - 5} more" if len(indices) > 5 else "")
+
+
 def _undecided_message(undecided: list[int]) -> str:
-    listed = ", ".join(f"texts[{i}]" for i in undecided[:5]) + (" and more" if len(undecided) > 5 else "")
     return (
-        f"cannot tell the language of {listed} (no language ahead of the others by {MIN_MARGIN}); "
-        "set options.source_language"
+        f"cannot tell the language of {_listed(undecided)} (no language ahead of the others by {MIN_MARGIN}, and"
+        " no other text of the request told); set options.source_language"
     )
 
 
 def _route_detected(
-    backends: Backends, options: pb.TranslationOptions, language: str, detections: list[Detection]
+    backends: Backends, options: pb.TranslationOptions, language: str, indices: list[int], found: dict[int, Detection]
 ) -> tuple[Backend, LanguageRoute]:
     try:
         return backends.route(options, source=language)
     except InvalidRequest as err:
-        confidence = min(d.confidence for d in detections)
+        confidence = min(found[i].confidence for i in indices)
         raise InvalidRequest(
-            f"{len(detections)} text(s) detected as {language!r} (confidence >= {confidence:.2f}): {err}"
+            f"{_listed(indices)} detected as {language!r} (confidence >= {confidence:.2f}): {err}"
         ) from err
 
 

@@ -125,7 +125,7 @@ class TranslationOptions(_message.Message):
     macrolanguage takes its usual member: "zh" is "cmn"), then script, then region ("pt" is "por",
     "pt-BR" is "pob"), in any case ("PT-BR"), at most 64 characters. Empty, "auto" or "und": each text's
     language is detected among the served sources and reported in TextResult.detected_source_language; a
-    text it cannot tell is INVALID_ARGUMENT.
+    request none of whose texts it can tell is INVALID_ARGUMENT.
     """
     target_language: _builtins.str
     """Language to translate into, written as source_language is; with it, a pair some served model has.
@@ -279,8 +279,9 @@ class TextResult(_message.Message):
     sentences: _builtins.int
     """Sentences translated (0 for a text with nothing to translate)."""
     detected_source_language: _builtins.str
-    """Where source_language was empty or "auto": the language detected for this text, as the served
-    model names it (a pair's source in ListModels), and the detector's confidence in it, 0..1.
+    """Where source_language was empty or "auto": the language detected for this text in BCP-47 (the
+    source_bcp47 of the pair that translated it, in ListModels), and the detector's confidence in it,
+    0..1; 0 for a text detection could not tell, which took the language of the request's other texts.
     """
     detected_language_confidence: _builtins.float
     tag_placement: Global___TagPlacement.ValueType
