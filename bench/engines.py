@@ -69,8 +69,8 @@ class PyTorchEngine:
 
 class TransformersEngine:
     """transformers' batched `generate` on an imported model's own transformers directory: what most OPUS-MT
-    users run, and the baseline CTranslate2's README measures against. float16 on CUDA, float32 on CPU; the
-    pad token banned and the search stopping as the model's generation config says, as our decoder does."""
+    users run, and the baseline CTranslate2's README measures against. float16 on CUDA, float32 on CPU; the pad
+    ban and the search's stopping as the model's generation config says, as our import reads them."""
 
     def __init__(self, settings: EngineSettings) -> None:
         if settings.hf_dir is None:
@@ -103,7 +103,7 @@ class TransformersEngine:
             out = self.model.generate(
                 input_ids=ids.to(self.settings.device), attention_mask=mask.to(self.settings.device),
                 num_beams=beam_size, max_new_tokens=self.settings.max_len, min_length=0, length_penalty=1.0,
-                do_sample=False, bad_words_ids=[[config.pad_token_id]],
+                do_sample=False,
             )  # fmt: skip
         results = []
         for row in out.tolist():

@@ -41,12 +41,13 @@ class ParityReport:
         return close and not self.greedy_mismatches and not self.beam_mismatches
 
 
-def transformers_ids(hf: Any, src: list[int], beam_size: int, max_len: int, pad_id: int) -> list[int]:
-    """generate()'s best output for one source: ids after the start token, up to and without EOS."""
+def transformers_ids(hf: Any, src: list[int], beam_size: int, max_len: int) -> list[int]:
+    """generate()'s best output for one source: ids after the start token, up to and without EOS; the model's
+    own generation config decides the rest (its pad ban, forced EOS, beam patience)."""
     out = hf.generate(
         input_ids=torch.tensor([src]), attention_mask=torch.ones(1, len(src), dtype=torch.long),
         num_beams=beam_size, max_new_tokens=max_len, min_length=0, length_penalty=1.0, do_sample=False,
-        bad_words_ids=[[pad_id]], num_return_sequences=1,
+        num_return_sequences=1,
     )[0].tolist()  # fmt: skip
     generated = out[1:]
     eos = hf.config.eos_token_id
@@ -87,16 +88,13 @@ def compare(
 
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
     ours = load_artifact(model_dir)
-    pad = ours.cfg.pad_id
     diffs, greedy_bad, beam_bad = [], [], []
     for index, src in enumerate(sources):
-        greedy = transformers_ids(hf, src, 1, max_len, pad)
+        greedy = transformers_ids(hf, src, 1, max_len)
         diffs.append(logit_diffs(ours, hf, src, greedy))
         if list(beam_search(ours, src, 1, max_len)[0].tokens) != greedy:
             greedy_bad.append(index)
-        if list(beam_search(ours, src, beam_size, max_len)[0].tokens) != transformers_ids(
-            hf, src, beam_size, max_len, pad
-        ):
+        if list(beam_search(ours, src, beam_size, max_len)[0].tokens) != transformers_ids(hf, src, beam_size, max_len):
             beam_bad.append(index)
     return ParityReport(len(sources), max(d[0] for d in diffs), max(d[1] for d in diffs), greedy_bad, beam_bad)
 

@@ -122,8 +122,10 @@ def beam_search(
         if step + 1 == max_len:
             break
         if len(finished) >= beam_size:
-            kth = sorted((h.normalized for h in finished), reverse=True)[beam_size - 1]
-            if not (patient and new_live and normalize(new_live[0][1], step + 1, length_penalty) > kth):
+            finished = sorted(finished, key=lambda h: -h.normalized)[:beam_size]  # only the K best can be returned
+            if not (
+                patient and new_live and normalize(new_live[0][1], step + 1, length_penalty) > finished[-1].normalized
+            ):
                 break
         live = new_live
         decoder.reorder(torch.tensor(parents, device=device))

@@ -108,7 +108,7 @@ def parse(code: str) -> LanguageTag:
     """`code` read as a language tag; a code that is no tag this module knows is its own language."""
     if code.lower() in SPECIAL:
         return LanguageTag(*SPECIAL[code.lower()])
-    found = _CODE.fullmatch(code)
+    found = _CODE.fullmatch(_bare(code))
     if not found:  # OPUS-MT's group names ("ROMANCE", "NORTH_EU"), or no code at all
         return LanguageTag(code)
     language, script, region = found.groups()
@@ -130,11 +130,20 @@ def bcp47(code: str) -> str:
     return "-".join(part for part in (language or tag.language, tag.script, tag.region) if part)
 
 
+def _bare(code: str) -> str:
+    """`code` without a POSIX locale's codeset or modifier (`de_DE.UTF-8`, `de_DE@euro`: what `$LANG` holds)
+    and without a trailing separator."""
+    return re.split(r"[.@]", code, maxsplit=1)[0].rstrip("-_")
+
+
 def same_written_language(a: str, b: str) -> bool:
-    """Whether two codes name one language in one script: `en` and `en-US`, `no` and `nb`; not `zh` and `zh-TW`
-    (Simplified and Traditional), `sr` and `sr-Latn`, nor a group (`mul`) and anything."""
+    """Whether two codes name one language in one script: `en` and `en-US`, `no` and `nb`; not `no` and `nn`, `zh`
+    and `zh-TW` (Simplified and Traditional), `sr` and `sr-Latn`, nor a group (`mul`) and anything."""
     x, y = parse(a), parse(b)
-    if x.is_group or y.is_group or _language_fit(x.language, y.language) is None:
+    if x.is_group or y.is_group:
+        return False
+    # the same language, or a macrolanguage and its usual member (`no` and `nb`; not `no` and `nn`, Nynorsk)
+    if 2 not in (_language_fit(x.language, y.language), _language_fit(y.language, x.language)):
         return False
     return x.likely_script == y.likely_script
 
@@ -202,7 +211,7 @@ def known(code: str) -> bool:
     code (ISO 639-3 has thousands; any is taken), optionally with script and region."""
     if code.lower() in SPECIAL:
         return True
-    found = _CODE.fullmatch(code)
+    found = _CODE.fullmatch(_bare(code))
     if found is None:
         return False
     return len(found.group(1)) == 3 or found.group(1).lower() in ISO639_1_TO_3

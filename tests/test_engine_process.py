@@ -179,6 +179,25 @@ def test_an_engine_process_exits_with_its_server(tiny_exported_dir: Path) -> Non
             server.kill()
 
 
+def test_a_server_leaving_an_engine_unstopped_still_exits(tiny_exported_dir: Path) -> None:
+    """Engines ignore SIGTERM (a signal to the process group waits for the server's drain); multiprocessing's
+    exit handler terminates daemonic children with SIGTERM and joins them without a timeout, so an engine the
+    server never stopped (a signal while the models load) held the exit forever until a finalizer killed it."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from server.backend.engine_process import ModelProcess\n"
+        "from tests.test_engine_process import settings\n"
+        "p = ModelProcess(settings(Path(sys.argv[1])))\n"
+        "print(p.pid, flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_exported_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    wait_until(lambda: not pid_alive(int(done.stdout)), timeout=10)
+
+
 def test_a_call_that_ends_early_frees_its_slots_in_the_engine_process(tiny_exported_dir: Path) -> None:
     """A deadline that passes mid-decoding cancels the request in the child: its slots are freed at once.
 

@@ -192,7 +192,7 @@ def test_served_translations_equal_transformers(imported: tuple[Path, Path], tmp
             # unset: the model's generation defaults (num_beams 4, max_length 24 with the start token)
             beam, max_len = beam or 4, max_len or 23
             for text, result in zip(texts, reply.results, strict=True):
-                ids = transformers_ids(hf, tokenizer.encode_source(text, "en"), beam, max_len, model.runner.spec.pad_id)
+                ids = transformers_ids(hf, tokenizer.encode_source(text, "en"), beam, max_len)
                 assert result.translation == tokenizer.decode(ids), (beam, text)
 
 
@@ -216,7 +216,7 @@ def test_beam_search_goes_on_past_k_finished_as_generate_does_by_default(
     expected, differs = [], 0
     for text in texts:
         src = tokenizer.encode_source(text, "en")
-        ids = transformers_ids(hf, src, 4, 23, ours.cfg.pad_id)
+        ids = transformers_ids(hf, src, 4, 23)
         assert list(beam_search(ours, src, 4, 23)[0].tokens) == ids, text
         differs += list(beam_search(impatient, src, 4, 23)[0].tokens) != ids
         expected.append(tokenizer.decode(ids))

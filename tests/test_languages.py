@@ -72,6 +72,9 @@ EN_ZH = ["cmn", "cmn_Hans", "cmn_Hant", "yue", "yue_Hans", "yue_Hant", "zho_Hans
         # opus-mt-en-ROMANCE names Brazilian Portuguese twice; one language, so no ambiguity: the usual casing
         ("pt-BR", ["pt", "pt_br", "pt_BR", "pt_PT"], "pt_BR"),
         ("pt_br", ["pt", "pt_br", "pt_BR", "pt_PT"], "pt_br"),  # its own spelling: itself
+        ("de_DE.UTF-8", ["deu"], "deu"),  # what `$LANG` holds: a POSIX locale's codeset and modifier are read past
+        ("de_DE@euro", ["deu"], "deu"),
+        ("de-", ["deu"], "deu"),
     ],
 )
 def test_client_codes_reach_the_models_own(client: str, offered: list[str], expected: str) -> None:
@@ -155,7 +158,8 @@ def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists(
 @pytest.mark.parametrize(
     ("detected", "target", "same"),
     [("en", "en-US", True), ("no", "nb", True), ("de", "deu", True), ("zh", "zh-CN", True), ("zh", "zh-TW", False),
-     ("sr", "sr-Latn", False), ("en", "mul", False), ("pt", "pt-BR", True), ("de", "en", False)],
+     ("sr", "sr-Latn", False), ("en", "mul", False), ("pt", "pt-BR", True), ("de", "en", False), ("nb", "no", True),
+     ("no", "nn", False), ("nn", "no", False)],
 )  # fmt: skip
 def test_a_text_is_already_in_the_target_only_in_its_language_and_script(
     detected: str, target: str, same: bool

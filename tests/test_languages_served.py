@@ -91,7 +91,7 @@ def test_outputs_at_the_limit_end_as_generate_ends_them(tmp_path: Path, layout: 
             max_len = max_len or 23  # the model's generation default: max_length 24 with the start token
             for text, result in zip(texts, reply.results, strict=True):
                 source = tokenizer.encode_source(text, "en")
-                ids = transformers_ids(hf, source, beam, max_len, model.runner.spec.pad_id)
+                ids = transformers_ids(hf, source, beam, max_len)
                 assert result.translation == tokenizer.decode(ids), (beam, max_len, text)
                 assert list(beam_search(reference, source, beam, max_len)[0].tokens) == ids, (beam, max_len, text)
                 at_limit += len(ids) == max_len - 1  # generate put EOS in the last place
@@ -126,7 +126,7 @@ def test_client_language_codes_reach_the_right_target_tag(
     with running_server(model) as served:
         reply = served.stub.Translate(request(ENGLISH[:4], "en-US", client, beam_size=2, max_output_len=8))
     for text, result in zip(ENGLISH[:4], reply.results, strict=True):
-        ids = transformers_ids(hf, tokenizer.encode_source(text, tag), 2, 8, model.runner.spec.pad_id)
+        ids = transformers_ids(hf, tokenizer.encode_source(text, tag), 2, 8)
         assert result.translation == tokenizer.decode(ids), (client, text)
 
 

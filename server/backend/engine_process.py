@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.process
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -75,6 +77,11 @@ START_TIMEOUT_S = 300.0  # opening the graphs; a large model on a slow disk take
 WARMUP_TIMEOUT_S = 180.0
 
 
+def _kill_if_alive(process: multiprocessing.process.BaseProcess) -> None:
+    if process.is_alive():
+        process.kill()
+
+
 class ModelProcess:
     """A child process holding one opened runner, until `start_engine` puts an engine over it."""
 
@@ -89,6 +96,10 @@ class ModelProcess:
             daemon=True,
         )  # fmt: skip
         self._process.start()
+        # At the interpreter's exit multiprocessing terminates its daemonic children with SIGTERM and joins them
+        # without a timeout; an engine ignores SIGTERM (it waits for its server's drain), so one the server never
+        # stopped (a signal while the models were loading) would hold the exit forever: killed first instead.
+        multiprocessing.util.Finalize(None, _kill_if_alive, args=(self._process,), exitpriority=10)
         child_end.close()  # the child holds its end: EOF here once it exits
         facts = self._await_start(settings, start_timeout_s)
         self.spec, self.metadata, self.max_slots = facts.spec, facts.metadata, facts.max_slots

@@ -213,6 +213,8 @@ class BeamState:
         if len(self.finished) >= self.beam_size and not (self.patient and self._could_improve(new_live)):
             self.live = []
             return Advance([], [], done=True)
+        if len(self.finished) > self.beam_size:  # patient: only the K best can still be returned (a repetition
+            self.finished = self.best(self.beam_size)  # loop would otherwise pile up one per step until max_len)
         self.live = new_live
         return Advance(parents, [t[-1] for t, _ in new_live], done=False)
 
@@ -222,7 +224,7 @@ class BeamState:
         `_check_early_stop_heuristic`), which assumes a longer hypothesis scores no better."""
         if not live:
             return False
-        kth = sorted((h.normalized for h in self.finished), reverse=True)[self.beam_size - 1]
+        kth = min(h.normalized for h in self.best(self.beam_size))
         return normalize(live[0][1], self.steps, self.length_penalty) > kth
 
     def _force_eos(self) -> Advance:
