@@ -210,22 +210,21 @@ class BeamState:
                 self.finished.extend(Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live)
             self.live = []
             return Advance([], [], done=True)
-        if len(self.finished) >= self.beam_size and not (self.patient and self._could_improve(new_live)):
-            self.live = []
-            return Advance([], [], done=True)
-        if len(self.finished) > self.beam_size:  # patient: only the K best can still be returned (a repetition
-            self.finished = self.best(self.beam_size)  # loop would otherwise pile up one per step until max_len)
+        if len(self.finished) >= self.beam_size:
+            # Patient: only the K best can still be returned (a repetition loop would otherwise pile up one per step)
+            self.finished = self.best(self.beam_size) if self.patient else self.finished
+            if not (self.patient and self._could_improve(new_live)):
+                self.live = []
+                return Advance([], [], done=True)
         self.live = new_live
         return Advance(parents, [t[-1] for t, _ in new_live], done=False)
 
     def _could_improve(self, live: list[tuple[tuple[int, ...], float]]) -> bool:
         """Whether the best live row, normalised at its present length, beats the K-th best finished
-        hypothesis: transformers' heuristic for `early_stopping=False` (generation/utils.py
-        `_check_early_stop_heuristic`), which assumes a longer hypothesis scores no better."""
-        if not live:
-            return False
-        kth = min(h.normalized for h in self.best(self.beam_size))
-        return normalize(live[0][1], self.steps, self.length_penalty) > kth
+        hypothesis (the last of `finished`, kept as the K best): transformers' heuristic for
+        `early_stopping=False` (generation/utils.py `_check_early_stop_heuristic`), which assumes a longer
+        hypothesis scores no better."""
+        return bool(live) and normalize(live[0][1], self.steps, self.length_penalty) > self.finished[-1].normalized
 
     def _force_eos(self) -> Advance:
         """The last step under `forced_eos`: each live row's only candidate is EOS, at log-probability 0 (as
