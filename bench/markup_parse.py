@@ -1,8 +1,10 @@
 """What parsing an HTML document costs the server before any translation: `server.core.markup.parse` over a page
 with a tag every few words (markup, entities, a script and a style, as `tests/test_markup.py`'s page has),
-repeated to `--chars` characters; the median of `--repeats` parses.
+repeated to `--chars` characters; the median of `--repeats` parses. `--malformed` parses instead each of
+`MALFORMED`, markup broken the ways that cost a parser most (a tag, a marked section or a stray "<" that
+never ends, thousands of times over), and reports the slowest: what one hostile request costs at most.
 
-Usage: python -m bench.markup_parse [--chars 10000] [--repeats 15]
+Usage: python -m bench.markup_parse [--chars 10000] [--repeats 15] [--malformed]
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ PAGE = (
 )
 
 
-def parse_ms(chars: int, repeats: int) -> float:
-    """Median milliseconds to parse PAGE repeated to `chars` characters."""
-    document = (PAGE * (chars // len(PAGE) + 1))[:chars]
+MALFORMED = {  # name: what repeats to the length asked for
+    "unclosed start tags": "<x\n",
+    "unclosed quoted values": "<a title='x ",
+    "stray less-than signs": "< a",
+    "unknown marked sections": "<![ x ",
+    "unclosed comments": "<!-- >",
+    "less-than runs": "<<<<<<<<>",
+}
+
+
+def parse_ms(chars: int, repeats: int, unit: str = PAGE) -> float:
+    """Median milliseconds to parse `unit` (PAGE unless given) repeated to `chars` characters."""
+    document = (unit * (chars // len(unit) + 1))[:chars]
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -37,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.markup_parse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--chars", type=int, default=10_000, help="characters of the document")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--malformed", action="store_true", help="the slowest of MALFORMED instead of the page")
     args = parser.parse_args(argv)
-    print(json.dumps({"chars": args.chars, "median_ms": round(parse_ms(args.chars, args.repeats), 2)}))
+    if not args.malformed:
+        print(json.dumps({"chars": args.chars, "median_ms": round(parse_ms(args.chars, args.repeats), 2)}))
+        return 0
+    times = {name: round(parse_ms(args.chars, args.repeats, unit), 2) for name, unit in MALFORMED.items()}
+    slowest = max(times, key=times.__getitem__)
+    print(json.dumps({"chars": args.chars, "slowest": slowest, "median_ms": times[slowest], "each_ms": times}))
     return 0
 
 

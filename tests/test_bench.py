@@ -620,3 +620,12 @@ def test_markup_parse_times_a_page_of_the_asked_size(capsys: pytest.CaptureFixtu
     assert main(["--chars", "3000", "--repeats", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["chars"] == 3000 and result["median_ms"] > 0
+
+
+def test_markup_parse_malformed_reports_the_slowest_of_its_broken_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.markup_parse import MALFORMED, main
+
+    assert main(["--chars", "3000", "--repeats", "1", "--malformed"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["each_ms"]) == set(MALFORMED)
+    assert result["median_ms"] == max(result["each_ms"].values()) == result["each_ms"][result["slowest"]]

@@ -89,6 +89,17 @@ def test_streaming_names_the_document_and_the_sentence_within_it(served: Running
     ]
 
 
+def test_a_tag_around_a_whole_sentence_stays_around_its_translation(served: RunningServer) -> None:
+    """The server knows where each sentence of a unit went. (Broken once on purpose, the assembler's sentence edges
+    not passed to the markup: `</b>` landed inside the first sentence's translation.)"""
+    first, second = "Nein.", "Es hörte auf zu regnen."
+    plain = [r.translation for r in served.stub.Translate(request([first, second])).results]
+    document = f"<p><b>{first}</b> {second}</p><p>{second} <a href='x'>{first}</a></p>"
+    out = served.stub.Translate(request([document], text_type=pb.TEXT_TYPE_HTML)).results[0].translation
+    first_out, second_out = (html.escape(t, quote=False) for t in plain)
+    assert out == f"<p><b>{first_out}</b> {second_out}</p><p>{second_out} <a href='x'>{first_out}</a></p>"
+
+
 def test_malformed_markup_is_translated_and_only_limits_are_refused(served: RunningServer) -> None:
     broken = "<div><p>Das Haus <b>ist groß.</div></i><p>Er <a href='x>wartete"
     out = served.stub.Translate(request([broken], text_type=pb.TEXT_TYPE_HTML)).results[0].translation
@@ -104,7 +115,7 @@ def test_malformed_markup_is_translated_and_only_limits_are_refused(served: Runn
     long = "<p>Kurz.</p><p>" + " ".join(["Haus"] * 80) + "</p>"  # its second unit is over the token limit
     error = status_of(lambda: served.stub.Translate(request(["<p>Gut.</p>", long], text_type=pb.TEXT_TYPE_HTML)))
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT  # named by its document, not by the request's 3rd unit
-    assert "texts[1] (its unit 1, blocks and attributes in order) sentence 0 is" in error.details, error.details
+    assert "texts[1] (its text at character 15) sentence 0 is" in error.details, error.details
     error = status_of(lambda: served.stub.Translate(request(["x"], text_type=7)))  # type: ignore[arg-type]
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "text_type" in error.details
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
 from server.core.splitter import Split, join, split
-from server.core.tag_placement import TagPlacement
+from server.core.tag_placement import Boundaries, TagPlacement
 
 
 class TextLimitError(ValueError):
@@ -65,6 +65,9 @@ class TextTranslation:
     output_tokens: int  # tokens of the best hypothesis over the text's sentences
     sentences: int  # sentences translated
     tag_placement: TagPlacement = TagPlacement.NONE  # HTML/XML: how inline tags reached the translation
+    # Per hypothesis: (offset in the text, offset in the translation) where each sentence starts and ends, in
+    # order; markup keeps a tag that stood at a sentence's edge at that sentence's edge. Empty for a blank text.
+    boundaries: tuple[Boundaries, ...] = ()
 
     @property
     def translation(self) -> str:
@@ -192,12 +195,34 @@ class Assembler:
             original = join(text.split.pieces, text.split.separators)
             return TextTranslation(text.index, [(original, 0.0)], 0, 0, 0)
         count = min(self.num_hypotheses, max(len(r) for r in results))
-        hypotheses = [self._nth(text, results, rank) for rank in range(count)]
+        ranked = [self._nth(text, results, rank) for rank in range(count)]
         output_tokens = sum(len(r[0].tokens) for r in results)
-        return TextTranslation(text.index, hypotheses, sum(pending.input_tokens), output_tokens, len(results))
+        return TextTranslation(
+            text.index,
+            [(translation, score) for translation, score, _ in ranked],
+            sum(pending.input_tokens),
+            output_tokens,
+            len(results),
+            boundaries=tuple(boundaries for _, _, boundaries in ranked),
+        )
 
-    def _nth(self, text: PreparedText, results: list[list[Hypothesis]], rank: int) -> tuple[str, float]:
-        """The text's rank-th hypothesis: each sentence's rank-th best (or its last, if it has fewer)."""
+    def _nth(self, text: PreparedText, results: list[list[Hypothesis]], rank: int) -> tuple[str, float, Boundaries]:
+        """The text's rank-th hypothesis (each sentence's rank-th best, or its last if it has fewer), its score and
+        its sentences' boundaries."""
         chosen = [r[min(rank, len(r) - 1)] for r in results]
         pieces = [self.tokenizer.decode(list(h.tokens)) for h in chosen]
-        return join(pieces, text.split.separators), sum(h.normalized for h in chosen)
+        translation = join(pieces, text.split.separators)
+        return translation, sum(h.normalized for h in chosen), sentence_boundaries(text.split, pieces)
+
+
+def sentence_boundaries(parts: Split, translated: list[str]) -> Boundaries:
+    """Where each sentence of `parts` and of its translation (`translated`, joined with the same separators) starts
+    and ends."""
+    pairs: list[tuple[int, int]] = []
+    source = target = 0
+    for separator, piece, translation in zip(parts.separators[:-1], parts.pieces, translated, strict=True):
+        source, target = source + len(separator), target + len(separator)
+        pairs.append((source, target))
+        source, target = source + len(piece), target + len(translation)
+        pairs.append((source, target))
+    return tuple(pairs)

@@ -5,10 +5,12 @@ per translated attribute) and `parts` (the raw markup around them). Block elemen
 h1-h6, div, caption, title and the like) and `<br>` end a unit; inline elements (a, b, em, span,
 img...) stay inside it and are put back into its translation by `server.core.tag_placement`.
 Left byte for byte: script, style, template and pre (which end a unit), code, kbd, samp, var,
-textarea, svg and math (carried inside one, whole), comments, declarations, CDATA, and the text
+textarea, svg and math, XLIFF's inline codes ph, bpt, ept and it, and Android's `<xliff:g>`
+placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
 turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated (not on an
 element copied whole). HTML's optional end tags close as a browser's parser closes them (`IMPLIED_CLOSE`).
+A line break inside a unit is a space to the model, as to a browser: it never ends a sentence there.
 
 A unit whose translation is its own text comes back as it came, entities and all; otherwise its
 text is escaped again, so `&lt;script&gt;` stays text. Tags keep their order, so the output has
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 from server.core.markup_lexer import Kind, Token, tokens
 from server.core.splitter import translatable
-from server.core.tag_placement import Edge, place
+from server.core.tag_placement import Boundaries, Edge, place
 
 
 class TextType(enum.Enum):
@@ -51,10 +53,19 @@ BLOCKS = _names(
 INLINES = _names(  # XML mode: every element not named here is a block
     "a abbr acronym b bdi bdo big button cite data del dfn em font i img input ins label mark q rp rt ruby s"
     " small span strike strong sub sup time tt u wbr"
-    " g x bx ex ph bpt ept it mrk"  # XLIFF's inline codes
+    " g x bx ex mrk"  # XLIFF's inline elements whose text is the segment's
 )
 KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole; end a unit
-KEPT_INLINES = frozenset({"code", "kbd", "samp", "var", "textarea", "svg", "math"})  # copied whole inside a unit
+KEPT_INLINES = _names(  # copied whole inside a unit
+    "code kbd samp var textarea svg math"
+    " ph bpt ept it"  # XLIFF's inline codes: what they hold is the original format's markup, not text
+)
+# Copied whole inside a unit by their qualified name: Android's `<xliff:g>` marks a placeholder (`%1$s`) that
+# stays as it is, where XLIFF's own `<g>` holds text to translate
+KEPT_QUALIFIED = frozenset({"xliff:g"})
+# Line breaks inside a block are spaces to a browser and to XML's text, never the end of a sentence: the
+# model sees each as a space (one for one, so offsets into the unit hold)
+_LINE_BREAKS_AS_SPACES = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))
 HTML_VOIDS = _names("area base br col embed hr img input link meta param source track wbr")
 TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
 # HTML's optional end tags: a start tag of the key closes open elements of these names at the top of the stack
@@ -116,14 +127,18 @@ class Block:
 class MarkupDocument:
     units: list[str]  # plain texts to translate, in document order
     parts: list[Piece | Block]  # the document: raw markup, attribute slots and units
+    places: list[str]  # per unit, where it is for a message: "its text at character 120", "its alt attribute..."
 
-    def render(self, translations: Sequence[str]) -> tuple[str, bool]:
-        """The document with each unit's translation; and whether some tag was placed in a changed text."""
+    def render(self, translations: Sequence[str], boundaries: Sequence[Boundaries] = ()) -> tuple[str, bool]:
+        """The document with each unit's translation; and whether some tag was placed in a changed text.
+        `boundaries`, per unit, pairs the offsets of its sentences' edges with their translations' (a tag at a
+        sentence's edge stays at it); none given, a unit's tags are placed over the whole unit."""
         out: list[str] = []
         placed = False
         for part in self.parts:
             if isinstance(part, Block):
-                text, moved = _render_block(part, self.units, translations)
+                edges = boundaries[part.unit] if boundaries else ()
+                text, moved = _render_block(part, self.units, translations, edges)
                 out.append(text)
                 placed |= moved
             else:
@@ -137,7 +152,7 @@ def parse(text: str, text_type: TextType, max_depth: int) -> MarkupDocument:
     for token in tokens(text):
         builder.feed(token)
     builder.flush()
-    return MarkupDocument(builder.units, builder.parts)
+    return MarkupDocument(builder.units, builder.parts, builder.places)
 
 
 @dataclass
@@ -156,6 +171,9 @@ class _Builder:
     max_depth: int
     units: list[str] = field(default_factory=list)
     parts: list[Piece | Block] = field(default_factory=list)
+    places: list[str] = field(default_factory=list)
+    offset: int = 0  # where the token being read begins in the document
+    unit_start: int = 0  # where the unit being gathered begins
     items: list[Item] = field(default_factory=list)  # the unit being gathered
     stack: list[tuple[str, bool]] = field(default_factory=list)  # open elements: (name, translate)
     kept: _Kept | None = None
@@ -165,6 +183,12 @@ class _Builder:
         return self.stack[-1][1] if self.stack else True
 
     def feed(self, token: Token) -> None:
+        if not self.items and self.kept is None:
+            self.unit_start = self.offset
+        self._read(token)
+        self.offset += len(token.raw)
+
+    def _read(self, token: Token) -> None:
         if self.kept is not None:
             self._keep(token, self.kept)
         elif token.kind is Kind.TEXT:
@@ -172,7 +196,7 @@ class _Builder:
                 if reference:  # an XML entity the document's DTD defines: carried like an inline tag, never text
                     self.items.append(Item(Edge.ANY, (raw,)))
                 elif self.translate:
-                    self.items.append(Item(None, (raw,), html.unescape(raw)))
+                    self.items.append(Item(None, (raw,), _prose(raw)))
                 else:
                     self.items.append(Item(Edge.ANY, (raw,), kept_text=True))
         elif token.kind is Kind.OTHER:
@@ -189,8 +213,8 @@ class _Builder:
             while self.stack and self.stack[-1][0] in closed:
                 self.stack.pop()
         void = token.kind is Kind.VOID or (not self.xml and name in HTML_VOIDS)
-        if not void and name in KEPT_BLOCKS | KEPT_INLINES:
-            self.kept = _Kept(token.name, name in KEPT_INLINES, [token.raw])
+        if not void and (name in KEPT_BLOCKS | KEPT_INLINES or token.name in KEPT_QUALIFIED):
+            self.kept = _Kept(token.name, name not in KEPT_BLOCKS, [token.raw])
             return
         translate = _translate_of(token.attrs, self.translate)
         pieces = self._tag(token.raw, translate)
@@ -246,7 +270,7 @@ class _Builder:
             self._add_kept(kept)
         text = "".join(item.text for item in self.items)
         if translatable(text):
-            self.parts.append(Block(self._unit(text), tuple(self.items)))
+            self.parts.append(Block(self._unit(text, f"its text at character {self.unit_start}"), tuple(self.items)))
         else:
             self.parts += [piece for item in self.items for piece in item.pieces]
         self.items = []
@@ -266,9 +290,10 @@ class _Builder:
                 ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(value)
             ):
                 continue  # an attribute value has no place to carry `&product;` through a translation: kept whole
-            text = html.unescape(_unquoted(value))
+            text = _prose(_unquoted(value))
             if translatable(text):
-                pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text), value)]
+                place = f"its {match.group(1).lower()} attribute at character {self.offset + match.start(2)}"
+                pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text, place), value)]
                 done = match.end(2)
         return (*pieces, raw[done:])
 
@@ -287,8 +312,9 @@ class _Builder:
             done = match.end()
         return [*pieces, (raw[done:], False)] if done < len(raw) else pieces
 
-    def _unit(self, text: str) -> int:
+    def _unit(self, text: str, place: str) -> int:
         self.units.append(text)
+        self.places.append(place)
         return len(self.units) - 1
 
     def _is_block(self, name: str) -> bool:
@@ -300,6 +326,11 @@ class _Builder:
 def _defines_entities(raw: str) -> bool:
     """Whether `raw` holds an entity reference XML does not predefine (one a DTD defines)."""
     return any(ref.group(1) not in XML_PREDEFINED_ENTITIES for ref in _ENTITY_REFERENCE.finditer(raw))
+
+
+def _prose(raw: str) -> str:
+    """Raw text or attribute value as the model sees it: entities decoded, line breaks as spaces."""
+    return html.unescape(raw).translate(_LINE_BREAKS_AS_SPACES)
 
 
 def _unquoted(value: str) -> str:
@@ -333,7 +364,9 @@ def _render_piece(piece: Piece, units: list[str], translations: Sequence[str]) -
     return quote + html.escape(translation, quote=True) + quote
 
 
-def _render_block(block: Block, units: list[str], translations: Sequence[str]) -> tuple[str, bool]:
+def _render_block(
+    block: Block, units: list[str], translations: Sequence[str], boundaries: Boundaries
+) -> tuple[str, bool]:
     """The unit's markup around its translation; as it came when the translation is its own text."""
     source, translation = units[block.unit], translations[block.unit]
     rendered = ["".join(_render_piece(p, units, translations) for p in item.pieces) for item in block.items]
@@ -353,7 +386,7 @@ def _render_block(block: Block, units: list[str], translations: Sequence[str]) -
             start, edge, members = groups[-1]
             groups[-1] = (start, edge if edge is item.edge else Edge.ANY, [*members, markup])
         after_text = False
-    positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation)
+    positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation, boundaries)
     out, done = [], 0
     for (offset, _, members), position in zip(groups, positions, strict=True):
         out += [

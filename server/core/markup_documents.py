@@ -65,11 +65,7 @@ def prepare_request(
             f"the request's markup has {len(units)} units to translate (blocks and attributes), over the limit"
             f" of {limits.max_markup_units}; send fewer or shorter documents per request"
         )
-    owners = [
-        f"texts[{index}] (its unit {unit}, blocks and attributes in order)"
-        for index, document in enumerate(documents)
-        for unit in range(len(document.units))
-    ]
+    owners = [f"texts[{index}] ({place})" for index, document in enumerate(documents) for place in document.places]
     prepared = prepare(units, names=owners.__getitem__)
     return MarkupAssembler(Assembler(tokenizer, prepared, num_hypotheses), documents, num_hypotheses)
 
@@ -145,7 +141,8 @@ class MarkupAssembler:
         hypotheses, placement = [], TagPlacement.NONE
         for rank in range(count):
             chosen = [r.hypotheses[min(rank, len(r.hypotheses) - 1)] for r in results]
-            text, moved = document.markup.render([translation for translation, _ in chosen])
+            boundaries = [r.boundaries[min(rank, len(r.boundaries) - 1)] if r.boundaries else () for r in results]
+            text, moved = document.markup.render([translation for translation, _ in chosen], boundaries)
             hypotheses.append((text, sum(score for _, score in chosen)))
             if rank == 0 and moved:
                 placement = TagPlacement.PROPORTIONAL

@@ -10,6 +10,7 @@ span becomes a text token of its own.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import re
 from dataclasses import dataclass
@@ -44,16 +45,17 @@ class _Event:
 class _Recorder(HTMLParser):
     """Records where each construct begins and what it is; the raw spans are cut afterwards."""
 
-    def __init__(self, text: str, base: int) -> None:
+    def __init__(self, base: int, line_starts: list[int]) -> None:
         super().__init__(convert_charrefs=False)
         self.events: list[_Event] = []
-        self._base = base  # where `text`, the part of the input this parser reads, begins in the input
-        self._line_starts = [0, *(m.end() for m in re.finditer("\n", text))]  # the parser counts lines by \n
+        self._base = base  # where the part of the input this parser reads begins in the input
+        self._line_starts = line_starts  # the input's: 0 and the offset after each "\n" (the parser counts by \n)
+        self._next_line = bisect.bisect_right(line_starts, base)  # the first line that starts after `base`
 
     def position(self) -> int:
         """Where in the input the construct being read begins."""
         line, column = self.getpos()
-        return self._base + self._line_starts[line - 1] + column
+        return (self._base if line == 1 else self._line_starts[self._next_line + line - 2]) + column
 
     def _add(self, kind: Kind, name: str = "", attrs: list[tuple[str, str | None]] | None = None) -> None:
         tag = len(self.get_starttag_text() or "") if kind in (Kind.START, Kind.VOID) else 0
@@ -69,16 +71,17 @@ class _Recorder(HTMLParser):
         self._add(Kind.END, tag)
 
     def handle_data(self, data: str) -> None:
-        self._add(Kind.TEXT)
+        if not self.events or self.events[-1].kind is not Kind.TEXT:  # text runs on to the next construct
+            self._add(Kind.TEXT)
 
     def handle_comment(self, data: str) -> None:
         self._add(Kind.OTHER)
 
     def handle_entityref(self, name: str) -> None:  # references are text to us
-        self._add(Kind.TEXT)
+        self.handle_data(name)
 
     def handle_charref(self, name: str) -> None:
-        self._add(Kind.TEXT)
+        self.handle_data(name)
 
     def handle_decl(self, decl: str) -> None:  # declarations, processing instructions, CDATA: kept like comments
         self._add(Kind.OTHER)
@@ -108,26 +111,37 @@ def _events(text: str) -> list[_Event]:
 
     The parser reads "&" only to report references, which are text to us, and a stray "&#" would make it
     read the rest of the input as text: it reads a copy with "&" as "_" (the same length; the raw spans
-    come from `text` itself). Some malformed declarations (`<![ x [`) make it raise AssertionError: that
-    "<" becomes text and a new parser goes on after it, so each character is read about once.
+    come from `text` itself). A marked section it does not know (`<![ x [`, anything but CDATA and its like
+    and `<![if ...]>`) would make it raise AssertionError: the copy has "_" for that "<" too, so it is text.
+    Should another construct raise, that "<" becomes text and a new parser reads on after it.
+
+    The parser is fed the input and never closed: a construct that does not end before the input does
+    (`<a href="x`, `<!-- note`, a script with no end tag) is left unread, and it and all after it are one
+    OTHER event, copied as they came, as a browser shows none of it as text. Closing would read it as text
+    one character at a time, each time searching the rest of the input for its end: the time would grow
+    with the square of the input (`"<x\\n" * 15000`, 45 KB, took half a minute).
     """
-    readable = text.replace("&", "_")
+    readable = _UNKNOWN_SECTION.sub("_![", text.replace("&", "_"))
+    line_starts = [0, *(m.end() for m in re.finditer("\n", text))]
     events: list[_Event] = []
     base = 0
     while True:
-        recorder = _Recorder(readable[base:], base)
+        recorder = _Recorder(base, line_starts)
         try:
             recorder.feed(readable[base:])
-            recorder.close()
         except AssertionError:  # it may have moved on inside the construct: that begins at the last "<"
             failed_at = max(base, readable.rfind("<", base, recorder.position() + 1))
             events += [e for e in recorder.events if e.start < failed_at]
             events.append(_Event(failed_at, Kind.TEXT, "", (), 0))
             base = failed_at + 1
             continue
-        return _enclosed(text, events + recorder.events)
+        unread = len(text) - len(recorder.rawdata)  # where the construct cut short by the input's end begins
+        tail = [_Event(unread, Kind.OTHER, "", (), 0)] if unread < len(text) else []
+        return _enclosed(text, events + recorder.events + tail)
 
 
+# A marked section the parser knows by its keyword; any other "<![" makes it raise
+_UNKNOWN_SECTION = re.compile(r"<!\[(?!(?:temp|cdata|ignore|include|rcdata|if|else|endif)(?![-_.a-zA-Z0-9]))", re.I)
 _SUBSET_END = re.compile(r"\]\s*>")
 
 
@@ -138,6 +152,7 @@ def _enclosed(text: str, events: list[_Event]) -> list[_Event]:
     follows its end, up to the next construct, is text."""
     out: list[_Event] = []
     until = 0  # the end of the last construct run to its true end
+    ends = _NextMatch(text)
     for event in events:
         if event.start < until:
             continue
@@ -145,24 +160,47 @@ def _enclosed(text: str, events: list[_Event]) -> list[_Event]:
             out.append(_Event(until, Kind.TEXT, "", (), 0))
         out.append(event)
         if event.kind is Kind.OTHER:
-            until = max(until, _enclosure_end(text, event.start))
+            until = max(until, _enclosure_end(text, event.start, ends))
     if out and out[-1].start < until < len(text):
         out.append(_Event(until, Kind.TEXT, "", (), 0))
     return out
 
 
-def _enclosure_end(text: str, start: int) -> int:
+def _enclosure_end(text: str, start: int, ends: _NextMatch) -> int:
     """Where a processing instruction or a doctype with an internal subset beginning at `start` ends; 0 for
     anything else, or for one that never ends (the parser's reading stands)."""
     if text.startswith("<?", start):
-        end = text.find("?>", start + 2)
-        return end + 2 if end >= 0 else 0
+        end = ends.after(_PI_END, start + 2)
+        return end if end >= 0 else 0
     if text[start : start + 9].upper() == "<!DOCTYPE":
-        subset, first_close = text.find("[", start), text.find(">", start)
-        if 0 <= subset < first_close:
-            match = _SUBSET_END.search(text, subset)
-            return match.end() if match else 0
+        first_close = text.find(">", start)
+        subset = text.find("[", start, first_close) if first_close >= 0 else -1
+        if subset >= 0:
+            end = ends.after(_SUBSET_END, subset)
+            return end if end >= 0 else 0
     return 0
+
+
+_PI_END = re.compile(r"\?>")
+
+
+class _NextMatch:
+    """The end of the first match of a pattern at or after an offset, each search reused while the offsets
+    asked for stay before the match it found: a thousand `<?` with no `?>` after them cost one search, not a
+    thousand searches to the end of the input."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._found: dict[re.Pattern[str], tuple[int, int, int]] = {}  # pattern -> (from, match start, end)
+
+    def after(self, pattern: re.Pattern[str], start: int) -> int:
+        """The end of the first match starting at or after `start`; -1 when there is none."""
+        known = self._found.get(pattern)
+        if known is not None and known[0] <= start and (known[1] < 0 or start <= known[1]):
+            return known[2]
+        match = pattern.search(self._text, start)
+        self._found[pattern] = (start, match.start(), match.end()) if match else (start, -1, -1)
+        return match.end() if match else -1
 
 
 def _cut(event: _Event, raw: str) -> list[Token]:
@@ -178,10 +216,16 @@ def _cut(event: _Event, raw: str) -> list[Token]:
 
 
 def _merge_text(items: list[Token]) -> list[Token]:
+    """Neighbouring text tokens as one, joined once per run (a stray "<" is a text token of its own)."""
     merged: list[Token] = []
-    for token in items:
-        if token.kind is Kind.TEXT and merged and merged[-1].kind is Kind.TEXT:
-            merged[-1] = Token(Kind.TEXT, merged[-1].raw + token.raw)
-        else:
+    run: list[str] = []  # raw texts of the text tokens since the last other token
+    for token in [*items, None]:
+        if token is not None and token.kind is Kind.TEXT:
+            run.append(token.raw)
+            continue
+        if run:
+            merged.append(Token(Kind.TEXT, "".join(run)))
+            run = []
+        if token is not None:
             merged.append(token)
     return merged

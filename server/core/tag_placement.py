@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+Boundaries = tuple[tuple[int, int], ...]  # (source offset, translation offset) pairs, both non-decreasing
+
 
 class TagPlacement(enum.Enum):
     """How a result's inline tags were carried into its translation (reported per result)."""
@@ -26,13 +28,22 @@ class Edge(enum.Enum):
     ANY = "any"  # a tag or kept piece with no text of its own here: anywhere but inside a word
 
 
+_APOSTROPHES = frozenset("'\u2019")
+
+
 def word_edges(text: str) -> tuple[list[int], list[int], list[int]]:
-    """Offsets where a run of letters and digits starts, where one ends (each with 0 and len(text)), and every
-    offset not inside such a run."""
+    """Offsets where a word starts, where one ends (each with 0 and len(text)), and every offset not inside one.
+    A word is a run of letters and digits, apostrophes between two of them included (`that's`, `l'homme`, and
+    the same with U+2019, the typographic apostrophe), so no tag lands inside a contraction."""
+    in_word = [
+        char.isalnum()
+        or (char in _APOSTROPHES and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum())
+        for i, char in enumerate(text)
+    ]
     starts, ends, outside = {0}, {len(text)}, []
     for i in range(len(text) + 1):
-        before = i > 0 and text[i - 1].isalnum()
-        after = i < len(text) and text[i].isalnum()
+        before = i > 0 and in_word[i - 1]
+        after = i < len(text) and in_word[i]
         if after and not before:
             starts.add(i)
         if before and not after:
@@ -42,16 +53,30 @@ def word_edges(text: str) -> tuple[list[int], list[int], list[int]]:
     return sorted(starts), sorted(ends), outside
 
 
-def place(offsets: Sequence[int], edges: Sequence[Edge], source: str, target: str) -> list[int]:
-    """The offsets in `target` for tags at `offsets` (non-decreasing) of `source`; non-decreasing too."""
+def place(
+    offsets: Sequence[int], edges: Sequence[Edge], source: str, target: str, boundaries: Boundaries = ()
+) -> list[int]:
+    """The offsets in `target` for tags at `offsets` (non-decreasing) of `source`; non-decreasing too.
+
+    `boundaries` pairs the edges of the source's sentences with their translations' (the server translates a
+    unit sentence by sentence, so it knows them): a tag at a sentence's edge goes to the translation's edge, and
+    one inside a sentence to the same share of its translation, so `<b>First.</b> Second.` keeps its bold on
+    the first sentence however the two sentences' lengths change."""
     starts, ends, outside = word_edges(target)
     choices = {Edge.OPEN: starts, Edge.CLOSE: ends, Edge.ANY: outside}
-    scale = len(target) / len(source) if source else 0.0
+    fixed = [(0, 0), *boundaries, (len(source), len(target))]
     placed: list[int] = []
     for index, (offset, edge) in enumerate(zip(offsets, edges, strict=True)):
         floor = placed[-1] if placed else 0
-        candidates = [c for c in choices[edge] if c >= floor] or [len(target)]
-        position = min(candidates, key=lambda c: abs(c - offset * scale))
+        edge_at = next((t for s, t in fixed if s == offset), None)
+        if edge_at is not None:
+            placed.append(max(edge_at, floor))
+            continue
+        (s0, t0), (s1, t1) = max(p for p in fixed if p[0] < offset), min(p for p in fixed if p[0] > offset)
+        expected = t0 + (offset - s0) * (t1 - t0) / (s1 - s0)
+        within = [c for c in choices[edge] if max(t0, floor) <= c <= t1]
+        candidates = within or [c for c in choices[edge] if c >= floor] or [len(target)]
+        position = min(candidates, key=lambda c: abs(c - expected))
         if index and _has_word(source[offsets[index - 1] : offset]) and not _has_word(target[floor:position]):
             position = next((c for c in candidates if _has_word(target[floor:c])), position)
         placed.append(position)
