@@ -2,13 +2,16 @@
 
 `ID[@REVISION]` resolves with huggingface_hub, which honours HF_TOKEN, HF_ENDPOINT and its cache layout
 (`models--org--name/{refs,snapshots,blobs}`): a commit sha is used as given, without the network; a branch or
-tag is resolved to its sha online, or from the cache's `refs/` offline. Every hub failure becomes a FetchError
-whose message is one line for the operator.
+tag is resolved to its sha online, or from the cache's `refs/` offline. The weights are the commit's safetensors,
+else its pytorch_model.bin, fetched only where torch is installed to read it. A directory is served as it is, a
+snapshot in a Hugging Face cache (`models--org--name/snapshots/<sha>`) as `org/name` at that commit. Every
+failure becomes a FetchError whose message is one line for the operator.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import re
 import threading
@@ -22,9 +25,11 @@ log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 COMMIT = re.compile(r"[0-9a-f]{40}")
-# What the importer (export/hf.py) reads; pytorch_model.bin is left out: OPUS-MT repositories carry safetensors.
+PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
+# What the importer (export/hf.py) reads; PICKLED_WEIGHTS is fetched on its own, where the commit has no safetensors
 HUB_FILES = ["*.json", "*.spm", "*.safetensors", "README.md"]
-REQUIRED_FILES = ("config.json", "*.safetensors", "source.spm", "target.spm", "vocab.json")  # what the importer reads
+REQUIRED_FILES = ("config.json", "source.spm", "target.spm", "vocab.json")  # what the importer reads, beside:
+WEIGHTS = ("*.safetensors", PICKLED_WEIGHTS)  # the weights, in either file (safetensors preferred: no torch)
 LOCAL_FILES = ("*.json", "*.spm", "*.safetensors", "pytorch_model.bin")  # hashed into a local directory's revision
 PROGRESS_EVERY_S = 10.0
 MB = 1e6
@@ -39,9 +44,9 @@ class ModelName:
     """A model as the operator named it: a hub id with an optional revision, or a local directory."""
 
     text: str  # as given, e.g. "Helsinki-NLP/opus-mt-de-en@main"
-    repository: str  # the hub id, or the directory's name
-    revision: str | None  # branch, tag or commit sha; None: the repository's default branch
-    local: Path | None  # a directory that transformers' save_pretrained wrote, else None
+    repository: str  # the hub id (a snapshot directory's too), or the directory's name
+    revision: str | None  # branch, tag or commit sha (a snapshot's); None: the default branch, or a plain directory
+    local: Path | None  # a directory that transformers' save_pretrained wrote, or a snapshot; else None
 
     @property
     def cache_folder(self) -> str:
@@ -58,14 +63,40 @@ class HubSettings:
 
 
 def parse_name(text: str) -> ModelName:
-    """`org/name`, `org/name@revision`, or an existing directory."""
+    """`org/name`, `org/name@revision`, or an existing directory (a hub snapshot's: `org/name` at its commit)."""
     path = Path(text).expanduser()
     if path.is_dir():
-        return ModelName(text, path.resolve().name, None, path.resolve())
+        directory = path.resolve()
+        if repository := snapshot_repository(directory):
+            return ModelName(text, repository, directory.name, directory)
+        return ModelName(text, directory.name, None, directory)
+    if path.exists():
+        raise FetchError(f"{text} is a file; --model takes a model directory or a hub id (org/name)")
     repository, _, revision = text.partition("@")
+    if why := _written_as_path(repository):
+        raise FetchError(f"there is no directory {path.absolute()} ({why}; a hub id is org/name[@revision])")
     if not HUB_ID.fullmatch(repository) or (revision == "" and "@" in text):
         raise FetchError(f"{text!r} is neither a directory nor a hub id like Helsinki-NLP/opus-mt-de-en[@revision]")
     return ModelName(text, repository, revision or None, None)
+
+
+def _written_as_path(text: str) -> str:
+    """Why `text`, which names no directory, is read as a mistyped path, not a hub id ('' where it is not): a
+    hub id has one slash at most and starts with neither `.`, `/` nor `~`."""
+    if text.startswith((".", "/", "~")) or text.endswith("/") or text.count("/") > 1:
+        return f"{text!r} is written as a path"
+    first = text.partition("/")[0]
+    if "/" in text and Path(first).is_dir():  # models/opus-mt-xx-yy mistyped, from where models/ is
+        return f"{text!r} is read as a path, as {first}/ is a directory here"
+    return ""
+
+
+def snapshot_repository(directory: Path) -> str | None:
+    """`org/name` where `directory` is a snapshot in a Hugging Face cache (`models--org--name/snapshots/<sha>`)."""
+    snapshots, folder = directory.parent, directory.parent.parent
+    if COMMIT.fullmatch(directory.name) and snapshots.name == "snapshots" and folder.name.startswith("models--"):
+        return folder.name.removeprefix("models--").replace("--", "/")  # the hub forbids "--" within a name
+    return None
 
 
 def local_revision(directory: Path) -> str:
@@ -91,31 +122,38 @@ def resolve_commit(name: ModelName, hub: HubSettings) -> str:
 
 
 def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
-    """The snapshot directory of `commit` with the files the importer reads, downloaded unless cached."""
+    """The snapshot directory of `commit` with the files the importer reads, downloaded unless cached: the
+    safetensors where the commit has them, else its pytorch_model.bin, fetched only where torch can read it."""
     from huggingface_hub import errors, snapshot_download
 
     started = time.monotonic()
 
-    def snapshot(local_only: bool) -> Path:
+    def snapshot(local_only: bool, patterns: list[str] = HUB_FILES) -> Path:
         return Path(
             snapshot_download(
                 name.repository, revision=commit, cache_dir=hub.cache, local_files_only=local_only,
-                allow_patterns=HUB_FILES,
+                allow_patterns=patterns,
             )
         )  # fmt: skip
 
     with hub_errors(name, hub), _progress(name, hub, started):
+        asked = False
         try:  # a commit's snapshot is immutable: one already cached (and complete) needs no network
             directory = snapshot(local_only=True)
         except errors.LocalEntryNotFoundError:
             if hub.offline:
                 raise
-            directory = snapshot(local_only=False)
+            directory, asked = snapshot(local_only=False), True
         # huggingface_hub hands back a cached snapshot without the commit's file listing as it is, and a
         # tokenizer or config fetched alone (from_pretrained, hf_hub_download) leaves one without the weights
-        if (missing := missing_files(directory)) and not hub.offline:
+        if not (hub.offline or asked) and (missing_files(directory) or not _holds(directory, "*.safetensors")):
             directory = snapshot(local_only=False)
-            missing = missing_files(directory)
+        if not hub.offline and not any(_holds(directory, pattern) for pattern in WEIGHTS):
+            if torch_installed():  # the commit has no safetensors: its torch pickle, where it has one
+                directory = snapshot(local_only=False, patterns=[PICKLED_WEIGHTS])
+            elif _lists(name, commit, PICKLED_WEIGHTS):
+                raise FetchError(torch_needed(f"{name.repository}@{commit[:12]}", name.repository))
+        missing = missing_files(directory)
     if missing:
         why = (
             "HF_HUB_OFFLINE is set"
@@ -133,8 +171,56 @@ def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
 
 
 def missing_files(directory: Path) -> list[str]:
-    """Which of the files every OPUS-MT snapshot holds (REQUIRED_FILES) `directory` lacks."""
-    return [pattern for pattern in REQUIRED_FILES if not any(directory.glob(pattern))]
+    """Which of the files every OPUS-MT snapshot holds (REQUIRED_FILES, and WEIGHTS in either file) `directory`
+    lacks."""
+    missing = [pattern for pattern in REQUIRED_FILES if not _holds(directory, pattern)]
+    if not any(_holds(directory, pattern) for pattern in WEIGHTS):
+        missing.append(" or ".join(WEIGHTS))
+    return missing
+
+
+def _holds(directory: Path, pattern: str) -> bool:
+    """Whether `directory` holds a file matching `pattern`; a snapshot's link to a deleted blob is none, so
+    that the file is fetched again."""
+    return any(path.is_file() for path in directory.glob(pattern))
+
+
+def _lists(name: ModelName, commit: str, filename: str) -> bool:
+    """Whether the hub lists `filename` in `commit`; False where it cannot be asked (the files then missing say so)."""
+    try:
+        return bool(_hub_api().file_exists(name.repository, filename, revision=commit))
+    except Exception as err:  # huggingface_hub's transport errors share no public base class
+        log.debug("cannot ask the hub whether %s@%s holds %s: %s", name.repository, commit[:12], filename, err)
+        return False
+
+
+def torch_installed() -> bool:
+    """Whether `import torch` would find torch, without importing it (the server never needs it)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a finder refusing it, or a module entry without a spec
+        return False
+
+
+def torch_needed(what: str, repository: str | None = None) -> str:
+    """The refusal of weights kept only in pytorch_model.bin where torch is not installed; `repository` where a
+    hub revision with safetensors is the other way out."""
+    other = (
+        f"a revision with safetensors, such as a conversion pull request: {repository}@refs/pr/N"
+        if repository
+        else "the weights saved as model.safetensors (save_pretrained)"
+    )
+    install = "pip install 'translate-service[train]'"
+    return f"{what} ships only {PICKLED_WEIGHTS}; reading it needs torch ({install}) or {other}"
+
+
+def require_readable_weights(name: ModelName, commit: str, directory: Path) -> None:
+    """FetchError where `directory` holds its weights only as pytorch_model.bin and torch is not installed."""
+    if _holds(directory, "*.safetensors") or not _holds(directory, PICKLED_WEIGHTS) or torch_installed():
+        return
+    if name.local is not None and name.revision is None:  # a directory of its own: no hub revision to name
+        raise FetchError(torch_needed(str(directory)))
+    raise FetchError(torch_needed(f"{name.repository}@{commit[:12]}", name.repository))
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pickle
 import re
 import shutil
 import sys
@@ -29,9 +30,10 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from export.builder.positions import sinusoid_table
+from export.fetch import FetchError, HubSettings, download, parse_name, resolve_commit, torch_needed
 from model.config import ModelConfig
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
-from model.languages import AmbiguousLanguage
+from model.languages import AmbiguousLanguage, listed
 from model.languages import match as match_language
 from model.marian_tokenizer import (
     EOS,
@@ -78,18 +80,29 @@ class Source:
 
 
 def resolve(model: str) -> Source:
-    """A local directory, or a hub id fetched with huggingface_hub."""
-    path = Path(model)
-    if path.is_dir():
-        return Source(path, path.name)
+    """A local directory (a hub snapshot's named `org/name`), or a hub id fetched as export/fetch.py fetches it."""
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:
-        raise UnsupportedModel(
-            f"{model} is not a directory; to fetch it from the hub: pip install 'translate-service[import]'"
-        ) from exc
-    patterns = ["*.json", "*.spm", "*.safetensors", "README.md"]
-    return Source(Path(snapshot_download(model, allow_patterns=patterns)), model)
+        name = parse_name(model)
+        if name.local is not None:
+            return Source(name.local, name.repository)
+        try:
+            from huggingface_hub import constants  # it reads HF_HUB_CACHE and HF_HUB_OFFLINE at import
+        except ImportError as exc:
+            raise UnsupportedModel(
+                f"{model} is not a directory; to fetch it from the hub: pip install 'translate-service[import]'"
+            ) from exc
+        hub = HubSettings(Path(constants.HF_HUB_CACHE), bool(constants.HF_HUB_OFFLINE))
+        return Source(download(name, resolve_commit(name, hub), hub), name.repository)
+    except FetchError as exc:
+        raise UnsupportedModel(str(exc)) from exc
+
+
+def damaged(path: Path, why: str) -> DamagedFiles:
+    """`path` cannot be read: DamagedFiles naming it and what to delete, with the huggingface_hub blob it links to
+    (a snapshot's link deleted alone is linked again to the same damaged blob)."""
+    blob = path.resolve()
+    also = f" and {blob}, the blob it links to," if blob != path.parent.resolve() / path.name else ""
+    return DamagedFiles(f"{path} {why}: a damaged or partial download; delete it{also} and fetch it again")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -100,7 +113,7 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DamagedFiles(f"{path.name} is not valid JSON ({exc}); a partial download? fetch it again") from exc
+        raise damaged(path, f"is not valid JSON ({exc})") from exc
     if not isinstance(found, dict):
         raise UnsupportedModel(f"{path.name} holds no JSON object")
     return found
@@ -147,7 +160,7 @@ def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
 
 # Raised whenever importing the same files gives another model directory (what a generation setting becomes, say):
 # part of a hub build's cache key, so that a cached build made by older rules is built again
-IMPORT_RULES = 2
+IMPORT_RULES = 3
 
 # generate()'s settings that change its translations and that the decoder here does not apply, at the values
 # that leave them off: a model setting one otherwise is refused, not served with other translations.
@@ -193,25 +206,31 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
 
 
 def load_weights(directory: Path) -> dict[str, np.ndarray]:
-    if (directory / "model.safetensors").is_file():
+    """model.safetensors, else pytorch_model.bin (older repositories ship only that)."""
+    if (path := directory / "model.safetensors").is_file():
         try:
-            return load_file(str(directory / "model.safetensors"))
+            return load_file(str(path))
         except (SafetensorError, OSError, ValueError) as exc:  # cut short, or not safetensors at all
-            raise DamagedFiles(f"model.safetensors cannot be read ({exc}); a partial download? fetch it again") from exc
+            raise damaged(path, f"cannot be read ({exc})") from exc
     if (directory / "pytorch_model.bin").is_file():
         return load_pickled_weights(directory / "pytorch_model.bin")
     raise UnsupportedModel(f"no model.safetensors or pytorch_model.bin in {directory}")
 
 
 def load_pickled_weights(path: Path) -> dict[str, np.ndarray]:
-    """A pytorch_model.bin: the one checkpoint format that needs torch to read."""
+    """A pytorch_model.bin: the one checkpoint format that needs torch to read, imported only here; loaded with
+    weights_only, so that the pickle runs no code of its own."""
     try:
         import torch
     except ImportError:
-        raise UnsupportedModel(
-            f"{path} is a torch pickle and torch is not installed: pip install 'translate-service[train]'"
-        ) from None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        raise UnsupportedModel(torch_needed(str(path.parent))) from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:  # cut short, or no pickle
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise damaged(path, f"cannot be read ({first})") from exc
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UnsupportedModel(f"{path} holds no state dict of tensors")
     return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
@@ -278,10 +297,13 @@ def check_positions(saved: np.ndarray | None, cfg: ModelConfig) -> None:
 
 def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[str, Any]) -> list[list[str]]:
     """Pairs from the flags, else tokenizer_config.json, else a name like opus-mt-de-en; every >>xx<< tag
-    of a multilingual vocabulary is a target, every code of a `+`-joined list a source."""
+    of a multilingual vocabulary is a target, every code of a `+`- or `_`-joined list (model.languages.listed) a
+    source."""
     src = args.source_lang or tokenizer_config.get("source_lang")
     tgt = args.target_lang or tokenizer_config.get("target_lang")
-    if not (src and tgt) and (match := re.search(r"opus-mt-(?:tc-[a-z]+-)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)):
+    if not (src and tgt) and (
+        match := re.search(r"opus-mt-(?:tc-(?:[a-z]+-)+)?([a-zA-Z_]+)-([a-zA-Z_]+)$", source.name)
+    ):
         src, tgt = src or match.group(1), tgt or match.group(2)
     if not (src and tgt):
         raise UnsupportedModel(
@@ -303,28 +325,23 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
     return [[s, t] for s in listed(src) for t in (tags or listed(tgt))]
 
 
-def listed(languages: str) -> list[str]:
-    """A model's languages as its tokenizer_config.json writes them: one code, or several joined by `+` where a
-    classic release reads many sources (opus-mt-ROMANCE-en: `fr+fr_BE+...+es+...+pt_br+pt_BR+...+la`)."""
-    return list(dict.fromkeys(code for code in languages.split("+") if code))
-
-
 def copy_tokenizer(directory: Path, out: Path) -> None:
+    """The tokenizer files copied into `out`, each read first: a corrupt one fails here, in one line naming it,
+    not at export."""
     for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
         if not (directory / name).is_file():
             raise DamagedFiles(f"no {name} in {directory}: a partial download? fetch it again")
+    separate = [TARGET_VOCAB_FILE] if (directory / TARGET_VOCAB_FILE).is_file() else []
+    for name in [SOURCE_SPM, TARGET_SPM, VOCAB_FILE, *separate]:
+        try:  # json's and sentencepiece's errors are ValueError, RuntimeError
+            if name.endswith(".spm"):
+                spm.SentencePieceProcessor(model_file=str(directory / name))
+            else:
+                read_vocab(directory / name)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise damaged(directory / name, f"cannot be read ({exc})") from exc
         shutil.copyfile(directory / name, out / name)
-    if (directory / TARGET_VOCAB_FILE).is_file():
-        shutil.copyfile(directory / TARGET_VOCAB_FILE, out / TARGET_VOCAB_FILE)
-    try:
-        vocab = read_vocab(out / VOCAB_FILE)
-        for name in (SOURCE_SPM, TARGET_SPM):  # a corrupt model fails here, in one line, not at export
-            spm.SentencePieceProcessor(model_file=str(out / name))
-    except (ValueError, RuntimeError, OSError) as exc:  # json's and sentencepiece's errors are ValueError, RuntimeError
-        raise DamagedFiles(
-            f"cannot read the tokenizer files of {directory}: {exc}; a partial download? fetch it again"
-        ) from exc
-    if missing := [p for p in (EOS, UNK, PAD) if p not in vocab]:
+    if missing := [p for p in (EOS, UNK, PAD) if p not in read_vocab(out / VOCAB_FILE)]:
         raise UnsupportedModel(f"{directory / VOCAB_FILE} lacks {missing}")
 
 

@@ -4,7 +4,8 @@
     python -m export.hub Helsinki-NLP/opus-mt-de-en --cache-dir DIR --variants fp16 --fp16-gate cuda  # as auto on CUDA
 
 The cache holds one directory per (repository, commit sha, model-directory FORMAT_VERSION, build recipe):
-`<cache>/models--org--name/<sha>/f<FORMAT_VERSION>-<variants>-<recipe hash>/`, published whole by
+`<cache>/models--org--name/<sha>/f<FORMAT_VERSION>-<variants>-<recipe hash>/` (a local directory's under
+`local/<its name>/<sha256 of its files>/`: its name gives the languages), published whole by
 export/publish.py. A start that finds it verified makes no download and builds nothing. `translate-server
 --model` calls `ensure_model`; this entrypoint fills a shared volume ahead of the servers (an init container).
 """
@@ -18,13 +19,21 @@ import io
 import logging
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.fetch import FetchError, HubSettings, ModelName, download, local_revision, parse_name, resolve_commit
+from export.fetch import (
+    FetchError,
+    HubSettings,
+    ModelName,
+    download,
+    local_revision,
+    parse_name,
+    require_readable_weights,
+    resolve_commit,
+)
 from export.publish import Stopped, never, obtain
 from model.directory import FORMAT_VERSION, VARIANTS
 
@@ -94,9 +103,8 @@ def ensure_model(
     """The cached build of the model `text` names, built and published first when missing or corrupt; raises
     export.publish.Stopped once `stopped()` is true while it waits or between the steps of a build."""
     name = parse_name(text)
-    commit = local_revision(name.local) if name.local else resolve_commit(name, hub)
-    origin = "local" if name.local else name.cache_folder
-    final = cache_dir / origin / commit / plan.folder()
+    commit = resolve_commit(name, hub) if name.local is None else name.revision or local_revision(name.local)
+    final = cache_dir / origin(name) / commit / plan.folder()
     identity = {"repository": name.repository, "revision": commit, "format_version": FORMAT_VERSION,
                 "recipe": plan.recipe()}  # fmt: skip
     try:
@@ -109,6 +117,15 @@ def ensure_model(
     if not built:
         log.info("%s@%s: serving the cached build %s", name.repository, commit[:12], directory)
     return BuiltModel(name.repository, commit, directory, built)
+
+
+def origin(name: ModelName) -> Path:
+    """The cache folder of a model's builds, one per commit below it: the hub's `models--org--name` for a hub id
+    or one of its snapshots; `local/<name>` for another directory, as two directories holding the same files
+    under other names (opus-mt-de-en, opus-mt-en-de) import as other languages."""
+    if name.local is None or name.revision is not None:
+        return Path(name.cache_folder)
+    return Path("local") / name.repository
 
 
 def _remove_empty(folder: Path, up_to: Path) -> None:
@@ -127,6 +144,7 @@ def build(
     """Import the transformers files into `out`, then export the plan's graphs into `out/onnx`; between the
     steps, stop (Stopped) when asked to."""
     source = name.local or download(name, commit, hub)
+    require_readable_weights(name, commit, source)
     started = time.monotonic()
     _unless(stopped, f"building {name.repository}")
     log.info("building %s@%s (%s) in %s", name.repository, commit[:12], plan.recipe(), out)
@@ -139,8 +157,9 @@ def build(
         _export(out, plan)
     except WeightsError as err:  # the snapshot's config.json and weights disagree
         detail = str(err).replace(f"{out / 'model.safetensors'}", "the weights").removeprefix("the weights: ")
+        weights = "model.safetensors" if (source / "model.safetensors").is_file() else "pytorch_model.bin"
         raise BuildError(
-            f"{name.text}: config.json and model.safetensors of {source} disagree ({detail}); a partial or mixed "
+            f"{name.text}: config.json and {weights} of {source} disagree ({detail}); a partial or mixed "
             "download? fetch it again"
         ) from err
     (out / "model.safetensors").unlink()  # the graphs carry the weights; decoding.json keeps their sha256
@@ -160,20 +179,16 @@ def _import(name: ModelName, source: Path, out: Path) -> None:
     from export.hf import DamagedFiles, UnsupportedModel, import_model
     from export.hf import parse_args as import_args
 
-    # The importer reads the languages from the directory's name (opus-mt-de-en) where the tokenizer config
-    # names none: a link under the repository's name gives it that name, not the snapshot's sha.
-    with tempfile.TemporaryDirectory(prefix="translate-import-") as links:
-        link = Path(links) / name.repository.split("/")[-1]
-        link.symlink_to(source.resolve(), target_is_directory=True)
-        try:
-            import_model(import_args(["--model", str(link), "--out", str(out)]))
-        except UnsupportedModel as err:
-            reason = str(err).replace(str(link), str(source))  # the snapshot the operator can look at, not the link
-            # a download cut short says so; anything else is an architecture the importer cannot carry
-            why = "" if isinstance(err, DamagedFiles) else "the importer cannot carry this model: "
-            raise BuildError(f"{name.text}: {why}{reason}") from err
-        except KeyError as err:  # a config without a field every Marian config has
-            raise BuildError(f"{name.text}: the importer cannot carry this model: config.json lacks {err}") from err
+    # The importer names a snapshot (`models--org--name/snapshots/<sha>`) by its repository, whose name gives
+    # the languages (opus-mt-de-en) where the tokenizer config names none; a directory by its own name.
+    try:
+        import_model(import_args(["--model", str(source), "--out", str(out)]))
+    except UnsupportedModel as err:
+        # a download cut short says so; anything else is an architecture the importer cannot carry
+        why = "" if isinstance(err, DamagedFiles) else "the importer cannot carry this model: "
+        raise BuildError(f"{name.text}: {why}{err}") from err
+    except KeyError as err:  # a config without a field every Marian config has
+        raise BuildError(f"{name.text}: the importer cannot carry this model: config.json lacks {err}") from err
 
 
 def _export(out: Path, plan: BuildPlan) -> None:

@@ -3,7 +3,8 @@
 Clients write BCP-47 (`pt`, `pt-BR`, `zh-Hant`), ISO 639-1 (`pt`) or ISO 639-3 (`por`); OPUS-MT models name
 their languages in ISO 639-1 (`opus-mt-de-en`), ISO 639-3 with an optional script (`>>fra<<`, `>>cmn_Hans<<`),
 a region after an underscore (`>>pt_br<<`), the Tatoeba Challenge's own `pob` (Brazilian Portuguese), or a
-group (`mul`, ISO 639-5 families such as `gem`, and older names such as `ROMANCE`). Every code is read into
+group (`mul`, ISO 639-5 families such as `gem`, and older names such as `ROMANCE`); a name lists several
+joined by `+` or `_` (`listed`: `opus-mt-tc-big-cat_oci_spa-en`). Every code is read into
 a `LanguageTag` (ISO 639-3 language, script, region) and a client's code is matched to the model's codes by
 `match`, which prefers, in this order: the same language (a macrolanguage and its usual member count as
 one, e.g. `zh` and `cmn`), the same script (else the language's usual script), the same region (else
@@ -58,7 +59,13 @@ MACRO_MEMBERS: dict[str, tuple[str, ...]] = {
     "yid": ("ydd", "yih"),
     "zza": ("diq", "kiu"),
     "fil": ("tgl",),
-}
+    "nep": ("npi", "dty"),
+    "kom": ("kpv", "koi"),
+    "iku": ("ike", "ikt"),
+    "kok": ("gom", "knn"),
+    "lah": ("pnb", "skr", "hno"),
+    "hmn": ("mww", "hnj", "hmd"),
+}  # not ful: no member is the one `ff` usually means (CLDR's is Senegal's Pulaar, fuc; FLORES' Nigerian fuv)
 MEMBER_TO_MACRO = {member: macro for macro, members in MACRO_MEMBERS.items() for member in members}
 # Codes OPUS-MT uses that are no language of their own: the Tatoeba Challenge's Brazilian Portuguese
 SPECIAL: dict[str, tuple[str, str, str]] = {"pob": ("por", "", "BR")}
@@ -69,6 +76,7 @@ LIKELY_SCRIPT: dict[tuple[str, str], str] = {
     ("srp", ""): "Cyrl", ("uzb", ""): "Latn", ("uzn", ""): "Latn", ("aze", ""): "Latn", ("kaz", ""): "Cyrl",
     ("pan", ""): "Guru", ("pan", "PK"): "Arab", ("snd", ""): "Arab", ("mon", ""): "Cyrl", ("bos", ""): "Latn",
     ("jpn", ""): "Jpan", ("kor", ""): "Kore", ("rus", ""): "Cyrl", ("ukr", ""): "Cyrl", ("bel", ""): "Cyrl",
+    ("uig", ""): "Arab", ("pnb", ""): "Arab",
 }  # fmt: skip
 # ISO 639-5 language families and groups that OPUS-MT names as a source or target: many languages, not one
 _ISO639_5 = """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber bnt btk cai cau cba ccn ccs cdc cdd cel
@@ -115,6 +123,21 @@ def parse(code: str) -> LanguageTag:
     language = language.lower()
     language = ISO639_1_TO_3.get(language) or ISO639_2B_TO_3.get(language) or language
     return LanguageTag(language, (script or "").title(), (region or "").upper())
+
+
+def listed(codes: str) -> list[str]:
+    """The codes a model's name or tokenizer config lists for one side: joined by `+` (opus-mt-ROMANCE-en's
+    `fr+fr_BE+...+pt_br`), or by `_` where every part is a lowercase language or group code of its own
+    (opus-mt-tc-big-cat_oci_spa-en, opus-mt-tc-bible-big-deu_eng_fra_por_spa-gmw); otherwise one code, its
+    script and region after `_` (`zh_Hant`, `sr_Latn`, `pt_BR`, `es_419`, and `pt_br`: two two-letter parts
+    read as language and region, as older OPUS-MT releases write regions)."""
+    if "+" in codes:
+        return list(dict.fromkeys(code for code in codes.split("+") if code))
+    parts = codes.split("_")
+    own_codes = all(part.islower() and part.isalpha() and len(part) in (2, 3) and known(part) for part in parts)
+    if len(parts) > 1 and own_codes and not (len(parts) == 2 and len(parts[1]) == 2):
+        return list(dict.fromkeys(parts))
+    return [codes] if codes else []
 
 
 def bcp47(code: str) -> str:

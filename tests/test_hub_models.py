@@ -32,27 +32,11 @@ from server.edge.config import ServerConfig, parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.hub_cache import REPO, SHA, block_network, cache_folder, closed_endpoint, fake_hub, hub_cache, tiny_marian
+from tests.hub_cache import REPO, SHA, cache_folder, closed_endpoint, fake_hub, hub_cache
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
 from tests.test_client_cli import cli
 
 BLOCKED = "from tests.hub_cache import block_network; block_network(); "
-
-
-@pytest.fixture(scope="module")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_marian(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")
-
-
-@pytest.fixture
-def hub(tmp_path: Path, marian: Path) -> Path:
-    return hub_cache(tmp_path / "hub", marian)
-
-
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch, hub: Path) -> HubSettings:
-    block_network(monkeypatch.setattr)
-    return HubSettings(hub, offline=True)
 
 
 def published(cache: Path) -> list[Path]:
@@ -402,6 +386,7 @@ def _serve(hub: Path, model: str, tmp_path: Path, **env: str) -> subprocess.Comp
         (f"{REPO}@no-such-branch", True, f"{REPO} has no revision 'no-such-branch'"),
         ("some-org/gated-model", True, "some-org/gated-model is gated: accept its terms on the hub and set HF_TOKEN"),
         ("not a hub id!", False, "is neither a directory nor a hub id"),
+        ("./modles/opus-mt-de-en", False, "there is no directory"),
     ],
 )
 def test_bad_input_ends_the_server_in_one_line_with_status_2(
@@ -435,15 +420,16 @@ def test_an_architecture_the_importer_cannot_carry_ends_with_its_reason(tmp_path
     ("repo", "damage", "says"),
     [
         ("acme/opus-mt-de-en", lambda d: (d / "config.json").write_text('{"model_type": "mar'),
-         "config.json is not valid JSON"),
+         "SNAPSHOT/config.json is not valid JSON"),
         ("acme/opus-mt-de-en", lambda d: (d / "source.spm").write_bytes(b"\x00not a sentencepiece model"),
-         "cannot read the tokenizer files"),
+         "SNAPSHOT/source.spm cannot be read"),
         ("acme/my-model", lambda d: (d / "tokenizer_config.json").unlink(missing_ok=True),
          "import it with python -m export.hf --model ID --out DIR --source-lang"),
         ("acme/opus-mt-de-en", lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 100),
-         "model.safetensors cannot be read"),
+         "SNAPSHOT/model.safetensors cannot be read"),
         ("acme/opus-mt-de-en", lambda d: (d / "model.safetensors").unlink(),
-         "lacks *.safetensors and HF_HUB_OFFLINE is set: a partial download; fetch it with network access"),
+         "lacks *.safetensors or pytorch_model.bin and HF_HUB_OFFLINE is set: a partial download; fetch it with "
+         "network access"),
         ("acme/opus-mt-de-en", lambda d: (d / "config.json").write_text(
             json.dumps({**json.loads((d / "config.json").read_text()), "d_model": 32})),
          "config.json and model.safetensors of"),
@@ -458,11 +444,12 @@ def test_a_damaged_or_unnamed_model_ends_in_one_line_and_leaves_no_folders(
     Weights cut short or disagreeing with the config ended in a SafetensorError or WeightsError traceback and
     exit 1, and a snapshot without its weights was taken for complete and blamed on the architecture."""
     hub = hub_cache(tmp_path / "hub", marian, repo=repo)
-    damage(cache_folder(hub, repo) / "snapshots" / SHA)
+    snapshot = cache_folder(hub, repo) / "snapshots" / SHA
+    damage(snapshot)
     result = _serve(hub, repo, tmp_path)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert says in last
+    assert says.replace("SNAPSHOT", str(snapshot.resolve())) in last, last
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir()]  # no folder left behind, empty or not
 
 
@@ -479,4 +466,5 @@ def test_a_snapshot_without_its_weights_is_fetched_again_when_the_hub_is_reachab
     result = _serve(hub, f"{repo}@{SHA}", tmp_path, HF_ENDPOINT=closed_endpoint(), HF_HUB_OFFLINE="0")
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "cannot carry" not in last and "lacks *.safetensors and the hub did not send them" in last, last
+    assert "cannot carry" not in last, last
+    assert "lacks *.safetensors or pytorch_model.bin and the hub did not send them" in last, last

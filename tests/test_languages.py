@@ -11,6 +11,7 @@ from model.languages import (
     bcp47,
     canonical,
     iso639_1,
+    listed,
     match,
     match_fit,
     parse,
@@ -82,6 +83,33 @@ def test_client_codes_reach_the_models_own(client: str, offered: list[str], expe
 
 
 @pytest.mark.parametrize(
+    ("client", "offered", "expected"),
+    [("ne", ["npi"], "npi"), ("kv", ["kpv"], "kpv"), ("iu", ["ike_Latn"], "ike_Latn"), ("kok", ["gom"], "gom"),
+     ("ug", ["uig_Arab", "uig_Cyrl"], "uig_Arab"), ("ug-Cyrl", ["uig_Arab", "uig_Cyrl"], "uig_Cyrl"),
+     ("lah", ["pnb", "skr"], "pnb"), ("hmn", ["mww", "hnj"], "mww"), ("npi", ["nep"], "nep")],
+)  # fmt: skip
+def test_a_macrolanguage_reaches_the_member_a_model_names(client: str, offered: list[str], expected: str) -> None:
+    """OPUS-MT names Nepali npi, Komi kpv, Inuktitut ike, Konkani gom, and Uyghur in two scripts; clients write
+    the macrolanguage (ne, kv, iu, kok) and no script. Broken before these entries, each was refused, and `ug`
+    was ambiguous between uig_Arab and uig_Cyrl."""
+    assert match(client, offered) == expected
+
+
+@pytest.mark.parametrize(
+    ("side", "codes"),
+    [("cat_oci_spa", ["cat", "oci", "spa"]), ("deu_eng_fra_por_spa", ["deu", "eng", "fra", "por", "spa"]),
+     ("fi_nb_no_nn_ru_sv_en", ["fi", "nb", "no", "nn", "ru", "sv", "en"]), ("gmw", ["gmw"]),
+     ("fr+fr_BE+pt_br+pt_BR", ["fr", "fr_BE", "pt_br", "pt_BR"]), ("zh_Hant", ["zh_Hant"]), ("sr_Latn", ["sr_Latn"]),
+     ("pt_BR", ["pt_BR"]), ("pt_br", ["pt_br"]), ("es_419", ["es_419"]), ("cmn_Hans_TW", ["cmn_Hans_TW"]),
+     ("NORTH_EU", ["NORTH_EU"]), ("", [])],
+)  # fmt: skip
+def test_a_name_side_lists_the_codes_joined_by_plus_or_underscore(side: str, codes: list[str]) -> None:
+    """opus-mt-tc-big-cat_oci_spa-en reads Catalan, Occitan and Spanish; a script or region after `_` stays part of
+    its code. Broken before (`+` alone split), `cat_oci_spa` was one language: Catalan, its rest read as subtags."""
+    assert listed(side) == codes
+
+
+@pytest.mark.parametrize(
     ("client", "offered"),
     [("pt-PT", ["pob"]), ("zh-Hant", ["cmn_Hans"]), ("fr", ["de", "en"]), ("klingon", ["mul"]), ("", ["en"]),
      ("de\n", ["deu"]), ("fr+es", ["fra"])],
@@ -116,7 +144,8 @@ def test_codes_are_read_into_language_script_and_region(code: str, tag: Language
 @pytest.mark.parametrize(
     ("code", "spelled", "two_letter"),
     [("pob", "pt-BR", "pt"), ("cmn_Hans", "zh-Hans", "zh"), ("fra", "fr", "fr"), ("zho_Hant", "zh-Hant", "zh"),
-     ("nob", "nb", "nb"), ("arb", "ar", "ar"), ("mul", "mul", ""), ("yue", "yue", "zh"), ("haw", "haw", "")],
+     ("nob", "nb", "nb"), ("arb", "ar", "ar"), ("mul", "mul", ""), ("yue", "yue", "zh"), ("haw", "haw", ""),
+     ("npi", "ne", "ne"), ("kpv", "kv", "kv"), ("gom", "gom", "")],
 )  # fmt: skip
 def test_model_codes_in_bcp47_and_iso_639_1(code: str, spelled: str, two_letter: str) -> None:
     assert bcp47(code) == spelled

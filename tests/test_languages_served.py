@@ -158,9 +158,20 @@ def test_unknown_and_ambiguous_codes_are_invalid_argument_naming_what_is_served(
     assert "en-pob (en-pt-BR)" in (failed.value.details() or "")
 
 
-def test_languages_come_from_the_models_name_where_its_tokenizer_config_has_none(tmp_path: Path) -> None:
-    hf_dir = build_marian_dir(tmp_path / "opus-mt-tc-big-en-fr", layout="tc-big")
+@pytest.mark.parametrize(
+    ("name", "pairs"),
+    [("opus-mt-tc-big-en-fr", [["en", "fr"]]),
+     ("opus-mt-tc-big-cat_oci_spa-en", [["cat", "en"], ["oci", "en"], ["spa", "en"]]),
+     ("opus-mt-tc-bible-big-deu_eng_fra-gmw", [["deu", "gmw"], ["eng", "gmw"], ["fra", "gmw"]]),
+     ("opus-mt-en-zh_Hant", [["en", "zh_Hant"]])],
+)  # fmt: skip
+def test_languages_come_from_the_models_name_where_its_tokenizer_config_has_none(
+    tmp_path: Path, name: str, pairs: list[list[str]]
+) -> None:
+    """Broken before `_` lists were read, opus-mt-tc-big-cat_oci_spa-en served one source, `cat_oci_spa` (Catalan
+    with two odd subtags): Spanish and Occitan were refused; a tc-bible-big name gave no languages at all."""
+    hf_dir = build_marian_dir(tmp_path / name, layout="tc-big")
     (hf_dir / "tokenizer_config.json").unlink()
     assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours")]) == 0
-    assert json.loads((tmp_path / "ours" / "languages.json").read_text()) == {"pairs": [["en", "fr"]]}
+    assert json.loads((tmp_path / "ours" / "languages.json").read_text()) == {"pairs": pairs}
     shutil.rmtree(tmp_path / "ours")
