@@ -1,8 +1,8 @@
 """Random transformers MarianMTModel checkpoints, built offline the way `save_pretrained` lays out an OPUS-MT
-model, with small SentencePiece models trained on the spot: the importer's test input (tiny shape) and the
-benchmark's stand-in for opus-mt-de-en (its exact shape, random weights).
+model, with small SentencePiece models trained on the spot: the importer's test input and the CPU rehearsal of
+the GPU check (the tiny shapes) and the benchmark's stand-in for opus-mt-de-en (its exact shape, random weights).
 
-    python -m bench.marian_random --out DIR [--shape opus-mt-de-en|tiny] [--separate-vocabs]
+    python -m bench.marian_random --out DIR [--shape opus-mt-de-en|tiny|tiny-capturable] [--separate-vocabs]
 """
 
 from __future__ import annotations
@@ -27,10 +27,14 @@ class MarianShape:
     ffn: int
     vocab_size: int  # 0: just the pieces of the small SentencePiece models; else padded with filler pieces to it
     max_positions: int
+    small: bool = False  # a test's size: tokenizers learnt from SAMPLE_PAIRS alone, outputs of at most 24 tokens
 
 
 SHAPES = {
-    "tiny": MarianShape(d_model=16, layers=2, heads=4, ffn=32, vocab_size=0, max_positions=64),
+    # head_dim 4: the importer's test input, and a model with no capturable step (GroupQueryAttention's sizes)
+    "tiny": MarianShape(d_model=16, layers=2, heads=4, ffn=32, vocab_size=0, max_positions=64, small=True),
+    # head_dim 8: the same size with the capturable step, so that a CPU rehearsal builds and runs it
+    "tiny-capturable": MarianShape(d_model=16, layers=2, heads=2, ffn=32, vocab_size=0, max_positions=64, small=True),
     # Helsinki-NLP/opus-mt-de-en's config.json: 74.4M parameters
     "opus-mt-de-en": MarianShape(d_model=512, layers=6, heads=8, ffn=2048, vocab_size=58101, max_positions=512),
 }
@@ -59,7 +63,7 @@ def training_pairs(shape: str) -> list[tuple[str, str]]:
     sentences, so that a test sentence splits into about as many pieces as a real OPUS-MT tokenizer makes of
     it (13.7 for 7.7 words of German) rather than into characters: the benchmark's sources then have
     realistic lengths."""
-    if shape == "tiny":
+    if SHAPES[shape].small:
         return SAMPLE_PAIRS
     from model.data import read_tsv
 
@@ -117,9 +121,8 @@ def build_marian_dir(
     out.mkdir(parents=True, exist_ok=True)
     size = SHAPES[shape]
     pairs = list(languages.texts) or training_pairs(shape)
-    small = shape == "tiny"
-    source_pieces = train_spm([de for de, _ in pairs], out / "source.spm", 90 if small else 4000)
-    target_pieces = train_spm([en for _, en in pairs], out / "target.spm", 70 if small else 4000)
+    source_pieces = train_spm([de for de, _ in pairs], out / "source.spm", 90 if size.small else 4000)
+    target_pieces = train_spm([en for _, en in pairs], out / "target.spm", 70 if size.small else 4000)
     if size.vocab_size:  # filler pieces stand for the real vocabulary's rest: the shapes are what is measured
         shared = list(dict.fromkeys(source_pieces + target_pieces))  # the vocabulary OPUS-MT shares, as one list
         source_pieces = target_pieces = shared + [
@@ -164,7 +167,7 @@ def build_marian_dir(
         model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
         for table in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens):
             table.weight[pad].zero_()  # as in OPUS-MT checkpoints: the decoder starts from a zero embedding
-    max_length = 24 if shape == "tiny" else size.max_positions  # tiny: short, so that tests reach the limit
+    max_length = 24 if size.small else size.max_positions  # short, so that tests reach the limit
     model.generation_config = GenerationConfig(
         num_beams=4, max_length=max_length, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=eos,
         pad_token_id=pad, forced_eos_token_id=eos if forced else None, renormalize_logits=tc_big,

@@ -1,6 +1,6 @@
 """python -m bench.static_parity --model-dir DIR [--provider cuda] [--variants fp32,fp16] [--limit N]: the
 capturable decoder step, plain (`--kv-cache static`) and fused (`--kv-cache fused`; CUDA graphs on CUDA), against
-the uncaptured path the server opens by default (`--kv-cache auto`), on the same provider and graphs' weights.
+the uncaptured step over device caches (`--kv-cache device`), on the same provider and graphs' weights.
 
 For each variant, the test set's sources (both directions the model translates) decoded offline through
 `server.core.offline.translate_ids` by both runners, greedy and beam 4, with fewer slots than rows so rows
@@ -21,9 +21,7 @@ import numpy as np
 
 from bench.parity import fits, parity_cases
 from bench.variants import model_tokenizer
-from export.builder.static_step import capturable
-from model.config import ModelConfig
-from model.directory import STATIC_DECODER_FILE, MetadataError, read_metadata
+from model.directory import STATIC_DECODER_FILE, MetadataError, capturable_head_dim, read_metadata
 from server.backend.runners import open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.beam import Hypothesis
@@ -31,6 +29,8 @@ from server.core.offline import translate_ids
 
 BEAMS = (1, 4)
 CAPTURED = ("static", "fused")  # the capturable step's plain and fused builds (`--kv-cache`)
+# What they are checked against, on every provider: named, never `auto`, which on CUDA picks a captured step.
+REFERENCE = "device"
 # The fused build in float16 runs other kernels than the uncaptured step (fp32 sums inside SkipLayerNormalization
 # and MultiHeadAttention, each rounded once), so float16's near-ties may break the other way: at least this share
 # of its ids must agree, where every other comparison must agree exactly.
@@ -47,7 +47,7 @@ def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int
 def compare(variant_dir: Path, provider: str, sources: list[list[int]], slots: int, max_len: int) -> bool:
     """The plain and the fused capturable steps each against the uncaptured runner on one variant; prints one
     line per step and beam; whether every id agreed."""
-    uncaptured = open_runner(variant_dir, slots, provider, kv_cache="auto")
+    uncaptured = open_runner(variant_dir, slots, provider, kv_cache=REFERENCE)
     expected = {beam: decode(uncaptured, sources, beam, max_len) for beam in BEAMS}
     ok = True
     for place in CAPTURED:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in (v for v in args.variants.split(",") if v):
         variant_dir = args.model_dir / "onnx" / variant
         meta = read_metadata(variant_dir)
-        if not capturable(ModelConfig.from_dict(meta.model_config)):
+        if not capturable_head_dim(meta.head_dim):
             print(f"{variant}: skipped, head size {meta.head_dim} has no capturable step")
             continue
         if not (variant_dir / STATIC_DECODER_FILE).is_file():  # fp32 builds it only when asked

@@ -27,6 +27,9 @@ STATIC_DECODER_FILE = "decoder_step_static.onnx"
 FUSED_DECODER_FILE = "decoder_step_fused.onnx"
 FUSED_ENCODER_FILE = "encoder_fused.onnx"  # the encoder from fused ops (export/builder/fused_encoder.py), beside it
 STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
+# The capturable step's self-attention is onnxruntime's GroupQueryAttention, whose kernels take head sizes in
+# multiples of this: a model of another head size has no capturable step, whatever the export is asked.
+HEAD_DIM_MULTIPLE = 8
 # Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
 KV_GATHER_FILE = "kv_gather.onnx"
 KV_APPEND_FILE = "kv_append.onnx"
@@ -60,6 +63,11 @@ class ModelSpec:
     source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
     forced_eos: bool = False  # a hypothesis at the output limit ends with EOS (ModelConfig.forced_eos_at_limit)
     patient_beam: bool = False  # beam search stops only when no live row could beat the K-th (ModelConfig's)
+
+
+def capturable_head_dim(head_dim: int) -> bool:
+    """Whether a model of this head size can have the capturable step (and so static and fused caches)."""
+    return head_dim % HEAD_DIM_MULTIPLE == 0
 
 
 class MetadataError(ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -22,12 +23,13 @@ from hypothesis import strategies as st
 from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.documents import RequestLimits, TextLimitError, model_text, prepare_texts
+from server.core.offline import translate_ids
 from server.core.splitter import join, translatable
-from server.core.work import InvalidWorkError
+from server.core.work import InvalidWorkError, check_sources
 from server.edge.errors import MALFORMED_MESSAGE, status_for
 from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.fakes import FakeRunner, reference_decode
+from tests.fakes import FAKE_SPEC, FakeRunner, reference_decode
 from tests.serving import (
     RunningServer,
     fake_model,
@@ -349,6 +351,21 @@ def test_validation_errors_are_invalid_argument_and_a_bare_value_error_is_a_bug(
     too_long = "texts[0] sentence 2 is 300 tokens long, over the limit of 256 tokens per sentence"
     assert status_for(TextLimitError(too_long)) == (grpc.StatusCode.INVALID_ARGUMENT, too_long)
     assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault
+
+
+@pytest.mark.parametrize("source", [[FAKE_SPEC.pad_id], [FAKE_SPEC.pad_id] * 5])
+def test_a_source_of_padding_alone_is_refused_before_any_runner_decodes_it(source: list[int]) -> None:
+    """Every position of such a source is masked out, so its encoder has nothing to attend to and each runner
+    decodes it differently: offline callers (the edge's tokenizer never makes one) get the rule's refusal.
+    A padding id among real tokens is masked like the rest of a padded batch, as every runner does."""
+    refusal = f"a source needs a token other than padding (id {FAKE_SPEC.pad_id})"
+    with pytest.raises(InvalidWorkError, match=re.escape(refusal)):
+        check_sources([[4, 3], source], FAKE_SPEC)
+    runner = FakeRunner()
+    with pytest.raises(InvalidWorkError, match=re.escape(refusal)):
+        translate_ids(runner, [[4, 3], source], beam_size=1, length_penalty=1.0, max_len=None)
+    assert runner.step_calls == 0 and not runner.encode_calls
+    check_sources([[4, FAKE_SPEC.pad_id, 3], [FAKE_SPEC.eos_id]], FAKE_SPEC)
 
 
 @pytest.mark.parametrize(

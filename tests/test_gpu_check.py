@@ -116,11 +116,12 @@ def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path) -
 
 
 def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_path(tmp_path: Path) -> None:
-    """`--shape` (tiny here, opus-mt-de-en on a GPU node): a random Marian built through the importer, its
-    parity, and the benchmark with transformers' batched generate on the same weights as the baseline."""
+    """`--shape` (tiny-capturable here, opus-mt-de-en on a GPU node): a random Marian built through the importer,
+    its parity, the captured step against the uncaptured one and where its time goes, and the benchmark with
+    transformers' batched generate on the same weights as the baseline."""
     out = tmp_path / "out"
     bench = "--offline-s 0.5 --load-s 0.5 --latency-requests 2 --sentences 12 --served-variants fp32 --concurrency 2"
-    assert main(["--provider", "cpu", "--shape", "tiny", "--out", str(out), "--limit", "3", "--quick",
+    assert main(["--provider", "cpu", "--shape", "tiny-capturable", "--out", str(out), "--limit", "3", "--quick",
                  "--bench-args", bench]) == 0  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert [s["name"] for s in summary["steps"]] == [
@@ -128,11 +129,15 @@ def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_pat
     ]  # fmt: skip
     assert '"passed": true' in (out / "fp16gate.log").read_text()  # fp16 against fp32, as auto gates it on CUDA
     assert len(json.loads((out / "startup.json").read_text())) == STARTUP_RUNS  # the replica's start to SERVING
+    # the capturable graphs built (head_dim 8) and run on the CPU provider: the fp16 step, plain and fused,
+    # against the uncaptured one, greedy and beam 4
+    static = (out / "static.log").read_text()
+    for build in ("static", "fused"):
+        assert all(f"fp16 {build} beam {beam}: identical token ids" in static for beam in (1, 4)), static
+    assert "static parity: PASS" in static
     split = {run["kv_cache"]: run for run in json.loads((out / "split.json").read_text())["runs"]}
-    assert split["working"]["splits"][0]["tokens_per_s"] > 0  # the decode's time, call by call
-    assert "capturable" in split["static"]["skipped"] and "capturable" in split["fused"]["skipped"]
-    # the tiny shape's head size (4) has no capturable step: said, not failed (tests/test_static_cache.py runs it)
-    assert "skipped, head size 4 has no capturable step" in (out / "static.log").read_text()
+    assert all(split[place]["splits"][0]["tokens_per_s"] > 0 for place in ("working", "static", "fused"))
+    assert split["static"]["replay_ms"] and split["fused"]["replay_ms"]  # each bucket's graph replayed alone
     results = json.loads((out / "bench" / "results.json").read_text())
     generate = results["offline"]["transformers-generate"]
     # generate on the same weights decodes what our PyTorch reference decodes (the import is exact)
@@ -141,6 +146,16 @@ def test_the_prepared_command_at_a_shape_measures_generate_beside_the_served_pat
     ratios = results["ratios_to_transformers"]["beam1"]["served-fp32"]
     assert ratios["throughput"] > 0 and ratios["latency_p50"] > 0
     assert "Served against transformers' batched `generate`" in (out / "bench" / "results.md").read_text()
+
+
+def test_the_tiny_capturable_shape_has_a_head_size_the_captured_step_takes() -> None:
+    """`tiny` (head_dim 4) has no capturable step; the CPU rehearsal's shape must have one."""
+    from bench.marian_random import SHAPES
+    from model.directory import capturable_head_dim
+
+    shape = SHAPES["tiny-capturable"]
+    assert capturable_head_dim(shape.d_model // shape.heads)
+    assert not capturable_head_dim(SHAPES["tiny"].d_model // SHAPES["tiny"].heads)
 
 
 def test_every_gpu_arm_is_a_server_config_and_spreads_its_calls_over_its_server_processes() -> None:

@@ -13,8 +13,10 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 
 from bench import engines, static_parity
@@ -32,17 +34,18 @@ from model.directory import (
     MetadataError,
     read_metadata,
 )
-from server.backend.runners import open_runner
-from server.backend.runtime import OnnxRunner, make_session
+from server.backend.runners import auto_cache_place, open_runner
+from server.backend.runtime import PROVIDERS, OnnxRunner, make_session
 from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner, buckets
+from server.core.documents import RequestLimits
 from server.core.events import EngineLimits
 from server.core.offline import translate_ids
 from server.core.runner import Candidates, EncodeItem
 from server.core.scheduler import Batch, Scheduler
 from server.core.splitter import join, split
 from server.core.work import DecodeOptions
-from tests.serving import onnx_model, request, runner_of, running_server, server_config
-from tests.tiny import TINY_PAIRS
+from tests.serving import onnx_model, request, runner_of, running_server, server_config, status_of
+from tests.tiny import TINY_CONFIG, TINY_PAIRS, build_tiny_artifact
 
 SERVED_SLOTS = 6  # two beams of 3 at once: sentences join a running batch as slots free
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3], [6, 7, 8, 9, 13, 14, 15, 16, 17, 3]]
@@ -54,6 +57,16 @@ def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     out = tmp_path_factory.mktemp("static") / "model"
     shutil.copytree(tiny_model_dir, out)
     assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16", "--capturable-fp32"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def narrow_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model of head_dim 4 (d_model 16 over 4 heads), a size GroupQueryAttention does not take: exported
+    as the capturable graphs are asked for, it has none."""
+    out = build_tiny_artifact(tmp_path_factory.mktemp("narrow") / "model", config=replace(TINY_CONFIG, d_model=16))
+    assert export_main(["--model-dir", str(out), "--variants", "fp32,fp16", "--capturable-fp32"]) == 0
+    assert read_metadata(out / "onnx" / "fp16").head_dim == 4
     return out
 
 
@@ -182,6 +195,37 @@ def test_more_candidates_than_the_graph_ranks_are_refused(model: Path) -> None:
         static.step([0], [1], [0], [0.0], static.graph_k + 1)
 
 
+@pytest.mark.parametrize("kv_cache", ["static", "fused"])
+def test_a_beam_wider_than_the_captured_step_ranks_for_is_refused_naming_the_caches_that_take_it(
+    model: Path, kv_cache: str
+) -> None:
+    """A beam of K ranks 2K candidates per row; the captured step ranks STATIC_TOP_K. Offline callers may ask
+    for any beam their slots hold: a wider one is refused with the limit and the caches that decode it."""
+    runner = open_runner(model / "onnx" / "fp32", 24, kv_cache=kv_cache, intra_op_threads=1)
+    widest = STATIC_TOP_K // 2
+    refusal = rf"beams up to {widest} .*--kv-cache device, working or host"
+    with pytest.raises(ValueError, match=refusal):
+        translate_ids(runner, SOURCES[:2], widest + 1, 1.0, 4)
+    assert len(translate_ids(runner, SOURCES[:2], widest, 1.0, 4)) == 2  # the widest it ranks for decodes
+
+
+def test_the_served_beam_limit_fits_the_captured_step(tiny_exported_dir: Path) -> None:
+    """The edge refuses a beam over the documented limit before anything reaches the runner; that limit is
+    what the captured step ranks for, so the widest served beam decodes there."""
+    assert 2 * RequestLimits().max_beam_size <= STATIC_TOP_K
+    slots = 2 * RequestLimits().max_beam_size  # more slots than the widest beam: the beam limit, not the slots'
+    model = onnx_model(tiny_exported_dir, max_slots=slots, kv_cache="static")
+    assert isinstance(runner_of(model), StaticCacheRunner)
+    with running_server(model, server_config(max_slots=slots)) as running:
+        widest = RequestLimits().max_beam_size
+        message = request(["Das Haus ist groß."], beam_size=widest, max_output_len=6)
+        assert running.stub.Translate(message, timeout=60).results[0].sentences == 1
+        wider = request(["Das Haus ist groß."], beam_size=widest + 1, max_output_len=6)
+        status = status_of(lambda: running.stub.Translate(wider, timeout=60))
+        assert status.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"beam_size must be in 1..{widest}" in status.details
+
+
 def test_the_static_runner_never_opens_the_dynamic_step(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its weights would take device memory for nothing: the static runner steps decoder_step_static alone."""
     from server.backend import runtime
@@ -202,6 +246,30 @@ def test_the_static_runner_never_opens_the_dynamic_step(model: Path, monkeypatch
 def test_a_variant_without_the_static_step_is_refused_with_the_fix(tiny_exported_dir: Path) -> None:
     with pytest.raises(MetadataError, match=f"no {STATIC_DECODER_FILE} .*python -m export"):
         open_runner(tiny_exported_dir / "onnx" / "int8", 2, kv_cache="static", intra_op_threads=1)
+
+
+@pytest.mark.parametrize("provider", ["cpu", "cuda"])
+@pytest.mark.parametrize("kv_cache", ["static", "fused"])
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_a_head_size_the_attention_kernel_does_not_take_is_refused_with_the_caches_that_serve_it(
+    narrow_heads: Path, variant: str, kv_cache: str, provider: str
+) -> None:
+    """No export builds the capturable step at head_dim 4: the refusal says why and what serves the model, not
+    to export again, on CUDA too (checked before any session opens, so no GPU is needed here)."""
+    with pytest.raises(MetadataError) as refused:
+        open_runner(narrow_heads / "onnx" / variant, 2, provider, kv_cache=kv_cache, intra_op_threads=1)
+    message = str(refused.value)
+    assert "no capturable decoder step" in message and "head_dim 4 is not a multiple of 8" in message, message
+    assert "use --kv-cache device or --kv-cache working" in message, message
+    assert "python -m export" not in message and "float16" not in message, message
+
+
+def test_the_parity_command_skips_a_model_without_a_capturable_step(
+    narrow_heads: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert static_parity.main(["--model-dir", str(narrow_heads), "--limit", "2", "--slots", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("skipped, head size 4 has no capturable step") == 2 and "static parity: PASS" in printed
 
 
 def test_float32_builds_the_capturable_graphs_only_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -240,6 +308,30 @@ def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.C
         exact = (variant, build) != ("fp16", "fused")
         assert int(same) == int(total) > 0 if exact else int(same) >= static_parity.FUSED_FP16_AGREEMENT * int(total)
     assert "static parity: PASS" in printed
+
+
+def test_the_parity_reference_is_the_uncaptured_step_whatever_the_provider(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA `--kv-cache auto` opens a captured step (the fused build, where the export has it): a reference
+    chosen by it would compare the fused step with itself. Here onnxruntime claims CUDA, and each runner the
+    command asks for opens on the CPU at the place it names, reporting the CUDA provider."""
+    cuda = [PROVIDERS["cuda"], PROVIDERS["cpu"]]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: cuda)
+    variant_dir = model / "onnx" / "fp16"
+    assert auto_cache_place(variant_dir, "cuda") == "fused"
+    places: list[str] = []
+
+    def on_cpu(variant_dir: Path, max_slots: int, provider: str, kv_cache: str = "auto") -> OnnxRunner:
+        place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
+        places.append(place)
+        runner = open_runner(variant_dir, max_slots, "cpu", intra_op_threads=1, kv_cache=place)
+        runner.provider = PROVIDERS[provider]
+        return runner
+
+    monkeypatch.setattr(static_parity, "open_runner", on_cpu)
+    assert static_parity.compare(variant_dir, "cuda", SOURCES, 5, 8)
+    assert places == ["device", *static_parity.CAPTURED]
 
 
 def test_served_answers_equal_the_working_batch(tiny_exported_dir: Path) -> None:

@@ -29,15 +29,14 @@ from export.builder.graph import GraphBuilder
 from export.builder.ranking import add_candidate_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
-from model.directory import STATIC_TOP_K
+from model.directory import HEAD_DIM_MULTIPLE, STATIC_TOP_K, capturable_head_dim
 
-HEAD_DIM_MULTIPLE = 8  # GroupQueryAttention's kernels take head sizes in multiples of 8
 HOST_READ_OPS = frozenset({"Shape", "Size", "If", "Loop", "NonZero"})  # ops whose results shape the run on the host
 
 
 def capturable(cfg: ModelConfig) -> bool:
     """Whether the static step can be built for this model's attention shape."""
-    return cfg.head_dim % HEAD_DIM_MULTIPLE == 0
+    return capturable_head_dim(cfg.head_dim)
 
 
 def shared_buffer_attention(b: GraphBuilder, i: int, qkv: tuple[str, str, str], seqlens: str, cfg: ModelConfig) -> str:

@@ -7,32 +7,26 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, STATIC_DECODER_FILE, MetadataError, read_metadata
+from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, STATIC_DECODER_FILE, read_metadata
 from server.backend import KV_CACHES
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import OnnxRunner
 from server.backend.sessions import PROVIDERS
-from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner
+from server.backend.static_cache import CAPTURED_DTYPES, FusedStaticRunner, StaticCacheRunner
 from server.backend.working_batch import WorkingBatchRunner
 
 log = logging.getLogger(__name__)
-CAPTURED_DTYPES = ("float16",)
 
 
 def open_runner(
     variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, kv_cache: str = "auto",
     *, spin_threads: bool = True,
 ) -> OnnxRunner:  # fmt: skip
-    """The runner for a cache placement; an explicit "device" fails loudly where "auto" falls back."""
+    """The runner for a cache placement; an explicit place fails loudly where "auto" falls back (the runner
+    refuses an export it cannot run, e.g. `static` for a model without the capturable step)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown kv_cache {kv_cache!r}; choose from {', '.join(KV_CACHES)}")
     place = kv_cache if kv_cache != "auto" else auto_cache_place(variant_dir, provider)
-    if kv_cache in ("static", "fused") and provider == "cuda" and not captured_on_cuda(variant_dir):
-        raise MetadataError(  # auto checked it
-            f"--kv-cache {kv_cache} on CUDA takes a float16 variant: {variant_dir.name} is "
-            f"{read_metadata(variant_dir).dtype}, whose attention onnxruntime runs on the CPU, so the step cannot "
-            "be captured; serve --variant fp16, or --kv-cache device"
-        )
     runner_class = {
         "device": DeviceCacheRunner, "working": WorkingBatchRunner, "static": StaticCacheRunner,
         "fused": FusedStaticRunner,

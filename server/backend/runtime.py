@@ -64,6 +64,7 @@ class OnnxRunner:
 
     kv_cache = "host"
     encoder_file = ENCODER_FILE  # the graph the encoder session opens
+    step_file = DECODER_FILE  # the decoder-step graph this runner steps
 
     def __init__(
         self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, *,
@@ -77,8 +78,7 @@ class OnnxRunner:
         self.metadata: ExportMetadata = read_metadata(variant_dir)
         self.spec: ModelSpec = self.metadata.spec()
         self.max_slots = max_slots
-        if not (variant_dir / self.encoder_file).is_file():
-            raise MetadataError(f"no {self.encoder_file} in {variant_dir}: export again with {self._export_command}")
+        self._check_export(variant_dir, provider)
         self.encoder = self._session(variant_dir / self.encoder_file)
         self.decoder = self._open_step(variant_dir)
         self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
@@ -116,15 +116,20 @@ class OnnxRunner:
         self._open_caches(variant_dir)
         log.info("onnx runner %s on %s, %s caches, %d slots", meta.variant, self.provider, self.kv_cache, max_slots)
 
+    def _check_export(self, variant_dir: Path, provider: str) -> None:
+        """Refuse, before any session opens, an export without the graphs this runner opens."""
+        for name in (self.encoder_file, self.step_file):
+            if not (variant_dir / name).is_file():
+                raise MetadataError(f"no {name} in {variant_dir}: export again with {self._export_command}")
+
     @property
     def _export_command(self) -> str:
-        """What builds this runner's graphs: float32 builds the capturable and fused ones only when asked."""
-        asked = self.kv_cache in ("static", "fused") and self.metadata.dtype == "float32"
-        return "python -m export --capturable-fp32" if asked else "python -m export"
+        """What builds this runner's graphs."""
+        return "python -m export"
 
     def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
-        """The decoder-step graph this runner steps (the static runner opens its capturable one instead)."""
-        return self._session(variant_dir / DECODER_FILE)
+        """The decoder-step session (the static runner opens its capturable step for CUDA graphs)."""
+        return self._session(variant_dir / self.step_file)
 
     # -- the Runner protocol: bookkeeping shared by both cache places ---------------------------
 

@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, STATIC_DECODER_FILE, MetadataError
+from model.directory import (
+    FUSED_DECODER_FILE,
+    FUSED_ENCODER_FILE,
+    HEAD_DIM_MULTIPLE,
+    STATIC_DECODER_FILE,
+    MetadataError,
+    capturable_head_dim,
+)
 from server.backend.device_cache import DeviceCacheRunner
 from server.backend.runtime import LOG_PROBS_OUTPUT, Feeds
 from server.backend.sessions import kv_names
@@ -32,6 +39,9 @@ from server.backend.sessions import kv_names
 log = logging.getLogger(__name__)
 
 SMALLEST_BUCKET = 8
+# The activation types CUDA captures the step in: onnxruntime's CUDA GroupQueryAttention takes no float32 (that
+# node runs on the CPU, and nothing is captured unless every node is on the GPU).
+CAPTURED_DTYPES = ("float16",)
 CAPTURE_RUNS = 3  # onnxruntime's uncaptured runs of a graph id, its capturing run, and a replay
 
 
@@ -47,13 +57,33 @@ class StaticCacheRunner(DeviceCacheRunner):
     kv_cache = "static"
     step_file = STATIC_DECODER_FILE
 
+    def _check_export(self, variant_dir: Path, provider: str) -> None:
+        """Refuse what no export of this model gives before what a new export would: a head size the step's
+        attention kernel does not take, then a type CUDA does not capture, then a graph missing."""
+        meta = self.metadata
+        if not capturable_head_dim(meta.head_dim):
+            raise MetadataError(
+                f"--kv-cache {self.kv_cache}: this model has no capturable decoder step, because its head_dim "
+                f"{meta.head_dim} is not a multiple of {HEAD_DIM_MULTIPLE}, which the step's attention kernel "
+                "(onnxruntime's GroupQueryAttention) needs; use --kv-cache device or --kv-cache working"
+            )
+        if provider == "cuda" and meta.dtype not in CAPTURED_DTYPES:
+            raise MetadataError(
+                f"--kv-cache {self.kv_cache} on CUDA takes a float16 variant: {variant_dir.name} is {meta.dtype}, "
+                "whose attention onnxruntime runs on the CPU, so the step cannot be captured; serve --variant fp16, "
+                "or --kv-cache device"
+            )
+        super()._check_export(variant_dir, provider)
+
+    @property
+    def _export_command(self) -> str:
+        """float32 builds the capturable and fused graphs only when asked."""
+        return "python -m export --capturable-fp32" if self.metadata.dtype == "float32" else "python -m export"
+
     def _open_step(self, variant_dir: Path) -> ort.InferenceSession:
         """The capturable step (`step_file`), the only step this runner takes (the dynamic step graph is never
         opened); CUDA captures it per `gpu_graph_id` (the option is CUDA's alone: the CPU provider runs it as is)."""
-        path = variant_dir / self.step_file
-        if not path.is_file():
-            raise MetadataError(f"no {self.step_file} in {variant_dir}: export again with {self._export_command}")
-        return self._session(path, cuda_graph=True)
+        return self._session(variant_dir / self.step_file, cuda_graph=True)
 
     def _open_caches(self, variant_dir: Path) -> None:
         super()._open_caches(variant_dir)
@@ -127,8 +157,12 @@ class StaticCacheRunner(DeviceCacheRunner):
         rows = np.asarray(slots, dtype=np.int64)
         pos = self._positions(positions)
         k = int(ranking["top_k"][0])
-        if k > self.graph_k:
-            raise ValueError(f"the static step ranks {self.graph_k} candidates per row, not {k}")
+        if k > self.graph_k:  # k is capped at the vocabulary, so graph_k is STATIC_TOP_K here, below it
+            raise ValueError(
+                f"the {self.kv_cache} step ranks {self.graph_k} candidates per row, not {k}: a beam of K ranks 2K, "
+                f"so beams up to {self.graph_k // 2} decode with --kv-cache {self.kv_cache}; a wider beam needs "
+                "--kv-cache device, working or host"
+            )
         index = self.bucket_of(rows)
         # Rows the step does not use feed pad at their own length (the last entry, for a full row).
         row_pos = np.minimum(self.tgt_len, self.spec.max_target_len - 1)

@@ -50,8 +50,8 @@ def check_options(options: DecodeOptions, max_beam_size: int, max_target_len: in
 
 
 def check_sources(sources: Sequence[Sequence[int]], spec: ModelSpec) -> None:
-    """At least one source, each 1..max_source_len tokens of ids the model's source vocabulary has (the edge's
-    tokenizer makes only such ids; offline callers may bring any)."""
+    """At least one source, each 1..max_source_len tokens of ids the model's source vocabulary has, not all of
+    them padding (the edge's tokenizer makes only such sources; offline callers may bring any)."""
     if not sources:
         raise InvalidWorkError("a request needs at least one sentence")
     for ids in sources:
@@ -59,3 +59,10 @@ def check_sources(sources: Sequence[Sequence[int]], spec: ModelSpec) -> None:
             raise InvalidWorkError(f"a source must hold 1 to {spec.max_source_len} tokens, got {len(ids)}")
         if min(ids) < 0 or max(ids) >= spec.source_vocab_size:
             raise InvalidWorkError(f"source token ids must be in [0, {spec.source_vocab_size})")
+        # The encoder masks padding out: a source of nothing else leaves attention nothing to attend to, and
+        # each runner would decode something else from it.
+        if all(token == spec.pad_id for token in ids):
+            raise InvalidWorkError(
+                f"a source needs a token other than padding (id {spec.pad_id}): tokenize the sentence, language "
+                "tag and EOS included, and leave out sentences with nothing to translate"
+            )
