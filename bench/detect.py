@@ -13,13 +13,16 @@ py3langid, each measured in a fresh process so that resident memory is its own.
 
 measures the server's own detector (server.edge.detect.SourceDetector, serving `--languages`) on texts in
 languages it does not serve: the share of the test set's texts it names after an unserved language (which
-the server then refuses), and how it names FOREIGN's sentences, three in each of 13 other languages.
+the server then refuses), how many of each side's 600 most common words it names so, and how it names
+FOREIGN's sentences, three in each of 13 other languages.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -37,7 +40,7 @@ def texts_by_length(limit: int) -> dict[str, list[tuple[str, str]]]:
     """(text, language) pairs: whole sentences and their first two and four words."""
     pairs = read_tsv(TEST_SET)[:limit]
     whole = [(p.de, "de") for p in pairs] + [(p.en, "en") for p in pairs]
-    cut = {f"{n} words": [(" ".join(t.split()[:n]), lang) for t, lang in whole] for n in (2, 4)}
+    cut = {f"{n} words": [(" ".join(t.split()[:n]), lang) for t, lang in whole] for n in (1, 2, 4)}
     return {**cut, "sentence": whole}
 
 
@@ -84,6 +87,19 @@ FOREIGN = {
 }  # fmt: skip
 
 
+COMMON_WORDS = 600  # the most frequent words of each side of the test set: single words as buttons and menus send them
+
+
+def common_words(count: int) -> dict[str, list[str]]:
+    """Each side's `count` most frequent words of letters alone, most frequent first."""
+    pairs = read_tsv(TEST_SET)
+    counts = {side: collections.Counter[str]() for side in ("de", "en")}
+    for pair in pairs:
+        for side, counter in counts.items():
+            counter.update(word for word in re.findall(r"\w+", getattr(pair, side)) if word.isalpha())
+    return {side: [word for word, _ in counter.most_common(count)] for side, counter in counts.items()}
+
+
 def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
     """The server's detector serving `languages`: served texts it names after another language, by length,
     and what it names each foreign sentence."""
@@ -95,6 +111,11 @@ def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
         named = [detector.detect(text) for text, _ in texts]
         result[f"{bucket}: named unserved"] = round(
             sum(found is not None and found.language not in languages for found in named) / len(texts), 4
+        )
+    for language, words in common_words(COMMON_WORDS).items():
+        named = [detector.detect(word) for word in words]
+        result[f"{language} common words: named unserved"] = sum(
+            found is not None and found.language not in languages for found in named
         )
     foreign = {language: [detector.detect(text) for text in texts] for language, texts in FOREIGN.items()}
     result["foreign named right"] = sum(

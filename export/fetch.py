@@ -82,12 +82,18 @@ def parse_name(text: str) -> ModelName:
 
 def _written_as_path(text: str) -> str:
     """Why `text`, which names no directory, is read as a mistyped path, not a hub id ('' where it is not): a
-    hub id has one slash at most and starts with neither `.`, `/` nor `~`."""
+    hub id has one slash at most and starts with neither `.`, `/` nor `~`. `models/opus-mt-xx-yy` is a hub id
+    whether or not `models/` is a directory here (a `--local-dir` download leaves `Helsinki-NLP/` beside the
+    ids it serves); where the hub has no such repository, the refusal says no such directory is here either."""
     if text.startswith((".", "/", "~")) or text.endswith("/") or text.count("/") > 1:
         return f"{text!r} is written as a path"
-    first = text.partition("/")[0]
-    if "/" in text and Path(first).is_dir():  # models/opus-mt-xx-yy mistyped, from where models/ is
-        return f"{text!r} is read as a path, as {first}/ is a directory here"
+    return ""
+
+
+def _nor_directory(name: ModelName) -> str:
+    """What a refusal of a hub id adds where its first part is a directory here: that the path is missing too."""
+    if Path(name.repository.partition("/")[0]).is_dir():
+        return f"; nor is there a directory {Path(name.repository).absolute()}"
     return ""
 
 
@@ -264,6 +270,7 @@ def hub_errors(name: ModelName, hub: HubSettings) -> Iterator[None]:
     except errors.RepositoryNotFoundError as err:
         raise FetchError(
             f"no repository {name.repository} on the hub, or it is private and HF_TOKEN cannot read it"
+            + _nor_directory(name)
         ) from err
     except errors.RevisionNotFoundError as err:
         raise FetchError(f"{name.repository} has no revision {name.revision!r}") from err
@@ -271,7 +278,7 @@ def hub_errors(name: ModelName, hub: HubSettings) -> Iterator[None]:
         why = "HF_HUB_OFFLINE is set" if hub.offline else "the hub cannot be reached"
         pinned = name.revision is not None and COMMIT.fullmatch(name.revision) is not None
         hint = "" if pinned else f" (a build already in --cache-dir is served by its commit: {name.repository}@SHA)"
-        raise FetchError(f"{what} is not in the Hugging Face cache and {why}{hint}") from err
+        raise FetchError(f"{what} is not in the Hugging Face cache and {why}{hint}{_nor_directory(name)}") from err
     except errors.HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else "no response"
         raise FetchError(f"the hub refused {what} (HTTP {status})") from err

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from export.fetch import HubSettings
 from model.files import SHIPPED_DIR, WEIGHTS_FILE
 
 # The light loop (`-m light`, docs/testing.md): the server's tests that need no torch, but for those that start
@@ -75,28 +74,3 @@ def shipped_model_dir() -> Path:
     if not (SHIPPED_DIR / WEIGHTS_FILE).is_file():
         pytest.fail(f"the shipped model is missing from {SHIPPED_DIR}")
     return SHIPPED_DIR
-
-
-@pytest.fixture(scope="module")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random OPUS-MT model directory, as save_pretrained writes one."""
-    from tests.hub_cache import tiny_marian
-
-    return tiny_marian(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")
-
-
-@pytest.fixture
-def hub(tmp_path: Path, marian: Path) -> Path:
-    """A Hugging Face cache holding `marian` as the hub would: refs, snapshot, blobs."""
-    from tests.hub_cache import hub_cache
-
-    return hub_cache(tmp_path / "hub", marian)
-
-
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch, hub: Path) -> HubSettings:
-    """Hub settings reading `hub` offline, any network use failing the test."""
-    from tests.hub_cache import block_network
-
-    block_network(monkeypatch.setattr)
-    return HubSettings(hub, offline=True)

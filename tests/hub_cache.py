@@ -19,6 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from export.fetch import HubSettings
 from tests.marian_tiny import build_marian_dir
 
 REPO = "Helsinki-NLP/opus-mt-de-en"
@@ -117,3 +120,23 @@ def closed_endpoint() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+# The hub tests' fixtures (tests/test_hub_models.py, tests/test_hub_sources.py import them)
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random OPUS-MT model directory, as save_pretrained writes one."""
+    return tiny_marian(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")
+
+
+@pytest.fixture
+def hub(tmp_path: Path, marian: Path) -> Path:
+    """A Hugging Face cache holding `marian` as the hub would: refs, snapshot, blobs."""
+    return hub_cache(tmp_path / "hub", marian)
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, hub: Path) -> HubSettings:
+    """Hub settings reading `hub` offline, any network use failing the test."""
+    block_network(monkeypatch.setattr)
+    return HubSettings(hub, offline=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.detect import FOREIGN
+from bench.detect import COMMON_WORDS, FOREIGN, common_words
 from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
 from server.edge.detect import MIN_MARGIN, SourceDetector
@@ -44,6 +44,24 @@ def test_one_served_source_is_checked_against_every_language_the_detector_knows(
     assert len(detector.candidates) > 50
     found = detector.detect(FRENCH[0])
     assert found is not None and found.language == "fr"
+
+
+def test_a_single_common_word_is_never_refused_as_a_language_no_model_serves() -> None:
+    """A button's label spreads its probability over many languages that spell it alike. (Broken once on purpose, the
+    rule for sentences applied to single words: 18 of the test set's 600 most common German words were named
+    another language, "heute" Acehnese, "Katze" Basque, "wurde" Frisian, and refused.) One in a script no served
+    language writes stays refused, and so does every FOREIGN sentence."""
+    detector = SourceDetector(["de", "en"])
+    for word in ["heute", "Katze", "wurde", "Tochter", "bekannt", "gefällt", "Abbrechen", "when", "marriage", "Edit"]:
+        found = detector.detect(word)
+        assert found is None or found.language in ("de", "en"), (word, found)
+    for word in ["Привет, друзья", "你好", "ありがとう", "שלום"]:
+        found = detector.detect(word)
+        assert found is not None and found.language not in ("de", "en"), word
+    for language, sentences in FOREIGN.items():
+        assert all((found := detector.detect(t)) is not None and found.language == language for t in sentences)
+    words = common_words(COMMON_WORDS)
+    assert sum((f := detector.detect(w)) is not None and f.language not in ("de", "en") for w in words["de"]) == 0
 
 
 def test_sources_the_detector_cannot_name_are_listed() -> None:
@@ -92,15 +110,16 @@ def test_auto_detects_each_text_and_routes_it_to_the_model_serving_its_language(
 
 
 def test_a_text_no_detection_decides_takes_the_language_of_the_request_or_is_invalid_argument(
-    german_model_dir: Path,
+    german_model_dir: Path, french_model_dir: Path
 ) -> None:
     """A name, "OK" or a code snippet among texts whose language detection tells goes with the language most of
     them are in, confidence 0 (broken once on purpose, as before: one such text refused the whole batch); alone,
     it asks for the source."""
     texts = ["Das Haus ist groß.", "ok", "Wo ist der nächste Bahnhof?", "Maria"]
+    both = [onnx_model(german_model_dir), onnx_model(french_model_dir)]  # German and French read toward English
+    with running_server(both) as served, pytest.raises(grpc.RpcError) as failed:
+        served.stub.Translate(request(["ok", "Maria"], "auto", "en"))
     with running_server(onnx_model(german_model_dir)) as served:
-        with pytest.raises(grpc.RpcError) as failed:
-            served.stub.Translate(request(["ok", "Maria"], "auto", "en"))
         mixed = served.stub.Translate(request(texts, "auto", "en", beam_size=2)).results
         named = served.stub.Translate(request(texts, "de", "en", beam_size=2)).results
         no_letters = served.stub.Translate(request(["...", " ", "12345"], "auto", "en")).results
@@ -112,6 +131,29 @@ def test_a_text_no_detection_decides_takes_the_language_of_the_request_or_is_inv
     assert [r.detected_language_confidence > 0.5 for r in mixed] == [True, False, True, False]
     assert [(r.translation, r.detected_source_language) for r in no_letters[:2]] == [("...", ""), (" ", "")]
     assert no_letters[2].sentences == 1 and no_letters[2].detected_source_language == ""  # numbers: any model's
+
+
+def test_where_one_language_is_read_toward_the_target_an_undecided_text_is_in_it(german_model_dir: Path) -> None:
+    """An app's labels to a server whose only model toward the target reads German. (Broken once on purpose, as
+    before: "cannot tell the language", though no other language could be translated to English here.) A text taken
+    for the target language less than surely is translated, not handed back ("Hallo", once English at 0.65), and
+    detection reads what the model would (a soft-hyphenated word was once Afrikaans)."""
+    texts = ["ok", "Maria", "Hallo", "Ein\u00adstel\u00adlun\u00adgen"]
+    with running_server(onnx_model(german_model_dir)) as served:
+        labels = served.stub.Translate(request(texts, "auto", "en")).results
+        alone = served.stub.Translate(request(texts, "de", "en")).results
+    assert [r.detected_source_language for r in labels] == ["de"] * 4
+    assert [r.translation for r in labels] == [r.translation for r in alone]
+    assert all(r.sentences == 1 for r in labels)
+
+
+def test_a_target_no_model_writes_is_refused_before_detection(german_model_dir: Path) -> None:
+    """Broken before, "Bonjour tout le monde" to French was refused as the pair de-fr, which the client never asked
+    for."""
+    with running_server(onnx_model(german_model_dir)) as served, pytest.raises(grpc.RpcError) as failed:
+        served.stub.Translate(request(["Bonjour tout le monde", "OK"], "auto", "fr"))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (failed.value.details() or "").startswith("no served model translates into target_language 'fr'; ")
 
 
 def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(french_model_dir: Path) -> None:

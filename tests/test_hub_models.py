@@ -32,11 +32,13 @@ from server.edge.config import ServerConfig, parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.hub_cache import REPO, SHA, cache_folder, closed_endpoint, fake_hub, hub_cache
+from tests.hub_cache import REPO, SHA, cache_folder, closed_endpoint, fake_hub, hub, hub_cache, marian, offline
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
 from tests.test_client_cli import cli
 
 BLOCKED = "from tests.hub_cache import block_network; block_network(); "
+
+HUB_FIXTURES = (marian, hub, offline)  # tests/hub_cache.py's fixtures, imported for pytest to find
 
 
 def published(cache: Path) -> list[Path]:

@@ -21,10 +21,12 @@ from huggingface_hub import errors
 import export.fetch
 from export.fetch import HUB_FILES, PICKLED_WEIGHTS, FetchError, HubSettings, ModelName, parse_name
 from export.hub import BuildError, BuildPlan, ensure_model
-from tests.hub_cache import REPO, SHA, cache_folder, hub_cache
+from tests.hub_cache import REPO, SHA, cache_folder, hub, hub_cache, marian, offline
 from tests.no_torch import run_without_torch
 
 PICKLE_ONLY = "ships only pytorch_model.bin; reading it needs torch (pip install 'translate-service[train]')"
+
+HUB_FIXTURES = (marian, hub, offline)  # tests/hub_cache.py's fixtures, imported for pytest to find
 
 
 def pickled(directory: Path) -> Path:
@@ -237,8 +239,7 @@ def test_a_damaged_file_is_named_with_its_blob_and_deleting_them_asks_for_it_aga
 @pytest.mark.parametrize(
     ("text", "why"),
     [("./modles/opus-mt-de-en", "is written as a path"), ("modles/opus-mt/de-en", "is written as a path"),
-     ("/no/such/opus-mt-de-en", "is written as a path"), ("models/opus-mt-xx-yy", "as models/ is a directory here"),
-     ("Helsinki-NLP/", "is written as a path")],
+     ("/no/such/opus-mt-de-en", "is written as a path"), ("Helsinki-NLP/", "is written as a path")],
 )  # fmt: skip
 def test_a_mistyped_directory_is_reported_missing_not_taken_for_a_hub_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, why: str
@@ -251,6 +252,21 @@ def test_a_mistyped_directory_is_reported_missing_not_taken_for_a_hub_id(
         parse_name(text)
     assert str(missing.value).startswith(f"there is no directory {Path(text).absolute()} (")
     assert why in str(missing.value) and "a hub id is org/name[@revision]" in str(missing.value)
+
+
+def test_an_id_whose_organisation_is_a_directory_here_is_still_a_hub_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: HubSettings
+) -> None:
+    """A `--local-dir` download leaves `Helsinki-NLP/opus-mt-fr-en` beside the ids served. (Broken once, a first part
+    that is a directory here made `Helsinki-NLP/opus-mt-de-en` a missing path.) Where the hub has no such id, the
+    refusal says that the directory is missing too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Helsinki-NLP" / "opus-mt-fr-en").mkdir(parents=True)
+    assert parse_name("Helsinki-NLP/opus-mt-de-en").local is None
+    (tmp_path / "models").mkdir()
+    with pytest.raises(FetchError) as missing:
+        ensure_model("models/opus-mt-xx-yy", BuildPlan(), tmp_path / "cache", offline)
+    assert f"nor is there a directory {tmp_path / 'models' / 'opus-mt-xx-yy'}" in str(missing.value)
 
 
 def test_hub_ids_still_read_as_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ from server.core.splitter import (
     _LINE_BREAK,
     PUNCTUATION,
     PYSBD_LANGUAGES,
+    Split,
     _one_sentence,
     _pysbd_cuts,
     join,
@@ -58,6 +59,17 @@ def test_splits_sentences_and_keeps_spacing_and_line_breaks() -> None:
     parts = split(text, "de")
     assert parts.pieces == ["Hallo Welt.", "Wie geht es dir?", "Gut, z.B. das Haus von Dr. Meier ist groß.", "Titel"]
     assert parts.separators == ["  ", "  ", "\n", "\n\n", "\n"]
+
+
+def test_bidi_marks_and_isolates_around_a_sentence_stay_around_it() -> None:
+    """Android's BidiFormatter and ICU wrap strings in U+2068 ... U+2069; right-to-left text in U+202B ... U+202C.
+    (Broken once on purpose, as before: the opening mark reached the model, which dropped it, and the closing one
+    was kept alone.) Inside a sentence they are the model's to drop (documents.model_text)."""
+    assert split("\u2068Hallo Welt\u2069", "de") == Split(["Hallo Welt"], ["\u2068", "\u2069"])
+    assert split("\u202bHallo Welt.\u202c Gut.\u200f", "de") == Split(
+        ["Hallo Welt.", "Gut."], ["\u202b", "\u202c ", "\u200f"]
+    )
+    assert split("\u200e\u200f", "de") == Split([], ["\u200e\u200f"])
 
 
 def test_english_abbreviations_do_not_split() -> None:

@@ -5,8 +5,8 @@ per translated attribute) and `parts` (the raw markup around them). Block elemen
 h1-h6, div, caption, title and the like) and `<br>` end a unit; inline elements (a, b, em, span,
 img...) stay inside it and are put back into its translation by `server.core.tag_placement`.
 Left byte for byte: script, style, template and pre (which end a unit), code, kbd, samp, var,
-textarea, svg and math, XLIFF's inline codes ph, bpt, ept and it, and Android's `<xliff:g>`
-placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
+textarea, svg and math, XLIFF's and TMX's inline codes ph, bpt, ept and it inside a segment, and Android's
+`<xliff:g>` placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
 turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated (not on an
 element copied whole). HTML's optional end tags close as a browser's parser closes them (`IMPLIED_CLOSE`).
@@ -53,13 +53,15 @@ BLOCKS = _names(
 INLINES = _names(  # XML mode: every element not named here is a block
     "a abbr acronym b bdi bdo big button cite data del dfn em font i img input ins label mark q rp rt ruby s"
     " small span strike strong sub sup time tt u wbr"
-    " g x bx ex mrk"  # XLIFF's inline elements whose text is the segment's
+    " g x bx ex mrk ph bpt ept it"  # XLIFF's inline elements (and DITA's `ph`, its phrase)
 )
 KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole; end a unit
-KEPT_INLINES = _names(  # copied whole inside a unit
-    "code kbd samp var textarea svg math"
-    " ph bpt ept it"  # XLIFF's inline codes: what they hold is the original format's markup, not text
-)
+KEPT_INLINES = _names("code kbd samp var textarea svg math")  # copied whole inside a unit
+# XLIFF's and TMX's inline codes, copied whole inside a unit of an XML segment (an element of SEGMENTS open): what
+# they hold is the original format's markup (`<bpt id="1">&lt;b&gt;</bpt>`), not text; elsewhere (DITA's `<ph>`,
+# its phrase) they are plain inline elements
+XLIFF_CODES = _names("ph bpt ept it")
+SEGMENTS = _names("xliff tmx source target seg")
 # Copied whole inside a unit by their qualified name: Android's `<xliff:g>` marks a placeholder (`%1$s`) that
 # stays as it is, where XLIFF's own `<g>` holds text to translate
 KEPT_QUALIFIED = frozenset({"xliff:g"})
@@ -213,7 +215,8 @@ class _Builder:
             while self.stack and self.stack[-1][0] in closed:
                 self.stack.pop()
         void = token.kind is Kind.VOID or (not self.xml and name in HTML_VOIDS)
-        if not void and (name in KEPT_BLOCKS | KEPT_INLINES or token.name in KEPT_QUALIFIED):
+        code = self.xml and name in XLIFF_CODES and any(_local(open_name) in SEGMENTS for open_name, _ in self.stack)
+        if not void and (name in KEPT_BLOCKS | KEPT_INLINES or token.name in KEPT_QUALIFIED or code):
             self.kept = _Kept(token.name, name not in KEPT_BLOCKS, [token.raw])
             return
         translate = _translate_of(token.attrs, self.translate)
@@ -372,6 +375,7 @@ def _render_block(
     rendered = ["".join(_render_piece(p, units, translations) for p in item.pieces) for item in block.items]
     if translation == source:
         return "".join(rendered), False
+    translation = _breaks_back(block, translation, boundaries)
     # Tags with no text between them move together, so `<span translate="no">Acme</span>` stays whole
     groups: list[tuple[int, Edge, list[str]]] = []  # (source offset, edge, markup)
     offset, after_text = 0, True
@@ -396,6 +400,25 @@ def _render_block(
         done = position
     out.append(html.escape(translation[done:], quote=False))
     return "".join(out), bool(groups)
+
+
+def _breaks_back(block: Block, translation: str, boundaries: Boundaries) -> str:
+    """The translation with what stood between its sentences (and around them) as it came: the model saw the unit's
+    line breaks as spaces, and its sentences' translations were joined with what it saw, one character for one,
+    so a line break between two sentences of `xml:space="preserve"` text or a string resource stays one."""
+    if not boundaries:
+        return translation
+    original = "".join(html.unescape(str(item.pieces[0])) for item in block.items if item.edge is None)
+    edges = [(0, 0), *boundaries, (len(original), len(translation))]
+    out: list[str] = []
+    for k in range(0, len(edges), 2):
+        (source_from, target_from), (source_to, target_to) = edges[k], edges[k + 1]  # a run between sentences
+        if source_to - source_from != target_to - target_from:
+            return translation  # not the run the sentences were joined with: nothing to put back
+        out.append(original[source_from:source_to])
+        if k + 2 < len(edges):
+            out.append(translation[target_to : edges[k + 2][1]])  # the next sentence's translation
+    return "".join(out)
 
 
 def _spaced(members: list[str], offset: int, source: str, position: int, translation: str) -> list[str]:

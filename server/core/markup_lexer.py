@@ -51,6 +51,7 @@ class _Recorder(HTMLParser):
         self._base = base  # where the part of the input this parser reads begins in the input
         self._line_starts = line_starts  # the input's: 0 and the offset after each "\n" (the parser counts by \n)
         self._next_line = bisect.bisect_right(line_starts, base)  # the first line that starts after `base`
+        self._ends: _NextMatch | None = None  # searches for the true ends of processing instructions and doctypes
 
     def position(self) -> int:
         """Where in the input the construct being read begins."""
@@ -60,6 +61,33 @@ class _Recorder(HTMLParser):
     def _add(self, kind: Kind, name: str = "", attrs: list[tuple[str, str | None]] | None = None) -> None:
         tag = len(self.get_starttag_text() or "") if kind in (Kind.START, Kind.VOID) else 0
         self.events.append(_Event(self.position(), kind, name, tuple(attrs or ()), tag))
+
+    def parse_pi(self, i: int) -> int:
+        """A processing instruction to its "?>" (`<?php if ($n > 0): ?>`), not the first ">" as the parser reads it:
+        a "<!--" or a quote inside would otherwise start a construct that swallows the rest of the document."""
+        end = self._next(_PI_END, i + 2)
+        if end < 0:
+            return int(super().parse_pi(i))  # an SGML-style `<?target data>`
+        self.handle_pi(self.rawdata[i + 2 : end - 2])
+        return end
+
+    def parse_html_declaration(self, i: int) -> int:
+        """A doctype to the "]>" after its internal subset (`<!DOCTYPE d [<!ENTITY w "<b>x</b>">]>`), not the first
+        ">"; any other declaration as the parser reads it."""
+        rawdata = self.rawdata
+        if rawdata[i : i + 9].lower() == "<!doctype":
+            first_close = rawdata.find(">", i + 9)
+            subset = rawdata.find("[", i, first_close) if first_close >= 0 else -1
+            if subset >= 0 and (end := self._next(_SUBSET_END, subset)) >= 0:
+                self.handle_decl(rawdata[i + 2 : end - 1])
+                return end
+        return int(super().parse_html_declaration(i))
+
+    def _next(self, pattern: re.Pattern[str], start: int) -> int:
+        """The end of `pattern`'s first match at or after `start` in what the parser reads; -1 where none."""
+        if self._ends is None or self._ends.text is not self.rawdata:
+            self._ends = _NextMatch(self.rawdata)
+        return self._ends.after(pattern, start)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._add(Kind.START, tag, attrs)
@@ -190,7 +218,7 @@ class _NextMatch:
     thousand searches to the end of the input."""
 
     def __init__(self, text: str) -> None:
-        self._text = text
+        self.text = text
         self._found: dict[re.Pattern[str], tuple[int, int, int]] = {}  # pattern -> (from, match start, end)
 
     def after(self, pattern: re.Pattern[str], start: int) -> int:
@@ -198,7 +226,7 @@ class _NextMatch:
         known = self._found.get(pattern)
         if known is not None and known[0] <= start and (known[1] < 0 or start <= known[1]):
             return known[2]
-        match = pattern.search(self._text, start)
+        match = pattern.search(self.text, start)
         self._found[pattern] = (start, match.start(), match.end()) if match else (start, -1, -1)
         return match.end() if match else -1
 

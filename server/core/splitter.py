@@ -10,7 +10,8 @@ into sentences by the rule their language gets (`rule_for`, logged at startup fo
   question marks of CJK, Devanagari (danda), Arabic, Ethiopic, Armenian, Myanmar and Khmer, closing
   quotes and brackets kept with their sentence. A script without such marks (Thai) is cut at line
   breaks only; the per-sentence token limit still applies, and a longer line is refused, never cut.
-A text becomes `pieces` (sentences, stripped) and `separators` (what is kept as it is around them),
+A text becomes `pieces` (sentences, stripped of whitespace and of the format characters around them: bidi
+marks and isolates) and `separators` (what is kept as it is around them),
 with `join(pieces, separators) == text` for every text: the server translates the pieces and joins
 the translations with the original separators, so line breaks and spacing survive translation.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 from dataclasses import dataclass
 
 import pysbd
@@ -59,7 +61,7 @@ _PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmente
 class Split:
     """A text as sentences and the whitespace between them."""
 
-    pieces: list[str]  # sentences without leading or trailing whitespace, in order; each `translatable`
+    pieces: list[str]  # sentences without whitespace or format characters around them, in order; each `translatable`
     separators: list[str]  # len(pieces) + 1 runs of whitespace and untranslatable text around the pieces
 
 
@@ -107,17 +109,32 @@ def split(text: str, language: str) -> Split:
     for end in [*cuts, len(text)]:
         chunk = text[start:end]
         start = end
-        core = chunk.strip()
+        first, last = _inner(chunk)
+        core = chunk[first:last]
         if not translatable(core):
             pending += chunk
             continue
-        lead = chunk[: len(chunk) - len(chunk.lstrip())]
-        trail = chunk[len(chunk.rstrip()) :]
+        lead, trail = chunk[:first], chunk[last:]
         separators.append(pending + lead)
         pieces.append(core)
         pending = trail
     separators.append(pending)
     return Split(pieces, separators)
+
+
+def _inner(chunk: str) -> tuple[int, int]:
+    """Where `chunk` begins and ends without the whitespace and format characters (Cf) around it: bidi marks and
+    isolates that wrap a string (Android's BidiFormatter writes U+2068 ... U+2069) stay around its translation."""
+    first, last = 0, len(chunk)
+    while first < last and _edge(chunk[first]):
+        first += 1
+    while last > first and _edge(chunk[last - 1]):
+        last -= 1
+    return first, last
+
+
+def _edge(char: str) -> bool:
+    return char.isspace() or unicodedata.category(char) == "Cf"
 
 
 def _line_cuts(text: str) -> list[int]:

@@ -7,7 +7,7 @@ import itertools
 from contextlib import suppress
 from dataclasses import dataclass
 
-from model.languages import AmbiguousLanguage
+from model.languages import AmbiguousLanguage, same_written_language
 from model.tokenizer import TextTokenizer
 from server.core.documents import RequestLimits
 from server.core.engine_client import EngineClient
@@ -98,6 +98,24 @@ class Backends:
                     self.route(options, source=ANY_LANGUAGE)
                     return ANY_LANGUAGE
         return None
+
+    def sources_toward(self, options: pb.TranslationOptions) -> list[str]:
+        """The served sources that pair with the request's target (of the model it names, if it names one), one per
+        written language, in load order; InvalidRequest naming the served pairs where none does."""
+        backends = [b for b in self.serving() if not options.model or b.model.name == options.model]
+        sources: list[str] = []
+        for backend in backends:
+            for source, _ in backend.spec.pairs:
+                with suppress(AmbiguousLanguage):
+                    toward = route_pair(source, options.target_language, backend.spec.pairs)
+                    if toward and not any(same_written_language(source, known) for known in sources):
+                        sources.append(source)
+        if not sources and backends:
+            raise InvalidRequest(
+                f"no served model translates into target_language {options.target_language!r}; "
+                f"{_served_pairs(backends)}"
+            )
+        return sources
 
     def any_source(self, options: pb.TranslationOptions) -> str:
         """A served source that pairs with the request's target, for texts with nothing to translate."""

@@ -8,8 +8,13 @@ whose best language is one no model serves, ahead of the best served one by more
 after it (and refused by routing) rather than called the nearest served language. That way a Spanish text
 sent to a German and English server is refused as Spanish, not translated as German, while German and
 English texts are almost never taken for another language (`python -m bench.detect --foreign`: 0 of the test
-set's sentences, 0.8% of their two-word snippets). Where fewer than two served sources are detectable it
-classifies among every language it knows. A text whose best language is not ahead of the next by more
+set's sentences, 0.8% of their two-word snippets). A short text (fewer than SHORT_WORDS words: a button's
+label, a greeting) is named after an unserved language only where the served ones are next to impossible
+(under SHORT_FOREIGN_RATIO of its probability): a single word in a served language spreads its probability over
+dozens of languages, and its best one is often another that spells the word alike (the test set's most common
+German words "heute", "Katze" and "wurde" were named Acehnese, Basque and Frisian, and refused), while one in
+a script no served language writes ("Привет", "你好") stays refused. Where fewer than two served sources are
+detectable it classifies among every language it knows. A text whose best language is not ahead of the next by more
 than MIN_MARGIN in probability is undecided: the caller asks for source_language, never guesses. The
 margin, unlike a floor on the best probability, means the same whatever the number of candidates (two
 languages split an uninformative text about evenly, six about a sixth each).
@@ -28,6 +33,8 @@ from model.languages import iso639_1, parse
 logger = logging.getLogger(__name__)
 
 MIN_MARGIN = 0.2  # the best language's probability over the runner-up's: at or below it, no decision
+SHORT_WORDS = 3  # a text of fewer words is short: named after an unserved language only past SHORT_FOREIGN_RATIO
+SHORT_FOREIGN_RATIO = 0.001  # a short text's best served language under this share of the unserved best's
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Detection:
 
     language: str  # ISO 639-1 code, e.g. "de"
     confidence: float  # the detector's probability of it among its candidates, 0..1
+    margin: float = 0.0  # its probability's lead over the next language's: how sure the decision is
 
 
 class SourceDetector:
@@ -69,18 +77,20 @@ class SourceDetector:
 
     def detect(self, text: str) -> Detection | None:
         """The text's language, or None where it is not ahead of the next by more than MIN_MARGIN: a language
-        no model serves where it leads the served ones by that much, else one of the candidates."""
+        no model serves where it leads the served ones by that much (a short text: where they are next to
+        impossible), else one of the candidates."""
         self._load()
         everything = self._identifier.rank(text)  # every language it knows; probabilities over all of them
         (top, top_p) = everything[0]
         best_served = next((p for language, p in everything if language in self._candidate_set), 0.0)
-        if top not in self._candidate_set and top_p - best_served > MIN_MARGIN:
-            return Detection(str(top), float(top_p))
+        plainly_foreign = len(text.split()) >= SHORT_WORDS or best_served < SHORT_FOREIGN_RATIO * top_p
+        if top not in self._candidate_set and top_p - best_served > MIN_MARGIN and plainly_foreign:
+            return Detection(str(top), float(top_p), float(top_p - everything[1][1]) if len(everything) > 1 else 1.0)
         served = self._among_candidates(everything)
         (language, best), runner_up = served[0], served[1][1] if len(served) > 1 else 0.0
         if best - runner_up <= MIN_MARGIN:
             return None
-        return Detection(str(language), float(best))
+        return Detection(str(language), float(best), float(best - runner_up))
 
     def rank(self, text: str) -> list[tuple[str, float]]:
         """The candidates, best first, with their probabilities among the candidates alone."""

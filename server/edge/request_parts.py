@@ -3,8 +3,10 @@
 A request that names its source language is one job. One that leaves it to detection (server.edge.detect)
 has its texts grouped by the language detected, each group a job of the model that serves that language;
 texts without a letter (nothing to translate, or numbers and symbols any model takes) join the first job, and
-texts detected in the target language itself, which no model translates, come back as they came (as search
-engines' and DeepL's translators answer them). An HTML or XML text is detected by the text it would have
+texts surely detected in the target language itself, which no model translates, come back as they came (as search
+engines' and DeepL's translators answer them). A text detection does not decide goes to a model that reads any
+language, else to the one language the served models read toward the target, else to the language of most of
+the request's other texts. An HTML or XML text is detected by the text it would have
 translated (its units: no tag or attribute names, no script, style or code), so its markup does not vote.
 """
 
@@ -18,7 +20,7 @@ from functools import partial
 
 from model.languages import bcp47, iso639_1, same_written_language
 from model.languages import parse as parse_language
-from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from server.core.documents import PartialSentence, RequestLimits, TextTranslation, model_text
 from server.core.markup import TextType
 from server.core.markup_documents import parse_document
 from server.edge.backends import Backend, Backends
@@ -90,16 +92,22 @@ class SourceGrouping:
         check_texts(texts, self.limits, request.options.text_type)
         if not request.options.target_language:  # what routing would say, before any detection
             backends.route(request.options, source=request.options.source_language)
+        sources = backends.sources_toward(request.options)  # a target no model writes is refused before detection
         read = partial(_detection_texts, texts, request.options.text_type, self.limits)
         detect = partial(_detect_all, self.detector, read)
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
         groups, found, undecided = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
+        _doubt_the_target(groups, found, undecided, request.options.target_language)
         parts: list[JobPart] = []
         if undecided and (anyone := backends.any_language_source(request.options)) is not None:
             # to a model that takes any language as its source, where one serves the target
             backend, route = backends.route(request.options, source=anyone)
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in undecided], options=request.options)
             parts.append(JobPart(backend, parse(sub_request, backend, route), undecided))
+        elif undecided and len(sources) == 1:  # one language any model reads toward the target: it is theirs
+            language = next((known for known in groups if same_written_language(known, sources[0])), sources[0])
+            groups[language] = sorted([*groups.get(language, []), *undecided])
+            found.update({i: Detection(language, 0.0) for i in undecided})  # confidence 0: no detection told
         elif undecided and groups:  # a name, "OK", a code snippet among texts whose language is told: theirs
             language = max(groups, key=lambda found_language: len(groups[found_language]))  # ties: the first told
             groups[language] = sorted([*groups[language], *undecided])
@@ -142,6 +150,26 @@ def _any_source_part(request: pb.TranslateRequest, backends: Backends, parse: Pa
     return JobPart(backend, job, indices)
 
 
+UNCHANGED_MARGIN = 0.5  # a text comes back untranslated as already in the target language only this far ahead
+
+
+def _doubt_the_target(
+    groups: dict[str, list[int]], found: dict[int, Detection], undecided: list[int], target: str
+) -> None:
+    """Texts detected in the target language ahead of the next language by less than UNCHANGED_MARGIN, made
+    undecided: one comes back untranslated and unflagged when the detection is wrong ("Hallo" to English, taken for
+    English at 0.65 against German's 0.35), which a translation by the model its request would take gets right and
+    otherwise leaves about as it was."""
+    for language in [known for known in groups if same_written_language(known, target)]:
+        unsure = [i for i in groups[language] if found[i].margin < UNCHANGED_MARGIN]
+        groups[language] = [i for i in groups[language] if i not in unsure]
+        if not groups[language]:
+            del groups[language]
+        for index in unsure:
+            del found[index]
+        undecided[:] = sorted([*undecided, *unsure])
+
+
 def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, limits: RequestLimits) -> list[str]:
     """What detection reads of each text: the text, or for HTML and XML its units (the text a translation
     replaces, attributes such as alt and title included) joined by spaces; TextLimitError as parsing gives it."""
@@ -161,6 +189,7 @@ def _detect_all(
     found: dict[int, Detection] = {}
     undecided: list[int] = []
     for index, text in enumerate(texts):
+        text = model_text(text)  # what the model would see: no soft hyphens or zero-width spaces inside words
         if not any(char.isalpha() for char in text):  # digits and symbols: no language to tell, any model's
             continue
         detection = detector.detect(text)
