@@ -85,7 +85,7 @@ def german_model_dir(tiny_exported_dir: Path, tmp_path_factory: pytest.TempPathF
     return out
 
 
-@pytest.mark.parametrize("auto", ["", "auto", " AUTO ", "und"])
+@pytest.mark.parametrize("auto", ["", "auto", " AUTO ", "und", "und-Latn"])
 def test_auto_detects_each_text_and_routes_it_to_the_model_serving_its_language(
     german_model_dir: Path, french_model_dir: Path, auto: str
 ) -> None:

@@ -165,51 +165,13 @@ def _events(text: str) -> list[_Event]:
             continue
         unread = len(text) - len(recorder.rawdata)  # where the construct cut short by the input's end begins
         tail = [_Event(unread, Kind.OTHER, "", (), 0)] if unread < len(text) else []
-        return _enclosed(text, events + recorder.events + tail)
+        return events + recorder.events + tail
 
 
 # A marked section the parser knows by its keyword; any other "<![" makes it raise
 _UNKNOWN_SECTION = re.compile(r"<!\[(?!(?:temp|cdata|ignore|include|rcdata|if|else|endif)(?![-_.a-zA-Z0-9]))", re.I)
-_SUBSET_END = re.compile(r"\]\s*>")
-
-
-def _enclosed(text: str, events: list[_Event]) -> list[_Event]:
-    """The events with each processing instruction and doctype the parser ended at its first ">" run to its
-    true end: `<?app cond="a > b"?>` (and PHP's `<?php if ($n > 0): ?>`) at "?>", `<!DOCTYPE d [<!ENTITY w
-    "<b>x</b>">]>` at the "]>" after its internal subset. What the parser read inside becomes part of it; what
-    follows its end, up to the next construct, is text."""
-    out: list[_Event] = []
-    until = 0  # the end of the last construct run to its true end
-    ends = _NextMatch(text)
-    for event in events:
-        if event.start < until:
-            continue
-        if out and out[-1].start < until < event.start:  # text between that end and this construct
-            out.append(_Event(until, Kind.TEXT, "", (), 0))
-        out.append(event)
-        if event.kind is Kind.OTHER:
-            until = max(until, _enclosure_end(text, event.start, ends))
-    if out and out[-1].start < until < len(text):
-        out.append(_Event(until, Kind.TEXT, "", (), 0))
-    return out
-
-
-def _enclosure_end(text: str, start: int, ends: _NextMatch) -> int:
-    """Where a processing instruction or a doctype with an internal subset beginning at `start` ends; 0 for
-    anything else, or for one that never ends (the parser's reading stands)."""
-    if text.startswith("<?", start):
-        end = ends.after(_PI_END, start + 2)
-        return end if end >= 0 else 0
-    if text[start : start + 9].upper() == "<!DOCTYPE":
-        first_close = text.find(">", start)
-        subset = text.find("[", start, first_close) if first_close >= 0 else -1
-        if subset >= 0:
-            end = ends.after(_SUBSET_END, subset)
-            return end if end >= 0 else 0
-    return 0
-
-
-_PI_END = re.compile(r"\?>")
+_PI_END = re.compile(r"\?>")  # a processing instruction's true end
+_SUBSET_END = re.compile(r"\]\s*>")  # a doctype's, after its internal subset
 
 
 class _NextMatch:

@@ -86,7 +86,8 @@ def normalize_codes(options: pb.TranslationOptions) -> None:
                 f" (it begins {value[:20]!r})"
             )
         setattr(options, name, value.strip())
-    if options.source_language.lower() in UNDETERMINED:
+    source = options.source_language.lower()
+    if source in UNDETERMINED or source.startswith(("und-", "und_")):  # `und-Latn`: undetermined, in Latin script
         options.source_language = ""
 
 
