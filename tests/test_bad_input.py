@@ -354,6 +354,22 @@ def test_validation_errors_are_invalid_argument_and_a_bare_value_error_is_a_bug(
     assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault
 
 
+def test_a_sentence_over_the_token_limit_is_told_how_to_fit(tiny_model_dir: Path) -> None:
+    """A sentence of words is split; a run without a space (a URL, base64) cannot be, and the advice says so.
+    (Broken once on purpose, as before: a 300-character hash was told to be split into shorter sentences.)"""
+    tokenizer = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
+    words = " ".join(["Das Haus ist groß"] * 20) + "."
+    blob = "Siehe " + "aGVsbG8gd29ybGQ" * 20 + "."
+    refusals = []
+    for text in (words, blob):
+        with pytest.raises(TextLimitError) as refused:
+            prepare_texts([text], "de", "en", tokenizer, RequestLimits(), 48)
+        refusals.append(str(refused.value))
+    assert refusals[0].endswith("split it into shorter sentences")
+    assert "301 of its characters have no space to split at ('aGVsbG8gd29ybGQa'...: a URL" in refusals[1]
+    assert refusals[1].endswith('(in HTML, inside translate="no")')
+
+
 @pytest.mark.parametrize("source", [[FAKE_SPEC.pad_id], [FAKE_SPEC.pad_id] * 5])
 def test_a_source_of_padding_alone_is_refused_before_any_runner_decodes_it(source: list[int]) -> None:
     """Every position of such a source is masked out, so its encoder has nothing to attend to and each runner

@@ -115,10 +115,22 @@ def prepare_texts(
             if len(ids) > max_tokens:
                 raise TextLimitError(
                     f"{names(index)} sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
-                    "tokens per sentence (tag and end token included); split it into shorter sentences"
+                    f"tokens per sentence (tag and end token included); {_shorter(parts.pieces[position])}"
                 )
         prepared.append(PreparedText(index, parts, sources))
     return prepared
+
+
+def _shorter(sentence: str) -> str:
+    """What to do with a sentence over the token limit: split it, or, where a run of it has no space to split at (a
+    URL, a hash, encoded data), keep that run out of what is translated."""
+    longest = max(sentence.split(), key=len, default="")
+    if len(longest) * 2 < len(sentence):
+        return "split it into shorter sentences"
+    return (
+        f"{len(longest)} of its characters have no space to split at ({longest[:16]!r}...: a URL, code or encoded "
+        'data?); send such runs apart from the text to translate (in HTML, inside translate="no")'
+    )
 
 
 SPELLING_FORMAT_CHARACTERS = frozenset("\u200c\u200d")  # zero-width non-joiner and joiner: part of the spelling
