@@ -297,3 +297,19 @@ def test_the_detected_language_is_reported_in_bcp47_whatever_the_model_calls_it(
         results = served.stub.Translate(request([FRENCH[0], ENGLISH[0]], "", "en", beam_size=2)).results
     assert [r.detected_source_language for r in results] == ["fr", "en"]  # the English came back as it came
     assert results[1].translation == ENGLISH[0] and results[1].sentences == 0
+
+
+def test_texts_without_letters_go_to_the_model_the_request_names(
+    german_model_dir: Path, french_model_dir: Path
+) -> None:
+    """Numbers and punctuation decide no language: they go to a source of the model the request names, never to
+    another model's source, which that model would refuse."""
+    both = [onnx_model(german_model_dir), onnx_model(french_model_dir)]
+    with running_server(both) as served:
+        names = [m.name for m in served.stub.ListModels(pb.ListModelsRequest()).models]
+        french = next(name for name in names if "fr" in name)
+        mixed = served.stub.Translate(request(["12345", "...", "Où est la gare ?"], "auto", "en", model=french))
+        alone = served.stub.Translate(request(["12345", "..."], "auto", "en", model=french))
+    assert [r.detected_source_language for r in mixed.results] == ["", "", "fr"]
+    assert [(r.sentences, r.detected_source_language) for r in alone.results] == [(1, ""), (0, "")]
+    assert alone.results[0].translation == mixed.results[0].translation

@@ -118,14 +118,10 @@ class Backends:
         return sources
 
     def any_source(self, options: pb.TranslationOptions) -> str:
-        """A served source that pairs with the request's target, for texts with nothing to translate."""
-        backends = self.serving()
-        for backend in backends:
-            for source, _ in backend.spec.pairs:
-                with suppress(AmbiguousLanguage):
-                    if route_pair(source, options.target_language, backend.spec.pairs):
-                        return source
-        return backends[0].spec.pairs[0][0]  # routing says what is wrong with the target
+        """A served source that pairs with the request's target (of the model it names, if it names one), for texts
+        no language routes; InvalidRequest as `sources_toward` raises it."""
+        sources = self.sources_toward(options)
+        return sources[0] if sources else self.serving()[0].spec.pairs[0][0]  # routing says which model is unknown
 
 
 ANY_LANGUAGE = "mul"  # OPUS-MT's source group of every language (`ROMANCE`, `gem`... name families)
