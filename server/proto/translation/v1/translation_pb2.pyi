@@ -123,9 +123,9 @@ class TranslationOptions(_message.Message):
     """Language of the texts as BCP-47 ("pt-BR", "zh-Hant"), ISO 639-1 ("pt") or ISO 639-3 ("por"), or the
     model's own code (ListModels); matched to the served models' languages: the same language first (a
     macrolanguage takes its usual member: "zh" is "cmn"), then script, then region ("pt" is "por",
-    "pt-BR" is "pob"), in any case ("PT-BR"), at most 64 characters. Empty, "auto" or "und": each text's
-    language is detected among the served sources and reported in TextResult.detected_source_language; a
-    request none of whose texts it can tell is INVALID_ARGUMENT.
+    "pt-BR" is "pob"), in any case ("PT-BR"), at most 64 characters. Empty, "auto" or "und" (with a script
+    or region too, "und-Latn"): each text's language is detected among the served sources and reported in
+    TextResult.detected_source_language; a request none of whose texts it can tell is INVALID_ARGUMENT.
     """
     target_language: _builtins.str
     """Language to translate into, written as source_language is; with it, a pair some served model has.
