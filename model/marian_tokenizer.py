@@ -58,8 +58,10 @@ class MarianTokenizer:
         self.tag_ids = {lang: tags[lang] for lang in sorted(targets) if lang in tags}
         if self.tag_ids and len(self.tag_ids) != len(targets):
             raise ValueError(f"{model_dir / VOCAB_FILE} lacks target tags for {sorted(targets - set(self.tag_ids))}")
-        # Never produced as text: the end, padding, unknown pieces, and tags.
-        self.silent_ids = {target_vocab[p] for p in (EOS, PAD, UNK) if p in target_vocab} | set(self.tag_ids.values())
+        # Never produced as text: the end, padding, unknown pieces, and tags, all as the target vocabulary holds them
+        # (with separate vocabularies a tag's source id is an ordinary target piece).
+        specials = {target_vocab[p] for p in (EOS, PAD, UNK) if p in target_vocab}
+        self.silent_ids = specials | {i for piece, i in target_vocab.items() if TAG.match(piece)}
 
     @property
     def vocab_size(self) -> int:

@@ -337,3 +337,38 @@ def test_what_the_files_cannot_back_is_refused_in_one_line(tmp_path: Path, capsy
     assert json.loads((tmp_path / "b" / "languages.json").read_text())["pairs"][0][1] == "deu"  # the tag's own code
     assert import_main(["--model", str(tagged), "--out", str(tmp_path / "c"), "--target-lang", "fr"]) == 2
     assert "--target-lang fr is none of the model's target tags (deu, nld)" in capsys.readouterr().err
+
+
+def test_a_separate_vocabulary_model_with_tags_decodes_every_target_piece(tmp_path: Path) -> None:
+    """Tags live in the source vocabulary: a target id equal to a tag's source id is an ordinary target piece (once
+    taken for a tag and dropped, so that "and" came back "nd"). Served translations are generate's ids read through
+    the checkpoint's own target_vocab.json and target.spm, its </s>, <pad> and <unk> left out (transformers'
+    tokenizer is no reference here: it reads target ids equal to the source's special ids as those specials)."""
+    from transformers import MarianMTModel
+
+    hf_dir = build_marian_dir(tmp_path / "hf", separate_vocabs=True, tags=(">>fr<<", ">>es<<"), layout="tc-big")
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours"), "--source-lang", "de"]) == 0
+    ours = MarianTokenizer(tmp_path / "ours")
+    shadowed = [ours.target_pieces[i] for i in ours.tag_ids.values()]
+    assert not any(piece.startswith(">>") for piece in shadowed), "no target piece shares a tag's id: nothing tested"
+
+    import sentencepiece as spm
+
+    target_spm = spm.SentencePieceProcessor(model_file=str(hf_dir / "target.spm"))
+    checkpoint_pieces = {i: p for p, i in json.loads((hf_dir / "target_vocab.json").read_text()).items()}
+
+    def read(ids: list[int]) -> str:
+        pieces = [checkpoint_pieces[i] for i in ids if checkpoint_pieces[i] not in ("</s>", "<pad>", "<unk>")]
+        return str(target_spm.decode_pieces(pieces)).strip()
+
+    for _, en in TINY_PAIRS[:8]:
+        ids = ours.encode_target(en)[:-1]
+        assert ours.decode(ids) == read(ids), en
+    export_tiny_onnx(tmp_path / "ours")
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    sources = [de for de, _ in TINY_PAIRS[:4]]
+    with running_server(onnx_model(tmp_path / "ours")) as served:
+        reply = served.stub.Translate(request(sources, "de", "fr", beam_size=2, max_output_len=10))
+    for de, result in zip(sources, reply.results, strict=True):
+        ids = transformers_ids(hf, ours.encode_source(de, "fr"), 2, 10)
+        assert result.translation == read(ids), de

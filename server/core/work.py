@@ -41,7 +41,8 @@ def check_options(options: DecodeOptions, max_beam_size: int, max_target_len: in
     if not 0 <= options.max_output_len <= max_target_len:
         raise InvalidWorkError(
             f"options.max_output_len must be at most the model's {max_target_len} tokens "
-            f"(0 = the default: 3 x source tokens + 10), got {options.max_output_len}"
+            f"(0 = the model's default: default_max_output_len in ListModels, or 3 x source tokens + 10 where that is "
+            f"0), got {options.max_output_len}"
         )
     if not 1 <= options.num_hypotheses <= options.beam_size:
         raise InvalidWorkError(
