@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+# A model's page on the hub, as a browser shows it: https://huggingface.co/org/name[/tree/revision]
+HUB_PAGE = re.compile(
+    r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repository>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+    r"(?:/tree/(?P<revision>[\w.-]+))?/?"
+)
+HUB_ORGANISATIONS = {"opus-mt-": "Helsinki-NLP", "opus-tatoeba-": "Helsinki-NLP"}  # name prefix -> its organisation
 PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
 # What the importer (export/hf.py) reads; PICKLED_WEIGHTS is fetched on its own, where the commit has no safetensors
 HUB_FILES = ["*.json", "*.spm", "*.safetensors", "README.md"]
@@ -72,6 +78,12 @@ def parse_name(text: str) -> ModelName:
         return ModelName(text, directory.name, None, directory)
     if path.exists():
         raise FetchError(f"{text} is a file; --model takes a model directory or a hub id (org/name)")
+    if page := HUB_PAGE.fullmatch(text):  # the model's page, pasted from a browser
+        repository, revision = page["repository"], page["revision"] or ""
+        return ModelName(text, repository, revision or None, None)
+    if "," in text:
+        raise FetchError(f"{text!r} names no directory: several models are --model given once each, or ':'-separated "
+                         "in TRANSLATE_MODEL")  # fmt: skip
     repository, _, revision = text.partition("@")
     if why := _written_as_path(repository):
         raise FetchError(f"there is no directory {path.absolute()} ({why}; a hub id is org/name[@revision])")
@@ -88,6 +100,16 @@ def _written_as_path(text: str) -> str:
     if text.startswith((".", "/", "~")) or text.endswith("/") or text.count("/") > 1:
         return f"{text!r} is written as a path"
     return ""
+
+
+def _organisation_hint(name: ModelName) -> str:
+    """What a refusal of an id without its organisation adds where the name says whose it is."""
+    if "/" in name.repository:
+        return ""
+    for prefix, organisation in HUB_ORGANISATIONS.items():
+        if name.repository.startswith(prefix):
+            return f"; a hub id names its organisation too: {organisation}/{name.repository}"
+    return "; a hub id names its organisation too: org/name"
 
 
 def _nor_directory(name: ModelName) -> str:
@@ -120,11 +142,27 @@ def resolve_commit(name: ModelName, hub: HubSettings) -> str:
     if name.revision is not None and COMMIT.fullmatch(name.revision):
         return name.revision
     api = _hub_api()
-    with hub_errors(name, hub):
-        resolved = api.resolve_revision(
-            name.repository, revision=name.revision, cache_dir=hub.cache, local_files_only=hub.offline
-        )
-    return str(resolved.resolved)
+    try:
+        with hub_errors(name, hub):
+            resolved = api.resolve_revision(
+                name.repository, revision=name.revision, cache_dir=hub.cache, local_files_only=hub.offline
+            )
+    except OSError as err:  # offline the reference file is read as it is
+        raise FetchError(_damaged_reference(name, hub, str(err.strerror or err))) from err
+    commit = str(resolved.resolved)
+    if not COMMIT.fullmatch(commit):  # an emptied or overwritten reference file in the cache
+        raise FetchError(_damaged_reference(name, hub, f"it holds {commit[:50]!r}, not a commit"))
+    return commit
+
+
+def _damaged_reference(name: ModelName, hub: HubSettings, why: str) -> str:
+    from huggingface_hub import constants
+
+    ref = Path(hub.cache or constants.HF_HUB_CACHE) / name.cache_folder / "refs" / (name.revision or "main")
+    return (
+        f"{name.text}: {ref} in the Hugging Face cache cannot be read ({why}): a damaged cache entry; delete it "
+        "and fetch the model again"
+    )
 
 
 def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
@@ -270,6 +308,7 @@ def hub_errors(name: ModelName, hub: HubSettings) -> Iterator[None]:
     except errors.RepositoryNotFoundError as err:
         raise FetchError(
             f"no repository {name.repository} on the hub, or it is private and HF_TOKEN cannot read it"
+            + _organisation_hint(name)
             + _nor_directory(name)
         ) from err
     except errors.RevisionNotFoundError as err:
@@ -278,7 +317,8 @@ def hub_errors(name: ModelName, hub: HubSettings) -> Iterator[None]:
         why = "HF_HUB_OFFLINE is set" if hub.offline else "the hub cannot be reached"
         pinned = name.revision is not None and COMMIT.fullmatch(name.revision) is not None
         hint = "" if pinned else f" (a build already in --cache-dir is served by its commit: {name.repository}@SHA)"
-        raise FetchError(f"{what} is not in the Hugging Face cache and {why}{hint}{_nor_directory(name)}") from err
+        also = _organisation_hint(name) + _nor_directory(name)
+        raise FetchError(f"{what} is not in the Hugging Face cache and {why}{hint}{also}") from err
     except errors.HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else "no response"
         raise FetchError(f"the hub refused {what} (HTTP {status})") from err

@@ -281,3 +281,36 @@ def test_hub_ids_still_read_as_hub_ids(tmp_path: Path, monkeypatch: pytest.Monke
         FetchError, match=re.escape("notes.txt is a file; --model takes a model directory or a hub id (org/name)")
     ):
         parse_name("notes.txt")
+
+
+@pytest.mark.parametrize(
+    ("text", "revision"),
+    [(f"https://huggingface.co/{REPO}", None), (f"https://huggingface.co/{REPO}/tree/main", "main"),
+     (f"https://hf.co/{REPO}/", None)],
+)  # fmt: skip
+def test_a_model_page_pasted_from_a_browser_is_its_hub_id(text: str, revision: str | None) -> None:
+    """Broken before, a pasted page was refused as a missing directory named after the URL."""
+    assert parse_name(text) == ModelName(text, REPO, revision, None)
+
+
+def test_a_mistyped_list_of_models_and_an_id_without_its_organisation_say_how_to_write_them(
+    tmp_path: Path, offline: HubSettings
+) -> None:
+    with pytest.raises(FetchError, match=re.escape("':'-separated in TRANSLATE_MODEL")):
+        parse_name(f"{REPO},Helsinki-NLP/opus-mt-fr-en")
+    with pytest.raises(FetchError) as bare:
+        ensure_model("opus-mt-de-en", BuildPlan(), tmp_path / "cache", offline)
+    assert str(bare.value).endswith("; a hub id names its organisation too: Helsinki-NLP/opus-mt-de-en")
+
+
+def test_an_emptied_reference_in_the_hugging_face_cache_is_named_as_damaged(
+    tmp_path: Path, hub: Path, offline: HubSettings
+) -> None:
+    """Broken before, huggingface_hub's read of an empty refs/main ('Is a directory: .../refs/') was reported as a
+    failure to build into --cache-dir, which is not where the damage lies."""
+    ref = cache_folder(hub) / "refs" / "main"
+    ref.write_text("")
+    with pytest.raises(FetchError) as damaged:
+        ensure_model(REPO, BuildPlan(), tmp_path / "cache", offline)
+    assert str(damaged.value).startswith(f"{REPO}: {ref} in the Hugging Face cache cannot be read (")
+    assert str(damaged.value).endswith("a damaged cache entry; delete it and fetch the model again")
