@@ -108,7 +108,7 @@ def test_server_errors_exit_non_zero_with_status_and_message(served: RunningServ
     parsed = build_parser().parse_args(["--server", served.address, "--source", "de", "--target", "fr", "Hallo"])
     out, err = io.StringIO(), io.StringIO()
     assert run(parsed, ["Hallo"], out, err) == 3  # INVALID_ARGUMENT's gRPC code
-    assert err.getvalue().startswith("translate: INVALID_ARGUMENT: unsupported language pair de-fr")
+    assert err.getvalue().startswith("translate: INVALID_ARGUMENT: unsupported language pair 'de' -> 'fr'")
     assert out.getvalue() == ""
 
 

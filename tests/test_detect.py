@@ -14,7 +14,7 @@ from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
 from server.edge.detect import MIN_MARGIN, SourceDetector
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import export_tiny_onnx, onnx_model, request, running_server, sample_value
+from tests.serving import export_tiny_onnx, fake_model, onnx_model, request, running_server, sample_value
 from tests.test_languages_served import ENGLISH, SOURCES
 
 GERMAN = ["Ich habe heute keine Zeit für dich.", "Wo ist der nächste Bahnhof?", "Das Haus ist sehr groß."]
@@ -162,6 +162,23 @@ def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(frenc
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "texts[0] detected as 'de'" in (failed.value.details() or "")
     assert "supported pairs: opus-mt-fr-en: fr-en" in (failed.value.details() or "")
+
+
+def test_texts_are_counted_as_detected_only_once_answered(tiny_model_dir: Path) -> None:
+    """Broken before (counted as each language's part was parsed): the German text of a call refused for its Spanish
+    one, and the text of a call refused for its sentence's tokens after routing, were counted."""
+    spanish = "¿Dónde está la estación de tren?"
+    too_long = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."  # over the fake model's 48 tokens
+    with running_server(fake_model(tiny_model_dir)) as served:
+        for texts, refusal in (([GERMAN[2], spanish], "texts[1] detected as 'es'"), ([too_long], "tokens long")):
+            with pytest.raises(grpc.RpcError) as failed:
+                served.stub.Translate(request(texts, "auto", "en"))
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refusal in (failed.value.details() or "")
+        refused = sample_value(served.registry, "translation_detected_texts_total")
+        served.stub.Translate(request([GERMAN[2]], "auto", "en"))
+        answered = sample_value(served.registry, "translation_detected_texts_total", language="de", model="fake")
+    assert (refused, answered) == (0, 1)
 
 
 def test_list_models_and_result_fields_exist_in_the_proto() -> None:

@@ -143,8 +143,8 @@ def test_list_models_reports_each_pair_with_its_codes_and_tag(multilingual: tupl
     ("source", "target", "message"),
     [
         ("en", "ar", "'ar' could mean any of ary, arz: send one of them"),
-        ("en", "fr", "unsupported language pair en-fr; supported pairs: model: en-ary, en-arz"),
-        ("klingon", "pt", "unsupported language pair klingon-pt"),
+        ("en", "fr", "unsupported language pair 'en' -> 'fr'; supported pairs: model: en-ary, en-arz"),
+        ("klingon", "pt", "unsupported language pair 'klingon' -> 'pt'"),
         ("en", "", "options.target_language is required"),
     ],
 )

@@ -13,9 +13,18 @@ import grpc
 import pytest
 
 from server.edge.config import parse_config
-from server.edge.logs import ACCESS_LOGGER, JsonFormatter, configure_logging, log_call, request_id
+from server.edge.logs import ACCESS_LOGGER, JsonFormatter, TextFormatter, configure_logging, log_call, request_id
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import FAKE_DESCRIPTION, ROOT, RunningServer, fake_model, request, running_server, server_config
+from tests.serving import (
+    FAKE_DESCRIPTION,
+    ROOT,
+    RunningServer,
+    fake_model,
+    request,
+    running_server,
+    server_config,
+    status_of,
+)
 
 TEXTS = ["Das Haus ist groß. Er wartete.", "Geheimpolizei"]
 FIELDS = {
@@ -67,7 +76,7 @@ def test_a_refused_call_gets_a_new_request_id_in_its_status_and_its_record(
     (record,) = access_records(caplog)
     assert (record["request_id"], record["status"], record["sentences"]) == (sent, "INVALID_ARGUMENT", 0)
     assert record["detail"] == error.details()  # what the client was told: why, for the operator too
-    assert str(record["detail"]).startswith("unsupported language pair de-fr")
+    assert str(record["detail"]).startswith("unsupported language pair 'de' -> 'fr'")
     served.stub.ListModels(pb.ListModelsRequest())
     assert [r["method"] for r in access_records(caplog)] == ["Translate", "ListModels"]
 
@@ -103,6 +112,74 @@ def test_log_format_json_writes_one_object_per_line_and_text_a_readable_line(
     )
     assert plain["message"] == "serving shipped" and plain["level"] == "INFO"
     assert lines[2].endswith("translation.access: request_id=r2 status=OK")
+
+
+def test_a_text_record_is_one_line_whatever_its_strings_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    """A client's string with a line break, NUL or line separator in a text record is escaped, so it cannot start a
+    forged line; a traceback stays readable, indented below its record. (Broken before: the detail below wrote a
+    second line that read as the server's own ERROR.)"""
+    forged = "pair de\n2026-11-29 06:00:00,000 ERROR forged: disk full\x00\u2028"
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", "text")
+        log_call({"request_id": "r1", "status": "INVALID_ARGUMENT", "detail": forged})
+        try:
+            raise ValueError("line one\nline two")
+        except ValueError:
+            logging.getLogger("server.edge.errors").exception("Translate failed")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = capsys.readouterr().err.split("\n")[:-1]
+    records = [line for line in lines if not line.startswith(" ")]  # a record's own line starts at the margin
+    assert len(records) == 2 and records[1].endswith("Translate failed")
+    assert records[0].endswith("detail=pair de\\n2026-11-29 06:00:00,000 ERROR forged: disk full\\x00\\u2028")
+    trace = lines[lines.index(records[1]) + 1 :]
+    assert trace[0] == "    Traceback (most recent call last):" and trace[-2:] == [
+        "    ValueError: line one",
+        "    line two",
+    ]
+
+
+def test_a_refusal_shows_the_client_its_text_but_the_log_never(
+    served: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run with no space to split at (a key, a token) over the token limit: the client's message quotes its start,
+    the access record only says why. (Broken before: its first 16 characters were in the record, both formats.)"""
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+    for method in (served.stub.Translate, lambda r: list(served.stub.TranslateStream(r))):
+        error = status_of(lambda: method(request([f"Mein API-Schlüssel: {secret}" + "Qx9" * 200])))  # noqa: B023
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"no space to split at ({secret[:16]!r}...: a URL" in error.details
+    details = [str(fields["detail"]) for fields in access_records(caplog)]
+    assert len(details) == 2
+    assert all(
+        d.startswith("texts[0] sentence 0 is") and "split at (a URL, code or encoded data?)" in d for d in details
+    )
+    records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
+    lines = [formatter.format(r) for r in records for formatter in (TextFormatter(), JsonFormatter())]
+    assert not any(secret[:8] in line for line in lines)
+
+
+def test_a_clients_language_code_is_quoted_as_sent(served: RunningServer) -> None:
+    """The code in the refusal is the client's own string, its line break shown, not a line of the message."""
+    forged = "de\n2026-11-29 06:00:00,000 ERROR forged: disk full"
+    error = status_of(lambda: served.stub.Translate(request(["Hallo"], source=forged)))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details.startswith(f"unsupported language pair {forged!r} -> 'en'; supported pairs: ")
+
+
+def test_a_model_on_two_engines_is_logged_as_served_once(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Broken before: one "serving" line per engine, which read as two models."""
+    caplog.set_level(logging.INFO, logger="server.edge.server")
+    with running_server([fake_model(tiny_model_dir), fake_model(tiny_model_dir)], server_config()):
+        pass
+    serving = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"serving {FAKE_DESCRIPTION.name} ")]
+    assert serving == [f"serving {FAKE_DESCRIPTION.name} (fp32, fake, 2 engines): de-en, en-de"]
 
 
 def test_the_log_format_is_text_unless_json_is_asked_for() -> None:

@@ -230,8 +230,8 @@ LONG_SENTENCE = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "g
 INVALID = {
     "empty request": (request([]), "no texts"),
     "no languages": (pb.TranslateRequest(texts=["Hallo"]), "target_language is required"),
-    "unknown pair": (request(["Hallo"], "de", "fr"), "unsupported language pair de-fr"),
-    "same language": (request(["Hallo"], "de", "de"), "unsupported language pair de-de"),
+    "unknown pair": (request(["Hallo"], "de", "fr"), "unsupported language pair 'de' -> 'fr'"),
+    "same language": (request(["Hallo"], "de", "de"), "'de' and target_language 'de' are the same language"),
     "too many texts": (request(["Hallo"] * 257), "over the limit of 256"),
     "text too long": (request(["ok", "a" * 10_001]), "texts[1] has 10001 characters"),
     "too many sentences": (request(["Ja. " * 300, "Nein. " * 300]), "more than 512 sentences"),

@@ -27,7 +27,14 @@ from server.core.tag_placement import Boundaries, TagPlacement
 
 
 class TextLimitError(ValueError):
-    """A request text breaks a documented limit; the message names the text, the limit and what to do."""
+    """A request text breaks a documented limit; the message names the text, the limit and what to do.
+
+    `logged` is the message for the server's logs: the same, less any excerpt of the client's text it quotes
+    (the access log holds no text of a request)."""
+
+    def __init__(self, message: str, logged: str | None = None) -> None:
+        super().__init__(message)
+        self.logged = message if logged is None else logged
 
 
 @dataclass(frozen=True)
@@ -113,23 +120,27 @@ def prepare_texts(
         sources = [tokenizer.encode_source(model_text(piece), target_lang) for piece in parts.pieces]
         for position, ids in enumerate(sources):
             if len(ids) > max_tokens:
-                raise TextLimitError(
+                too_long = (
                     f"{names(index)} sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
-                    f"tokens per sentence (tag and end token included); {_shorter(parts.pieces[position])}"
+                    "tokens per sentence (tag and end token included); "
                 )
+                piece = parts.pieces[position]
+                raise TextLimitError(too_long + _shorter(piece, quoted=True), too_long + _shorter(piece, quoted=False))
         prepared.append(PreparedText(index, parts, sources))
     return prepared
 
 
-def _shorter(sentence: str) -> str:
+def _shorter(sentence: str, quoted: bool) -> str:
     """What to do with a sentence over the token limit: split it, or, where a run of it has no space to split at (a
-    URL, a hash, encoded data), keep that run out of what is translated."""
+    URL, a hash, encoded data), keep that run out of what is translated; `quoted`: the run's start shown, for the
+    client (never for the log: such runs are often tokens and keys)."""
     longest = max(sentence.split(), key=len, default="")
     if len(longest) * 2 < len(sentence):
         return "split it into shorter sentences"
+    begins = f"{longest[:16]!r}...: " if quoted else ""
     return (
-        f"{len(longest)} of its characters have no space to split at ({longest[:16]!r}...: a URL, code or encoded "
-        'data?); send such runs apart from the text to translate (in HTML, inside translate="no")'
+        f"{len(longest)} of its characters have no space to split at ({begins}a URL, code or encoded data?); send"
+        ' such runs apart from the text to translate (in HTML, inside translate="no")'
     )
 
 

@@ -76,8 +76,13 @@ class Backends:
                 ambiguous = ambiguous or err
         if not routes and ambiguous is not None:
             raise InvalidRequest(f"{ambiguous}; {_served_pairs(backends)}") from ambiguous
-        if not routes:
-            raise InvalidRequest(f"unsupported language pair {source}-{target}; {_served_pairs(backends)}")
+        if not routes and same_written_language(source, target):  # a model serving such a pair has routed above
+            raise InvalidRequest(
+                f"source_language {source!r} and target_language {target!r} are the same language; name the"
+                f" language to translate into as target_language ({_served_pairs(backends)})"
+            )
+        if not routes:  # the codes quoted: the client's own strings, exactly as sent
+            raise InvalidRequest(f"unsupported language pair {source!r} -> {target!r}; {_served_pairs(backends)}")
         best = max(route.fit for _, route in routes)
         # Among equal fits the most specialised model (opus-mt-en-de before a multilingual en-mul, opus-mt-fr-en
         # before opus-mt-ROMANCE-en), then the first in load order.

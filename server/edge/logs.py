@@ -4,7 +4,10 @@ Every call to the Translator service writes one access record (`log_call`, logge
 its request id, method, model, language pair, status, duration, texts, sentences, input and output tokens
 and the longest queue wait of its sentences; never any text of the request or its translation. In JSON
 each record is one object per line, these fields at its top level beside `time` (UTC, ISO 8601), `level`,
-`logger`, `pid` and `message`; an exception's traceback goes under `exception`.
+`logger`, `pid` and `message`; an exception's traceback goes under `exception`. In text a record's own line has
+its control and other unprintable characters escaped (`\\n`, `\\x00`, `\\u2028`), and a traceback below it
+is indented line by line, so a client's string (a language code, a status message quoting one) cannot start a
+line that reads as a record of its own, nor hide in the log as raw bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,38 @@ REQUEST_ID_KEY = "x-request-id"  # gRPC metadata that carries a call's request i
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
+def escape_unprintable(line: str) -> str:
+    """`line` with every character `str.isprintable` refuses (controls, line and paragraph separators, format
+    characters) written as its Python escape, as `repr` writes it; printable text, non-ASCII too, stays as it is."""
+    if line.isprintable():  # the common case
+        return line
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT: a record's own line escaped; a traceback or stack below it, each of its lines indented and
+    escaped, so that only a record's first line starts at the margin."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_unprintable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(block: str) -> str:
+    return "\n".join(TRACE_INDENT + escape_unprintable(line) for line in block.splitlines())
+
+
+TRACE_INDENT = "    "  # before each line of a traceback in text: a record's own line never starts with a space
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, pid, message, an access record's fields, exception."""
 
@@ -51,7 +86,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str, log_format: str) -> None:
     """The root logger's one handler (stderr), in `log_format`; replaces any handler set before."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 

@@ -161,8 +161,10 @@ class Metrics:
         )
         self.detected_texts = Counter(
             "translation_detected_texts_total",
-            "Texts of calls that left source_language to detection, by the language detected (ISO 639-1;"
-            " `undecided` where no language was likely enough: the call is refused INVALID_ARGUMENT).",
+            "Texts of calls that left source_language to detection, counted as each is answered (a refused call"
+            " counts none), by language (ISO 639-1: the one detected, or the one an undecided text took from its"
+            " request) and the model that translated it (empty: already in the target language, it came back as it"
+            " came). An undecided text sent to a model that reads any language (`mul`) is not counted.",
             ["language", "model"],
             registry=registry,
         )

@@ -18,7 +18,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from model.languages import bcp47, iso639_1, same_written_language
+from model.languages import bcp47, same_written_language
 from model.languages import parse as parse_language
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, model_text
 from server.core.markup import TextType
@@ -45,10 +45,14 @@ class JobPart:
     indices: list[int]  # request position of each of the job's texts
     detections: Mapping[int, Detection] = field(default_factory=dict)  # by request position, where detected
     unchanged: bool = False  # texts detected in the target language: answered as they came, by no engine
+    # Counts a detected text by its language as it is answered (the metric of SourceGrouping); None: not counted
+    count_detected: Callable[[str], None] | None = None
 
     def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
         message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
         if (found := self.detections.get(message.index)) is not None:
+            if self.count_detected is not None:  # answered: a call refused before its texts ran counts none
+                self.count_detected(found.language)
             # The model's language in BCP-47 (`en` whether the model writes `en` or `eng`), as a request may name it;
             # the detected language itself where no model translated the text, or where the model's source is a
             # group (`mul`) and its code would say nothing
@@ -121,8 +125,8 @@ class SourceGrouping:
                 continue
             backend, route = _route_detected(backends, request.options, language, indices, found)
             sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
-            parts.append(JobPart(backend, parse(sub_request, backend, route), indices, {i: found[i] for i in indices}))
-            self._count(language, backend, indices)
+            job, detections = parse(sub_request, backend, route), {i: found[i] for i in indices}
+            parts.append(JobPart(backend, job, indices, detections, count_detected=self._counter(backend)))
         decided_or_not = found.keys() | set(undecided)
         blank = [i for i in range(len(texts)) if i not in decided_or_not]  # no letter: any model's
         if blank and parts:
@@ -132,15 +136,17 @@ class SourceGrouping:
         if unchanged:  # as they came, by no engine; a part that has a job gives the options checked once
             model = parts[0] if parts else _any_source_part(request, backends, parse, unchanged)
             job = replace(model.job, texts=[texts[i] for i in unchanged])
-            parts.append(JobPart(model.backend, job, unchanged, {i: found[i] for i in unchanged}, unchanged=True))
-            self._count(iso639_1(request.options.target_language), None, unchanged)  # no model saw them
+            detections = {i: found[i] for i in unchanged}
+            count = self._counter(None)  # no model saw them
+            parts.append(JobPart(model.backend, job, unchanged, detections, unchanged=True, count_detected=count))
         return parts
 
-    def _count(self, language: str, backend: Backend | None, indices: list[int]) -> None:
-        """Detected texts by language, each under the model that translates it (none: it came back as it came)."""
-        if self.metrics is not None:
-            for _ in indices:
-                self.metrics.observe_detected(language, backend.model.name if backend else "")
+    def _counter(self, backend: Backend | None) -> Callable[[str], None] | None:
+        """What counts a part's detected texts by language, under the model that translates them (none: they come
+        back as they came)."""
+        if self.metrics is None:
+            return None
+        return partial(self.metrics.observe_detected, model=backend.model.name if backend else "")
 
 
 def _any_source_part(request: pb.TranslateRequest, backends: Backends, parse: Parse, indices: list[int]) -> JobPart:

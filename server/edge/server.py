@@ -156,6 +156,7 @@ class TranslationServer:
             models = await self._off_loop(load_models, self.config, self.stopping.is_set)
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
+        _log_serving(backends)
         sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
         self.servicer.attach(backends, SourceDetector(sources), first_turn=self.config.process_index)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -190,8 +191,6 @@ class TranslationServer:
         if self.config.stall_seconds > 0:
             start_stall_watch(engine, self.config.stall_seconds, self._stop_watching)
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
-        logger.info("serving %s (%s, %s): %s", info.name, info.variant, info.provider,
-                    ", ".join(f"{s}-{t}" for s, t in model.runner.spec.pairs))  # fmt: skip
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
         limits_in_force = request_limits(self.config, slots, limits.max_queue_sentences)
         return Backend(engine, model.runner.spec, model.tokenizer, info, limits_in_force, self._cache_of(info.name))
@@ -248,6 +247,16 @@ class TranslationServer:
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, status)
+
+
+def _log_serving(backends: list[Backend]) -> None:
+    """One line per served model, however many engines run it: its variant, provider, engines and pairs."""
+    for name in dict.fromkeys(b.model.name for b in backends):
+        replicas = [b for b in backends if b.model.name == name]
+        info = replicas[0].model
+        engines = f"{len(replicas)} engine" + ("" if len(replicas) == 1 else "s")
+        pairs = ", ".join(f"{source}-{target}" for source, target in replicas[0].spec.pairs)
+        logger.info("serving %s (%s, %s, %s): %s", name, info.variant, info.provider, engines, pairs)
 
 
 def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
