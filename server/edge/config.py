@@ -270,7 +270,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in fields(ServerConfig)}
     parser = argparse.ArgumentParser(
         prog="translate-server",
-        description="Serve the German<->English translation model over gRPC. "
+        description="Serve translation models (the shipped demonstration model or OPUS-MT imports) over gRPC. "
         f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}MAX_SLOTS=32); flags win.",
     )
 

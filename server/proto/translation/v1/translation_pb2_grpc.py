@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class TranslatorStub:
-    """Translates texts between German and English with one shared encoder-decoder model.
+    """Translates texts with the served models, routed by language pair or by TranslationOptions.model.
     """
 
     def __init__(self, channel):
@@ -53,7 +53,7 @@ class TranslatorStub:
 
 
 class TranslatorServicer:
-    """Translates texts between German and English with one shared encoder-decoder model.
+    """Translates texts with the served models, routed by language pair or by TranslationOptions.model.
     """
 
     def Translate(self, request, context):
@@ -74,7 +74,7 @@ class TranslatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """Describes the served model: languages, pairs, limits, variant and runtime.
+        """Describes every served model: languages, pairs, limits, variant and runtime.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,7 +107,7 @@ def add_TranslatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Translator:
-    """Translates texts between German and English with one shared encoder-decoder model.
+    """Translates texts with the served models, routed by language pair or by TranslationOptions.model.
     """
 
     @staticmethod
