@@ -578,6 +578,11 @@ def test_k8s_service_hpa_and_pdb_point_at_the_deployment() -> None:
         assert selector.items() <= labels.items()
     assert hpa["spec"]["scaleTargetRef"]["name"] == m["Deployment"]["metadata"]["name"]
     assert hpa["spec"]["minReplicas"] >= 2, "with one replica the PDB would block every node drain"
+    # The HPA owns the count: a `replicas` in the Deployment would reset it at every `kubectl apply`
+    assert "replicas" not in m["Deployment"]["spec"]
+    # A rollout whose new pod builds a model is not reported failed while the startup probe still waits for it
+    startup = m["Deployment"]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert m["Deployment"]["spec"]["progressDeadlineSeconds"] > startup["periodSeconds"] * startup["failureThreshold"]
     (metric,) = hpa["spec"]["metrics"]
     adapter = yaml.safe_load((PROMETHEUS / "adapter-rules.yaml").read_text())["rules"]["custom"]
     assert metric["pods"]["metric"]["name"] in {rule["name"]["as"] for rule in adapter}
