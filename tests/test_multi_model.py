@@ -85,13 +85,13 @@ def test_unknown_pairs_and_names_are_refused_naming_what_is_served(two_models: l
     with running_server(two_models) as served:
         unknown_pair = status_of(lambda: served.stub.Translate(request(["Hallo."], "de", "fr")))
         assert unknown_pair.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert "de-fr" in unknown_pair.details and f"{MARIAN}: de-en" in unknown_pair.details
+        assert "'de' -> 'fr'" in unknown_pair.details and f"{MARIAN}: de-en" in unknown_pair.details
         assert f"{OURS}: de-en, en-de" in unknown_pair.details
         unknown_name = status_of(lambda: served.stub.Translate(request(["Hallo."], model="gpt")))
         assert unknown_name.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "'gpt'" in unknown_name.details and OURS in unknown_name.details and MARIAN in unknown_name.details
         wrong_pair = status_of(lambda: served.stub.Translate(request(["Hello."], "en", "de", model=MARIAN)))
-        assert wrong_pair.code == grpc.StatusCode.INVALID_ARGUMENT and "en-de" in wrong_pair.details
+        assert wrong_pair.code == grpc.StatusCode.INVALID_ARGUMENT and "'en' -> 'de'" in wrong_pair.details
 
 
 def test_list_models_the_cli_and_the_metrics_cover_every_model(two_models: list[LoadedModel]) -> None:

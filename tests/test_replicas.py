@@ -75,7 +75,7 @@ def _cmdline(pid: int) -> bytes:
 @contextmanager
 def replicas(model_dir: Path, tmp_path: Path, *flags: str, engines_each: int = 1) -> Iterator[Served]:
     """`translate-server --processes 2` on loopback, once both processes serve (their slots summed, and each
-    has logged that it serves each of its `engines_each` engines)."""
+    has logged that it serves its model on its `engines_each` engines)."""
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "server.log"
     command = [
@@ -89,13 +89,12 @@ def replicas(model_dir: Path, tmp_path: Path, *flags: str, engines_each: int = 1
             command, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True
         )
     served = Served(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
+    started = re.compile(rf"server\.edge\.server: serving .*, {engines_each} engines?\)")
     try:
         # both processes serving, not only loaded: one killed while still starting stops the whole server
         wait_until(lambda: process.poll() is not None or served.metric("translation_max_slots") == 2 * MAX_SLOTS, 120)
         wait_until(
-            lambda: (
-                process.poll() is not None or log.read_text().count("server.edge.server: serving ") == 2 * engines_each
-            ),
+            lambda: process.poll() is not None or len(started.findall(log.read_text())) == 2,
             120,
         )
         assert process.poll() is None, log.read_text()[-3000:]
