@@ -589,6 +589,22 @@ def test_k8s_service_hpa_and_pdb_point_at_the_deployment() -> None:
     assert metric["pods"]["metric"]["name"] in EXPORTED
 
 
+def test_the_pod_monitor_scrapes_the_deployments_metrics_port_under_the_alerts_job() -> None:
+    """kube-prometheus-stack ignores the scrape annotations: the PodMonitor selects the Deployment's pods, scrapes
+    its metrics port and path, and names the job as the alert rules select it (prometheus.yml's job)."""
+    monitor = yaml.safe_load((PROMETHEUS / "podmonitor.yaml").read_text())
+    deployment = _manifests()["Deployment"]["spec"]["template"]
+    (container,) = deployment["spec"]["containers"]
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= deployment["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {port["name"] for port in container["ports"]} and endpoint["port"] == "metrics"
+    assert endpoint["path"] == deployment["metadata"]["annotations"]["prometheus.io/path"]
+    (job,) = [c["job_name"] for c in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]]
+    assert {"action": "replace", "targetLabel": "job", "replacement": job} in endpoint["relabelings"]
+    assert f'job="{job}"' in (PROMETHEUS / "alerts.yml").read_text()
+
+
 def test_production_configs_turn_reflection_off() -> None:
     """Reflection is for development; the images and the Deployment switch it off (clients have the proto)."""
     for dockerfile in DOCKERFILES:
