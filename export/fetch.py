@@ -79,8 +79,7 @@ def parse_name(text: str) -> ModelName:
     if path.exists():
         raise FetchError(f"{text} is a file; --model takes a model directory or a hub id (org/name)")
     if page := HUB_PAGE.fullmatch(text):  # the model's page, pasted from a browser
-        repository, revision = page["repository"], page["revision"] or ""
-        return ModelName(text, repository, revision or None, None)
+        return ModelName(text, page["repository"], page["revision"], None)
     if "," in text:
         raise FetchError(f"{text!r} names no directory: several models are --model given once each, or ':'-separated "
                          "in TRANSLATE_MODEL")  # fmt: skip

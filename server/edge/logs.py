@@ -30,6 +30,7 @@ _ACCESS = "access"  # the LogRecord attribute that carries an access record's fi
 REQUEST_ID_KEY = "x-request-id"  # gRPC metadata that carries a call's request id, both ways
 # A client's request id is kept if it is this short and plain (it goes into logs and trailing metadata)
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+TRACE_INDENT = "    "  # before each line of a traceback in text: a record's own line never starts with a space
 
 
 def escape_unprintable(line: str) -> str:
@@ -59,9 +60,6 @@ class TextFormatter(logging.Formatter):
 
 def _indented(block: str) -> str:
     return "\n".join(TRACE_INDENT + escape_unprintable(line) for line in block.splitlines())
-
-
-TRACE_INDENT = "    "  # before each line of a traceback in text: a record's own line never starts with a space
 
 
 class JsonFormatter(logging.Formatter):
