@@ -4,6 +4,7 @@ model serving it, and reported with its confidence; a text no detection decides 
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -14,7 +15,15 @@ from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
 from server.edge.detect import MIN_MARGIN, SourceDetector
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import export_tiny_onnx, fake_model, onnx_model, request, running_server, sample_value
+from tests.serving import (
+    export_tiny_onnx,
+    fake_model,
+    onnx_model,
+    request,
+    running_server,
+    sample_value,
+    status_of,
+)
 from tests.test_languages_served import ENGLISH, SOURCES
 
 GERMAN = ["Ich habe heute keine Zeit für dich.", "Wo ist der nächste Bahnhof?", "Das Haus ist sehr groß."]
@@ -222,6 +231,22 @@ def test_markup_is_detected_by_its_text_not_its_tags(german_model_dir: Path) -> 
         reply = served.stub.Translate(request(texts, "", "en", text_type=html))
     assert [r.detected_source_language for r in reply.results] == ["de", "de", "de", "", ""]
     assert [r.translation for r in reply.results[3:]] == ["<div><br/></div>", "<p>&nbsp;</p>"]
+
+
+def test_a_limit_names_the_text_by_its_place_in_the_request_whatever_the_language_detected(
+    german_model_dir: Path, french_model_dir: Path
+) -> None:
+    """A detected request runs as one part per language, each with its own texts; a refusal still names the text
+    as the client numbered it. (Broken once on purpose, each part numbering its own texts: the German sentence
+    over the token limit, third in the request and second of the German ones, was named texts[1].)"""
+    long = "Das Haus ist sehr groß und alt, " * 80
+    texts = [GERMAN[0], FRENCH[0], long]
+    with running_server([onnx_model(german_model_dir), onnx_model(french_model_dir)]) as served:
+        for text_type, wrap in ((pb.TEXT_TYPE_TEXT, "{}"), (pb.TEXT_TYPE_HTML, "<p>{}</p>")):
+            call = request([wrap.format(text) for text in texts], "", "en", text_type=text_type)
+            error = status_of(partial(served.stub.Translate, call))
+            assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.details.startswith("texts[2] ") and "tokens long" in error.details, error.details
 
 
 def test_a_request_without_a_target_is_refused_before_detection(german_model_dir: Path) -> None:

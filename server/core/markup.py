@@ -70,8 +70,9 @@ KEPT_QUALIFIED = frozenset({"xliff:g"})
 _LINE_BREAKS_AS_SPACES = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))
 HTML_VOIDS = _names("area base br col embed hr img input link meta param source track wbr")
 TRANSLATED_ATTRIBUTES = frozenset({"alt", "title", "placeholder", "aria-label"})
-# HTML's optional end tags: a start tag of the key closes open elements of these names at the top of the stack
-# (`<li>a<li>b`, `<tr><td>a<tr>`, `<dt>a<dd>b`, `<p>a<ul>`), as a browser's parser does; XML closes nothing.
+# HTML's optional end tags: a start tag of the key closes the nearest open element of these names with only inline
+# elements above it (`<li>a<li>b`, `<li><b>a<li>b`, `<tr><td>a<tr>`, `<dt>a<dd>b`, `<p>a<ul>`), as a browser's
+# parser does; XML closes nothing.
 _CELLS = frozenset({"td", "th"})
 _CLOSES_P = _names(
     "address article aside blockquote details dialog div dl fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6"
@@ -211,15 +212,13 @@ class _Builder:
     def _start(self, token: Token) -> None:
         name = _local(token.name)
         if not self.xml:  # the elements this start tag ends (before its translate="no" is read from its parent)
-            closed = IMPLIED_CLOSE.get(name, frozenset())
-            while self.stack and self.stack[-1][0] in closed:
-                self.stack.pop()
+            self._close_implied(IMPLIED_CLOSE.get(name, frozenset()))
         void = token.kind is Kind.VOID or (not self.xml and name in HTML_VOIDS)
         code = self.xml and name in XLIFF_CODES and any(_local(open_name) in SEGMENTS for open_name, _ in self.stack)
         if not void and (name in KEPT_BLOCKS | KEPT_INLINES or token.name in KEPT_QUALIFIED or code):
             self.kept = _Kept(token.name, name not in KEPT_BLOCKS, [token.raw])
             return
-        translate = _translate_of(token.attrs, self.translate)
+        translate = _translate_of(token.attrs, self.translate, self.xml)
         pieces = self._tag(token.raw, translate)
         if self._is_block(name):
             self.flush()
@@ -231,6 +230,19 @@ class _Builder:
         self.stack.append((token.name, translate))
         if len(self.stack) > self.max_depth:
             raise MarkupDepthError(f"elements nest deeper than {self.max_depth}")
+
+    def _close_implied(self, closed: frozenset[str]) -> None:
+        """Close the open elements named in `closed` and the inline ones left open inside them, nearest first, as a
+        browser does (`<li><b>a<li>b`: the second item is no longer inside the first's `<b>`, nor its translate="no"); a
+        block between stops the search (`<li><ul><li>`: a nested list's item closes nothing outside it)."""
+        depth = len(self.stack) - 1
+        while depth >= 0:  # `<tr>` closes an open cell, then the row it was in
+            name = self.stack[depth][0]
+            if name in closed:
+                del self.stack[depth:]
+            elif self._is_block(_local(name)):
+                return
+            depth -= 1
 
     def _end(self, token: Token) -> None:
         names = [name for name, _ in self.stack]
@@ -346,13 +358,16 @@ def _local(name: str) -> str:
     return name.rpartition(":")[2]
 
 
-def _translate_of(attrs: tuple[tuple[str, str | None], ...], inherited: bool) -> bool:
-    """Whether an element's text and attributes are translated: its `translate`, its class, else its parent's."""
+def _translate_of(attrs: tuple[tuple[str, str | None], ...], inherited: bool, xml: bool) -> bool:
+    """Whether an element's text and attributes are translated: its `translate`, its class, in XML Android's
+    `translatable="false"` (a string resource left as it is), else its parent's."""
     values = dict(attrs)
     flag = values.get("translate")
     if flag is not None and flag.strip().lower() in ("yes", "no", ""):
         return flag.strip().lower() != "no"
     if "notranslate" in (values.get("class") or "").split():
+        return False
+    if xml and (values.get("translatable") or "").strip().lower() == "false":
         return False
     return inherited
 
@@ -392,10 +407,10 @@ def _render_block(
         after_text = False
     positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation, boundaries)
     out, done = [], 0
-    for (offset, _, members), position in zip(groups, positions, strict=True):
+    for (offset, edge, members), position in zip(groups, positions, strict=True):
         out += [
             html.escape(translation[done:position], quote=False),
-            *_spaced(members, offset, source, position, translation),
+            *_spaced(members, edge, offset, source, position, translation),
         ]
         done = position
     out.append(html.escape(translation[done:], quote=False))
@@ -421,16 +436,21 @@ def _breaks_back(block: Block, translation: str, boundaries: Boundaries) -> str:
     return "".join(out)
 
 
-def _spaced(members: list[str], offset: int, source: str, position: int, translation: str) -> list[str]:
-    """Tags placed at a gap, with the gap's spaces: a piece that stood between two words with a space on each
+def _spaced(members: list[str], edge: Edge, offset: int, source: str, position: int, translation: str) -> list[str]:
+    """Tags placed at a gap, with the gap's spaces. A piece that stood between two words with a space on each
     side (`Die Firma <span translate="no">Acme</span> ist`) left the model a double space, which it writes as
-    one, so the piece gets back the space it lost on one side. Elsewhere the tags come as they are."""
-    inside = 0 < position < len(translation)
-    if not (0 < offset < len(source) and source[offset - 1].isspace() and source[offset].isspace() and inside):
+    one, so the piece gets back the space it lost on one side. And a side of a piece standing alone (no tag that
+    opens or closes words of the translation, which stays at their edge) that touched no letter or digit in the
+    source touches none in a translation written with spaces: `zurück, <xliff:g>%1$s</xliff:g>!` placed after
+    "back" gives "back %1$s!", not "back%1$s!"."""
+    if not (0 < offset < len(source) and 0 < position < len(translation)):
         return members
-    before, after = translation[position - 1].isspace(), translation[position].isspace()
-    if before and not after:
-        return [*members, " "]
-    if after and not before:
-        return [" ", *members]
-    return members
+    source_before, source_after = source[offset - 1], source[offset]
+    before, after = translation[position - 1], translation[position]
+    if source_before.isspace() and source_after.isspace() and before.isspace() != after.isspace():
+        return [*members, " "] if before.isspace() else [" ", *members]
+    if edge is not Edge.ANY or not any(char.isspace() for char in translation):
+        return members  # a tag at a word's edge, or a script written without spaces between words
+    lead = [" "] if before.isalnum() and not source_before.isalnum() else []
+    trail = [" "] if after.isalnum() and not source_after.isalnum() else []
+    return [*lead, *members, *trail]

@@ -8,7 +8,7 @@ document and the sentence's position in it, counted over its units in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from server.core.documents import (
     RequestLimits,
     TextLimitError,
     TextTranslation,
+    request_text,
 )
 from server.core.markup import MarkupDepthError, MarkupDocument, TextType, parse
 from server.core.tag_placement import TagPlacement
@@ -54,18 +55,22 @@ def prepare_request(
     tokenizer: TextTokenizer,
     limits: RequestLimits,
     num_hypotheses: int,
+    positions: Sequence[int] | None = None,
 ) -> RequestAssembler:
-    """The request's assembler; TextLimitError for a limit broken (depth, units, or prepare's own)."""
+    """The request's assembler; TextLimitError for a limit broken (depth, units, or prepare's own), naming the
+    text by its position in the client's request (`positions[i]` for texts[i]: a request whose source is detected
+    runs as one part per language)."""
+    at = list(range(len(texts))) if positions is None else list(positions)
     if text_type is TextType.TEXT:
-        return Assembler(tokenizer, prepare(texts), num_hypotheses)
-    documents = [parse_document(index, text, text_type, limits) for index, text in enumerate(texts)]
+        return Assembler(tokenizer, prepare(texts, names=lambda index: request_text(at[index])), num_hypotheses)
+    documents = [parse_document(at[index], text, text_type, limits) for index, text in enumerate(texts)]
     units = [unit for document in documents for unit in document.units]
     if len(units) > limits.max_markup_units:
         raise TextLimitError(
             f"the request's markup has {len(units)} units to translate (blocks and attributes), over the limit"
             f" of {limits.max_markup_units}; send fewer or shorter documents per request"
         )
-    owners = [f"texts[{index}] ({place})" for index, document in enumerate(documents) for place in document.places]
+    owners = [f"texts[{at[index]}] ({place})" for index, document in enumerate(documents) for place in document.places]
     prepared = prepare(units, names=owners.__getitem__)
     return MarkupAssembler(Assembler(tokenizer, prepared, num_hypotheses), documents, num_hypotheses)
 

@@ -137,10 +137,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     def _translate_parts(
         self, parts: list[JobPart], context: Context, call: CallRecord
     ) -> AsyncGenerator[tuple[JobPart, TextTranslation | PartialSentence], None]:
-        return merged_items(parts, lambda part: self._translate(part.job, part.backend, context, call))
+        return merged_items(parts, lambda part: self._translate(part, context, call))
 
     async def _translate(
-        self, job: TranslateJob, backend: Backend, context: Context, call: CallRecord
+        self, part: JobPart, context: Context, call: CallRecord
     ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
@@ -150,11 +150,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         refusing it at submit. Splitting then waits for
         a lull in the calls arriving (`server.edge.preparation`): no refusal waits behind it.
         """
+        job, backend = part.job, part.backend
         call.texts = len(job.texts)
         call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
         holds = sentences_to_hold(job.texts, backend.limits.max_sentences)
         with self._lane.arrival(), backend.engine.admission(holds) as admission:
-            prepare = _preparation(job, backend)  # parsing (HTML/XML), splitting and tokenizing
+            prepare = _preparation(job, backend, part.indices)  # parsing (HTML/XML), splitting and tokenizing
             assembler = await self._lane.prepare(prepare, sum(len(text) for text in job.texts))
             for blank in assembler.blank_texts():
                 yield blank
@@ -177,8 +178,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         yield done
 
 
-def _preparation(job: TranslateJob, backend: Backend) -> Callable[[], RequestAssembler]:
-    """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called."""
+def _preparation(job: TranslateJob, backend: Backend, positions: list[int]) -> Callable[[], RequestAssembler]:
+    """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called; a limit's
+    message names a text by `positions`, its place in the client's request."""
     texts = partial(
         prepare_texts,
         source_lang=job.sentence_lang,  # whose sentence rules split the texts
@@ -188,7 +190,7 @@ def _preparation(job: TranslateJob, backend: Backend) -> Callable[[], RequestAss
         max_tokens=backend.spec.max_source_len,
     )
     limits, n_best = backend.limits, job.options.num_hypotheses
-    return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best)
+    return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best, positions)
 
 
 def _cache_key(job: TranslateJob, backend: Backend) -> Callable[[list[int]], CacheKey]:
