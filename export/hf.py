@@ -34,6 +34,7 @@ from model.config import ModelConfig
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.languages import AmbiguousLanguage, listed
 from model.languages import match as match_language
+from model.languages import parse as parse_language
 from model.marian_tokenizer import (
     EOS,
     LANGUAGES_FILE,
@@ -159,7 +160,7 @@ def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:
 
 # Raised whenever importing the same files gives another model directory (what a generation setting becomes, say):
 # part of a hub build's cache key, so that a cached build made by older rules is built again
-IMPORT_RULES = 3
+IMPORT_RULES = 4
 
 # generate()'s settings that change its translations and that the decoder here does not apply, at the values
 # that leave them off: a model setting one otherwise is refused, not served with other translations.
@@ -311,6 +312,7 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
             "cannot tell the languages from its name (opus-mt-SRC-TGT) or tokenizer_config.json; import it with "
             "python -m export.hf --model ID --out DIR --source-lang SRC --target-lang TGT, then serve --model-dir DIR"
         )
+    sources = listed(src) if args.source_lang else family_members(listed(src), source.directory)
     vocab = read_vocab(source.directory / VOCAB_FILE)
     tags = sorted(m.group(1) for piece in vocab if (m := TAG.match(piece)))
     if tags and args.target_lang:  # a multilingual model served toward one of its targets: that target's own tag
@@ -322,8 +324,30 @@ def languages(args: argparse.Namespace, source: Source, tokenizer_config: dict[s
             raise UnsupportedModel(
                 f"--target-lang {args.target_lang} is none of the model's target tags ({', '.join(tags)})"
             )
-        return [[s, tag] for s in listed(src)]
-    return [[s, t] for s in listed(src) for t in (tags or listed(tgt))]
+        return [[s, tag] for s in sources]
+    return [[s, t] for s in sources for t in (tags or listed(tgt))]
+
+
+# The model card's list of what the model reads: `* source language(s): bel bel_Latn rus ukr` (Tatoeba-Challenge
+# and tc-big cards), `* source languages: fr,fr_BE` (classic ones); not the `raw source language(s)` line.
+CARD_SOURCES = re.compile(
+    r"^[ \t]*[*-][ \t]*(?:\*\*)?source languages?(?:\(s\))?:(?:\*\*)?[ \t]*(.+?)[ \t]*$", re.I | re.M
+)
+
+
+def family_members(sources: list[str], directory: Path) -> list[str]:
+    """`sources` with a language family (opus-mt-zle-en's `zle`) replaced by the languages the model card lists,
+    so that the model takes those and no other (a family read as "any language" took German into an East Slavic
+    model); `mul` stays, and so does a family whose card lists none (routing ranks it below `mul`)."""
+    if not any(parse_language(code).is_group and code != "mul" for code in sources):
+        return sources
+    readme = directory / "README.md"
+    found = CARD_SOURCES.search(readme.read_text(errors="replace")) if readme.is_file() else None
+    members = [code for code in re.split(r"[\s,]+", found.group(1)) if code] if found else []
+    if not members:
+        return sources
+    expanded = [member for code in sources for member in (members if parse_language(code).is_group else [code])]
+    return list(dict.fromkeys(expanded))
 
 
 def copy_tokenizer(directory: Path, out: Path) -> None:

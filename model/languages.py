@@ -242,8 +242,8 @@ def known(code: str) -> bool:
 
 def _score(wanted: LanguageTag, offered: LanguageTag) -> Fit | None:
     """How well an offered code fits a wanted one, compared as a tuple; None where it does not fit."""
-    if offered.is_group:
-        return (0, 0, 0, 0, 0) if not wanted.is_group and known(wanted.language) else None
+    if offered.is_group:  # any language: `mul` itself, else a family whose model card listed no member, below it
+        return (0, 0, 0, 0, int(offered.language == "mul")) if not wanted.is_group and known(wanted.language) else None
     language = _language_fit(wanted.language, offered.language)
     if language is None:
         return None

@@ -178,6 +178,16 @@ def test_a_pair_is_routed_by_its_source_then_the_targets_of_that_source() -> Non
     assert grouped is not None and grouped.sentence_language == "sw"  # a group source splits by the client's code
 
 
+def test_a_family_that_lists_no_member_takes_any_language_below_mul() -> None:
+    """`mul` reads any language; a family (`zle`) whose model card named no member is taken as one too, but ranks
+    below it, so German beside opus-mt-mul-en and an East Slavic model goes to the first. (Broken once on purpose,
+    every group scored alike: German went to whichever of the two loaded first.)"""
+    family, anything = route_pair("de", "en", (("zle", "eng"),)), route_pair("de", "en", (("mul", "eng"),))
+    assert family is not None and anything is not None and anything.fit > family.fit
+    real = route_pair("ru", "en", (("rus", "eng"),))
+    assert real is not None and real.fit > anything.fit
+
+
 def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists() -> None:
     assert describe_pairs({"m": (("eng", "pob"),)}) == "m: eng-pob (en-pt-BR)"
     many = tuple(("eng", f"x{i:02d}") for i in range(40))

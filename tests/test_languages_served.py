@@ -159,6 +159,27 @@ def test_unknown_and_ambiguous_codes_are_invalid_argument_naming_what_is_served(
 
 
 @pytest.mark.parametrize(
+    ("card", "sources"),
+    [("*  model: transformer\n* source language(s): bel bel_Latn orv_Cyrl rue rus ukr\n* raw source language(s): bel"
+      " rus\n* target language(s): eng\n", ["bel", "bel_Latn", "orv_Cyrl", "rue", "rus", "ukr"]),
+     ("## Model info\n\n- **Source Language(s):** bel rus ukr\n- **Target Language(s):** eng\n", ["bel", "rus", "ukr"]),
+     ("### zle-eng\n\n* source group: East Slavic languages\n", ["zle"])],
+)  # fmt: skip
+def test_a_family_source_reads_the_languages_its_model_card_lists(
+    tmp_path: Path, card: str, sources: list[str]
+) -> None:
+    """opus-mt-zle-en reads Belarusian, Russian and Ukrainian, as its card says, not any language: a family read as
+    "any" took German and Japanese into it without a word. (Broken once on purpose, the card not read: its one
+    source stayed `zle`.) A card that lists none leaves the family, which routing ranks below `mul`."""
+    hf_dir = build_marian_dir(tmp_path / "opus-mt-zle-en", layout="tc-big")
+    (hf_dir / "tokenizer_config.json").unlink()
+    (hf_dir / "README.md").write_text(f"---\nlicense: apache-2.0\n---\n\n{card}")
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours")]) == 0
+    pairs = json.loads((tmp_path / "ours" / "languages.json").read_text())["pairs"]
+    assert pairs == [[source, "en"] for source in sources]
+
+
+@pytest.mark.parametrize(
     ("name", "pairs"),
     [("opus-mt-tc-big-en-fr", [["en", "fr"]]),
      ("opus-mt-tc-big-cat_oci_spa-en", [["cat", "en"], ["oci", "en"], ["spa", "en"]]),
