@@ -24,6 +24,7 @@ from server.backend.engines import close_model
 from server.core.events import EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
 from server.core.work import DecodeOptions
 from server.edge.loading import LoadedModel, load_model, load_models
+from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
     ROOT,
     health_status,
@@ -243,6 +244,31 @@ def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_una
             wait_until(lambda: running.server.engine_died.is_set())
             assert health_status(running.channel) == "NOT_SERVING"
             wait_until(lambda: not pid_alive(pid), timeout=10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_exported_dir: Path) -> None:
+    """Calls keep coming to a stopped child, far past what its pipe holds (about 64 KiB): the server goes on
+    answering, health included, and its watchdog kills the child. (Broken once on purpose, submissions sent on the
+    event loop under the proxy's lock: once the pipe was full the loop blocked in the send, and the watchdog,
+    waiting for that lock, never killed the child.)"""
+    model = loaded(tiny_exported_dir, True)
+    assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
+    pid = model.runner.pid
+    config = server_config(engine_processes=True, stall_seconds=2.0, max_queue=100_000)
+    with running_server(model, config) as running:
+        first = running.stub.Translate.future(request(["Guten Morgen."] * 64, max_output_len=60), timeout=60)
+        wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            sentence = "Das Haus ist sehr groß und alt, der Hund schläft im Garten."
+            calls = [running.stub.Translate.future(request([sentence] * 256), timeout=60) for _ in range(12)]
+            running.stub.ListModels(pb.ListModelsRequest(), timeout=2)  # the event loop still turns
+            wait_until(lambda: not pid_alive(pid), timeout=20)
+            assert {call.code() for call in [first, *calls]} == {grpc.StatusCode.UNAVAILABLE}
+            assert health_status(running.channel) == "NOT_SERVING"
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -3,9 +3,9 @@
 The server process keeps gRPC, splitting, tokenizing and the metrics; each engine (its scheduler, its
 onnxruntime sessions and its key/value caches) runs in a child process with an interpreter of its own,
 so its Python between graph calls never waits for the server's interpreter lock, nor for the other
-engines'. A request crosses the pipe once (token ids out); its events come back in the one message an
-engine iteration sends when it has something to tell (`_Outbox`), with the child's measurements for the
-server's metrics.
+engines'. A request crosses the pipe once (token ids out, sent by a writer thread: `PipeWriter`); its
+events come back in the one message an engine iteration sends when it has something to tell (`_Outbox`),
+with the child's measurements for the server's metrics.
 
 `ModelProcess` spawns the child (`server.backend.engine_child`), which opens the runner and reports what
 the server shows and routes by (`RunnerFacts`); `ModelProcess.start_engine` then starts the child's
@@ -55,6 +55,7 @@ from server.backend.engine_messages import (
     Warm,
     Warmup,
 )
+from server.backend.pipe_writer import PipeWriter
 from server.core.admission_ledger import Admission, AdmissionLedger
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
@@ -175,7 +176,7 @@ class EngineProcess:
         metrics: EngineObserver | None, on_failure: Callable[[], None] | None,
     ) -> None:  # fmt: skip
         self._conn, self._child, self._metrics, self._on_failure = conn, child, metrics, on_failure
-        self._send_lock = threading.Lock()  # submits (event loop) and lifecycle calls share the pipe
+        self._writer = PipeWriter(conn, "engine-process-writer")  # no send ever waits on the child here
         # The child's garbage collector as of its last report: replaced whole by the receiving thread.
         self.gc_counts: GcCounts | None = None
         self._cond = threading.Condition()  # guards everything below
@@ -242,7 +243,7 @@ class EngineProcess:
                 self._last_heard = time.monotonic()
             self._owners[request_id] = on_event
             self._sent_sentences += len(sentences)
-            # Sent under _cond: the child receives submissions in the order they were counted.
+            # Queued under _cond: the child receives submissions in the order they were counted.
             try:
                 self._send(Submit(request_id, sentences, options, deadline, lang_pair))
             except OSError:  # the child is gone; the reader is about to answer what it held
@@ -272,6 +273,9 @@ class EngineProcess:
         with suppress(OSError):  # the child is gone already; the reader answers its requests
             self._send(Stop(join_timeout_s))
         self._reader.join(None if join_timeout_s is None else join_timeout_s + CLOSE_TIMEOUT_S)
+        if not self._writer.close(CLOSE_TIMEOUT_S):  # a child that reads nothing: nothing else may write its pipe
+            self._child.kill()
+            self._writer.close(CLOSE_TIMEOUT_S)
         self._child.close(self._conn)
         self._reader.join()
         self._fail_owners(RequestFailed(FailureReason.UNAVAILABLE, SHUTDOWN_MESSAGE))
@@ -282,9 +286,9 @@ class EngineProcess:
         tells the server, as for a child that died. Returns how long it was silent, else None.
 
         This catches what the child's own watchdog cannot: a child stopped, or hung with its interpreter
-        lock held."""
+        lock held; a child that reads nothing sent to it (a send waiting that long) counts as silent too."""
         with self._cond:
-            silent = now - self._last_heard
+            silent = max(now - self._last_heard, self._writer.stuck_for(now))
             if self._failed or self._stopping or not self._owners or silent <= limit_s + HEARTBEAT_S:
                 return None
         log.critical("engine process %s has been silent for %.1f s while holding requests", self._child.pid, silent)
@@ -294,8 +298,8 @@ class EngineProcess:
     # -- the pipe ------------------------------------------------------------------------------------
 
     def _send(self, message: ToChild) -> None:
-        with self._send_lock:
-            self._conn.send(message)
+        """Queue `message` for the writer thread: never waits for the child (OSError once it is gone)."""
+        self._writer.put(message)
 
     def _read(self) -> None:
         """Hand the child's messages on until its pipe closes; a close not asked for is a dead engine."""
