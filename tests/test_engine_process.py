@@ -274,6 +274,29 @@ def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_expor
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opened(
+    tiny_exported_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal while the engines load: the next one is not opened, and the one already opened is closed, its
+    process gone, rather than left to the interpreter's exit. (Broken once on purpose, the signal not looked at:
+    both engines loaded after it.)"""
+    from server.edge import loading
+
+    opened: list[LoadedModel] = []
+
+    def recording(*args: object, **kwargs: object) -> LoadedModel:
+        opened.append(load_model(*args, **kwargs))  # type: ignore[arg-type]
+        return opened[-1]
+
+    monkeypatch.setattr(loading, "load_model", recording)
+    config = server_config(
+        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=2, threads=1
+    )
+    assert load_models(config, stopped=lambda: bool(opened)) == []
+    assert len(opened) == 1 and isinstance(opened[0].runner, ModelProcess)
+    assert opened[0].runner.exitcode is not None
+
+
 def test_two_engines_on_cpu_run_in_processes_of_their_own_by_default(tiny_exported_dir: Path) -> None:
     """The CPU default (server.edge.config.ServerConfig.engine_processes_for): with two engines each is a child
     of its own; one engine alone stays in this process."""

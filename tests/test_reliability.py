@@ -495,6 +495,29 @@ SHUTDOWN_DELAY_S, DRAIN_S = 1.0, 20.0
 SEND_AT = [index * 0.002 for index in range(50)] + [0.1] * 10
 
 
+def test_a_signal_before_serving_exits_without_the_shutdown_delay(tiny_model_dir: Path) -> None:
+    """SIGTERM while the model warms up: nothing was ever served, so no balancer sends here and the port is not
+    held open for --shutdown-delay-seconds; the server exits as soon as its warm-up work is answered. (Broken once
+    on purpose, the delay applied whatever the state: the exit took the full 60 s.)"""
+    command = [sys.executable, "-m", "tests.serving", "--tokenizer-dir", str(tiny_model_dir), "--step-delay", "1"]
+    command += ["--shutdown-delay-seconds", "60"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "gRPC on" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, rest = process.communicate(timeout=45)
+        assert time.monotonic() - signalled < 40, "the exit waited for the shutdown delay"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert process.returncode == 0 and "serving " not in rest, rest
+
+
 @pytest.mark.parametrize("repeat", range(SHUTDOWN_REPEATS))
 def test_calls_sent_just_before_sigterm_end_ok_or_unavailable_never_cancelled(
     tiny_model_dir: Path, repeat: int

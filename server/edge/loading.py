@@ -105,7 +105,15 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
         f"each in a process of its own at nice {config.engine_nice_for(True)}" if in_children else "in this process",
     )  # fmt: skip
     each = replace(config, threads=threads, engine_processes=in_children)
-    return [load_model(each, s.directory, s.name, s.revision) for s in sources for _ in range(engines)]
+    models: list[LoadedModel] = []
+    for source in sources:
+        for _ in range(engines):
+            if stopped():  # a signal while loading: serve nothing, and leave no engine behind
+                for model in models:
+                    close_model(model.runner)
+                return []
+            models.append(load_model(each, source.directory, source.name, source.revision))
+    return models
 
 
 def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:

@@ -401,7 +401,8 @@ async def serve(
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = loading.exception() if loading.done() else None
-    if loading.done() and failure is None:  # serving: until a signal or the engine's death
+    served = loading.done() and failure is None
+    if served:  # serving: until a signal or the engine's death
         if on_serving is not None:
             on_serving()
         freeze_startup_objects()
@@ -421,7 +422,8 @@ async def serve(
     stopping.cancel()
     # A dead engine has answered its own requests UNAVAILABLE; the other models' engines drain theirs.
     grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
-    delay = 0.0 if failure is not None else config.shutdown_delay_seconds
+    # The port stays open past the drain only where balancers may still send: never to a server that never served
+    delay = config.shutdown_delay_seconds if served and failure is None else 0.0
     await server.shutdown(grace, delay)
     if reporting is not None:
         reporting.cancel()
