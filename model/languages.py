@@ -68,7 +68,12 @@ MACRO_MEMBERS: dict[str, tuple[str, ...]] = {
 }  # not ful: no member is the one `ff` usually means (CLDR's is Senegal's Pulaar, fuc; FLORES' Nigerian fuv)
 MEMBER_TO_MACRO = {member: macro for macro, members in MACRO_MEMBERS.items() for member in members}
 # Codes OPUS-MT uses that are no language of their own: the Tatoeba Challenge's Brazilian Portuguese
-SPECIAL: dict[str, tuple[str, str, str]] = {"pob": ("por", "", "BR")}
+SPECIAL: dict[str, tuple[str, str, str]] = {
+    "pob": ("por", "", "BR"),
+    # BCP-47's grandfathered Chinese tags, whose second part is no extended language of its own
+    "zh-min-nan": ("nan", "", ""), "zh-guoyu": ("cmn", "", ""), "zh-hakka": ("hak", "", ""),
+    "zh-xiang": ("hsn", "", ""),
+}  # fmt: skip
 # The script a language is written in when a code names none (CLDR's likely subtags), by (language, region)
 LIKELY_SCRIPT: dict[tuple[str, str], str] = {
     ("zho", ""): "Hans", ("zho", "CN"): "Hans", ("zho", "SG"): "Hans", ("zho", "TW"): "Hant",
@@ -86,7 +91,12 @@ _ISO639_5 = """aav afa alg alv apa aqa art ath auf aus awd azc bad bai bat ber b
     xnd ypk zhx zle zls zlw znd"""
 ISO639_5 = frozenset(_ISO639_5.split())
 # language, script, region, then any further BCP-47 subtags (variants, extensions: `de-DE-1996`, `en-u-ca-gregory`)
-_CODE = re.compile(r"([A-Za-z]{2,3})(?:[-_]([A-Za-z]{4}))?(?:[-_]([A-Za-z]{2}|[0-9]{3}))?(?:[-_][A-Za-z0-9]{1,8})*")
+# language, then BCP-47's extended language (`zh-yue`: Cantonese, `ar-arz`: Egyptian Arabic, which it names
+# instead), script, region and whatever follows
+_CODE = re.compile(
+    r"(?P<language>[A-Za-z]{2,3})(?:[-_](?P<extlang>[A-Za-z]{3})(?![A-Za-z]))?(?:[-_](?P<script>[A-Za-z]{4}))?"
+    r"(?:[-_](?P<region>[A-Za-z]{2}|[0-9]{3}))?(?:[-_][A-Za-z0-9]{1,8})*"
+)
 
 
 class AmbiguousLanguage(ValueError):
@@ -119,8 +129,8 @@ def parse(code: str) -> LanguageTag:
     found = _CODE.fullmatch(_bare(code))
     if not found:  # OPUS-MT's group names ("ROMANCE", "NORTH_EU"), or no code at all
         return LanguageTag(code)
-    language, script, region = found.groups()
-    language = language.lower()
+    language, extlang, script, region = found.group("language", "extlang", "script", "region")
+    language = (extlang or language).lower()
     language = ISO639_1_TO_3.get(language) or ISO639_2B_TO_3.get(language) or language
     return LanguageTag(language, (script or "").title(), (region or "").upper())
 
@@ -140,17 +150,32 @@ def listed(codes: str) -> list[str]:
     return [codes] if codes else []
 
 
-def bcp47(code: str) -> str:
+def bcp47(code: str, fold_member: bool = True) -> str:
     """The BCP-47 spelling of a model's code: ISO 639-1 where the language (or its macrolanguage, for the usual
-    member) has one, then script and region: `pob` -> `pt-BR`, `cmn_Hans` -> `zh-Hans`, `fra` -> `fr`."""
+    member, unless `fold_member` is False) has one, then script and region: `pob` -> `pt-BR`, `cmn_Hans` ->
+    `zh-Hans`, `fra` -> `fr`."""
     tag = parse(code)
     if tag.is_group:
         return tag.language
     language = ISO639_3_TO_1.get(tag.language)
     macro = MEMBER_TO_MACRO.get(tag.language)
-    if language is None and macro and MACRO_MEMBERS[macro][0] == tag.language:
+    if language is None and fold_member and macro and MACRO_MEMBERS[macro][0] == tag.language:
         language = ISO639_3_TO_1.get(macro)
     return "-".join(part for part in (language or tag.language, tag.script, tag.region) if part)
+
+
+def bcp47_spellings(codes: Iterable[str]) -> dict[str, str]:
+    """Each of a model's codes spelt by `bcp47`, except where two languages would share one spelling (opus-mt-en-mul
+    names `cmn_Hans` and `zho_Hans`, both `zh-Hans`): the member is then spelt as itself (`cmn-Hans`), so that a
+    client sending a listed spelling back reaches the code it was listed for."""
+    spelt = {code: bcp47(code) for code in codes}
+    languages: dict[str, set[str]] = {}
+    for code, spelling in spelt.items():
+        languages.setdefault(spelling, set()).add(parse(code).language)
+    for code, spelling in spelt.items():
+        if len(languages[spelling]) > 1 and parse(code).language in MEMBER_TO_MACRO:
+            spelt[code] = bcp47(code, fold_member=False)
+    return spelt
 
 
 def _bare(code: str) -> str:
@@ -177,7 +202,7 @@ def canonical(code: str) -> str:
     if found is None:
         return code
     cased = code
-    for group, case in ((1, str.lower), (2, str.title), (3, str.upper)):
+    for group, case in (("language", str.lower), ("extlang", str.lower), ("script", str.title), ("region", str.upper)):
         if found.group(group):
             begin, end = found.span(group)
             cased = cased[:begin] + case(found.group(group)) + cased[end:]

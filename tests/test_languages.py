@@ -9,6 +9,7 @@ from model.languages import (
     AmbiguousLanguage,
     LanguageTag,
     bcp47,
+    bcp47_spellings,
     canonical,
     iso639_1,
     listed,
@@ -186,6 +187,27 @@ def test_a_family_that_lists_no_member_takes_any_language_below_mul() -> None:
     assert family is not None and anything is not None and anything.fit > family.fit
     real = route_pair("ru", "en", (("rus", "eng"),))
     assert real is not None and real.fit > anything.fit
+
+
+def test_an_extended_language_subtag_names_the_language() -> None:
+    """BCP-47's `zh-yue` is Cantonese and `ar-arz` Egyptian Arabic, and opus-mt-*-ZH's own tag `zh_yue` too; a
+    grandfathered `zh-min-nan` is Min Nan. (Broken once on purpose, the second subtag read as a variant: `zh-yue`
+    reached Mandarin's tag.)"""
+    tags = ["cmn", "yue", "arb", "arz", "nan"]
+    assert [match(code, tags) for code in ("zh-yue", "zh_yue", "ar-arz", "zh-min-nan")] == ["yue", "yue", "arz", "nan"]
+    assert parse("sr_Latn") == parse("sr-Latn") and parse("sr_Latn").script == "Latn"  # a script is no extension
+    assert bcp47("zh_yue") == "yue" and canonical("ZH-YUE-hk") == "zh-yue-HK"
+
+
+def test_listed_spellings_are_unique_per_model_and_reach_the_code_they_were_listed_for() -> None:
+    """opus-mt-en-mul names both `cmn_Hans` and `zho_Hans`: listed alike as `zh-Hans`, a client picking the first
+    from ListModels reached the second. Two spellings of one language (`pt_br`, `pt_BR`) stay one spelling."""
+    codes = ["cmn", "cmn_Hans", "zho", "zho_Hans", "zho_Hant", "deu", "pt_br", "pt_BR"]
+    spelt = bcp47_spellings(codes)
+    assert spelt["cmn_Hans"] == "cmn-Hans" and spelt["zho_Hans"] == "zh-Hans" and spelt["deu"] == "de"
+    assert spelt["pt_br"] == spelt["pt_BR"] == "pt-BR"
+    assert all(match(spelt[code], codes) == code for code in codes if not code.startswith("pt"))
+    assert bcp47_spellings(["cmn_Hans", "deu"])["cmn_Hans"] == "zh-Hans"  # alone, the member takes the usual spelling
 
 
 def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from model.directory import DEFAULT_LENGTH_PENALTY, direction_name
-from model.languages import bcp47
+from model.languages import bcp47_spellings
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation
 from server.core.markup import TextType
 from server.core.runner import ModelSpec
@@ -190,6 +190,7 @@ def partial_to_pb(partial: PartialSentence) -> pb.PartialTranslation:
 
 
 def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLimits) -> pb.ModelInfo:
+    spelt = bcp47_spellings(code for pair in spec.pairs for code in pair)
     return pb.ModelInfo(
         name=model.name,
         languages=sorted({lang for pair in spec.pairs for lang in pair}),
@@ -197,8 +198,8 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
             pb.LanguagePair(
                 source=s,
                 target=t,
-                source_bcp47=bcp47(s),
-                target_bcp47=bcp47(t),
+                source_bcp47=spelt[s],
+                target_bcp47=spelt[t],
                 target_tag=model.target_tags.get(t, ""),
             )
             for s, t in language_pairs(spec)

@@ -447,7 +447,9 @@ class LanguagePair(_message.Message):
     target: _builtins.str
     """Target language code as the model names it, e.g. "en", "pob", "cmn_Hans"."""
     source_bcp47: _builtins.str
-    """The same languages in BCP-47, e.g. "fr", "pt-BR", "zh-Hans": what a client may send instead."""
+    """The same languages in BCP-47, e.g. "fr", "pt-BR", "zh-Hans": what a client may send instead. Two languages
+    of one model never share a spelling ("cmn-Hans" beside "zh-Hans" where a model names cmn_Hans and zho_Hans).
+    """
     target_bcp47: _builtins.str
     target_tag: _builtins.str
     """The target tag the model reads in front of a source (">>pob<<"); empty for a single-target model."""
