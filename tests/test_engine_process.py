@@ -251,13 +251,14 @@ def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_una
 
 def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_exported_dir: Path) -> None:
     """Calls keep coming to a stopped child, far past what its pipe holds (about 64 KiB): the server goes on
-    answering, health included, and its watchdog kills the child. (Broken once on purpose, submissions sent on the
-    event loop under the proxy's lock: once the pipe was full the loop blocked in the send, and the watchdog,
-    waiting for that lock, never killed the child.)"""
+    answering, health included, the queue-depth gauge shows what waits, and the watchdog kills the child. (Broken
+    once on purpose, submissions sent on the event loop under the proxy's lock: once the pipe was full the loop
+    blocked in the send, and the watchdog, waiting for that lock, never killed the child; and once, the gauge set
+    only from the child's reports: it showed the last one, 64 sentences, while thousands waited.)"""
     model = loaded(tiny_exported_dir, True)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    config = server_config(engine_processes=True, stall_seconds=2.0, max_queue=100_000)
+    config = server_config(engine_processes=True, stall_seconds=4.0, max_queue=100_000)
     with running_server(model, config) as running:
         first = running.stub.Translate.future(request(["Guten Morgen."] * 64, max_output_len=60), timeout=60)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -266,6 +267,8 @@ def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_expor
             sentence = "Das Haus ist sehr groß und alt, der Hund schläft im Garten."
             calls = [running.stub.Translate.future(request([sentence] * 256), timeout=60) for _ in range(12)]
             running.stub.ListModels(pb.ListModelsRequest(), timeout=2)  # the event loop still turns
+            # what waits for the silent child shows on the dashboards (its last report said far less)
+            wait_until(lambda: sample_value(running.registry, "translation_queue_depth") >= 12 * 256, timeout=3)
             wait_until(lambda: not pid_alive(pid), timeout=20)
             assert {call.code() for call in [first, *calls]} == {grpc.StatusCode.UNAVAILABLE}
             assert health_status(running.channel) == "NOT_SERVING"

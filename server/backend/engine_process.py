@@ -185,6 +185,7 @@ class EngineProcess:
         self._sent_sentences = 0  # sentences submitted to the child, ever
         self._child_received = 0  # of those, what its last load report had seen
         self._child_queue = self._child_active = 0  # its scheduler's queue and active slots at that report
+        self._load_observed = False  # whether this server shows the child's load (a shared engine's: one server)
         self._ledger = AdmissionLedger(limits.max_queue_sentences)
         self._draining = self._stopping = self._failed = False
         self._last_heard = time.monotonic()  # when the child's last message came
@@ -243,6 +244,8 @@ class EngineProcess:
                 self._last_heard = time.monotonic()
             self._owners[request_id] = on_event
             self._sent_sentences += len(sentences)
+            if self._metrics is not None and self._load_observed:  # the queue grows even while the child is silent
+                self._metrics.set_load(self._queued(), self._child_active)
             # Queued under _cond: the child receives submissions in the order they were counted.
             try:
                 self._send(Submit(request_id, sentences, options, deadline, lang_pair))
@@ -330,8 +333,9 @@ class EngineProcess:
             case LoadReport(queue, active, received, observed):
                 with self._cond:
                     self._child_queue, self._child_active, self._child_received = queue, active, received
-                if self._metrics is not None and observed:
-                    self._metrics.set_load(queue, active)
+                    self._load_observed = observed
+                    if self._metrics is not None and observed:  # what it has not seen yet is queued too
+                        self._metrics.set_load(self._queued(), active)
             case Warm(error):
                 self._warm_error = error
                 self._warm.set()
