@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
 import io
 import xml.etree.ElementTree as ElementTree
@@ -118,6 +119,31 @@ def test_malformed_markup_is_translated_and_only_limits_are_refused(served: Runn
     assert "texts[1] (its text at character 15) sentence 0 is" in error.details, error.details
     error = status_of(lambda: served.stub.Translate(request(["x"], text_type=7)))  # type: ignore[arg-type]
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "text_type" in error.details
+
+
+def test_a_long_document_is_rendered_off_the_event_loop(served: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Putting a long page's tags back takes tens of milliseconds per hypothesis; on the event loop every other call
+    and health check waited for it (a tag-dense page of 510 sentences held it 0.17 s at 8 hypotheses). A short one
+    stays on the loop, where a thread's hop would cost more than the render. (Broken once on purpose, every
+    render on the loop.)"""
+    from server.core import markup
+
+    on_loop: list[bool] = []
+    real_render = markup.MarkupDocument.render
+
+    def recording(self: markup.MarkupDocument, *args: object, **kwargs: object) -> tuple[str, bool]:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real_render(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(markup.MarkupDocument, "render", recording)
+    long = "<p>" + "Das <b>Haus</b> ist groß. " * 40 + "</p>"
+    for document in (long, "<p>Das <b>Haus</b> ist groß.</p>"):
+        served.stub.Translate(request([document], text_type=pb.TEXT_TYPE_HTML, num_hypotheses=2, beam_size=2))
+    assert on_loop == [False, False, True, True]
 
 
 def test_a_document_is_limited_by_its_text_to_translate_not_its_markup(served: RunningServer) -> None:

@@ -21,6 +21,7 @@ from server.core.admission_ledger import Admission
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine_client import Cancellable, EngineClient
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
+from server.core.markup import TextType
 from server.core.markup_documents import RequestAssembler, prepare_request
 from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.edge.admission import sentences_to_hold
@@ -44,7 +45,7 @@ from server.edge.errors import (
 )
 from server.edge.loop_mailbox import mailbox_of
 from server.edge.metrics import Metrics
-from server.edge.preparation import PreparationLane
+from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
 from server.edge.request_parts import JobPart, SourceGrouping, merged_items, whole_request
 from server.edge.routing import LanguageRoute
 from server.edge.tracing import Tracing
@@ -156,12 +157,16 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         holds = sentences_to_hold(job.texts, backend.limits.max_sentences)
         with self._lane.arrival(), backend.engine.admission(holds) as admission:
             prepare = _preparation(job, backend, part.indices)  # parsing (HTML/XML), splitting and tokenizing
-            assembler = await self._lane.prepare(prepare, sum(len(text) for text in job.texts))
+            chars = sum(len(text) for text in job.texts)
+            assembler = await self._lane.prepare(prepare, chars)
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
                 return
             key_of, sources = _cache_key(job, backend), assembler.sources
+            # A long document's markup is put back around its translation off the loop, as it was parsed: a page of
+            # 500 sentences and 4,000 inline tags takes tens of milliseconds per hypothesis
+            render_in_thread = job.text_type is not TextType.TEXT and chars > INLINE_PREPARE_CHARS
             events_of = _engine_events(backend.engine, admission, sources, job, context, call, backend.cache, key_of)
             async with aclosing(events_of) as events:
                 async for event in events:
@@ -172,7 +177,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     call.trace.sentence(call.submitted, event)
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
-                    done = assembler.sentence_done(event.sentence_index, event.hypotheses, event.input_tokens)
+                    finish = partial(
+                        assembler.sentence_done, event.sentence_index, event.hypotheses, event.input_tokens
+                    )
+                    done = await asyncio.to_thread(finish) if render_in_thread else finish()
                     if done is not None:
                         _count_text(call, done)
                         yield done
