@@ -10,8 +10,10 @@ token. Beam search, per source sentence with beam size K:
    score score / (generated length incl. EOS) ** length_penalty; an EOS candidate ranked below the K
    best is passed over (as fairseq, transformers and CTranslate2 do); any other candidate becomes
    live until K are live. Candidates past those K are dropped.
-3. Stop when K hypotheses have finished, or when the generated length reaches `max_len`, at which
-   point the live hypotheses are finished as they are (normalised by their length). A model with
+3. Stop when K hypotheses have finished (every EOS among a step's K best candidates counts, however many
+   finished before it in that step), or when the generated length reaches `max_len`, at which point the
+   live hypotheses among that step's K best candidates are finished as they are (normalised by their
+   length), and the K best of everything finished are kept: transformers' `generate`. A model with
    `patient_beam` (transformers' default, `early_stopping=False`) goes on past K finished while the best
    live hypothesis, normalised at its present length, scores above the K-th best finished one. A model with
    `forced_eos_at_limit` (transformers' `forced_eos_token_id`) instead ends every live hypothesis with
@@ -106,21 +108,24 @@ def beam_search(
         order = torch.sort(flat, descending=True, stable=True).indices[:k]
         new_live = []
         parents: list[int] = []
+        top_live = 0  # how many of new_live rank among the K best candidates
         for rank, idx in enumerate(order.tolist()):
             hyp, token = divmod(idx, cfg.vocab_size)
             tokens, score = live[hyp][0], float(flat[idx])
             if token == cfg.eos_id and rank >= beam_size:
                 continue  # as fairseq, transformers and CTranslate2: EOS counts only among the K best
-            if token == cfg.eos_id:
+            if token == cfg.eos_id:  # every EOS among the K best joins the pool, however full it is by now
                 length = len(tokens) + 1
                 finished.append(Hypothesis(tokens, score, normalize(score, length, length_penalty)))
             else:
                 new_live.append(((*tokens, token), score))
                 parents.append(hyp)
-            if len(new_live) == beam_size or (len(finished) >= beam_size and not patient):
+                top_live += rank < beam_size
+            if len(new_live) == beam_size:
                 break
-        if step + 1 == max_len:
-            break
+        if step + 1 == max_len:  # the K best candidates all end here, EOS or not, and the K best of all stay
+            finished.extend(Hypothesis(t, s, normalize(s, len(t), length_penalty)) for t, s in new_live[:top_live])
+            return sorted(finished, key=lambda h: -h.normalized)
         if len(finished) >= beam_size:
             finished = sorted(finished, key=lambda h: -h.normalized)[:beam_size]  # only the K best can be returned
             if not (
@@ -130,8 +135,6 @@ def beam_search(
         live = new_live
         decoder.reorder(torch.tensor(parents, device=device))
         last = torch.tensor([t[-1] for t, _ in live], device=device)
-    if step + 1 == max_len and (len(finished) < beam_size or patient):
-        finished.extend(Hypothesis(t, s, normalize(s, len(t), length_penalty)) for t, s in new_live)
     return sorted(finished, key=lambda h: -h.normalized)  # sorted() is stable: ties keep finish order
 
 

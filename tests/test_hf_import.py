@@ -231,6 +231,51 @@ def test_beam_search_goes_on_past_k_finished_as_generate_does_by_default(
     assert len(single) >= len(texts) - 2 and all(got == want for got, want in single)  # one sentence: one decode
 
 
+def test_beam_search_that_stops_at_k_finished_keeps_the_k_best_as_generate_does(tmp_path: Path) -> None:
+    """A generation config with `early_stopping: true` stops at K finished, as generate() does: every EOS among a
+    step's K best candidates joins the pool however many finished before it in that step, and at the output limit
+    the live candidates among the K best finish too, the K best of all kept. (Broken once on purpose, as both
+    paths were: the step stopped reading candidates at the K-th finished one, and at the limit dropped the live
+    ones if the pool was full: other n-best lists, and other best outputs where the limit binds.)"""
+    from transformers import MarianMTModel
+
+    from model.decode import beam_search
+
+    hf_dir = build_marian_dir(tmp_path / "hf")
+    config = json.loads((hf_dir / "generation_config.json").read_text())
+    (hf_dir / "generation_config.json").write_text(json.dumps(config | {"early_stopping": True}))
+    assert import_main(["--model", str(hf_dir), "--out", str(tmp_path / "ours")]) == 0
+    hf = MarianMTModel.from_pretrained(hf_dir).eval()
+    tokenizer, ours = MarianTokenizer(tmp_path / "ours"), load_artifact(tmp_path / "ours")
+    assert not ours.cfg.patient_beam
+    texts = [text for pair in TINY_PAIRS for text in pair]
+    cases = [(text, beam, limit) for text in texts for beam in (2, 4) for limit in (3, 5, 12)]
+    for text, beam, limit in cases:
+        src = tokenizer.encode_source(text, "en")
+        out = hf.generate(
+            input_ids=torch.tensor([src]), attention_mask=torch.ones(1, len(src), dtype=torch.long),
+            num_beams=beam, max_new_tokens=limit, length_penalty=1.0, num_return_sequences=beam,
+            output_scores=True, return_dict_in_generate=True,
+        )  # fmt: skip
+        eos = hf.config.eos_token_id
+        want = [[t for t in row[1:] if t not in (eos, hf.config.pad_token_id)] for row in out.sequences.tolist()]
+        got = beam_search(ours, src, beam, limit)[:beam]
+        assert [list(h.tokens) for h in got] == want, (text, beam, limit)
+        assert [h.normalized for h in got] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
+    model_dir = tmp_path / "model"
+    shutil.copytree(tmp_path / "ours", model_dir)
+    export_tiny_onnx(model_dir)
+    with running_server(onnx_model(model_dir)) as served:
+        for beam, limit in ((2, 5), (4, 12)):
+            reply = served.stub.Translate(request(texts, beam_size=beam, max_output_len=limit, num_hypotheses=beam))
+            for text, result in zip(texts, reply.results, strict=True):
+                if result.sentences != 1:  # several sentences: several decodes, no one generate() to compare
+                    continue
+                src = tokenizer.encode_source(text, "en")
+                expected = [tokenizer.decode(list(h.tokens)) for h in beam_search(ours, src, beam, limit)[:beam]]
+                assert [h.text for h in result.hypotheses] == expected, (text, beam, limit)
+
+
 def test_reference_targets_equal_marian_tokenizer(imported: tuple[Path, Path]) -> None:
     hf_dir, ours_dir = imported
     theirs, ours = marian_tokenizer(hf_dir), MarianTokenizer(ours_dir)

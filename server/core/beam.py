@@ -7,8 +7,9 @@ references in tests. Both pick the same candidates.
 It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
 order (ties: lower flat index first), EOS candidates among the K best finish with
 score / length ** length_penalty (EOS ranked lower is passed over), the rest stay live until K are
-live; stop at K finished (a patient search: once no live row could beat the K-th) or at `max_len` generated
-tokens.
+live; stop at K finished (every EOS among a step's K best counting; a patient search: once no live row could
+beat the K-th) or at `max_len` generated tokens, where the live rows among the step's K best finish too and the
+K best of all are kept.
 The caller owns the rows (slots): after `advance`, live row i continues from parent row
 `parents[i]` with token `tokens[i]`. Greedy is K = 1.
 """
@@ -191,23 +192,26 @@ class BeamState:
             return self._force_eos()
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
+        top_live = 0  # how many of new_live rank among the K best candidates
         for rank, (idx, score) in enumerate(zip(order, top, strict=True)):
             hyp, token = divmod(idx, vocab)
             tokens = self.live[hyp][0]
             if token == self.eos_id and rank >= self.beam_size:
                 continue  # an EOS outside the K best candidates finishes nothing
-            if token == self.eos_id:
+            if token == self.eos_id:  # every EOS among the K best joins the pool, however full it is by now
                 length = len(tokens) + 1
                 self.finished.append(Hypothesis(tokens, score, normalize(score, length, self.length_penalty)))
             else:
                 new_live.append(((*tokens, token), score))
                 parents.append(hyp)
-            if len(new_live) == self.beam_size or (len(self.finished) >= self.beam_size and not self.patient):
+                top_live += rank < self.beam_size
+            if len(new_live) == self.beam_size:
                 break
         self.steps += 1
-        if self.steps >= self.max_len:
-            if len(self.finished) < self.beam_size or self.patient:  # the patient pool takes them as finished
-                self.finished.extend(Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in new_live)
+        if self.steps >= self.max_len:  # the K best candidates all end here, EOS or not, and the K best of all stay
+            grown = new_live[:top_live]
+            self.finished.extend(Hypothesis(t, s, normalize(s, len(t), self.length_penalty)) for t, s in grown)
+            self.finished = self.best(self.beam_size)
             self.live = []
             return Advance([], [], done=True)
         if len(self.finished) >= self.beam_size:
