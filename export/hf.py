@@ -31,6 +31,7 @@ from safetensors.numpy import load_file, save_file
 from export.builder.positions import sinusoid_table
 from export.fetch import FetchError, HubSettings, download, parse_name, resolve_commit, torch_needed
 from model.config import ModelConfig
+from model.directory import MAX_LENGTH_PENALTY
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.languages import AmbiguousLanguage, listed
 from model.languages import match as match_language
@@ -169,7 +170,7 @@ INERT_GENERATION = {
     "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "do_sample": False,
     "num_beam_groups": 1, "diversity_penalty": 0.0, "suppress_tokens": None, "begin_suppress_tokens": None,
     "exponential_decay_length_penalty": None, "sequence_bias": None, "forced_bos_token_id": None,
-    "constraints": None, "force_words_ids": None,
+    "constraints": None, "force_words_ids": None, "watermarking_config": None, "guidance_scale": 1.0,
 }  # fmt: skip
 
 
@@ -182,6 +183,22 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
     forced_ids = forced if isinstance(forced, list) else [forced]
     if forced is not None and forced_ids != [cfg.eos_id]:
         raise UnsupportedModel(f"forced_eos_token_id {forced} is not the EOS id {cfg.eos_id}")
+    eos = gen.get("eos_token_id")
+    if eos is not None and (eos if isinstance(eos, list) else [eos]) != [cfg.eos_id]:
+        raise UnsupportedModel(
+            f"its generation config ends a hypothesis at eos_token_id {eos}, its config.json at {cfg.eos_id}:"
+            " generate() would stop where this decoder does not"
+        )
+    start = gen.get("decoder_start_token_id")
+    if start is not None and start != cfg.bos_id:
+        raise UnsupportedModel(
+            f"its generation config starts decoding at decoder_start_token_id {start}, its config.json at {cfg.bos_id}"
+        )
+    penalty = gen.get("length_penalty", 1.0)
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 <= penalty <= MAX_LENGTH_PENALTY:
+        raise UnsupportedModel(
+            f"its generation config sets length_penalty {penalty!r}: the server serves 0..{MAX_LENGTH_PENALTY}"
+        )
     for key, inert in INERT_GENERATION.items():
         if (value := gen.get(key)) not in (None, inert, [], {}):
             raise UnsupportedModel(
