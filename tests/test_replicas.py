@@ -320,3 +320,28 @@ def test_a_process_dying_again_and_again_stops_the_server(monkeypatch: pytest.Mo
         supervisor.ended(dead, running)  # type: ignore[arg-type]
     assert started == [0] * module.RESTART_LIMIT
     assert supervisor.stopping.is_set() and supervisor.failure is not None and "died 4 times" in supervisor.failure
+
+
+def test_server_processes_serve_the_models_the_parent_listed_and_count_hub_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every server process, restarted or not, serves the models the parent found: `--models-dir` is read once.
+    (Broken once on purpose, each process reading it at its own start: one restarted after a model was added
+    served four models beside a sibling serving two, half the connections refusing the new pairs.) A hub model
+    counts in the engine plan as a directory does (a `--model` alone divided the cores by zero)."""
+    from server.edge import replicas
+    from server.edge.config import parse_config
+
+    monkeypatch.setattr(replicas, "available_cores", lambda: 4)
+    for name in ("a", "b"):
+        (tmp_path / "models" / name / "onnx").mkdir(parents=True)
+    config = parse_config(["--processes", "2", "--port", "50000", "--models-dir", str(tmp_path / "models")], {})
+    child = replicas.replica_config(config)
+    (tmp_path / "models" / "c" / "onnx").mkdir(parents=True)  # added while serving
+    assert child.models_dir is None and child.model_dirs == (tmp_path / "models" / "a", tmp_path / "models" / "b")
+    assert (child.engines, child.threads) == (1, 1)  # two cores each process, one per model
+    hub = parse_config(["--processes", "2", "--port", "50000", "--model", "org/opus-mt-de-en"], {})
+    assert (replicas.replica_config(hub).engines, replicas.replica_config(hub).threads) == (2, 1)
+    both = parse_config([*("--processes", "2", "--port", "50000", "--model", "org/opus-mt-de-en"),
+                         "--model-dir", str(tmp_path / "models" / "a")], {})  # fmt: skip
+    assert replicas.replica_config(both).engines == 1

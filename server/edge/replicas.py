@@ -72,14 +72,18 @@ class ServerProcess:
 
 def replica_config(config: ServerConfig) -> ServerConfig:
     """A server process's config: one process's share of the cores split among its engines as a single server
-    would split them all, its threads explicit (0, onnxruntime's every core, would oversubscribe), the port
-    shared, and no metrics server of its own."""
+    would split them all (every model counted, directories and hub ids), its threads explicit (0, onnxruntime's
+    every core, would oversubscribe), the port shared, and no metrics server of its own. `--models-dir` is read
+    here, once: a server process restarted after a model was added there serves what its siblings serve."""
     shared = dict(processes=1, reuse_port=True, metrics_port=-1, shared_engines=False)
     if config.shared_engines:  # the engines are the parent's: a server process only attaches
         return replace(config, **shared)  # type: ignore[arg-type]
     cores = max(1, available_cores() // config.processes)
-    engines, threads = engine_plan(cores, len(model_directories(config)), resolve_provider(config.provider), config)
-    return replace(config, **shared, engines=engines, threads=threads or cores)  # type: ignore[arg-type]
+    directories = tuple(model_directories(config))
+    models = len(directories) + len(config.models)
+    engines, threads = engine_plan(cores, models, resolve_provider(config.provider), config)
+    listed = dict(model_dirs=directories, models_dir=None)
+    return replace(config, **shared, **listed, engines=engines, threads=threads or cores)  # type: ignore[arg-type]
 
 
 def check_port_free(host: str, port: int) -> None:
