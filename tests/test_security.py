@@ -7,6 +7,7 @@ import ast
 import datetime
 import io
 import ipaddress
+import logging
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from server.edge.config import ServerConfig, parse_config
 from server.edge.errors import UNAUTHENTICATED_MESSAGE
 from server.edge.healthcheck import check
 from server.edge.loading import LoadedModel, StartupError, load_model
+from server.edge.logs import ACCESS_LOGGER, REQUEST_ID_KEY
 from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
@@ -387,3 +389,30 @@ def test_the_model_is_read_only_from_the_configured_directory(
         assert len(onnx) == graphs and {"metadata.json", "tokenizer.model"} <= {path.name for path in opened}
     with pytest.raises(ValueError, match="variant must be one of"):
         ServerConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path
+
+
+def test_a_call_refused_before_the_servicer_is_written_to_the_access_log(
+    guarded: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong token and a malformed message are answered before any servicer runs; each still writes its access
+    record, with the client's request id, so that failed logins show in the log as they do in the counters.
+    (Broken once on purpose, only counted: five refusals counted, none logged.)"""
+    from tests.test_logs import access_records
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    wrong = (("authorization", "Bearer wrong"), (REQUEST_ID_KEY, "login-1"))
+    assert status_of(lambda: translate(guarded.channel, "wrong")).code == grpc.StatusCode.UNAUTHENTICATED
+    assert status_of(lambda: guarded.stub.ListModels(pb.ListModelsRequest(), metadata=wrong)).code.name == (
+        "UNAUTHENTICATED"
+    )
+    send = guarded.channel.unary_unary(
+        "/translation.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+    )
+    garbage = b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
+    malformed = status_of(lambda: send(garbage, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)))
+    assert malformed.code == grpc.StatusCode.INVALID_ARGUMENT
+    records = access_records(caplog)
+    assert [(r["method"], r["status"]) for r in records] == [
+        ("Translate", "UNAUTHENTICATED"), ("ListModels", "UNAUTHENTICATED"), ("Translate", "INVALID_ARGUMENT")
+    ]  # fmt: skip
+    assert records[1]["request_id"] == "login-1" and records[0]["detail"] == UNAUTHENTICATED_MESSAGE

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import hmac
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
-from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE
+from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE, CallRecord
+from server.edge.logs import log_call, request_id
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 
@@ -47,8 +48,13 @@ def _service_and_method(path: str) -> tuple[str, str]:
     return service, method
 
 
-def _count_refusal(metrics: Metrics | None, path: str, code: grpc.StatusCode) -> None:
+def _count_refusal(
+    metrics: Metrics | None, path: str, code: grpc.StatusCode, message: str, metadata: Iterable[tuple[str, Any]] | None
+) -> None:
+    """A call refused here: counted (the Translator's) as the servicer's refusals are, and written to the access log
+    as every call is, so that a wrong token or a malformed message shows up there too."""
     service, method = _service_and_method(path)
+    log_call(CallRecord(request_id=request_id(metadata)).access_record(method, code, 0.0, message))
     if metrics is not None and service == TRANSLATOR:
         metrics.observe_request(method, code.name, "", 0.0)
 
@@ -80,7 +86,8 @@ class AuthInterceptor(Interceptor):
             return handler
         if self.authorized(details.invocation_metadata):
             return handler
-        _count_refusal(self._metrics, path, grpc.StatusCode.UNAUTHENTICATED)
+        metadata = details.invocation_metadata
+        _count_refusal(self._metrics, path, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE, metadata)
         return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
     def authorized(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
@@ -113,7 +120,8 @@ class ParseInterceptor(Interceptor):
             try:
                 return parse(raw)
             except Exception:  # protobuf's DecodeError: bad wire format, or bad UTF-8 in a string field
-                _count_refusal(self._metrics, path, grpc.StatusCode.INVALID_ARGUMENT)
+                metadata = context.invocation_metadata()
+                _count_refusal(self._metrics, path, grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE, metadata)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE)
 
         serialize = handler.response_serializer
