@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +129,22 @@ def test_tracing_is_off_without_an_endpoint_and_names_its_service_from_otel_vari
     tracing = open_tracing("http://localhost:4317")
     assert tracing is not None and tracing.provider.resource.attributes["service.name"] == "translate-eu-1"
     tracing.shutdown()
+
+
+def test_a_collector_that_never_answers_holds_neither_the_exit_nor_an_export_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A collector that takes the connection and never answers: the last flush gives up after its bound, so the
+    drain and the exit stay inside the pod's grace period. (Broken once on purpose, the SDK's flush awaited: the
+    exit took 11-15 s past the drain with the collector down or silent.)"""
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TIMEOUT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", raising=False)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts at the kernel and never reads: an export waits for its timeout
+        tracing = open_tracing(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        assert tracing is not None
+        tracing.start("Translate", (), "r-1").end("OK")
+        started = time.monotonic()
+        tracing.shutdown(timeout_s=0.5)
+        assert time.monotonic() - started < 5, "the flush waited for the collector"

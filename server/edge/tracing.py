@@ -15,6 +15,8 @@ OTEL_EXPORTER_OTLP_HEADERS, ...); they are read by the SDK when `open_tracing` b
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 SERVICE_NAME = "translate-server"  # the service.name spans carry unless OTEL_SERVICE_NAME says otherwise
 SERVICE = "translation.v1.Translator"
 INSTALL_HINT = "tracing needs the OpenTelemetry SDK: pip install 'translate-service[tracing]'"
+EXPORT_TIMEOUT_S = 3.0  # one export's wait for the collector (the SDK's own default is 10 s)
+EXPORT_TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+FLUSH_TIMEOUT_S = 3.0  # the last spans' flush at the exit
 
 
 class CallTrace:
@@ -74,9 +79,13 @@ class Tracing:
         )
         return _SpanTrace(self._tracer, span)
 
-    def shutdown(self) -> None:
-        """Send what is buffered and stop exporting."""
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Send what is buffered and stop exporting, waiting at most `timeout_s`: a collector that is down, or
+        takes a connection and never answers, must not hold the exit past the pod's grace period (the flush goes
+        on in a daemon thread, which the exit ends)."""
+        flush = threading.Thread(target=self.provider.shutdown, name="trace-flush", daemon=True)
+        flush.start()
+        flush.join(timeout_s)
 
 
 class _SpanTrace(CallTrace):
@@ -137,5 +146,7 @@ def open_tracing(endpoint: str) -> Tracing | None:
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
     provider = TracerProvider(resource=resource)  # OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    # OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT where set; else a short one, for an export waits on a collector that is down
+    timeout = None if any(name in os.environ for name in EXPORT_TIMEOUT_VARIABLES) else EXPORT_TIMEOUT_S
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout)))
     return Tracing(provider)
