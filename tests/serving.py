@@ -312,6 +312,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
     parser.add_argument("--step-delay", type=float, default=0.05, help="seconds added to every decoder step")
+    parser.add_argument("--reuse-port", action="store_true", help="serve as a server process of --processes does")
     args, server_flags = parser.parse_known_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     base = fake_model(args.tokenizer_dir)
@@ -321,7 +322,7 @@ def main() -> None:
     defaults = ["--port", "0", "--host", TEST_HOST, "--metrics-port", "-1", "--drain-seconds", "30"]
     defaults += ["--shutdown-delay-seconds", "1"]
     config = parse_config([*defaults, *server_flags], {})  # the later flag wins
-    run(config, model)
+    run(replace(config, reuse_port=args.reuse_port), model)
 
 
 if __name__ == "__main__":

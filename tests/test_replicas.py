@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.loadgen import open_channels
 from bench.run import free_port
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
-from tests.serving import ROOT, request, wait_until
+from tests.serving import ROOT, health_status, request, wait_until
 
 SERVING = re.compile(r" serving \S+ \(")  # the line a server process logs once its model is warm
 
@@ -345,3 +345,27 @@ def test_server_processes_serve_the_models_the_parent_listed_and_count_hub_model
     both = parse_config([*("--processes", "2", "--port", "50000", "--model", "org/opus-mt-de-en"),
                          "--model-dir", str(tmp_path / "models" / "a")], {})  # fmt: skip
     assert replicas.replica_config(both).engines == 1
+
+
+def test_a_server_process_binds_the_shared_port_only_once_it_can_serve(tiny_model_dir: Path) -> None:
+    """A server process of --processes (the port shared with SO_REUSEPORT) loads first and binds after: the kernel
+    hands new connections to bound sockets alone, so while one (re)starts its siblings take them. (Broken once on
+    purpose, bound first: a restarted process answered its share of new connections UNAVAILABLE "still loading"
+    for as long as its models took.)"""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.serving", "--tokenizer-dir", str(tiny_model_dir), "--reuse-port"]
+    command += ["--step-delay", "2", "--port", str(port)]  # its warm-up steps take 2 s each
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        time.sleep(1.5)
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # still warming up: nothing listens
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "gRPC on" in line:
+                break
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert health_status(channel) == "SERVING"  # bound once serving, never before
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)

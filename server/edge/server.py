@@ -126,7 +126,8 @@ class TranslationServer:
 
     async def start(self) -> int:
         """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if not self.engines:  # bound before loading: nothing served yet
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
         try:
             if self.credentials is None:
@@ -387,20 +388,22 @@ async def serve(
         except OSError as err:
             raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)
-    port = await server.start()  # after the metrics port: a refusal there leaves no started gRPC server behind
-    logger.info(
-        "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
-        config.host,
-        port,
-        "on" if config.reflection else "off",
-        "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
-        "required" if config.auth_token_file else "not required",
-    )
+    # A server process of --processes binds its shared port once it can serve: the kernel hands new connections
+    # to the bound sockets alone, so its siblings take them while it loads (bound first, a restarted process
+    # answered its share of new connections "still loading" for as long as its models took)
+    bind_when_loaded = config.reuse_port
+    if not bind_when_loaded:  # after the metrics port: a refusal there leaves no started gRPC server behind
+        await _bind(server, config)
     reporting = None if report_to is None else asyncio.create_task(report_processes(server, report_to))
     loading = asyncio.create_task(server.load(model))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = loading.exception() if loading.done() else None
+    if failure is None and loading.done() and bind_when_loaded:
+        try:
+            await _bind(server, config)
+        except StartupError as err:
+            failure = err
     served = loading.done() and failure is None
     if served:  # serving: until a signal or the engine's death
         if on_serving is not None:
@@ -431,6 +434,18 @@ async def serve(
         await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # sends the last spans
     if failure is not None:
         raise failure
+
+
+async def _bind(server: TranslationServer, config: ServerConfig) -> None:
+    port = await server.start()
+    logger.info(
+        "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
+        config.host,
+        port,
+        "on" if config.reflection else "off",
+        "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
+        "required" if config.auth_token_file else "not required",
+    )
 
 
 async def report_processes(server: TranslationServer, directory: Path) -> None:
