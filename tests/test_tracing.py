@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from server.backend.engine_process import ModelProcess
 from server.edge.config import ServerConfig
 from server.edge.loading import LoadedModel, load_model
+from server.edge.logs import ACCESS_LOGGER
 from server.edge.server import create_server
 from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -87,11 +89,18 @@ def assert_traced(reply: pb.TranslateResponse, spans: tuple[ReadableSpan, ...], 
 
 
 def test_a_call_is_a_server_span_under_the_clients_traceparent_with_queue_encode_and_decode_spans_per_sentence(
-    traced: tuple[RunningServer, InMemorySpanExporter],
+    traced: tuple[RunningServer, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The access record carries the trace id too, so that a log line leads to its trace. (Broken once on purpose,
+    the record without it: only the span's request id attribute joined the two.)"""
+    from tests.test_logs import access_records
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     served, exporter = traced
     reply = served.stub.Translate(request(TEXTS, beam_size=2), metadata=METADATA)
     assert_traced(reply, exporter.get_finished_spans(), FAKE_DESCRIPTION.name)
+    (record,) = access_records(caplog)
+    assert record["trace_id"] == TRACE_ID and record["request_id"] == "r-7"
 
 
 def test_an_engine_process_times_the_encoder_call_the_call_span_contains(tiny_exported_dir: Path) -> None:

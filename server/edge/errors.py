@@ -162,6 +162,7 @@ class CallRecord:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "queue_wait_ms": round(self.queue_wait_s * 1000, 2),
+            **({"trace_id": trace_id} if (trace_id := self.trace.trace_id) else {}),  # the call's spans, where traced
             **({"detail": detail[:MAX_DETAIL_CHARS]} if detail else {}),
         }
 

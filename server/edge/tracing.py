@@ -43,6 +43,11 @@ FLUSH_TIMEOUT_S = 3.0  # the last spans' flush at the exit
 class CallTrace:
     """A call's trace; this base records nothing (tracing off)."""
 
+    @property
+    def trace_id(self) -> str:
+        """The W3C trace id the call's spans carry (32 hex digits), for its access record; '' without tracing."""
+        return ""
+
     def describe(self, model: str, pair: str, beam_size: int) -> None:
         """The call was routed and validated."""
 
@@ -91,6 +96,11 @@ class Tracing:
 class _SpanTrace(CallTrace):
     def __init__(self, tracer: otel.Tracer, span: otel.Span) -> None:
         self._tracer, self._span = tracer, span
+
+    @property
+    def trace_id(self) -> str:
+        context = self._span.get_span_context()
+        return f"{context.trace_id:032x}" if context.is_valid else ""
 
     def describe(self, model: str, pair: str, beam_size: int) -> None:
         self._span.set_attribute("translation.model", model)
