@@ -294,7 +294,8 @@ class TextResult(_message.Message):
     @_builtins.property
     def hypotheses(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hypothesis]:
         """The n-best list, best first, `num_hypotheses` long (one, the text itself, for a text with
-        nothing to translate); set when num_hypotheses > 1 or return_scores is true. The i-th
+        nothing to translate; fewer where the search ended with fewer, as an output limit of 1 under a
+        model's forced EOS ends with one); set when num_hypotheses > 1 or return_scores is true. The i-th
         hypothesis joins each sentence's i-th best hypothesis with the text's original whitespace
         (and its untranslated parts, such as "...").
         """
