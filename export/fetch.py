@@ -36,7 +36,8 @@ PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship
 HUB_FILES = ["*.json", "*.spm", "*.safetensors", "README.md"]
 REQUIRED_FILES = ("config.json", "source.spm", "target.spm", "vocab.json")  # what the importer reads, beside:
 WEIGHTS = ("*.safetensors", PICKLED_WEIGHTS)  # the weights, in either file (safetensors preferred: no torch)
-LOCAL_FILES = ("*.json", "*.spm", "*.safetensors", "pytorch_model.bin")  # hashed into a local directory's revision
+# Hashed into a local directory's revision: what the import reads (README.md: a family's languages, the licence)
+LOCAL_FILES = ("*.json", "*.spm", "*.safetensors", "pytorch_model.bin", "README.md")
 PROGRESS_EVERY_S = 10.0
 MB = 1e6
 

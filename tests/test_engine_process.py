@@ -281,8 +281,9 @@ def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opene
     tiny_exported_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A signal while the engines load: the next one is not opened, and the one already opened is closed, its
-    process gone, rather than left to the interpreter's exit. (Broken once on purpose, the signal not looked at:
-    both engines loaded after it.)"""
+    process gone, rather than left to the interpreter's exit, the last one too. (Broken once on purpose, the signal
+    not looked at: both engines loaded after it; and once, looked at only before each engine: a single engine
+    loaded during the signal was handed to a cancelled task and never closed.)"""
     from server.edge import loading
 
     opened: list[LoadedModel] = []
@@ -292,12 +293,15 @@ def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opene
         return opened[-1]
 
     monkeypatch.setattr(loading, "load_model", recording)
-    config = server_config(
-        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=2, threads=1
-    )
-    assert load_models(config, stopped=lambda: bool(opened)) == []
-    assert len(opened) == 1 and isinstance(opened[0].runner, ModelProcess)
-    assert opened[0].runner.exitcode is not None
+    for engines in (2, 1):  # stopped between two engines, and after the last
+        opened.clear()
+        config = server_config(
+            model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=engines, threads=1,
+            engine_processes=True,
+        )  # fmt: skip
+        assert load_models(config, stopped=lambda: bool(opened)) == []
+        assert len(opened) == 1 and isinstance(opened[0].runner, ModelProcess)
+        assert opened[0].runner.exitcode is not None
 
 
 def test_two_engines_on_cpu_run_in_processes_of_their_own_by_default(tiny_exported_dir: Path) -> None:

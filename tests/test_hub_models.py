@@ -32,7 +32,18 @@ from server.edge.config import ServerConfig, parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.hub_cache import REPO, SHA, cache_folder, closed_endpoint, fake_hub, hub, hub_cache, marian, offline
+from tests.hub_cache import (
+    REPO,
+    SHA,
+    cache_folder,
+    closed_endpoint,
+    fake_hub,
+    hub,
+    hub_cache,
+    marian,
+    offline,
+    tiny_marian,
+)
 from tests.serving import ROOT, RunningServer, health_status, request, running_server, server_loop, wait_until
 from tests.test_client_cli import cli
 
@@ -470,3 +481,15 @@ def test_a_snapshot_without_its_weights_is_fetched_again_when_the_hub_is_reachab
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "cannot carry" not in last, last
     assert "lacks *.safetensors or pytorch_model.bin and the hub did not send them" in last, last
+
+
+def test_a_local_directorys_revision_follows_every_file_the_import_reads(tmp_path: Path) -> None:
+    """The model card decides a language family's sources: a changed README.md is another build. (Broken once on
+    purpose, the card left out of the hash: the cached build kept the old languages.)"""
+    from export.fetch import local_revision
+
+    directory = tiny_marian(tmp_path / "opus-mt-zle-en")
+    (directory / "README.md").write_text("* source language(s): bel rus\n")
+    before = local_revision(directory)
+    (directory / "README.md").write_text("* source language(s): bel rus ukr\n")
+    assert local_revision(directory) != before

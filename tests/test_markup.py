@@ -375,6 +375,8 @@ def test_a_kept_piece_touches_no_word_it_did_not_touch_in_the_source() -> None:
     document = parse(android, TextType.XML, 9)
     assert document.render(["Welcome back!"])[0] == android.replace("Willkommen zurück,", "Welcome back")
     assert "欢迎回来。<xliff:g" in document.render(["欢迎回来。"])[0]  # no spaces between words: none added
+    hello = parse(android.replace("Willkommen zurück", "Hallo"), TextType.XML, 9)
+    assert "Hello <xliff:g" in hello.render(["Hello!"])[0]  # one word: its script still writes spaces
     code = parse("<p>Geben Sie <code>ls</code>, <code>cd</code> oder <code>pwd</code> ein.</p>", TextType.HTML, 9)
     assert code.render(["Type, or."])[0] == "<p>Type <code>ls</code>, <code>cd</code> or <code>pwd</code>.</p>"
     name = parse('<p>Hallo <span translate="no">Peter</span>, wie geht es dir?</p>', TextType.HTML, 9)
@@ -424,6 +426,8 @@ def test_an_optional_end_tag_closes_the_inline_elements_left_open_inside_it() ->
     assert len(parse(paragraphs, TextType.HTML, 256).units) == 300
     nested = parse('<ul><li translate="no">Acme<ul><li>Liste</ul></ul>', TextType.HTML, 9)
     assert nested.units == []  # a nested list's item closes nothing outside its list
+    button = parse('<p translate="no"><button>Acme<div>Das Haus ist groß.</div></button></p>', TextType.HTML, 9)
+    assert button.units == []  # nor past a button, as in a browser
 
 
 def test_processing_instructions_and_doctype_subsets_are_kept_whole_to_their_true_end() -> None:

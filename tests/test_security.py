@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -395,8 +396,9 @@ def test_a_call_refused_before_the_servicer_is_written_to_the_access_log(
     guarded: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A wrong token and a malformed message are answered before any servicer runs; each still writes its access
-    record, with the client's request id, so that failed logins show in the log as they do in the counters.
-    (Broken once on purpose, only counted: five refusals counted, none logged.)"""
+    record, with the client's request id (a new one sent back where the client sent none), so that failed logins
+    show in the log as they do in the counters. (Broken once on purpose, only counted: five refusals counted, none
+    logged.)"""
     from tests.test_logs import access_records
 
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
@@ -416,3 +418,8 @@ def test_a_call_refused_before_the_servicer_is_written_to_the_access_log(
         ("Translate", "UNAUTHENTICATED"), ("ListModels", "UNAUTHENTICATED"), ("Translate", "INVALID_ARGUMENT")
     ]  # fmt: skip
     assert records[1]["request_id"] == "login-1" and records[0]["detail"] == UNAUTHENTICATED_MESSAGE
+    with pytest.raises(grpc.RpcError) as refused:  # the client learns the id its refusal was logged under
+        guarded.stub.ListModels(pb.ListModelsRequest(), metadata=(("authorization", "Bearer wrong"),))
+    trailing: Any = refused.value.trailing_metadata()  # type: ignore[attr-defined]
+    sent_back = {key: value for key, value in trailing or ()}
+    assert sent_back[REQUEST_ID_KEY] == access_records(caplog)[-1]["request_id"]

@@ -9,15 +9,13 @@ of the proxy's, so a stuck child blocks only its own writer until the watchdog k
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 from server.backend.engine_messages import ToChild
-
-log = logging.getLogger(__name__)
 
 
 class PipeWriter:
@@ -26,7 +24,7 @@ class PipeWriter:
     def __init__(self, conn: Connection, name: str) -> None:
         self._conn = conn
         self._ready = threading.Condition()  # guards everything below
-        self._queue: deque[ToChild] = deque()
+        self._queue: deque[bytes] = deque()  # pickled messages
         self._closing = False
         self._broken = False  # a send failed: the child is gone
         self._sending_since: float | None = None  # when the send in progress began
@@ -34,11 +32,13 @@ class PipeWriter:
         self._thread.start()
 
     def put(self, message: ToChild) -> None:
-        """Queue `message`, never waiting for the child; OSError once a send has failed (the child is gone)."""
+        """Queue `message`, never waiting for the child; OSError once a send has failed (the child is gone). It is
+        pickled here, on the caller's thread: a message that does not pickle fails its caller, not a later send."""
+        payload = bytes(ForkingPickler.dumps(message))  # what Connection.send sends
         with self._ready:
             if self._broken or self._closing:
                 raise OSError("the engine process's pipe is closed")
-            self._queue.append(message)
+            self._queue.append(payload)
             self._ready.notify()
 
     def stuck_for(self, now: float) -> float:
@@ -61,16 +61,14 @@ class PipeWriter:
                 self._ready.wait_for(lambda: bool(self._queue) or self._closing)
                 if not self._queue:
                     return
-                message = self._queue.popleft()
+                payload = self._queue.popleft()
                 self._sending_since = time.monotonic()
             try:
-                self._conn.send(message)
+                self._conn.send_bytes(payload)
             except OSError:  # the child closed its end: the proxy's reader sees it go and answers its requests
                 with self._ready:
                     self._broken, self._sending_since = True, None
                     self._queue.clear()
                 return
-            except Exception:  # a message that does not pickle: a bug, which must not silence every later one
-                log.exception("sending %r to the engine process failed", message)
             with self._ready:
                 self._sending_since = None

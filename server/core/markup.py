@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import html
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ _CLOSES_P = _names(
     "address article aside blockquote details dialog div dl fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6"
     " header hgroup hr main menu nav ol p pre section table ul"
 )
+# Inline elements a browser's implied end tags do not reach past (`<p><button><div>` leaves the `p` open)
+_SCOPE_BOUNDARIES = frozenset({"button", "object", "marquee", "applet"})
 IMPLIED_CLOSE: dict[str, frozenset[str]] = {
     **{name: frozenset({"p"}) for name in _CLOSES_P},
     "li": frozenset({"li", "p"}),
@@ -240,7 +243,7 @@ class _Builder:
             name = self.stack[depth][0]
             if name in closed:
                 del self.stack[depth:]
-            elif self._is_block(_local(name)):
+            elif self._is_block(_local(name)) or _local(name) in _SCOPE_BOUNDARIES:
                 return
             depth -= 1
 
@@ -441,16 +444,25 @@ def _spaced(members: list[str], edge: Edge, offset: int, source: str, position: 
     side (`Die Firma <span translate="no">Acme</span> ist`) left the model a double space, which it writes as
     one, so the piece gets back the space it lost on one side. And a side of a piece standing alone (no tag that
     opens or closes words of the translation, which stays at their edge) that touched no letter or digit in the
-    source touches none in a translation written with spaces: `zurück, <xliff:g>%1$s</xliff:g>!` placed after
-    "back" gives "back %1$s!", not "back%1$s!"."""
+    source touches none where the word beside it is of a script written with spaces: `zurück, <xliff:g>%1$s
+    </xliff:g>!` placed after "back" gives "back %1$s!", not "back%1$s!"; placed after "回来" it stays."""
     if not (0 < offset < len(source) and 0 < position < len(translation)):
         return members
     source_before, source_after = source[offset - 1], source[offset]
     before, after = translation[position - 1], translation[position]
     if source_before.isspace() and source_after.isspace() and before.isspace() != after.isspace():
         return [*members, " "] if before.isspace() else [" ", *members]
-    if edge is not Edge.ANY or not any(char.isspace() for char in translation):
-        return members  # a tag at a word's edge, or a script written without spaces between words
-    lead = [" "] if before.isalnum() and not source_before.isalnum() else []
-    trail = [" "] if after.isalnum() and not source_after.isalnum() else []
+    if edge is not Edge.ANY:
+        return members  # a tag at a word's edge
+    lead = [" "] if _spaced_word(before) and not source_before.isalnum() else []
+    trail = [" "] if _spaced_word(after) and not source_after.isalnum() else []
     return [*lead, *members, *trail]
+
+
+# Scripts written without spaces between words: a piece placed beside one of their characters gets no space
+_UNSPACED_SCRIPTS = ("CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR")
+
+
+def _spaced_word(char: str) -> bool:
+    """Whether `char` is a letter or digit of a script that puts spaces between its words."""
+    return char.isalnum() and not unicodedata.name(char, "").startswith(_UNSPACED_SCRIPTS)

@@ -21,7 +21,7 @@ import grpc
 import grpc.aio
 
 from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE, CallRecord
-from server.edge.logs import log_call, request_id
+from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 
@@ -50,20 +50,25 @@ def _service_and_method(path: str) -> tuple[str, str]:
 
 def _count_refusal(
     metrics: Metrics | None, path: str, code: grpc.StatusCode, message: str, metadata: Iterable[tuple[str, Any]] | None
-) -> None:
+) -> tuple[tuple[str, str], ...]:
     """A call refused here: counted (the Translator's) as the servicer's refusals are, and written to the access log
-    as every call is, so that a wrong token or a malformed message shows up there too."""
+    as every call is, so that a wrong token or a malformed message shows up there too. Returns the trailing
+    metadata that tells the client the call's request id, as every other answer does."""
     service, method = _service_and_method(path)
-    log_call(CallRecord(request_id=request_id(metadata)).access_record(method, code, 0.0, message))
+    call = CallRecord(request_id=request_id(metadata))
+    log_call(call.access_record(method, code, 0.0, message))
     if metrics is not None and service == TRANSLATOR:
         metrics.observe_request(method, code.name, "", 0.0)
+    return ((REQUEST_ID_KEY, call.request_id),)
 
 
-def _refusing(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
+def _refusing(
+    handler: Handler, code: grpc.StatusCode, message: str, trailing: tuple[tuple[str, str], ...] = ()
+) -> Handler:
     """A handler of the same kind that answers `code` without reading the request."""
 
     async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(code, message)
+        await context.abort(code, message, trailing)
 
     factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
     return factory(refuse, request_deserializer=None, response_serializer=handler.response_serializer)
@@ -86,9 +91,9 @@ class AuthInterceptor(Interceptor):
             return handler
         if self.authorized(details.invocation_metadata):
             return handler
-        metadata = details.invocation_metadata
-        _count_refusal(self._metrics, path, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE, metadata)
-        return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        code, metadata = grpc.StatusCode.UNAUTHENTICATED, details.invocation_metadata
+        trailing = _count_refusal(self._metrics, path, code, UNAUTHENTICATED_MESSAGE, metadata)
+        return _refusing(handler, code, UNAUTHENTICATED_MESSAGE, trailing)
 
     def authorized(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
         values = [value for key, value in metadata or () if key == "authorization"]
@@ -120,9 +125,9 @@ class ParseInterceptor(Interceptor):
             try:
                 return parse(raw)
             except Exception:  # protobuf's DecodeError: bad wire format, or bad UTF-8 in a string field
-                metadata = context.invocation_metadata()
-                _count_refusal(self._metrics, path, grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE, metadata)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE)
+                code, metadata = grpc.StatusCode.INVALID_ARGUMENT, context.invocation_metadata()
+                trailing = _count_refusal(self._metrics, path, code, MALFORMED_MESSAGE, metadata)
+                await context.abort(code, MALFORMED_MESSAGE, trailing)
 
         serialize = handler.response_serializer
         if not handler.response_streaming:

@@ -416,17 +416,17 @@ async def serve(
             failure = EngineDiedError("a decoding engine died or hung (logged above); restart the process")
             if on_engine_died is not None:
                 on_engine_died()
-    if failure is None:
-        loading.cancel()  # a stop during loading: serve nothing; the loader thread ends with the process
-        logger.info(
-            "shutting down: draining for up to %.1f s, refusing new calls and closing the port after %.1f s",
-            config.drain_seconds, config.shutdown_delay_seconds,
-        )  # fmt: skip
-    stopping.cancel()
     # A dead engine has answered its own requests UNAVAILABLE; the other models' engines drain theirs.
     grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
     # The port stays open past the drain only where balancers may still send: never to a server that never served
     delay = config.shutdown_delay_seconds if served and failure is None else 0.0
+    if failure is None:
+        loading.cancel()  # a stop during loading: serve nothing; the loader stops before its next engine
+        logger.info(
+            "shutting down: draining for up to %.1f s, refusing new calls and closing the port after %.1f s",
+            grace, delay,
+        )  # fmt: skip
+    stopping.cancel()
     await server.shutdown(grace, delay)
     if reporting is not None:
         reporting.cancel()

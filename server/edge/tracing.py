@@ -99,8 +99,8 @@ class _SpanTrace(CallTrace):
 
     @property
     def trace_id(self) -> str:
-        context = self._span.get_span_context()
-        return f"{context.trace_id:032x}" if context.is_valid else ""
+        context = self._span.get_span_context()  # a trace the sampler dropped has nothing to lead to
+        return f"{context.trace_id:032x}" if context.is_valid and context.trace_flags.sampled else ""
 
     def describe(self, model: str, pair: str, beam_size: int) -> None:
         self._span.set_attribute("translation.model", model)
