@@ -150,6 +150,11 @@ def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Pa
     config = ServerConfig(model_dirs=(model_dirs[OURS],), models_dir=both, variant="fp32", provider="cpu", threads=1)
     with pytest.raises(StartupError, match=r"share the name \['ours'\]"):
         load_models(config)
+    # A directory that is not there is named before any model loads (broken once on purpose, found only when its
+    # turn came: after every model before it had loaded and warmed)
+    typo = ServerConfig(model_dirs=(model_dirs[OURS], tmp_path / "modles"), variant="fp32", provider="cpu")
+    with pytest.raises(StartupError, match="modles does not exist"):
+        load_models(typo, stopped=lambda: pytest.fail("the models began to load before the check"))
 
 
 @pytest.mark.parametrize(

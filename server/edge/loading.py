@@ -117,8 +117,12 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
 
 
 def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
-    """Every model to serve (directories, then each --model fetched and built), their names unique."""
-    sources = [ModelSource(d, d.resolve().name) for d in model_directories(config)] + fetch_models(config, stopped)
+    """Every model to serve (directories, then each --model fetched and built), their names unique; a directory
+    that is not there is named before any model loads or builds."""
+    directories = model_directories(config)
+    if missing := [directory for directory in directories if not directory.is_dir()]:
+        raise StartupError(f"model directory {missing[0]} does not exist")
+    sources = [ModelSource(d, d.resolve().name) for d in directories] + fetch_models(config, stopped)
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
         raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
