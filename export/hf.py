@@ -31,7 +31,7 @@ from safetensors.numpy import load_file, save_file
 from export.builder.positions import sinusoid_table
 from export.fetch import FetchError, HubSettings, download, parse_name, resolve_commit, torch_needed
 from model.config import ModelConfig
-from model.directory import MAX_LENGTH_PENALTY
+from model.directory import MAX_LENGTH_PENALTY, served_length_penalty
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.languages import AmbiguousLanguage, listed
 from model.languages import match as match_language
@@ -195,7 +195,7 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
             f"its generation config starts decoding at decoder_start_token_id {start}, its config.json at {cfg.bos_id}"
         )
     penalty = gen.get("length_penalty", 1.0)
-    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 <= penalty <= MAX_LENGTH_PENALTY:
+    if not served_length_penalty(penalty):
         raise UnsupportedModel(
             f"its generation config sets length_penalty {penalty!r}: the server serves 0..{MAX_LENGTH_PENALTY}"
         )

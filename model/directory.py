@@ -285,6 +285,11 @@ def read_decoding_defaults(model_dir: Path, weights_sha256: str) -> tuple[int | 
     return (beam or None), (max_output_len or None)
 
 
+def served_length_penalty(value: object) -> bool:
+    """Whether `value` is a length penalty the server serves: a number in 0..MAX_LENGTH_PENALTY."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value <= MAX_LENGTH_PENALTY
+
+
 def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sha256: str) -> dict[str, float]:
     """The default length penalty of every direction: `decoding.json`'s tuned value, else 1.0.
 
@@ -310,7 +315,7 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     if unknown := sorted(set(tuned) - set(defaults)):
         raise MetadataError(f"{path} sets a length penalty for {unknown}; the model translates {sorted(defaults)}")
     for name, value in tuned.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_LENGTH_PENALTY:
+        if not served_length_penalty(value):
             raise MetadataError(f"{path}: length_penalty[{name!r}] must be a number in 0..{MAX_LENGTH_PENALTY}")
         defaults[name] = float(np.float32(value))
     return defaults

@@ -175,7 +175,8 @@ def _new_call(context: grpc.aio.ServicerContext[Req, Resp], tracing: Tracing | N
     return call
 
 
-def _request_id_metadata(call: CallRecord) -> tuple[tuple[str, str], ...]:
+def request_id_metadata(call: CallRecord) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that tells the client its call's request id."""
     return ((REQUEST_ID_KEY, call.request_id),)
 
 
@@ -216,7 +217,7 @@ def unary_call(
             finally:
                 _count_in_flight(self.metrics, method, -1)
             call.first_result_s = time.monotonic() - call.started
-            context.set_trailing_metadata(_request_id_metadata(call))
+            context.set_trailing_metadata(request_id_metadata(call))
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
             return response
 
@@ -251,7 +252,7 @@ def stream_call(
                 raise
             finally:
                 _count_in_flight(self.metrics, method, -1)
-            context.set_trailing_metadata(_request_id_metadata(call))
+            context.set_trailing_metadata(request_id_metadata(call))
             _observe(self.metrics, method, call, grpc.StatusCode.OK)
 
         return wrapper
@@ -280,7 +281,7 @@ async def _fail(
     _observe(metrics, method, call, code, logged_detail(exc, message))
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
         metrics.observe_rejected(method, reason, call.model)
-    await context.abort(code, message, trailing_metadata(exc) + _request_id_metadata(call))
+    await context.abort(code, message, trailing_metadata(exc) + request_id_metadata(call))
 
 
 def deadline_passed(remaining: float | None, elapsed: float) -> bool:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE, CallRecord
-from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
+from server.edge.errors import MALFORMED_MESSAGE, UNAUTHENTICATED_MESSAGE, CallRecord, request_id_metadata
+from server.edge.logs import log_call, request_id
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 
@@ -59,12 +59,10 @@ def _count_refusal(
     log_call(call.access_record(method, code, 0.0, message))
     if metrics is not None and service == TRANSLATOR:
         metrics.observe_request(method, code.name, "", 0.0)
-    return ((REQUEST_ID_KEY, call.request_id),)
+    return request_id_metadata(call)
 
 
-def _refusing(
-    handler: Handler, code: grpc.StatusCode, message: str, trailing: tuple[tuple[str, str], ...] = ()
-) -> Handler:
+def _refusing(handler: Handler, code: grpc.StatusCode, message: str, trailing: tuple[tuple[str, str], ...]) -> Handler:
     """A handler of the same kind that answers `code` without reading the request."""
 
     async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:

@@ -106,13 +106,14 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     )  # fmt: skip
     each = replace(config, threads=threads, engine_processes=in_children)
     models: list[LoadedModel] = []
-    for source in [*(s for s in sources for _ in range(engines)), None]:
-        if stopped():  # a signal while loading: serve nothing, and leave no engine behind
-            for model in models:
-                close_model(model.runner)
-            return []
-        if source is not None:
-            models.append(load_model(each, source.directory, source.name, source.revision))
+    for source in [source for source in sources for _ in range(engines)]:
+        if stopped():
+            break
+        models.append(load_model(each, source.directory, source.name, source.revision))
+    if stopped():  # a signal while loading, the last engine's included: serve nothing, leave no engine behind
+        for model in models:
+            close_model(model.runner)
+        return []
     return models
 
 

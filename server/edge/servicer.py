@@ -177,10 +177,11 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                     call.trace.sentence(call.submitted, event)
                     if job.options.stream_tokens:
                         yield assembler.partial(event.sentence_index, event.hypotheses[0].tokens, finished=True)
-                    finish = partial(
-                        assembler.sentence_done, event.sentence_index, event.hypotheses, event.input_tokens
-                    )
-                    done = await asyncio.to_thread(finish) if render_in_thread else finish()
+                    done_with = (event.sentence_index, event.hypotheses, event.input_tokens)
+                    if render_in_thread:
+                        done = await asyncio.to_thread(assembler.sentence_done, *done_with)
+                    else:
+                        done = assembler.sentence_done(*done_with)
                     if done is not None:
                         _count_text(call, done)
                         yield done
