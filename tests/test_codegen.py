@@ -50,9 +50,25 @@ def test_dependency_floors_satisfy_what_the_generated_code_checks_at_import() ->
     protobuf_needed = re.search(r"Protobuf Python Version: ([\d.]+)", (generated / "translation_pb2.py").read_text())
     assert grpc_needed and protobuf_needed
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    serving, dev = project["dependencies"], project["optional-dependencies"]["dev"]
+    serving = project["dependencies"]
     grpc_floor = tuple(int(p) for p in grpc_needed.group(1).split("."))
     for name in ("grpcio", "grpcio-health-checking", "grpcio-reflection"):
         assert _floor(serving, name) >= grpc_floor, name
-    assert _floor(dev, "grpcio-tools") >= grpc_floor
     assert _floor(serving, "protobuf") >= tuple(int(p) for p in protobuf_needed.group(1).split("."))
+
+
+def _pin(requirements: list[str], name: str) -> str:
+    spec = next(r for r in requirements if re.split(r"[<>=!~ ]", r, maxsplit=1)[0] == name)
+    match = re.fullmatch(rf"{re.escape(name)}==([\w.]+)", spec)
+    assert match, f"{spec}: the code generator must be pinned exactly, or the next patch release rewrites its output"
+    return match.group(1)
+
+
+def test_the_code_generator_is_pinned_to_the_release_the_committed_code_came_from() -> None:
+    """A fresh install resolves the newest grpcio-tools, which stamps its own version into the generated code."""
+    generated = (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2_grpc.py").read_text()
+    stamped = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", generated)
+    assert stamped
+    dev = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert _pin(dev, "grpcio-tools") == stamped.group(1)
+    _pin(dev, "mypy-protobuf")  # writes the .pyi stubs the freshness test compares too
