@@ -4,8 +4,9 @@ The lexer (server/core/markup_lexer.py) reads markup with the standard library's
 malformed markup changes in security releases (CPython's 2025 fixes read `</ b>` as a bogus comment, end a
 script at `</script/>`, and buffer what `feed` cannot parse yet). The images run other interpreters than the
 tests do (the CPU image python.org's latest 3.12, the CUDA image Ubuntu's), so the tests of tests/test_markup.py
-run again with each system Python's `html` package and `_markupbase` module in front of the running one's: same
-minor version only, so that nothing but the parser changes. Debian's security updates carry the 2025 parser
+and tests/test_markup_fidelity.py run again with each system Python's `html` package and `_markupbase` module in
+front of the running one's: same minor version only, so that nothing but the parser changes. Debian's security
+updates carry the 2025 parser
 (`apt-get install libpython3.11-stdlib`, which .ci/run does).
 """
 
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNING = Path(html.parser.__file__).resolve()
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 SYSTEM_LIBS = (Path("/usr/lib"), Path("/usr/local/lib"))
+MARKUP_TESTS = ("tests/test_markup.py", "tests/test_markup_fidelity.py")  # the ones whose markup the parser reads
 
 
 def other_stdlibs() -> list[Path]:
@@ -50,6 +52,6 @@ def test_the_markup_tests_hold_under_another_python_s_html_parser(stdlib: Path |
     probe = [sys.executable, "-c", "import html.parser, _markupbase; print(html.parser.__file__, _markupbase.__file__)"]
     loaded = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout
     assert loaded.split() == [str(shadow / "html" / "parser.py"), str(shadow / "_markupbase.py")], loaded
-    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_markup.py"]
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MARKUP_TESTS]
     done = subprocess.run(tests, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"under {stdlib}'s html.parser:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"

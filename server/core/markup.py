@@ -3,8 +3,8 @@
 A document becomes `units` (plain texts for the model: one per block element's inline content, one
 per translated attribute) and `parts` (the raw markup around them). Block elements (p, li, td, th,
 h1-h6, div, caption, title and the like) and `<br>` end a unit; inline elements (a, b, em, span,
-img...) stay inside it and are put back into its translation by `server.core.tag_placement`.
-Left byte for byte: script, style, template and pre (which end a unit), code, kbd, samp, var,
+img...) stay inside it and are put back into its translation by `server.core.markup_render`.
+Left byte for byte: script, style, template and pre (which end a unit), code, tt, kbd, samp, var,
 textarea, svg and math, XLIFF's and TMX's inline codes ph, bpt, ept and it inside a segment, and Android's
 `<xliff:g>` placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
@@ -13,8 +13,9 @@ element copied whole). HTML's optional end tags close as a browser's parser clos
 A line break inside a unit is a space to the model, as to a browser: it never ends a sentence there.
 
 A unit whose translation is its own text comes back as it came, entities and all; otherwise its
-text is escaped again, so `&lt;script&gt;` stays text. Tags keep their order, so the output has
-the input's tag tree (and well-formed XML stays well-formed).
+text is escaped again, so `&lt;script&gt;` stays text. A tag is read as a browser reads it, NUL and other
+control characters in it included (server.core.markup_lexer), so no markup reaches the model. Tags keep
+their order, so the output has the input's tag tree (and well-formed XML stays well-formed).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from __future__ import annotations
 import enum
 import html
 import re
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from server.core.markup_lexer import Kind, Token, tokens
+from server.core.markup_render import AttributeSlot, Block, Item, Piece, render_block, render_piece
 from server.core.splitter import translatable
-from server.core.tag_placement import Boundaries, Edge, place
+from server.core.tag_placement import Boundaries, Edge
 
 
 class TextType(enum.Enum):
@@ -53,11 +54,13 @@ BLOCKS = _names(
 )
 INLINES = _names(  # XML mode: every element not named here is a block
     "a abbr acronym b bdi bdo big button cite data del dfn em font i img input ins label mark q rp rt ruby s"
-    " small span strike strong sub sup time tt u wbr"
+    " small span strike strong sub sup time u wbr"
     " g x bx ex mrk ph bpt ept it"  # XLIFF's inline elements (and DITA's `ph`, its phrase)
 )
 KEPT_BLOCKS = frozenset({"script", "style", "template", "pre"})  # copied whole; end a unit
-KEPT_INLINES = _names("code kbd samp var textarea svg math")  # copied whole inside a unit
+# Copied whole inside a unit: identifiers, keys, program output and variables (`tt` is the old `code`), form text
+# and graphics
+KEPT_INLINES = _names("code tt kbd samp var textarea svg math")
 # XLIFF's and TMX's inline codes, copied whole inside a unit of an XML segment (an element of SEGMENTS open): what
 # they hold is the original format's markup (`<bpt id="1">&lt;b&gt;</bpt>`), not text; elsewhere (DITA's `<ph>`,
 # its phrase) they are plain inline elements
@@ -95,38 +98,11 @@ IMPLIED_CLOSE: dict[str, frozenset[str]] = {
 }
 XML_PREDEFINED_ENTITIES = frozenset({"amp", "lt", "gt", "quot", "apos"})
 _ENTITY_REFERENCE = re.compile(r"&([A-Za-z_:][\w.:-]*);")  # by name; character references (`&#38;`) are text
-_TAG_NAME = re.compile(r"<[^\s/>]*")
-_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+))?""")  # name, value
-
-
-@dataclass(frozen=True)
-class AttributeSlot:
-    """A translated attribute's value inside a tag."""
-
-    unit: int  # index into MarkupDocument.units
-    raw: str  # the value as it came, quotes included
-
-
-Piece = str | AttributeSlot  # raw markup, or an attribute value to fill in
-
-
-@dataclass(frozen=True)
-class Item:
-    """One thing inside a unit: text for the model, or a tag or kept piece that the translation carries."""
-
-    edge: Edge | None  # None: text; else where the tag snaps to in the translation
-    pieces: tuple[Piece, ...]  # the raw markup
-    text: str = ""  # text items: the unescaped text the model sees
-    # Text kept as it came (translate="no"): a stray "<" in it is escaped when translated words may follow
-    kept_text: bool = False
-
-
-@dataclass(frozen=True)
-class Block:
-    """One translation unit of inline content."""
-
-    unit: int  # index into MarkupDocument.units
-    items: tuple[Item, ...]
+# A start tag's name and attributes, split at HTML's whitespace only, as the lexer's parser splits them
+_TAG_NAME = re.compile(r"<[^\t\n\f\r />]*")
+_ATTRIBUTE = re.compile(  # name, value
+    r"""([^\t\n\f\r "'>/=]+)(?:[\t\n\f\r ]*=[\t\n\f\r ]*("[^"]*"|'[^']*'|[^\t\n\f\r "'>]+))?"""
+)
 
 
 @dataclass(frozen=True)
@@ -144,11 +120,11 @@ class MarkupDocument:
         for part in self.parts:
             if isinstance(part, Block):
                 edges = boundaries[part.unit] if boundaries else ()
-                text, moved = _render_block(part, self.units, translations, edges)
+                text, moved = render_block(part, self.units, translations, edges)
                 out.append(text)
                 placed |= moved
             else:
-                out.append(_render_piece(part, self.units, translations))
+                out.append(render_piece(part, self.units, translations))
         return "".join(out), placed
 
 
@@ -373,96 +349,3 @@ def _translate_of(attrs: tuple[tuple[str, str | None], ...], inherited: bool, xm
     if xml and (values.get("translatable") or "").strip().lower() == "false":
         return False
     return inherited
-
-
-def _render_piece(piece: Piece, units: list[str], translations: Sequence[str]) -> str:
-    if isinstance(piece, str):
-        return piece
-    translation = translations[piece.unit]
-    if translation == units[piece.unit]:
-        return piece.raw
-    quote = piece.raw[0] if piece.raw[0] in "\"'" else '"'
-    return quote + html.escape(translation, quote=True) + quote
-
-
-def _render_block(
-    block: Block, units: list[str], translations: Sequence[str], boundaries: Boundaries
-) -> tuple[str, bool]:
-    """The unit's markup around its translation; as it came when the translation is its own text."""
-    source, translation = units[block.unit], translations[block.unit]
-    rendered = ["".join(_render_piece(p, units, translations) for p in item.pieces) for item in block.items]
-    if translation == source:
-        return "".join(rendered), False
-    translation = _breaks_back(block, translation, boundaries)
-    # Tags with no text between them move together, so `<span translate="no">Acme</span>` stays whole
-    groups: list[tuple[int, Edge, list[str]]] = []  # (source offset, edge, markup)
-    offset, after_text = 0, True
-    for item, markup in zip(block.items, rendered, strict=True):
-        if item.edge is None:
-            offset, after_text = offset + len(item.text), True
-            continue
-        markup = markup.replace("<", "&lt;") if item.kept_text else markup
-        if after_text:
-            groups.append((offset, item.edge, [markup]))
-        else:
-            start, edge, members = groups[-1]
-            groups[-1] = (start, edge if edge is item.edge else Edge.ANY, [*members, markup])
-        after_text = False
-    positions = place([g[0] for g in groups], [g[1] for g in groups], source, translation, boundaries)
-    out, done = [], 0
-    for (offset, edge, members), position in zip(groups, positions, strict=True):
-        out += [
-            html.escape(translation[done:position], quote=False),
-            *_spaced(members, edge, offset, source, position, translation),
-        ]
-        done = position
-    out.append(html.escape(translation[done:], quote=False))
-    return "".join(out), bool(groups)
-
-
-def _breaks_back(block: Block, translation: str, boundaries: Boundaries) -> str:
-    """The translation with what stood between its sentences (and around them) as it came: the model saw the unit's
-    line breaks as spaces, and its sentences' translations were joined with what it saw, one character for one,
-    so a line break between two sentences of `xml:space="preserve"` text or a string resource stays one."""
-    if not boundaries:
-        return translation
-    original = "".join(html.unescape(str(item.pieces[0])) for item in block.items if item.edge is None)
-    edges = [(0, 0), *boundaries, (len(original), len(translation))]
-    out: list[str] = []
-    for k in range(0, len(edges), 2):
-        (source_from, target_from), (source_to, target_to) = edges[k], edges[k + 1]  # a run between sentences
-        if source_to - source_from != target_to - target_from:
-            return translation  # not the run the sentences were joined with: nothing to put back
-        out.append(original[source_from:source_to])
-        if k + 2 < len(edges):
-            out.append(translation[target_to : edges[k + 2][1]])  # the next sentence's translation
-    return "".join(out)
-
-
-def _spaced(members: list[str], edge: Edge, offset: int, source: str, position: int, translation: str) -> list[str]:
-    """Tags placed at a gap, with the gap's spaces. A piece that stood between two words with a space on each
-    side (`Die Firma <span translate="no">Acme</span> ist`) left the model a double space, which it writes as
-    one, so the piece gets back the space it lost on one side. And a side of a piece standing alone (no tag that
-    opens or closes words of the translation, which stays at their edge) that touched no letter or digit in the
-    source touches none where the word beside it is of a script written with spaces: `zurück, <xliff:g>%1$s
-    </xliff:g>!` placed after "back" gives "back %1$s!", not "back%1$s!"; placed after "回来" it stays."""
-    if not (0 < offset < len(source) and 0 < position < len(translation)):
-        return members
-    source_before, source_after = source[offset - 1], source[offset]
-    before, after = translation[position - 1], translation[position]
-    if source_before.isspace() and source_after.isspace() and before.isspace() != after.isspace():
-        return [*members, " "] if before.isspace() else [" ", *members]
-    if edge is not Edge.ANY:
-        return members  # a tag at a word's edge
-    lead = [" "] if _spaced_word(before) and not source_before.isalnum() else []
-    trail = [" "] if _spaced_word(after) and not source_after.isalnum() else []
-    return [*lead, *members, *trail]
-
-
-# Scripts written without spaces between words: a piece placed beside one of their characters gets no space
-_UNSPACED_SCRIPTS = ("CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR")
-
-
-def _spaced_word(char: str) -> bool:
-    """Whether `char` is a letter or digit of a script that puts spaces between its words."""
-    return char.isalnum() and not unicodedata.name(char, "").startswith(_UNSPACED_SCRIPTS)

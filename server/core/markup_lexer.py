@@ -139,9 +139,12 @@ def _events(text: str) -> list[_Event]:
 
     The parser reads "&" only to report references, which are text to us, and a stray "&#" would make it
     read the rest of the input as text: it reads a copy with "&" as "_" (the same length; the raw spans
-    come from `text` itself). A marked section it does not know (`<![ x [`, anything but CDATA and its like
-    and `<![if ...]>`) would make it raise AssertionError: the copy has "_" for that "<" too, so it is text.
-    Should another construct raise, that "<" becomes text and a new parser reads on after it.
+    come from `text` itself). The copy has U+FFFD for NUL, as a browser's tokenizer reads it in a tag
+    (`<b` NUL `>` is a tag, never text for the model), and for each character Python's `\\s` takes for
+    whitespace and HTML's tokenizer for part of a name or value (`\\v`, U+00A0...): a tag splits into
+    attributes where a browser splits it. A marked section it does not know (`<![ x [`, anything but CDATA
+    and its like and `<![if ...]>`) would make it raise AssertionError: the copy has "_" for that "<" too,
+    so it is text. Should another construct raise, that "<" becomes text and a new parser reads on after it.
 
     The parser is fed the input and never closed: a construct that does not end before the input does
     (`<a href="x`, `<!-- note`, a script with no end tag) is left unread, and it and all after it are one
@@ -149,7 +152,7 @@ def _events(text: str) -> list[_Event]:
     one character at a time, each time searching the rest of the input for its end: the time would grow
     with the square of the input (`"<x\\n" * 15000`, 45 KB, took half a minute).
     """
-    readable = _UNKNOWN_SECTION.sub("_![", text.replace("&", "_"))
+    readable = _UNKNOWN_SECTION.sub("_![", text.translate(_AS_THE_PARSER_READS))
     line_starts = [0, *(m.end() for m in re.finditer("\n", text))]
     events: list[_Event] = []
     base = 0
@@ -168,6 +171,11 @@ def _events(text: str) -> list[_Event]:
         return events + recorder.events + tail
 
 
+# What the parser reads for "&", NUL and the characters it would take for whitespace where HTML does not (see _events)
+_NOT_HTML_SPACE = "\v\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(
+    map(chr, range(0x2000, 0x200B))
+)
+_AS_THE_PARSER_READS = str.maketrans({"&": "_", "\0": "\ufffd", **dict.fromkeys(_NOT_HTML_SPACE, "\ufffd")})
 # A marked section the parser knows by its keyword; any other "<![" makes it raise
 _UNKNOWN_SECTION = re.compile(r"<!\[(?!(?:temp|cdata|ignore|include|rcdata|if|else|endif)(?![-_.a-zA-Z0-9]))", re.I)
 _PI_END = re.compile(r"\?>")  # a processing instruction's true end
