@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from server.edge.config import (
     DEFAULT_MODEL_DIR,
     ENGINE_PROCESS_NICE,
     ServerConfig,
+    build_parser,
     parse_config,
 )
 from server.edge.loading import model_directories, request_limits
@@ -202,11 +205,39 @@ def test_an_engines_limits_carry_the_admission_wait() -> None:
             parse_config(["--admission-wait-ms", bad], {})
 
 
-def test_bad_flag_choice_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flag_choice_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Broken before: argparse's usage of every flag came first, some twenty lines."""
     with pytest.raises(SystemExit) as info:
         parse_config(["--provider", "tpu"], {})
     assert info.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("translate-server: error: argument --provider: invalid choice") and "--help" in line
+
+
+HELP_OPTIONS = [action for action in build_parser({})._actions if action.dest != "help"]
+
+
+def shown(value: object) -> str:
+    """A default as --help writes it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@pytest.mark.parametrize("option", HELP_OPTIONS, ids=[action.option_strings[0] for action in HELP_OPTIONS])
+def test_help_shows_each_flags_default_and_variable(option: argparse.Action) -> None:
+    """The README says `--help` prints the table's list: each flag's default and TRANSLATE_* variable. Broken
+    before: neither was shown."""
+    text = " ".join(build_parser({}).format_help().split())
+    flag = option.option_strings[0].removeprefix("--")
+    variable = "TRANSLATE_" + flag.upper().replace("-", "_")
+    found = re.search(rf"\(default: ([^;]+); {variable}\)", text)
+    assert found, f"no default and {variable} in: {text}"
+    default = getattr(ServerConfig(), option.dest)
+    if option.dest == "reflection":
+        assert found.group(1) == "reflection on"
+    elif default not in (None, "", ()):
+        assert found.group(1) == shown(default)
 
 
 def test_config_is_frozen() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from model.files import CONFIG_FILE
 from server.edge.config import ServerConfig
-from server.edge.loading import StartupError, load_model
+from server.edge.loading import StartupError, graphs_served, load_model
 
 
 def config_for(model_dir: Path) -> ServerConfig:
@@ -33,7 +34,7 @@ def test_missing_graphs_are_built_at_load_and_logged(
     with caplog.at_level(logging.INFO, logger="server.edge.loading"):
         loaded = load_model(config_for(model_dir), model_dir)
     assert loaded.description.variant == "fp32"
-    assert loaded.description.available_variants == ["fp32", "int8", "fp16"]
+    assert loaded.description.available_variants == ["fp32"]  # what --variant fp32 serves, nothing more
     assert "built the graphs of" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="server.edge.loading"):
@@ -47,3 +48,32 @@ def test_a_build_that_fails_stops_the_start_with_its_reason(tiny_model_dir: Path
     (model_dir / CONFIG_FILE).write_text(json.dumps(cfg | {"vocab_size": cfg["vocab_size"] + 3}))
     with pytest.raises(StartupError, match=r"building the graphs of .* failed: export: error: .*tokenizer"):
         load_model(config_for(model_dir), model_dir)
+
+
+def gate_record(model_dir: Path, provider: str, variant: str) -> None:
+    """A variants.json recording `variant` as having passed `provider`'s gate."""
+    record = {provider: {"variants": {"fp32": {"passed": True}, variant: {"passed": True}}}}
+    (model_dir / "variants.json").write_text(json.dumps(record))
+
+
+def test_a_first_start_on_cpu_builds_what_the_cpu_serves_and_no_fp16(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """auto on CPU serves int8 where its gate passed, else fp32: the build writes those, never the fp16 graphs
+    only CUDA serves. Broken before: every variant was built, fp16 too (the shipped model's cost 128 MB)."""
+    model_dir = weights_only(tiny_model_dir, tmp_path)
+    gate_record(model_dir, "cpu", "int8")
+    load_model(replace(config_for(model_dir), variant="auto"), model_dir)
+    assert sorted(p.name for p in (model_dir / "onnx").iterdir()) == ["fp32", "int8"]
+
+
+def test_the_graphs_a_start_serves_follow_the_variant_the_provider_and_its_gate(tmp_path: Path) -> None:
+    assert graphs_served(tmp_path, "auto", "cpu") == graphs_served(tmp_path, "auto", "cuda") == ["fp32"]  # no gate
+    assert graphs_served(tmp_path, "fp16", "cpu") == ["fp32", "fp16"]  # asked for: built, wherever it runs
+    assert graphs_served(tmp_path, "fp32", "cuda") == ["fp32"]
+    gate_record(tmp_path, "cuda", "fp16")
+    assert graphs_served(tmp_path, "auto", "cuda") == ["fp32", "fp16"]
+    assert graphs_served(tmp_path, "auto", "cpu") == ["fp32"]  # the CUDA gate says nothing of int8 on a CPU
+    gate_record(tmp_path, "cpu", "int8")
+    assert graphs_served(tmp_path, "auto", "cpu") == ["fp32", "int8"]
+    shipped = Path(__file__).resolve().parents[1] / "model" / "shipped"
+    assert graphs_served(shipped, "auto", "cpu") == ["fp32", "int8"]
+    assert graphs_served(shipped, "auto", "cuda") == ["fp32", "fp16"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 from server.backend import KV_CACHES
 from server.core.events import EngineLimits
@@ -265,20 +266,48 @@ def _bool_env(value: str) -> bool:
     raise ValueError(f"not a boolean: {value!r}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad flag is one line and status 2: its usage of some forty flags would bury it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists every flag)\n")
+
+
+def described(text: str, flag: str, default: object, none: str = "none") -> str:
+    """A flag's help ending with its default (`none` says what an unset one means) and its variable."""
+    if default is None or default == "":
+        shown = none
+    elif isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif isinstance(default, float):
+        shown = f"{default:g}"
+    else:
+        shown = str(default)
+    return f"{text} (default: {shown}; {env_name(flag)})".replace("%", "%%")  # argparse formats help with %
+
+
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    """Flags with defaults taken from `environ` where set, so flags win over the environment."""
+    """Flags with defaults taken from `environ` where set, so flags win over the environment; each one's help
+    ends with its default and its variable."""
     defaults = {f.name: f.default for f in fields(ServerConfig)}
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="translate-server",
         description="Serve translation models (the shipped demonstration model or OPUS-MT imports) over gRPC. "
         f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}MAX_SLOTS=32); flags win.",
     )
 
-    def add(flag: str, kind: Callable[[str], object], help_text: str, choices: Sequence[str] | None = None) -> None:
+    def add(
+        flag: str,
+        kind: Callable[[str], object],
+        help_text: str,
+        choices: Sequence[str] | None = None,
+        none: str = "none",
+    ) -> None:
         dest = flag.replace("-", "_")
         raw = environ.get(env_name(flag))
         default = defaults[dest] if raw is None else _convert(flag, raw, kind)
-        parser.add_argument(f"--{flag}", type=kind, default=default, choices=choices, help=help_text)
+        text = described(help_text, flag, default, none)
+        parser.add_argument(f"--{flag}", type=kind, default=default, choices=choices, help=text)
 
     add("port", int, "gRPC port (0 = ephemeral)")
     add("metrics-port", int, "Prometheus /metrics port (0 = ephemeral, -1 = off)")
@@ -289,8 +318,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=Path,
         action="append",
         default=None,
-        help=f"a model directory to serve; repeatable ({env_name('model-dir')} takes several separated by "
-        f"{os.pathsep!r}); neither this nor --models-dir: the shipped model",
+        help=described(
+            f"a model directory to serve; repeatable (the variable takes several separated by {os.pathsep!r})",
+            "model-dir",
+            environ.get(env_name("model-dir")),
+            "none (with no --models-dir nor --model either: the shipped model)",
+        ),
     )
     add("models-dir", Path, "serve every model directory (one with onnx/) inside this directory")
     parser.add_argument(
@@ -299,10 +332,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         metavar="ID[@REVISION]",
         action="append",
         default=None,
-        help=f"a hub id (org/name[@revision]) or transformers directory to fetch, build, cache and serve; repeatable "
-        f"({env_name('model')} takes several separated by {os.pathsep!r})",
+        help=described(
+            "a hub id (org/name[@revision]) or transformers directory to fetch, build, cache and serve; repeatable "
+            f"(the variable takes several separated by {os.pathsep!r})",
+            "model",
+            environ.get(env_name("model")),
+        ),
     )
-    add("cache-dir", Path, "the cache of built models (default: translate-service beside the Hugging Face cache)")
+    add("cache-dir", Path, "the cache of built models", none="translate-service beside the Hugging Face cache")
     add("variant", str, "exported variant", VARIANTS)
     add("provider", str, "execution provider", PROVIDERS)
     add(
@@ -312,7 +349,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "fp32; the working batch on CPU; static: the captured step from plain ops)",
         KV_CACHES,
     )
-    add("max-slots", int, "decoding slots (beam rows) per step (0 = by device: 64 on CPU, 256 on CUDA)")
+    add("max-slots", int, "decoding slots (beam rows) per step of each engine (0 = by device: 64 on CPU, 256 on CUDA)")
     add(
         "max-queue",
         int,
@@ -332,8 +369,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add(
         "engine-nice",
         int,
-        f"niceness added to the engines' decoding, below the gRPC threads (default: {ENGINE_PROCESS_NICE} for "
-        "engine processes, 0 for engine threads)",
+        "niceness added to the engines' decoding, below the gRPC threads",
+        none=f"{ENGINE_PROCESS_NICE} for engine processes, 0 for engine threads",
     )
     add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
@@ -355,33 +392,41 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("cache-bytes", int, "most memory the cache of one model holds, in bytes (an estimate)")
     switch = partial(_add_switch, parser, environ, defaults)
     switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
-    switch("shared-engines", "one set of engine processes shared by all --processes (default: each has its own)")
+    switch("shared-engines", "one set of engine processes shared by all --processes (off: each has its own)")
     switch(
         "engine-processes",
-        "run each engine (scheduler, sessions, caches) in a process of its own (default: on with 2 or more engines)",
+        "run each engine (scheduler, sessions, caches) in a process of its own",
+        none="on with 2 or more engines",
     )
     env_no_reflection = environ.get(env_name("no-reflection"))
+    reflection = (
+        not _convert("no-reflection", env_no_reflection, _bool_env)
+        if env_no_reflection is not None
+        else defaults["reflection"]
+    )
     parser.add_argument(
         "--no-reflection",
         dest="reflection",
         action="store_false",
-        default=(
-            not _convert("no-reflection", env_no_reflection, _bool_env)
-            if env_no_reflection is not None
-            else defaults["reflection"]
-        ),
-        help="do not serve gRPC reflection",
+        default=reflection,
+        help=described("do not serve gRPC reflection", "no-reflection", f"reflection {'on' if reflection else 'off'}"),
     )
     return parser
 
 
 def _add_switch(
-    parser: argparse.ArgumentParser, environ: Mapping[str, str], defaults: dict[str, object], flag: str, text: str
+    parser: argparse.ArgumentParser,
+    environ: Mapping[str, str],
+    defaults: dict[str, object],
+    flag: str,
+    text: str,
+    none: str = "none",
 ) -> None:
     """`--flag` / `--no-flag`, defaulting to its environment variable, else the config's default."""
     raw = environ.get(env_name(flag))
     default = _convert(flag, raw, _bool_env) if raw is not None else defaults[flag.replace("-", "_")]
-    parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    help_text = described(text, flag, default, none)
+    parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=help_text)
 
 
 def _convert(flag: str, raw: str, kind: Callable[[str], object]) -> object:

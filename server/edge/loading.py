@@ -5,6 +5,7 @@ engines over the node's cores. `StartupError` says, in one line for the operator
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from model.config import LANG_TAGS, ModelConfig
+from model.files import CONFIG_FILE, WEIGHTS_FILE
 from model.languages import bcp47, parse
 from model.tokenizer import TextTokenizer, open_tokenizer
 from server.backend.engines import (
@@ -34,14 +36,19 @@ from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pa
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+WEIGHT_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # what a model directory builds its graphs from
 
 
 class StartupError(RuntimeError):
     """The server cannot start as configured; the message says why, for the operator."""
 
 
-class ModelSourceError(StartupError):
-    """A --model that cannot be served as named (unknown, unreachable, not importable): exit status 2."""
+class ConfigError(StartupError):
+    """The configuration names what cannot serve (a path, a port, a file, a model): exit status 2, as a bad flag."""
+
+
+class ModelSourceError(ConfigError):
+    """A --model that cannot be served as named (unknown, unreachable, not importable)."""
 
 
 @dataclass(frozen=True)
@@ -79,11 +86,10 @@ def model_directories(config: ServerConfig) -> list[Path]:
     directories = list(config.model_dirs)
     if config.models_dir is None:
         return directories or ([] if config.models else [DEFAULT_MODEL_DIR])
-    if not config.models_dir.is_dir():
-        raise StartupError(f"models directory {config.models_dir} does not exist")
+    check_is_directory(config.models_dir, "models directory")
     found = sorted(d for d in config.models_dir.iterdir() if (d / "onnx").is_dir())
     if not found and not directories and not config.models:
-        raise StartupError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
+        raise ConfigError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
     if not found:
         logger.warning("no model directory (one with onnx/) in %s", config.models_dir)
     return directories + found
@@ -120,14 +126,42 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
 def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
     """Every model to serve (directories, then each --model fetched and built), their names unique; a directory
     that is not there is named before any model loads or builds."""
-    directories = model_directories(config)
-    if missing := [directory for directory in directories if not directory.is_dir()]:
-        raise StartupError(f"model directory {missing[0]} does not exist")
+    directories = checked_model_directories(config)
     sources = [ModelSource(d, d.resolve().name) for d in directories] + fetch_models(config, stopped)
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
-        raise StartupError(f"two models share the name {duplicated}: rename a directory, names route requests")
+        raise ConfigError(f"two models share the name {duplicated}: rename a directory, names route requests")
     return sources
+
+
+def checked_model_directories(config: ServerConfig) -> list[Path]:
+    """`model_directories`, each checked to hold a model (`check_model_directory`): a mistake in any is named
+    before a port is bound or a model loads or builds."""
+    directories = model_directories(config)
+    for directory in directories:
+        check_model_directory(directory)
+    return directories
+
+
+def check_is_directory(path: Path, what: str) -> None:
+    """ConfigError saying what `path` is, where it is not a directory."""
+    if not path.exists():
+        raise ConfigError(f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise ConfigError(f"{what} {path} is a file, not a directory")
+
+
+def check_model_directory(model_dir: Path) -> None:
+    """ConfigError unless `model_dir` is a directory holding exported graphs or the weights to build them from."""
+    from model.directory import available_variants
+
+    check_is_directory(model_dir, "model directory")
+    lacking = [name for name in WEIGHT_FILES if not (model_dir / name).is_file()]
+    if lacking and not available_variants(model_dir):
+        raise ConfigError(
+            f"model directory {model_dir} holds no model: no exported graphs (onnx/<variant>/) and no "
+            f"{' or '.join(lacking)} to build them from"
+        )
 
 
 def attach_model(shared: SharedEngines, socket: str) -> LoadedModel:
@@ -206,32 +240,48 @@ def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) ->
 def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, revision: str = "") -> LoadedModel:
     """Open the configured variant of the exported model, named `name` (default: the directory's name);
     StartupError naming the cause if it cannot."""
-    if not model_dir.is_dir():
-        raise StartupError(f"model directory {model_dir} does not exist")
-    build_missing_graphs(model_dir)
+    check_model_directory(model_dir)
+    build_missing_graphs(model_dir, config.variant, resolve_provider(config.provider))
     try:
         return _open_model(config, model_dir, name or model_dir.resolve().name, revision)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
 
-def build_missing_graphs(model_dir: Path) -> None:
-    """Build the graphs of a model directory that has weights and no export yet, as `python -m export` does
-    (in its own process, so that the memory the build takes goes with it); the build needs no torch."""
+def build_missing_graphs(model_dir: Path, variant: str, provider: str) -> None:
+    """Build the graphs a start on `provider` serves (`graphs_served`) that a model directory with weights lacks,
+    as `python -m export` does (in its own process, so that the memory the build takes goes with it); the build
+    needs no torch."""
     from model.directory import available_variants
-    from model.files import CONFIG_FILE, WEIGHTS_FILE
 
-    has_weights = all((model_dir / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE))
-    if available_variants(model_dir) or not has_weights:
+    has_weights = all((model_dir / name).is_file() for name in WEIGHT_FILES)
+    needed = graphs_served(model_dir, variant, provider)
+    if not has_weights or set(needed) <= set(available_variants(model_dir)):
         return
-    command = [sys.executable, "-m", "export", "--model-dir", str(model_dir)]
-    logger.info("no graphs exported in %s: building them (%s)", model_dir, " ".join(command[1:]))
+    command = [sys.executable, "-m", "export", "--model-dir", str(model_dir), "--variants", ",".join(needed)]
+    logger.info("graphs missing in %s: building them (%s)", model_dir, " ".join(command[1:]))
     started = time.perf_counter()
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode != 0:
         last = (built.stderr.strip().splitlines() or ["no output"])[-1]
         raise StartupError(f"building the graphs of {model_dir} failed: {last}")
     logger.info("built the graphs of %s in %.1f s", model_dir, time.perf_counter() - started)
+
+
+def graphs_served(model_dir: Path, variant: str, provider: str) -> list[str]:
+    """The variants a start with `--variant variant` on `provider` ("cpu" or "cuda") may serve: fp32 (what auto
+    falls back to) and the variant asked for, or for auto the provider's fast variant where the model's
+    variants.json records it passed that provider's gate. Nothing else: fp16 graphs on a CPU, which never serves
+    them, would only cost their build and their disk."""
+    from model.directory import DEFAULT_BY_PROVIDER, VARIANTS_FILE
+
+    if variant != "auto":
+        return list(dict.fromkeys(("fp32", variant)))
+    fast = DEFAULT_BY_PROVIDER[provider]
+    path = model_dir / VARIANTS_FILE
+    record = json.loads(path.read_text()).get(provider, {}) if path.is_file() else {}
+    passed = record.get("variants", {}).get(fast, {}).get("passed", False)
+    return ["fp32", fast] if passed else ["fp32"]
 
 
 def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:

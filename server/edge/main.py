@@ -17,8 +17,9 @@ from server.edge.server import run
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = parse_config(argv, os.environ)
-    except ValueError as err:
-        sys.exit(f"translate-server: {err}")
+    except ValueError as err:  # a bad value, as argparse's bad flag: status 2
+        print(f"translate-server: {err}", file=sys.stderr)
+        sys.exit(2)
     configure_logging(config.log_level, config.log_format)
     disable_created_metrics()
     if config.processes > 1:

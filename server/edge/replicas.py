@@ -27,7 +27,6 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -45,7 +44,7 @@ from server.edge.loading import StartupError, available_cores, engine_plan, mode
 from server.edge.logs import configure_logging
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
-from server.edge.server import metrics_address, run
+from server.edge.server import check_port_free, metrics_address, run
 from server.edge.shared_engines import SharedEngine, start_shared_engines, stop_shared_engines
 
 logger = logging.getLogger(__name__)
@@ -84,19 +83,6 @@ def replica_config(config: ServerConfig) -> ServerConfig:
     engines, threads = engine_plan(cores, models, resolve_provider(config.provider), config)
     listed = dict(model_dirs=directories, models_dir=None)
     return replace(config, **shared, **listed, engines=engines, threads=threads or cores)  # type: ignore[arg-type]
-
-
-def check_port_free(host: str, port: int) -> None:
-    """StartupError if a server already listens on the port: its SO_REUSEPORT-less bind would fail, but a
-    server that shares the port would take half of this one's connections without a word."""
-    address = metrics_address(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
-        try:
-            probe.bind((address, port))
-        except OSError as err:
-            raise StartupError(f"could not bind {host}:{port}: {err.strerror} (is another server running?)") from err
 
 
 def serve_replica(config: ServerConfig, serving: ProcessEvent, engine_lost: ProcessEvent, parent: int) -> None:

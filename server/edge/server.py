@@ -6,8 +6,9 @@ handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds`
 ones are answered UNAVAILABLE while the port stays open for `shutdown_delay_seconds`, then grpc stops
 and the process exits.
 
-Startup fails loudly (`StartupError`: one clear line, non-zero exit) when the port is taken or the
-model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
+Startup fails loudly (`StartupError`: one clear line, non-zero exit; `ConfigError`, a configuration mistake
+such as a taken port or a path that holds no model: exit status 2, as for a bad flag) when the port is taken or
+the model cannot be loaded; the port is bound without SO_REUSEPORT, so a second instance cannot share it.
 Should the engine's loop die, or one of its iterations run past `--stall-seconds` (a hung runner),
 every request it held fails UNAVAILABLE and health turns NOT_SERVING;
 `serve` then stops the server and the process exits non-zero, so whatever supervises it (Docker's
@@ -17,8 +18,10 @@ restart policy, Kubernetes, systemd) starts a fresh one instead of keeping a rep
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -30,7 +33,6 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from server.backend.engine_messages import GcCounts
@@ -50,15 +52,17 @@ from server.edge.config import ServerConfig
 from server.edge.detect import SourceDetector
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.edge.loading import (
+    ConfigError,
     LoadedModel,
-    ModelSourceError,
     StartupError,
+    checked_model_directories,
     load_models,
     request_limits,
 )
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
 from server.edge.process_reports import REPORT_S, SELF, ProcessReport, write_report
+from server.edge.reflection import enable_reflection
 from server.edge.servicer import TranslatorServicer
 from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -121,8 +125,7 @@ class TranslationServer:
         pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.reflection:
-            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-            reflection.enable_server_reflection(names, self.server)
+            enable_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), self.server)
 
     async def start(self) -> int:
         """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
@@ -135,9 +138,9 @@ class TranslationServer:
             else:
                 port = self.server.add_secure_port(address, self.credentials)
         except RuntimeError as err:  # grpc raises when no address could be bound
-            raise StartupError(f"could not bind {address}: {_BIND_CAUSES} ({err})") from err
+            raise ConfigError(f"could not bind {address}: {_BIND_CAUSES} ({err})") from err
         if port == 0:
-            raise StartupError(f"could not bind {address}: {_BIND_CAUSES}")
+            raise ConfigError(f"could not bind {address}: {_BIND_CAUSES}")
         await self.server.start()
         return port
 
@@ -315,7 +318,7 @@ def interceptors(config: ServerConfig, metrics: Metrics) -> list[Interceptor]:
     if config.auth_token_file is not None:
         token = _read_file(config.auth_token_file, "auth token file").decode().strip()
         if not token:
-            raise StartupError(f"the auth token file {config.auth_token_file} is empty")
+            raise ConfigError(f"the auth token file {config.auth_token_file} is empty")
         chain.insert(0, AuthInterceptor(token, metrics))
     return chain
 
@@ -324,15 +327,43 @@ def _read_file(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:
-        raise StartupError(f"cannot read the {what} {path}: {err.strerror}") from err
+        raise ConfigError(f"cannot read the {what} {path}: {err.strerror}") from err
 
 
 def _read_pem(path: Path, what: str) -> bytes:
     """A PEM file's bytes; StartupError naming it if it holds no PEM block (gRPC would only fail to bind)."""
     data = _read_file(path, what)
     if b"-----BEGIN " not in data:
-        raise StartupError(f"the {what} {path} is not PEM (no -----BEGIN line): give the PEM file, not DER or a path")
+        raise ConfigError(f"the {what} {path} is not PEM (no -----BEGIN line): give the PEM file, not DER or a path")
     return data
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError naming the port if a socket on `host` cannot bind it, as gRPC's bind (without SO_REUSEPORT)
+    would fail: tried first, so that the operator reads one line, not gRPC's own error before it; and before the
+    `--processes` parent's children share the port with SO_REUSEPORT, where a server already there would take
+    their connections' share without a word. Port 0 (any free port) is always free."""
+    if port == 0:
+        return
+    address = metrics_address(host)
+    # gRPC binds "[::]" as IPv4's wildcard too where the host has no IPv6
+    addresses = (address, "0.0.0.0") if address == "::" else (address,)
+    try:
+        found = [a for each in addresses for a in socket.getaddrinfo(each, port, type=socket.SOCK_STREAM)]
+    except socket.gaierror as err:
+        raise ConfigError(f"could not bind {host}:{port}: {host} does not resolve ({err.strerror})") from err
+    refusals = []
+    for family, kind, protocol, _, bound in found:
+        try:
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
+                probe.bind(bound)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ConfigError(f"could not bind {host}:{port}: the port is in use (another server?)") from err
+            refusals.append(err)
+    if len(refusals) == len(found):  # gRPC binds if any of the host's addresses can be
+        raise ConfigError(f"could not bind {host}:{port}: {refusals[0].strerror}")
 
 
 def metrics_address(host: str) -> str:
@@ -372,6 +403,10 @@ async def serve(
     Raises StartupError when loading fails and EngineDiedError when the decoding loop dies, after
     stopping the server either way.
     """
+    if model is None:  # a configuration mistake is named before anything starts
+        checked_model_directories(config)
+    if not config.reuse_port:  # a server process of --processes shares the port its siblings hold
+        check_port_free(config.host, config.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -386,7 +421,7 @@ async def serve(
         try:
             metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
         except OSError as err:
-            raise StartupError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
+            raise ConfigError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)
     # A server process of --processes binds its shared port once it can serve: the kernel hands new connections
     # to the bound sockets alone, so its siblings take them while it loads (bound first, a restarted process
@@ -468,10 +503,11 @@ def run(
     report_to: Path | None = None,
     on_engine_died: Callable[[], None] | None = None,
 ) -> None:
-    """`serve` until stopped; exit 1 with one line for the operator if it cannot start or its engine dies."""
+    """`serve` until stopped; if it cannot start or its engine dies, exit with one line for the operator: status 2
+    for a configuration mistake (as for a bad flag), else 1."""
     try:
         asyncio.run(serve(config, model, on_serving, report_to, on_engine_died))
-    except ModelSourceError as err:  # bad input, as a bad flag is: status 2
+    except ConfigError as err:
         logger.debug("the server stopped", exc_info=err)
         print(f"translate-server: {err}", file=sys.stderr)
         sys.exit(2)

@@ -74,7 +74,7 @@ def start_shared_engines(
         per_model, threads = engine_plan(available_cores(), len(sources), provider, config)
         shared = []
         for source in sources:
-            build_missing_graphs(source.directory)
+            build_missing_graphs(source.directory, config.variant, provider)
             variant = _variant(source.directory, config.variant, provider)
             settings = RunnerSettings(
                 source.directory / "onnx" / variant, config.slots_for(provider), provider, threads, config.kv_cache,
