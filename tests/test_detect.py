@@ -10,10 +10,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.detect import COMMON_WORDS, FOREIGN, common_words
+from bench.detect import COMMON_WORDS, FOREIGN, FOREIGN_UI, common_words
 from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
 from server.edge.detect import MIN_MARGIN, SourceDetector
+from server.edge.request_parts import UNCHANGED_MARGIN, _doubt_the_target
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
     export_tiny_onnx,
@@ -71,6 +72,42 @@ def test_a_single_common_word_is_never_refused_as_a_language_no_model_serves() -
         assert all((found := detector.detect(t)) is not None and found.language == language for t in sentences)
     words = common_words(COMMON_WORDS)
     assert sum((f := detector.detect(w)) is not None and f.language not in ("de", "en") for w in words["de"]) == 0
+
+
+def test_a_foreign_text_taken_for_the_target_language_among_the_served_ones_does_not_come_back_unchanged() -> None:
+    """ "commit invalide %s" (French) is English at 0.88 among German and English, ahead by more than
+    UNCHANGED_MARGIN, but only at 0.08 among every language (Latin 0.06, French 0.05): a German and English server
+    sent it back unchanged as English. Now it is not `sure` and becomes undecided, as do every FOREIGN_UI string a
+    request to its detected language got back unchanged, while a served UI string far ahead of every rival stays."""
+    detector = SourceDetector(["de", "en"])
+    french = detector.detect("commit invalide %s")
+    assert french is not None and french.language == "en" and french.margin >= UNCHANGED_MARGIN and not french.sure
+    for text in ["Add to cart", "Forgot your password?", "Bitte warten Sie einen Moment.", "Einstellungen"]:
+        assert (found := detector.detect(text)) is not None and found.sure, text
+    for texts in FOREIGN_UI.values():
+        for text in texts:
+            found = detector.detect(text)
+            passes = found is not None and found.language in ("de", "en") and found.margin >= UNCHANGED_MARGIN
+            assert not passes or not found.sure, text  # type: ignore[union-attr]
+    added = detector.detect("Add to cart")
+    assert added is not None
+    detections, groups, undecided = {0: french, 1: added}, {"en": [0, 1]}, list[int]()
+    _doubt_the_target(groups, detections, undecided, "en")
+    assert (groups, undecided, list(detections)) == ({"en": [1]}, [0], [1])
+
+
+def test_a_doubtful_detection_is_flagged_by_a_lower_confidence(german_model_dir: Path) -> None:
+    """A foreign text read as one served language, translated from it, says so by its confidence: "commit invalide
+    %s" to German came back translated as English at 0.88 (broken once on purpose: reported `confidence`)."""
+    detector = SourceDetector(["de", "en"])
+    french, english = detector.detect("commit invalide %s"), detector.detect("Forgot your password?")
+    assert french is not None and english is not None
+    assert french.reported_confidence < 0.5 < french.confidence and english.reported_confidence == english.confidence
+    texts = ["commit invalide %s", "The house is big and the garden is green."]
+    with running_server(onnx_model(german_model_dir)) as served:
+        results = served.stub.Translate(request(texts, "auto", "de")).results
+    assert [r.detected_source_language for r in results] == ["en", "en"]
+    assert results[0].detected_language_confidence < 0.5 < results[1].detected_language_confidence
 
 
 def test_sources_the_detector_cannot_name_are_listed() -> None:
@@ -175,11 +212,14 @@ def test_a_detected_language_no_model_serves_is_invalid_argument_naming_it(frenc
 
 def test_texts_are_counted_as_detected_only_once_answered(tiny_model_dir: Path) -> None:
     """Broken before (counted as each language's part was parsed): the German text of a call refused for its Spanish
-    one, and the text of a call refused for its sentence's tokens after routing, were counted."""
+    one, and the text of a call refused for its sentences after routing, were counted."""
     spanish = "¿Dónde está la estación de tren?"
-    too_long = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."  # over the fake model's 48 tokens
+    too_many = "Das Haus ist alt. " * 513  # over the request's 512 sentences
     with running_server(fake_model(tiny_model_dir)) as served:
-        for texts, refusal in (([GERMAN[2], spanish], "texts[1] detected as 'es'"), ([too_long], "tokens long")):
+        for texts, refusal in (
+            ([GERMAN[2], spanish], "texts[1] detected as 'es'"),
+            ([too_many], "sentences (limit reached at texts[0])"),
+        ):
             with pytest.raises(grpc.RpcError) as failed:
                 served.stub.Translate(request(texts, "auto", "en"))
             assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -237,16 +277,16 @@ def test_a_limit_names_the_text_by_its_place_in_the_request_whatever_the_languag
     german_model_dir: Path, french_model_dir: Path
 ) -> None:
     """A detected request runs as one part per language, each with its own texts; a refusal still names the text
-    as the client numbered it. (Broken once on purpose, each part numbering its own texts: the German sentence
-    over the token limit, third in the request and second of the German ones, was named texts[1].)"""
-    long = "Das Haus ist sehr groß und alt, " * 80
+    as the client numbered it. (Broken once on purpose, each part numbering its own texts: the German text over the
+    sentence limit, third in the request and second of the German ones, was named texts[1].)"""
+    long = "Das Haus ist alt. " * 513
     texts = [GERMAN[0], FRENCH[0], long]
     with running_server([onnx_model(german_model_dir), onnx_model(french_model_dir)]) as served:
         for text_type, wrap in ((pb.TEXT_TYPE_TEXT, "{}"), (pb.TEXT_TYPE_HTML, "<p>{}</p>")):
             call = request([wrap.format(text) for text in texts], "", "en", text_type=text_type)
             error = status_of(partial(served.stub.Translate, call))
             assert error.code == grpc.StatusCode.INVALID_ARGUMENT
-            assert error.details.startswith("texts[2] ") and "tokens long" in error.details, error.details
+            assert "sentences (limit reached at texts[2]" in error.details, error.details
 
 
 def test_a_request_without_a_target_is_refused_before_detection(german_model_dir: Path) -> None:

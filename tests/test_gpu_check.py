@@ -14,6 +14,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
+from bench import gpu_check
 from bench.gpu_check import STARTUP_RUNS, install_wheel, main
 
 
@@ -104,11 +107,17 @@ def test_the_startup_step_times_a_replica_to_serving_on_the_built_graphs(tiny_mo
     assert all(0 < s["seconds_to_serving"] < 300 for s in starts)
 
 
-def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path) -> None:
-    import onnxruntime
+# Appended to the steps' sitecustomize: their onnxruntime offers no CUDA, whether or not this host has it
+HIDE_CUDA = """
+import onnxruntime as _ort
+_offered = _ort.get_available_providers
+_ort.get_available_providers = lambda: [p for p in _offered() if p != "CUDAExecutionProvider"]
+"""
 
-    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-        return  # a GPU node: the check is meant to pass there
+
+def test_no_cuda_fails_at_the_first_step(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run on every host: on a GPU node too, the steps' onnxruntime is made to offer no CUDA."""
+    monkeypatch.setattr(gpu_check, "SITECUSTOMIZE", gpu_check.SITECUSTOMIZE + HIDE_CUDA)
     out = tmp_path / "out"
     assert main(["--model-dir", str(tiny_model_dir), "--out", str(out)]) == 1
     summary = json.loads((out / "summary.json").read_text())

@@ -11,7 +11,6 @@ AVX-512, so on a host without VNNI only that host's class runs; an Arm host runs
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from export.quantize import export_int8
+from tests.ci_tools import missing
 from tests.int8_check import int8_gap
 
 QEMU = "qemu-x86_64"
@@ -35,9 +35,7 @@ def qemu() -> str:
     if platform.machine() != "x86_64":
         pytest.skip("emulates an x86 CPU without VNNI; this host is not x86_64")
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{QEMU} is missing: apt-get install qemu-user (.ci/run does)")
-        pytest.skip(f"{QEMU} is missing: apt-get install qemu-user")
+        missing(f"{QEMU} is missing: apt-get install qemu-user (.ci/run does)")
     return path
 
 

@@ -127,6 +127,18 @@ def test_a_code_fitting_several_languages_equally_is_ambiguous_and_names_them() 
         match("ar", ["arz", "ary"])  # two Arabic varieties, neither the one "ar" usually means
 
 
+def test_a_bare_language_fitting_two_regions_of_it_is_ambiguous() -> None:
+    """Two regions of one language are two languages, not one spelt twice: "pt" names neither of them.
+
+    Deliberate break: `match_fit` taking the winners for one language spelt twice when only their language is
+    the same (`parse(code).language` in its set) answered pt_BR."""
+    with pytest.raises(AmbiguousLanguage, match="pt_BR, pt_PT"):
+        match("pt", ["pt_BR", "pt_PT"])
+    with pytest.raises(AmbiguousLanguage, match="pt_PT, pt_BR"):
+        match("pt", ["pt_PT", "pt_BR"])  # whichever comes first
+    assert match("pt", ["pt_br", "pt_BR"]) == "pt_BR"  # one region spelt twice: its canonical spelling
+
+
 @pytest.mark.parametrize(
     ("code", "tag"),
     [

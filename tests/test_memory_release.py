@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from server.backend import arena_release
 from server.backend.arena_release import RELEASE_SPACING, ArenaRelease, trim_heap
 from server.backend.runners import open_runner
 from server.backend.working_batch import WorkingBatchRunner
@@ -37,6 +38,24 @@ def test_a_session_releases_once_its_calls_fall_to_half_their_largest_and_not_mo
     # the third call after the release (10) goes; 40 after 100 is below half and 2 calls after it: waits.
     assert session.released == [False, False, False, True, False, False, True, False, False]
     assert memory.releases == 2
+
+
+def test_a_release_trims_the_heap_after_its_call_and_no_other_call_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arena's shrinkage alone leaves glibc holding the freed pages; the release trims the heap after the call.
+
+    Deliberate break: `ArenaRelease.run` without its `trim_heap()` fails it (no trim at the release)."""
+    events: list[str] = []
+    monkeypatch.setattr(arena_release, "trim_heap", lambda: events.append("trim"))
+
+    class Session(RecordedSession):
+        def run(self, names: Sequence[str] | None, feeds: Mapping[str, Any], options: object = None) -> list[Any]:
+            events.append("release" if options is not None else "call")
+            return super().run(names, feeds, options)
+
+    memory, session = ArenaRelease(ratio=2, spacing=1), Session()
+    for size in (100, 80, 50, 40):  # 50 is half of 100: released; 40 is not half of 50
+        memory.run(session, None, {}, size)  # type: ignore[arg-type]
+    assert events == ["call", "call", "release", "trim", "call"]
 
 
 def test_the_spacing_counts_the_calls_of_every_session_of_the_runner() -> None:

@@ -34,12 +34,17 @@ import yaml
 from server.edge.healthcheck import check
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from tests.ci_tools import required_tool
 from tests.test_deploy import PROMETHEUS, dashboard_queries
 
 PROMETHEUS_BIN = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS_BIN is None, reason="the `prometheus` binary is missing: apt-get install prometheus (.ci/run does)"
-)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prometheus_binary() -> str:
+    """Every test here needs the binary: missing, they skip, and fail under CI, which installs it."""
+    return required_tool("prometheus", "apt-get install prometheus (.ci/run does)")
+
 
 SCRAPE_INTERVAL_S = 1.0
 ROOT = Path(__file__).resolve().parents[1]

@@ -118,13 +118,13 @@ def test_short_requests_are_prepared_on_the_loop_and_long_ones_in_a_worker_threa
     served: RunningServer, model: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hops: list[int] = []
-    to_thread = asyncio.to_thread
+    run = preparation.PreparationPool.run
 
-    async def counted(func: Callable[[], object]) -> object:
+    async def counted(pool: preparation.PreparationPool, func: Callable[[], object], deadline: float | None) -> object:
         hops.append(1)
-        return await to_thread(func)
+        return await run(pool, func, deadline)
 
-    monkeypatch.setattr(preparation.asyncio, "to_thread", counted)
+    monkeypatch.setattr(preparation.PreparationPool, "run", counted)
     short = "Das Haus ist groß."
     long = " ".join([short] * (preparation.INLINE_PREPARE_CHARS // len(short) + 1))
     assert len(short) <= preparation.INLINE_PREPARE_CHARS < len(long)
@@ -226,7 +226,6 @@ def test_a_request_without_length_penalty_gets_the_models_default_for_its_direct
         assert [(h.text, h.score) for h in got.hypotheses] == [(t, pytest.approx(s, abs=1e-4)) for t, s in want]
 
 
-LONG_SENTENCE = "Die Sache wurde bis zur Klärung zurückgestellt und " * 6 + "gut."
 INVALID = {
     "empty request": (request([]), "no texts"),
     "no languages": (pb.TranslateRequest(texts=["Hallo"]), "target_language is required"),
@@ -235,7 +234,6 @@ INVALID = {
     "too many texts": (request(["Hallo"] * 257), "over the limit of 256"),
     "text too long": (request(["ok", "a" * 10_001]), "texts[1] has 10001 characters"),
     "too many sentences": (request(["Ja. " * 300, "Nein. " * 300]), "more than 512 sentences"),
-    "sentence too long": (request(["Gut.", LONG_SENTENCE]), "texts[1] sentence 0"),
     "beam zero": (request(["Hallo"], beam_size=0), "beam_size must be in 1..8"),
     "beam too wide": (request(["Hallo"], beam_size=9), "beam_size must be in 1..8"),
     "n-best over beam": (request(["Hallo"], beam_size=2, num_hypotheses=3), "num_hypotheses"),
@@ -320,17 +318,17 @@ def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> N
             labels = {"method": "Translate", "code": code, "lang_pair": "de-en"}
             return sample_value(served.registry, "translation_requests_total", **labels)
 
-        # Counted once. The label is DEADLINE_EXCEEDED unless the request reached the server more than
-        # DEADLINE_SLACK_S late (a loaded CI machine), when the server, which cannot see transit time,
-        # reads the client's cancel as CANCELLED; that rule is tested on its own below. Waited for with
-        # the gate still shut: the server's deadline runs from when the call reached it, so on a loaded
-        # machine it passes after the client's, and an open gate would let the work finish OK first.
+        # Counted once, as DEADLINE_EXCEEDED and never CANCELLED: the client's copy of the deadline fires
+        # first and cancels the call with the request's transit (milliseconds on loopback) of the server's
+        # copy left, well within the slack `deadline_passed` allows a 2 s deadline. Waited for with the
+        # gate still shut: an open gate would let the work finish OK first.
+        # Deliberate break: a cancellation by grpc counted CANCELLED whatever `cancelled_by_deadline` says fails it.
         wait_until(lambda: counted("DEADLINE_EXCEEDED") + counted("CANCELLED") == 1)
         gated.gate.set()
         if blocker is not None:
             assert blocker.result(30).results[0].sentences == 1
         wait_until(lambda: engine.queue_depth == 0 and engine.active_slots == 0)
-        assert counted("DEADLINE_EXCEEDED") + counted("CANCELLED") == 1
+        assert (counted("DEADLINE_EXCEEDED"), counted("CANCELLED")) == (1, 0)
         assert served.stub.Translate(request(["Steuerpult"], beam_size=1)).results[0].sentences == 1
 
 
@@ -562,6 +560,11 @@ class HeldTokenizer(Tokenizer):
 def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A call admitted before the drain began is translated, however long its preparation takes.
+
+    Deliberate break: `AdmissionLedger.accept` refusing every submit once draining (`if stopping or draining`)
+    fails it: the admitted call was answered UNAVAILABLE. The SIGTERM test cannot tell such a call from one
+    that arrived after the signal, and passed with the break."""
     monkeypatch.setattr(preparation, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)

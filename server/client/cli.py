@@ -11,6 +11,9 @@ being translated; a progress bar appears on stderr when it is a terminal and the
 On an error the command prints the server's status and message and exits non-zero (the status's
 numeric gRPC code, e.g. 3 for INVALID_ARGUMENT).
 
+Output that its reader stops reading (`| head -1`) ends the command quietly with status 0; Ctrl-C ends it with
+status 130 and one line on stderr. `--server` takes HOST[:PORT], or a port alone for this machine (`--server 50051`).
+
 Input is read as UTF-8 whatever the locale. A stdin line or argument that is not valid UTF-8 stops the
 command before anything is sent, with exit status 2 and one line naming it; `--errors replace` sends
 U+FFFD (the replacement character) in place of each invalid byte sequence instead.
@@ -40,6 +43,7 @@ PROGRESS_MIN_TEXTS = 50  # fewer texts finish too fast for a progress bar to hel
 DEFAULT_BATCH = 64  # texts per request: well under the server's 256, small enough to stream steadily
 DECODE_ERRORS = ("strict", "replace")  # what --errors may ask for input that is not UTF-8
 USAGE_ERROR = 2  # the exit status argparse gives a bad flag; bad input is a usage error too
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT (128 + 2)
 
 
 class IncompleteAnswer(RuntimeError):
@@ -75,8 +79,11 @@ _seconds.__name__ = "seconds"
 
 
 def _address(raw: str) -> str:
-    """An argparse type: HOST:PORT, the port 50051 where none is given (gRPC would dial 443)."""
+    """An argparse type: HOST:PORT, the port 50051 where none is given (gRPC would dial 443), localhost where only
+    a port is (`50051` or `:50051`: gRPC would take a bare number for a host name)."""
     host, colon, port = raw.rpartition(":")
+    if raw.isdigit() or (colon and not host and port.isdigit()):
+        return f"localhost:{port}"
     if raw.startswith("unix:") or (colon and port.isdigit() and not host.endswith(":")):
         return raw
     return f"{raw}:{DEFAULT_PORT}"
@@ -112,8 +119,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
     parser.add_argument(
-        "--server", type=_address, default=f"localhost:{DEFAULT_PORT}", help="HOST[:PORT] of translate-server"
-    )
+        "--server", type=_address, default=f"localhost:{DEFAULT_PORT}",
+        help="HOST[:PORT] of translate-server, or a PORT on localhost",
+    )  # fmt: skip
     parser.add_argument(
         "--source", default="auto", help="source language, e.g. de, pt-BR, por (default auto: detected per text)"
     )
@@ -282,6 +290,22 @@ def decode_text(raw: bytes, where: str, errors: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command, ended quietly with status 0 when its reader closes the output (`translate < file | head -1`,
+    as `head`'s writers end) and with status 130 and one line on Ctrl-C, never with a traceback."""
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # Python's recipe (docs.python.org/3/library/signal.html#note-on-sigpipe): stdout to devnull, so that
+        # the interpreter's flush of stdout at exit does not fail on the closed pipe again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    except KeyboardInterrupt:
+        sys.stderr.write("translate: interrupted\n")
+        sys.exit(INTERRUPTED)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = build_parser(os.environ)
     args = parser.parse_args(argv)
     if args.list_models:

@@ -6,6 +6,11 @@ whitespace. A text with nothing to translate (no letter or digit: blank, punctua
 control characters) has no sentences, never reaches the engine and comes back unchanged, with one
 hypothesis (itself, score 0) and zero tokens and sentences.
 
+A sentence over the model's source token limit is translated in parts, never refused: cut at clause
+boundaries, then at whitespace, then between characters (server.core.clauses). Each part is a sentence
+to the engine and to the counts of the result, and the parts' translations are joined with the
+whitespace that stood at each cut.
+
 The model sees a sentence without its control characters (Unicode Cc: NUL, ESC, DEL, C1) and format
 characters (Cf: zero-width space, bidi marks, soft hyphens, BOM, word joiner): the tokenizer has no
 pieces for most of them, so they would reach the model as unknown tokens; removed, a word they were
@@ -19,9 +24,11 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
+from server.core.clauses import Encode, Parts, UncuttableError, cut
 from server.core.splitter import Split, join, split
 from server.core.tag_placement import Boundaries, TagPlacement
 
@@ -58,8 +65,8 @@ class PreparedText:
     """One request text, split and tokenized."""
 
     index: int  # position in the request
-    split: Split  # sentences and the whitespace around them
-    sources: list[list[int]]  # tag + pieces + EOS, one per sentence of `split`
+    split: Split  # sentences (one over the token limit as its parts) and the whitespace around them
+    sources: list[list[int]]  # tag + pieces + EOS, one per piece of `split`
 
 
 @dataclass(frozen=True)
@@ -104,44 +111,76 @@ def prepare_texts(
     limits: RequestLimits,
     max_tokens: int,
     names: Callable[[int], str] = request_text,
+    on_cut: Callable[[int], None] | None = None,
 ) -> list[PreparedText]:
-    """Split and tokenize every text; reject (never truncate) anything over a limit, naming the text by `names`
-    (a markup document's units are named by their document)."""
+    """Split and tokenize every text, a sentence over `max_tokens` as its parts (server.core.clauses); reject (never
+    truncate) anything over a limit, naming the text by `names` (a markup document's units are named by their
+    document). `on_cut` is told the parts of each sentence cut, once every text is prepared."""
     prepared: list[PreparedText] = []
     sentences = 0
+    cuts: list[int] = []  # parts of each sentence cut
+    encode = partial(source_ids, tokenizer, target_lang)
     for index, text in enumerate(texts):
         parts = split(text, source_lang)
-        sentences += len(parts.pieces)
-        if sentences > limits.max_sentences:
-            raise TextLimitError(
-                f"the request splits into more than {limits.max_sentences} sentences (limit reached at "
-                f"{names(index)}); send fewer or shorter texts per request"
-            )
-        sources = [tokenizer.encode_source(model_text(piece), target_lang) for piece in parts.pieces]
-        for position, ids in enumerate(sources):
-            if len(ids) > max_tokens:
-                too_long = (
-                    f"{names(index)} sentence {position} is {len(ids)} tokens long, over the limit of {max_tokens} "
-                    "tokens per sentence (tag and end token included); "
-                )
-                piece = parts.pieces[position]
-                raise TextLimitError(too_long + _shorter(piece, quoted=True), too_long + _shorter(piece, quoted=False))
+        sentences = _counted(sentences + len(parts.pieces), limits, names(index))
+        sources = [encode(piece) for piece in parts.pieces]
+        if any(len(ids) > max_tokens for ids in sources):
+            fitted = _fitted(parts, sources, encode, max_tokens, names(index))
+            sentences = _counted(sentences + len(fitted.split.pieces) - len(parts.pieces), limits, names(index))
+            cuts += fitted.cuts
+            parts, sources = fitted.split, fitted.sources
         prepared.append(PreparedText(index, parts, sources))
+    if on_cut is not None:
+        for count in cuts:
+            on_cut(count)
     return prepared
 
 
-def _shorter(sentence: str, quoted: bool) -> str:
-    """What to do with a sentence over the token limit: split it, or, where a run of it has no space to split at (a
-    URL, a hash, encoded data), keep that run out of what is translated; `quoted`: the run's start shown, for the
-    client (never for the log: such runs are often tokens and keys)."""
-    longest = max(sentence.split(), key=len, default="")
-    if len(longest) * 2 < len(sentence):
-        return "split it into shorter sentences"
-    begins = f"{longest[:16]!r}...: " if quoted else ""
-    return (
-        f"{len(longest)} of its characters have no space to split at ({begins}a URL, code or encoded data?); send"
-        ' such runs apart from the text to translate (in HTML, inside translate="no")'
-    )
+def source_ids(tokenizer: TextTokenizer, target_lang: str, text: str) -> list[int]:
+    """The ids the model reads for `text` toward `target_lang`."""
+    return tokenizer.encode_source(model_text(text), target_lang)
+
+
+def _counted(sentences: int, limits: RequestLimits, name: str) -> int:
+    """`sentences`, the request's so far (parts of a cut sentence each count), if within the limit."""
+    if sentences > limits.max_sentences:
+        raise TextLimitError(
+            f"the request splits into more than {limits.max_sentences} sentences (limit reached at "
+            f"{name}); send fewer or shorter texts per request"
+        )
+    return sentences
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    split: Split  # a text's sentences, each over the limit as its parts
+    sources: list[list[int]]  # per piece of `split`
+    cuts: list[int]  # parts of each sentence cut
+
+
+def _fitted(parts: Split, sources: list[list[int]], encode: Encode, max_tokens: int, name: str) -> _Fitted:
+    """A text's sentences with each over `max_tokens` replaced by its parts, the whitespace at each cut kept."""
+    pieces, separators, fitted, cuts = [], [parts.separators[0]], [], []
+    for position, (piece, ids, after) in enumerate(zip(parts.pieces, sources, parts.separators[1:], strict=True)):
+        over = len(ids) > max_tokens
+        sentence = _cut(piece, encode, max_tokens, f"{name} sentence {position}") if over else _whole(piece, ids)
+        separators[-1] += sentence.split.separators[0]
+        separators += [*sentence.split.separators[1:-1], sentence.split.separators[-1] + after]
+        pieces += sentence.split.pieces
+        fitted += sentence.sources
+        cuts += [len(sentence.sources)] if over else []
+    return _Fitted(Split(pieces, separators), fitted, cuts)
+
+
+def _whole(sentence: str, ids: list[int]) -> Parts:
+    return Parts(Split([sentence], ["", ""]), [ids])
+
+
+def _cut(sentence: str, encode: Encode, max_tokens: int, name: str) -> Parts:
+    try:
+        return cut(sentence, encode, max_tokens)
+    except UncuttableError as err:
+        raise TextLimitError(f"{name} cannot be cut into parts of at most {max_tokens} tokens: {err}") from err
 
 
 SPELLING_FORMAT_CHARACTERS = frozenset("\u200c\u200d")  # zero-width non-joiner and joiner: part of the spelling

@@ -18,6 +18,13 @@ the translations with the original separators, so line breaks and spacing surviv
 Only a sentence with a letter or a digit is a piece. One without (punctuation, symbols, emoji,
 control characters, "...", "---") has nothing for the model to translate, which would invent words
 for it; it stays in the separators and so comes back verbatim.
+
+Splitting takes time linear in the text: pysbd's rules cost more per character the longer the line
+they read (a line of ". " or "Dr. " repeated), so pysbd reads a line in windows of at most
+`PYSBD_WINDOW_CHARS` (`windows`: cut at the ends the PUNCTUATION rule finds, else at a space), a text
+or line without a letter or digit never reaches it, nor does a run of `LETTERLESS_RUN_CHARS` or more
+characters without one (such a run ends the sentence before it). Each window is a `checkpoint`: a
+call that has ended stops splitting there.
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pysbd
 from pysbd.languages import LANGUAGE_CODES
 
 from model.languages import iso639_1
+from server.core.checkpoints import checkpoint
 
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 # What pysbd cuts at or after: its sentence punctuation, the parenthesis of list items ("a)", "1)"),
@@ -55,6 +64,15 @@ _SENTENCE_TAIL = re.compile(
     rf"[{_CLOSERS}]*"
 )
 _PER_THREAD = threading.local()  # holds each thread's {language: pysbd.Segmenter}
+# The most characters pysbd reads at once: a window's cost grows faster than its length, so a line is
+# fed in windows of this size at most (a longer line is rare: a paragraph without line breaks)
+PYSBD_WINDOW_CHARS = 1000
+# A run of this many characters without a letter or digit (rules, dot leaders, punctuation noise) is
+# never fed to pysbd: it is kept verbatim between the sentences around it. It begins after whitespace,
+# so the marks that end the sentence before it stay with that sentence.
+LETTERLESS_RUN_CHARS = 64
+_LETTERLESS_RUN = re.compile(rf"(?:^|(?<=\s))[\W_]{{{LETTERLESS_RUN_CHARS},}}")
+_NEXT_VISIBLE = re.compile(r"\s*(\S)")  # the first character after whitespace
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,9 @@ def rule_for(language: str) -> str:
 
 def split(text: str, language: str) -> Split:
     """Split `text` (in `language`, any code: its rule is `rule_for(language)`) into sentences and separators."""
+    checkpoint()
+    if not translatable(text):  # nothing to translate: no rule needs to read it
+        return Split([], [text])
     cuts = sorted(set(_line_cuts(text)) | set(_sentence_cuts(text, rule_for(language))))
     pieces: list[str] = []
     separators: list[str] = []
@@ -153,12 +174,56 @@ def _sentence_cuts(text: str, rule: str) -> list[int]:
         line = text[line_start:line_end]
         if rule == PUNCTUATION:
             cuts += [line_start + cut for cut in _punctuation_cuts(line)]
-        elif _one_sentence(line, rule):
-            cuts.append(line_start + len(line.rstrip()))  # where pysbd's one segment would end
-        elif line.strip():
-            cuts += [line_start + cut for cut in _pysbd_cuts(line, rule)]
+        elif translatable(line):
+            cuts += [line_start + cut for cut in _windowed_pysbd_cuts(line, rule)]
         line_start = line_end
     return cuts
+
+
+def _windowed_pysbd_cuts(line: str, language: str) -> list[int]:
+    """End offsets of pysbd's sentences in `line`, read a window at a time (`windows`); each window ends one."""
+    cuts: list[int] = []
+    for start, end in windows(line):
+        window = line[start:end]
+        if not translatable(window):  # a letterless run: nothing in it is a piece
+            pass
+        elif _one_sentence(window, language):
+            cuts.append(start + len(window.rstrip()))  # where pysbd's one segment would end
+        else:
+            checkpoint()
+            cuts += [start + cut for cut in _pysbd_cuts(window, language)]
+        cuts.append(end)
+    return cuts
+
+
+def windows(line: str) -> Iterator[tuple[int, int]]:
+    """(start, end) spans that cover `line` in order: its runs of LETTERLESS_RUN_CHARS or more characters without
+    a letter or digit, each alone, and the text between them in spans of at most PYSBD_WINDOW_CHARS."""
+    start = 0
+    for run in _LETTERLESS_RUN.finditer(line):
+        yield from _text_windows(line, start, run.start())
+        yield run.start(), run.end()
+        start = run.end()
+    yield from _text_windows(line, start, len(line))
+
+
+def _text_windows(line: str, start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """line[start:stop] in spans of at most PYSBD_WINDOW_CHARS, each ending at the last sentence end the
+    PUNCTUATION rule finds in it, else after its last space, else at its limit."""
+    ends = [start + end for end in _punctuation_cuts(line[start:stop])]
+    next_end = 0  # the first of `ends` past `start`
+    while stop - start > PYSBD_WINDOW_CHARS:
+        limit = start + PYSBD_WINDOW_CHARS
+        cut = 0
+        while next_end < len(ends) and ends[next_end] <= limit:
+            cut = max(cut, ends[next_end]) if ends[next_end] > start else cut
+            next_end += 1
+        if not cut:
+            cut = line.rfind(" ", start + 1, limit) + 1 or limit
+        yield start, cut
+        start = cut
+    if start < stop:
+        yield start, stop
 
 
 def _pysbd_cuts(line: str, language: str) -> list[int]:
@@ -189,13 +254,15 @@ def _after_tail(text: str, at: int) -> int:
 
 def _punctuation_cuts(line: str) -> list[int]:
     """End offsets in `line` of sentences ended by a sentence-final mark (the PUNCTUATION rule)."""
-    latin = {m.end() for m in _LATIN_END.finditer(line) if _starts_sentence(line[m.end() :].lstrip())}
+    latin = {m.end() for m in _LATIN_END.finditer(line) if _starts_sentence(line, m.end())}
     return sorted(latin | {m.end() for m in _SCRIPT_END.finditer(line)})
 
 
-def _starts_sentence(rest: str) -> bool:
-    """Whether text after a Latin full stop can begin a sentence: something follows, and not in lowercase."""
-    return bool(rest) and not rest[0].islower()
+def _starts_sentence(line: str, at: int) -> bool:
+    """Whether the text after a Latin full stop at `at` can begin a sentence: something follows the whitespace
+    there, and not in lowercase."""
+    found = _NEXT_VISIBLE.match(line, at)
+    return found is not None and not found.group(1).islower()
 
 
 def _one_sentence(line: str, language: str) -> bool:

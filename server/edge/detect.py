@@ -18,6 +18,14 @@ detectable it classifies among every language it knows. A text whose best langua
 than MIN_MARGIN in probability is undecided: the caller asks for source_language, never guesses. The
 margin, unlike a floor on the best probability, means the same whatever the number of candidates (two
 languages split an uninformative text about evenly, six about a sixth each).
+
+Deciding among the served languages renormalizes their probabilities, which makes a text most of whose
+probability lies elsewhere look sure ("commit invalide %s": English 0.88 against German among the two, 0.08
+against Latin's 0.06 and French's 0.05 among all). A detection therefore carries its `rival`: the likeliest
+unserved language's probability over its own, among every language the detector knows. A detection whose rival
+is at UNSURE_RATIO or above is not `sure`: the caller does not take it for the target language (it would come
+back untranslated and unflagged). Short texts in served languages often have such rivals ("Anmelden": Norwegian
+ahead), so the rule does not refuse them, only keeps them from passing unchanged.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ logger = logging.getLogger(__name__)
 MIN_MARGIN = 0.2  # the best language's probability over the runner-up's: at or below it, no decision
 SHORT_WORDS = 3  # a text of fewer words is short: named after an unserved language only past SHORT_FOREIGN_RATIO
 SHORT_FOREIGN_RATIO = 0.001  # a short text's best served language under this share of the unserved best's
+UNSURE_RATIO = 0.75  # a detection whose likeliest unserved rival has this share of its probability is unsure
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,20 @@ class Detection:
     language: str  # ISO 639-1 code, e.g. "de"
     confidence: float  # the detector's probability of it among its candidates, 0..1
     margin: float = 0.0  # its probability's lead over the next language's: how sure the decision is
+    # The likeliest unserved language's probability over this one's, among every language the detector knows
+    # (0: every language is served, or this one is unserved)
+    rival: float = 0.0
+
+    @property
+    def sure(self) -> bool:
+        """Ahead of every language no model serves by enough to be taken for the target language."""
+        return self.rival < UNSURE_RATIO
+
+    @property
+    def reported_confidence(self) -> float:
+        """The confidence a client sees: lowered where an unserved language comes close (not `sure`), so that a
+        text translated from a doubtful guess ("commit invalide %s" read as English) is flagged, not passed as sure."""
+        return self.confidence if self.sure else self.confidence / (1.0 + self.rival)
 
 
 class SourceDetector:
@@ -57,6 +80,7 @@ class SourceDetector:
         self._identifier: Any = None
         self._candidates: list[str] = []
         self._candidate_set: frozenset[str] = frozenset()
+        self._served: frozenset[str] = frozenset()  # languages a model takes (every one known where a group is served)
         self._undetectable: list[str] = []
 
     @property
@@ -90,12 +114,20 @@ class SourceDetector:
         (language, best), runner_up = served[0], served[1][1] if len(served) > 1 else 0.0
         if best - runner_up <= MIN_MARGIN:
             return None
-        return Detection(str(language), float(best), float(best - runner_up))
+        return Detection(str(language), float(best), float(best - runner_up), self._rival(language, everything))
 
     def rank(self, text: str) -> list[tuple[str, float]]:
         """The candidates, best first, with their probabilities among the candidates alone."""
         self._load()
         return self._among_candidates(self._identifier.rank(text))
+
+    def _rival(self, language: str, everything: list[tuple[str, float]]) -> float:
+        """The likeliest unserved language's probability over `language`'s, both among every language known."""
+        if language not in self._served:  # routing refuses it whatever its rivals
+            return 0.0
+        own = next(p for known, p in everything if known == language)
+        rival = next((p for known, p in everything if known not in self._served), 0.0)
+        return float(rival / own) if own > 0 else float("inf")
 
     def _among_candidates(self, everything: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """Probabilities over every language renormalized over the candidates: what a classifier restricted to
@@ -119,6 +151,7 @@ class SourceDetector:
             grouped = len(sources) < len(self._sources)
             self._candidates = served if len(served) >= 2 and not grouped else sorted(known)
             self._candidate_set = frozenset(self._candidates)
+            self._served = frozenset(known if grouped else served)
             self._undetectable = sorted(s for s in sources if iso639_1(s) not in known)
             self._identifier = identifier
         logger.info(

@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar
 import grpc
 import grpc.aio
 
+from server.core.checkpoints import CallEnded
 from server.core.documents import TextLimitError
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
@@ -103,6 +104,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, QueueFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
+    if isinstance(exc, CallEnded):  # its preparation stopped before grpc cancelled the handler
+        return (grpc.StatusCode.DEADLINE_EXCEEDED if exc.deadline_passed else grpc.StatusCode.CANCELLED), str(exc)
     if isinstance(exc, DrainingError):
         return grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE
     if isinstance(exc, EngineFailedError):

@@ -79,6 +79,15 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.preparation = Histogram(
+            "translation_preparation_seconds",
+            "Time from a call's admission to its sentences being ready for the engine (detection, parsing, splitting"
+            " and tokenizing, the wait for a lull or a worker's turn included), by outcome: done, failed (a limit),"
+            " ended (deadline or cancellation).",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.step_duration = Histogram(
             "translation_decode_step_duration_seconds",
             "Wall time of one decoder step call (with its beam-row copies; the encoder is apart).",
@@ -168,6 +177,19 @@ class Metrics:
             ["language", "model"],
             registry=registry,
         )
+        self.sentences_cut = Counter(
+            "translation_sentences_cut_total",
+            "Sentences over the model's source token limit, translated in parts (cut at clause boundaries, then"
+            " whitespace, then between characters), counted as their calls are prepared.",
+            ["model"],
+            registry=registry,
+        )
+        self.sentence_parts = Counter(
+            "translation_sentence_parts_total",
+            "Parts the sentences of translation_sentences_cut_total were cut into; each is decoded as a sentence.",
+            ["model"],
+            registry=registry,
+        )
         self.cache_lookups = Counter(
             "translation_cache_lookups_total",
             "Sentences looked up in the response cache, by result: `hit` (answered without decoding) or `miss`.",
@@ -215,8 +237,16 @@ class Metrics:
     def observe_first_result(self, method: str, seconds: float, model: str = "") -> None:
         self.first_result.labels(method=method, model=model).observe(seconds)
 
+    def observe_preparation(self, seconds: float, outcome: str, model: str = "") -> None:
+        self.preparation.labels(model=model, outcome=outcome).observe(seconds)
+
     def observe_detected(self, language: str, model: str = "") -> None:
         self.detected_texts.labels(language=language, model=model).inc()
+
+    def observe_cut(self, parts: int, model: str = "") -> None:
+        """A sentence over the token limit, cut into `parts`."""
+        self.sentences_cut.labels(model=model).inc()
+        self.sentence_parts.labels(model=model).inc(parts)
 
     def set_model_info(self, model: str, variant: str, provider: str, opset: int) -> None:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)

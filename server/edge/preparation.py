@@ -17,7 +17,8 @@ long enough for a burst to be read and refused whole (slices started mid-burst p
 behind them, and behind the decoding they hand the engines). A slice lasts `PREPARATION_SHARE` of the
 time the lane waited for its lull, so under an endless flood of refusals preparation still keeps that
 share of the loop, and no refusal waits behind more than one slice. A long request (over
-`INLINE_PREPARE_CHARS`) is prepared in a worker thread: it would hold the loop for a long while.
+`INLINE_PREPARE_CHARS`) is prepared in the worker threads of `PreparationPool`, in turns with the other
+long calls and only until its deadline passes or it is cancelled: it would hold the loop for a long while.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from server.core.events import QueueFullError
+from server.edge.preparation_pool import PreparationPool
 
 T = TypeVar("T")
 
@@ -72,7 +74,8 @@ class _Job(Generic[T]):
 class PreparationLane:
     """One event loop's preparation of admitted calls: FIFO, a slice of them per lull between arrivals."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: PreparationPool | None = None) -> None:
+        self.pool = PreparationPool() if pool is None else pool  # long calls' preparation, a turn each
         self._arrivals = 0  # calls that reached the servicer; only its changes matter
         self._refused_at = float("-inf")  # time.monotonic() when the queue last refused a call
         self._jobs: deque[_Job[Any]] = deque()
@@ -91,11 +94,12 @@ class PreparationLane:
             self._refused_at = time.monotonic()
             raise
 
-    async def prepare(self, work: Callable[[], T], chars: int) -> T:
-        """`work()`'s result, run in a lull of the loop (or in a thread when `chars` is over the inline limit)."""
+    async def prepare(self, work: Callable[[], T], chars: int, deadline: float | None = None) -> T:
+        """`work()`'s result, run in a lull of the loop, or in the pool when `chars` is over the inline limit (there
+        CallEnded once `deadline`, a time.monotonic() time, passes)."""
         if chars > INLINE_PREPARE_CHARS:
             self.prepared += 1
-            return await asyncio.to_thread(work)
+            return await self.pool.run(work, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(work, loop.create_future(), time.monotonic())
         self._jobs.append(job)

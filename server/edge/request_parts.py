@@ -20,6 +20,7 @@ from functools import partial
 
 from model.languages import bcp47, same_written_language
 from model.languages import parse as parse_language
+from server.core.checkpoints import checkpoint
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, model_text
 from server.core.markup import TextType
 from server.core.markup_documents import parse_document
@@ -29,6 +30,7 @@ from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
 from server.edge.errors import InvalidRequest
 from server.edge.metrics import Metrics
 from server.edge.preparation import INLINE_PREPARE_CHARS
+from server.edge.preparation_pool import PreparationPool
 from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
 
@@ -58,7 +60,7 @@ class JobPart:
             # group (`mul`) and its code would say nothing
             named = not self.unchanged and not parse_language(self.job.source_lang).is_group
             message.detected_source_language = bcp47(self.job.source_lang if named else found.language)
-            message.detected_language_confidence = found.confidence
+            message.detected_language_confidence = found.reported_confidence
         return message
 
     async def unchanged_items(self) -> AsyncGenerator[TextTranslation, None]:
@@ -90,8 +92,12 @@ class SourceGrouping:
     detector: SourceDetector
     limits: RequestLimits  # the documented limits, checked before detection reads the texts
     metrics: Metrics | None = None
+    pool: PreparationPool = field(default_factory=PreparationPool)  # detection of long requests, a turn each
 
-    async def parts(self, request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
+    async def parts(
+        self, request: pb.TranslateRequest, backends: Backends, parse: Parse, deadline: float | None = None
+    ) -> list[JobPart]:
+        """The request's parts; CallEnded once `deadline` (a time.monotonic() time) passes during a long detection."""
         texts = list(request.texts)
         check_texts(texts, self.limits, request.options.text_type)
         if not request.options.target_language:  # what routing would say, before any detection
@@ -100,7 +106,7 @@ class SourceGrouping:
         read = partial(_detection_texts, texts, request.options.text_type, self.limits)
         detect = partial(_detect_all, self.detector, read)
         small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
-        groups, found, undecided = detect() if small else await asyncio.to_thread(detect)  # the first call loads it
+        groups, found, undecided = detect() if small else await self.pool.run(detect, deadline)  # the first loads it
         _doubt_the_target(groups, found, undecided, request.options.target_language)
         parts: list[JobPart] = []
         if undecided and (anyone := backends.any_language_source(request.options)) is not None:
@@ -162,12 +168,13 @@ UNCHANGED_MARGIN = 0.5  # a text comes back untranslated as already in the targe
 def _doubt_the_target(
     groups: dict[str, list[int]], found: dict[int, Detection], undecided: list[int], target: str
 ) -> None:
-    """Texts detected in the target language ahead of the next language by less than UNCHANGED_MARGIN, made
-    undecided: one comes back untranslated and unflagged when the detection is wrong ("Hallo" to English, taken for
-    English at 0.65 against German's 0.35), which a translation by the model its request would take gets right and
-    otherwise leaves about as it was."""
+    """Texts detected in the target language ahead of the next language by less than UNCHANGED_MARGIN, or not
+    `sure` against the languages no model serves, made undecided: one comes back untranslated and unflagged when the
+    detection is wrong ("Hallo" to English, taken for English at 0.65 against German's 0.35; "commit invalide %s",
+    French, taken for English among German and English), which a translation by the model its request would take
+    gets right and otherwise leaves about as it was."""
     for language in [known for known in groups if same_written_language(known, target)]:
-        unsure = [i for i in groups[language] if found[i].margin < UNCHANGED_MARGIN]
+        unsure = [i for i in groups[language] if found[i].margin < UNCHANGED_MARGIN or not found[i].sure]
         groups[language] = [i for i in groups[language] if i not in unsure]
         if not groups[language]:
             del groups[language]
@@ -195,6 +202,7 @@ def _detect_all(
     found: dict[int, Detection] = {}
     undecided: list[int] = []
     for index, text in enumerate(texts):
+        checkpoint()
         text = model_text(text)  # what the model would see: no soft hyphens or zero-width spaces inside words
         if not any(char.isalpha() for char in text):  # digits and symbols: no language to tell, any model's
             continue

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import TypeVar
@@ -18,6 +18,7 @@ from typing import TypeVar
 import grpc.aio
 
 from server.core.admission_ledger import Admission
+from server.core.checkpoints import CallEnded
 from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
 from server.core.engine_client import Cancellable, EngineClient
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
@@ -70,11 +71,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         `detector` serves requests that leave the source language to detection; `first_turn`: where this
         process's round robin among equally loaded engines begins (`Backends`)."""
         self._backends = Backends(backends, first_turn)
-        self._grouping = None if detector is None else SourceGrouping(detector, self.limits, self.metrics)
+        pool = self._lane.pool  # detection takes its turns with the other calls' preparation
+        self._grouping = None if detector is None else SourceGrouping(detector, self.limits, self.metrics, pool)
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        parts = await self._parts(request, call, stream=False)
+        parts = await self._parts(request, context, call, stream=False)
         results: list[pb.TextResult] = []
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
@@ -87,7 +89,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        parts = await self._parts(request, call, stream=True)
+        parts = await self._parts(request, context, call, stream=True)
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
                 if isinstance(item, TextTranslation):
@@ -124,7 +126,9 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         call.lang_pair, call.model = job.lang_pair, backend.model.name
         return job if stream else replace(job, options=replace(job.options, stream_tokens=False))
 
-    async def _parts(self, request: pb.TranslateRequest, call: CallRecord, stream: bool) -> list[JobPart]:
+    async def _parts(
+        self, request: pb.TranslateRequest, context: Context, call: CallRecord, stream: bool
+    ) -> list[JobPart]:
         """The request as jobs, one per model pair (server.edge.request_parts)."""
         normalize_codes(request.options)
         parse = partial(self._parse, call=call, stream=stream)
@@ -133,7 +137,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         if self._grouping is None:
             self._backends.serving()  # while the models load: Unavailable, as for any call
             raise InvalidRequest("source detection is not available on this server; set options.source_language")
-        return await self._grouping.parts(request, self._backends, parse)
+        return await self._grouping.parts(request, self._backends, parse, _deadline(context))
 
     def _translate_parts(
         self, parts: list[JobPart], context: Context, call: CallRecord
@@ -156,9 +160,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
         holds = sentences_to_hold(job.texts, backend.limits.max_sentences)
         with self._lane.arrival(), backend.engine.admission(holds) as admission:
-            prepare = _preparation(job, backend, part.indices)  # parsing (HTML/XML), splitting and tokenizing
+            prepare = _preparation(job, backend, part.indices, self.metrics)  # parsing, splitting and tokenizing
             chars = sum(len(text) for text in job.texts)
-            assembler = await self._lane.prepare(prepare, chars)
+            with _timed_preparation(self.metrics, backend.model.name):
+                assembler = await self._lane.prepare(prepare, chars, _deadline(context))
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
@@ -187,9 +192,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         yield done
 
 
-def _preparation(job: TranslateJob, backend: Backend, positions: list[int]) -> Callable[[], RequestAssembler]:
+def _preparation(
+    job: TranslateJob, backend: Backend, positions: list[int], metrics: Metrics | None
+) -> Callable[[], RequestAssembler]:
     """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called; a limit's
-    message names a text by `positions`, its place in the client's request."""
+    message names a text by `positions`, its place in the client's request; `metrics` count the sentences cut."""
+    on_cut = None if metrics is None else partial(metrics.observe_cut, model=backend.model.name)
     texts = partial(
         prepare_texts,
         source_lang=job.sentence_lang,  # whose sentence rules split the texts
@@ -197,9 +205,31 @@ def _preparation(job: TranslateJob, backend: Backend, positions: list[int]) -> C
         tokenizer=backend.tokenizer,
         limits=backend.limits,
         max_tokens=backend.spec.max_source_len,
+        on_cut=on_cut,
     )
     limits, n_best = backend.limits, job.options.num_hypotheses
     return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best, positions)
+
+
+def _deadline(context: Context) -> float | None:
+    """The call's deadline as a time.monotonic() time; None: it has none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+@contextmanager
+def _timed_preparation(metrics: Metrics | None, model: str) -> Iterator[None]:
+    """Time a call's preparation into the metrics, by how it ended."""
+    started, outcome = time.monotonic(), "failed"
+    try:
+        yield
+        outcome = "done"
+    except (CallEnded, asyncio.CancelledError):
+        outcome = "ended"
+        raise
+    finally:
+        if metrics is not None:
+            metrics.observe_preparation(time.monotonic() - started, outcome, model)
 
 
 def _cache_key(job: TranslateJob, backend: Backend) -> Callable[[list[int]], CacheKey]:

@@ -9,7 +9,9 @@ INVALID_ARGUMENT naming the limit, never truncated):
   - at most 256 texts per request;
   - at most 10,000 characters per text;
   - at most 512 sentences per request, after sentence splitting;
-  - each sentence at most `max_source_tokens` tokens (language tag and EOS included);
+  - a sentence over `max_source_tokens` tokens (language tag and EOS included) is translated in parts,
+    cut at clause boundaries, then at whitespace, then between characters, each part counted as a
+    sentence; the parts' translations are joined with the whitespace at each cut;
   - beam_size 1..8; num_hypotheses 1..beam_size; max_output_len 0..`max_output_len`.
 A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
 per request to what it can ever take; ListModels reports the limits in force.
@@ -286,7 +288,9 @@ class TextResult(_message.Message):
     detected_source_language: _builtins.str
     """Where source_language was empty or "auto": the language detected for this text in BCP-47 (the
     source_bcp47 of the pair that translated it, in ListModels), and the detector's confidence in it,
-    0..1; 0 for a text detection could not tell, which took the language of the request's other texts.
+    0..1; 0 for a text detection could not tell, which took the language of the request's other texts;
+    lowered (at most 0.57 of its probability among the served languages) where a language no model serves
+    comes close: a doubtful guess, worth a look or an explicit source_language.
     """
     detected_language_confidence: _builtins.float
     tag_placement: Global___TagPlacement.ValueType
@@ -494,7 +498,7 @@ class Limits(_message.Message):
     max_sentences_per_request: _builtins.int
     """Most sentences in one request after splitting."""
     max_source_tokens: _builtins.int
-    """Most tokens in one source sentence, language tag and EOS included."""
+    """Most tokens in one source sentence, language tag and EOS included: a longer one is translated in parts."""
     max_output_len: _builtins.int
     """Largest `max_output_len`: most tokens generated per sentence."""
     max_beam_size: _builtins.int

@@ -9,7 +9,9 @@ INVALID_ARGUMENT naming the limit, never truncated):
   - at most 256 texts per request;
   - at most 10,000 characters per text;
   - at most 512 sentences per request, after sentence splitting;
-  - each sentence at most `max_source_tokens` tokens (language tag and EOS included);
+  - a sentence over `max_source_tokens` tokens (language tag and EOS included) is translated in parts,
+    cut at clause boundaries, then at whitespace, then between characters, each part counted as a
+    sentence; the parts' translations are joined with the whitespace at each cut;
   - beam_size 1..8; num_hypotheses 1..beam_size; max_output_len 0..`max_output_len`.
 A server with fewer decoding slots or a shorter queue than these lowers beam_size and sentences
 per request to what it can ever take; ListModels reports the limits in force.
