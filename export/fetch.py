@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import re
 import threading
@@ -33,11 +34,11 @@ HUB_PAGE = re.compile(
 HUB_ORGANISATIONS = {"opus-mt-": "Helsinki-NLP", "opus-tatoeba-": "Helsinki-NLP"}  # name prefix -> its organisation
 PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
 # What the importer (export/hf.py) reads; PICKLED_WEIGHTS is fetched on its own, where the commit has no safetensors
-HUB_FILES = ["*.json", "*.spm", "*.safetensors", "README.md"]
-REQUIRED_FILES = ("config.json", "source.spm", "target.spm", "vocab.json")  # what the importer reads, beside:
+HUB_FILES = ["*.json", "*.spm", "*.model", "*.safetensors", "README.md"]
+CONFIG = "config.json"  # read first: its model_type names the family, whose importer lists the other files, beside:
 WEIGHTS = ("*.safetensors", PICKLED_WEIGHTS)  # the weights, in either file (safetensors preferred: no torch)
 # Hashed into a local directory's revision: what the import reads (README.md: a family's languages, the licence)
-LOCAL_FILES = ("*.json", "*.spm", "*.safetensors", "pytorch_model.bin", "README.md")
+LOCAL_FILES = ("*.json", "*.spm", "*.model", "*.safetensors", "pytorch_model.bin", "README.md")
 PROGRESS_EVERY_S = 10.0
 MB = 1e6
 
@@ -215,12 +216,28 @@ def download(name: ModelName, commit: str, hub: HubSettings) -> Path:
 
 
 def missing_files(directory: Path) -> list[str]:
-    """Which of the files every OPUS-MT snapshot holds (REQUIRED_FILES, and WEIGHTS in either file) `directory`
-    lacks."""
-    missing = [pattern for pattern in REQUIRED_FILES if not _holds(directory, pattern)]
+    """Which of the files every snapshot of its family holds (config.json, the family's tokenizer files, and
+    WEIGHTS in either file) `directory` lacks; FetchError where config.json names a family no importer serves."""
+    missing = [pattern for pattern in (CONFIG, *family_files(directory)) if not _holds(directory, pattern)]
     if not any(_holds(directory, pattern) for pattern in WEIGHTS):
         missing.append(" or ".join(WEIGHTS))
     return missing
+
+
+def family_files(directory: Path) -> tuple[str, ...]:
+    """The files the importer of config.json's model_type reads beside it and the weights; none where config.json
+    is missing or unreadable (the importer then names it)."""
+    from export.importers import required_files  # the registry reads the snapshot's files; fetching needs it here
+    from export.importers.files import UnsupportedModel
+
+    try:
+        config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    try:
+        return required_files(config.get("model_type") if isinstance(config, dict) else None)
+    except UnsupportedModel as err:
+        raise FetchError(f"the importer cannot carry this model: {err}") from err
 
 
 def _holds(directory: Path, pattern: str) -> bool:

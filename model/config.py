@@ -41,11 +41,16 @@ class ModelConfig:
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
     # Architecture options. The defaults are this project's own model; the other values are what imported
-    # OPUS-MT (Marian) models need (export/hf.py sets them, from transformers' modeling_marian.py).
+    # imported models need (export/importers/ sets them per family, from transformers' modeling_marian.py and
+    # modeling_m2m_100.py).
     # "pre": x + f(LayerNorm(x)) and a final LayerNorm per stack; "post": LayerNorm(x + f(x)) and none
     norm_placement: str = "pre"
     activation: str = "relu"  # feed-forward nonlinearity: one of model.transformer.ACTIVATIONS
-    position_layout: str = "interleaved"  # sinusoid columns: "interleaved" (sin, cos per pair) | "halves" (sin | cos)
+    # Sinusoid columns: "interleaved" (sin, cos per pair) | "halves" (sin | cos) | "fairseq" (sin | cos, frequencies
+    # spread over D/2 - 1 steps: transformers' M2M100SinusoidalPositionalEmbedding)
+    position_layout: str = "interleaved"
+    # Table rows before the first position: M2M100 and NLLB number positions from the padding index + 1
+    position_offset: int = 0
     scale_embedding: bool = True  # token embeddings times sqrt(d_model) before the positions are added
     final_logits_bias: bool = False  # a learned (V,) bias added to the output logits
     src_vocab_size: int = 0  # > 0: a separate source embedding table of this size; 0: one table for both sides
@@ -59,7 +64,12 @@ class ModelConfig:
     # Beam search goes on past K finished hypotheses while the best live one, at its length, could still beat the
     # K-th (transformers' default `early_stopping=False`); else it stops at K finished (`early_stopping=True`)
     patient_beam: bool = False
-    # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json
+    # The target language's code is the decoder's first generated token, forced at log-probability 0 after bos_id
+    # (transformers' `forced_bos_token_id`: M2M100, NLLB), and the source starts with its own language's code;
+    # else a target tag, where the model has one, starts the source
+    forced_bos: bool = False
+    # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json |
+    # "m2m": sentencepiece.bpe.model, vocab.json and language codes (M2M100, NLLB; model.m2m_tokenizer)
     tokenizer: str = "tagged-spm"
     # sha256 of the tokenizer the embeddings were trained against (model.tokenizer.tokenizer_sha256): another
     # tokenizer with the same vocabulary size would pass every shape check and translate garbage.
@@ -93,10 +103,12 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         choices = {
             "norm_placement": ("pre", "post"),
-            "position_layout": ("interleaved", "halves"),
+            "position_layout": ("interleaved", "halves", "fairseq"),
             "activation": ("relu", "swish", "gelu"),
-            "tokenizer": ("tagged-spm", "marian"),
+            "tokenizer": ("tagged-spm", "marian", "m2m"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(allowed)}")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset={self.position_offset}; expected >= 0")

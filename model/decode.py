@@ -84,8 +84,11 @@ def beam_search(
     beam_size: int = 4,
     max_len: int = 128,
     length_penalty: float = 1.0,
+    forced_first: int | None = None,
 ) -> list[Hypothesis]:
-    """All finished hypotheses of one source, best first (see the module docstring for the rules)."""
+    """All finished hypotheses of one source, best first (see the module docstring for the rules); `forced_first`
+    is the first generated token's only candidate, at log-probability 0 (generate's `forced_bos_token_id`: the
+    target language's code of M2M100 and NLLB)."""
     cfg = model.cfg
     if beam_size < 1 or max_len < 1:
         raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size} and {max_len}")
@@ -101,6 +104,11 @@ def beam_search(
             finished.extend(Hypothesis(t, s, normalize(s, len(t) + 1, length_penalty)) for t, s in live)
             return sorted(finished, key=lambda h: -h.normalized)
         logp = decoder.step(last, step)  # (R, V)
+        if step == 0 and forced_first is not None:
+            live, last = [((forced_first,), 0.0)], torch.tensor([forced_first], device=device)
+            if max_len == 1:
+                return [Hypothesis((forced_first,), 0.0, normalize(0.0, 1, length_penalty))]
+            continue
         scores = torch.tensor([s for _, s in live], device=device).unsqueeze(1) + logp
         flat = scores.view(-1)
         k = min(2 * beam_size, flat.numel())

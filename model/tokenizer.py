@@ -44,6 +44,11 @@ def file_sha256(path: Path) -> str:
 
 def tokenizer_files(model_dir: Path, scheme: str) -> list[Path]:
     """The files a model directory's tokenizer is read from, by `ModelConfig.tokenizer` scheme."""
+    if scheme == "m2m":
+        from model.m2m_tokenizer import M2M_FILES, TOKENIZER_JSON
+
+        fast = model_dir / TOKENIZER_JSON
+        return [model_dir / name for name in M2M_FILES] + ([fast] if fast.is_file() else [])
     if scheme == "marian":
         from model.marian_tokenizer import MARIAN_FILES, TARGET_VOCAB_FILE
 
@@ -53,7 +58,7 @@ def tokenizer_files(model_dir: Path, scheme: str) -> list[Path]:
 
 
 def tokenizer_sha256(model_dir: Path, scheme: str) -> str:
-    """sha256 of the tokenizer: of its one file, or of its files' digests in order for a Marian model."""
+    """sha256 of the tokenizer: of its one file, or of its files' digests in order for an imported model."""
     files = tokenizer_files(model_dir, scheme)
     if len(files) == 1:
         return file_sha256(files[0])
@@ -62,7 +67,7 @@ def tokenizer_sha256(model_dir: Path, scheme: str) -> str:
 
 def open_tokenizer(model_dir: Path, scheme: str, expected_sha256: str = "") -> TextTokenizer:
     """The model directory's tokenizer, checked against the digest its weights recorded."""
-    if scheme != "marian":
+    if scheme == "tagged-spm":
         check_tokenizer(model_dir / TOKENIZER_FILE, expected_sha256)
     elif expected_sha256 and (found := tokenizer_sha256(model_dir, scheme)) != expected_sha256:
         raise ValueError(
@@ -73,6 +78,10 @@ def open_tokenizer(model_dir: Path, scheme: str, expected_sha256: str = "") -> T
         from model.marian_tokenizer import MarianTokenizer
 
         return MarianTokenizer(model_dir)
+    if scheme == "m2m":
+        from model.m2m_tokenizer import M2MTokenizer
+
+        return M2MTokenizer(model_dir)
     return Tokenizer(model_dir / TOKENIZER_FILE)
 
 

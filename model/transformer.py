@@ -47,12 +47,17 @@ def subsequent_mask(size: int, device: torch.device | None = None) -> Tensor:
     return torch.ones(size, size, dtype=torch.bool, device=device).tril().view(1, 1, size, size)
 
 
-def sinusoidal_positions(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
-    """(max_len, D) table of sines and cosines at geometrically spaced frequencies.
+def sinusoidal_positions(max_len: int, d_model: int, layout: str = "interleaved", offset: int = 0) -> Tensor:
+    """(max_len, D) table of sines and cosines at geometrically spaced frequencies; row p for position p + offset.
 
     "interleaved": sin and cos of each frequency side by side. "halves": all sines, then all cosines,
-    computed in float64 as transformers' MarianSinusoidalPositionalEmbedding does.
+    computed in float64 as transformers' MarianSinusoidalPositionalEmbedding does. "fairseq": all sines, then
+    all cosines, frequencies spread over D/2 - 1 steps, as M2M100SinusoidalPositionalEmbedding computes them.
     """
+    if layout == "fairseq":
+        return fairseq_positions(offset + max_len, d_model)[offset:]
+    if offset:
+        return sinusoidal_positions(offset + max_len, d_model, layout)[offset:]
     if layout == "halves":
         angle = torch.arange(max_len, dtype=torch.float64)[:, None] / torch.pow(
             10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
@@ -64,6 +69,15 @@ def sinusoidal_positions(max_len: int, d_model: int, layout: str = "interleaved"
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq)
     return table
+
+
+def fairseq_positions(rows: int, d_model: int) -> Tensor:
+    """(rows, D) [sin | cos] with frequencies exp(-i log(10000) / (D/2 - 1)), a zero column where D is odd."""
+    half = d_model // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))  # (D/2,)
+    angle = torch.arange(rows, dtype=torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)  # (rows, D/2)
+    table = torch.cat([angle.sin(), angle.cos()], dim=1)
+    return torch.cat([table, torch.zeros(rows, 1)], dim=1) if d_model % 2 else table
 
 
 def residual(x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor], dropout: nn.Module, pre: bool) -> Tensor:
@@ -182,7 +196,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)  # target side, tied output
         # A separate source table when the vocabularies differ; None: `embed` serves both sides.
         self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model) if cfg.src_vocab_size else None
-        positions = sinusoidal_positions(cfg.max_len, cfg.d_model, cfg.position_layout)
+        positions = sinusoidal_positions(cfg.max_len, cfg.d_model, cfg.position_layout, cfg.position_offset)
         self.register_buffer("positions", positions, persistent=False)
         banned = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         banned[cfg.pad_id] = cfg.ban_pad

@@ -104,7 +104,8 @@ def embed(b: GraphBuilder, w: Weights, table: str, ids: str, positions: str, cfg
     tokens = b.op("Gather", b.weight(table, w[table]), ids, axis=0)
     if cfg.scale_embedding:
         tokens = b.op("Mul", tokens, b.scalar(math.sqrt(cfg.d_model)))
-    sinusoids = b.weight("sinusoids", sinusoid_table(cfg.max_len, cfg.d_model, cfg.position_layout))
+    rows = sinusoid_table(cfg.max_len, cfg.d_model, cfg.position_layout, cfg.position_offset)
+    sinusoids = b.weight("sinusoids", rows)
     return b.op("Add", tokens, b.op("Gather", sinusoids, positions, axis=0))
 
 

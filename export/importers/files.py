@@ -1,0 +1,81 @@
+"""Reading a transformers checkpoint's files, and the import's refusals: one line each, exit status 2."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
+
+from export.fetch import torch_needed
+
+
+class UnsupportedModel(Exception):
+    """The source is not a model this project can represent; reported as one line, exit status 2."""
+
+
+class DamagedFiles(UnsupportedModel):
+    """A file the model needs is missing or cannot be read: a download cut short, not an architecture."""
+
+
+@dataclass(frozen=True)
+class Source:
+    directory: Path
+    name: str  # the hub id or directory name, for the model card and the languages its name gives
+
+
+def damaged(path: Path, why: str) -> DamagedFiles:
+    """`path` cannot be read: DamagedFiles naming it and what to delete, with the huggingface_hub blob it links to
+    (a snapshot's link deleted alone is linked again to the same damaged blob)."""
+    blob = path.resolve()
+    also = f" and {blob}, the blob it links to," if blob != path.parent.resolve() / path.name else ""
+    return DamagedFiles(f"{path} {why}: a damaged or partial download; delete it{also} and fetch it again")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path` ({} where there is no such file); UnsupportedModel naming a file that is not one
+    (a download cut short leaves a truncated file)."""
+    if not path.is_file():
+        return {}
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise damaged(path, f"is not valid JSON ({exc})") from exc
+    if not isinstance(found, dict):
+        raise UnsupportedModel(f"{path.name} holds no JSON object")
+    return found
+
+
+def load_weights(directory: Path) -> dict[str, np.ndarray]:
+    """model.safetensors, else pytorch_model.bin (older repositories ship only that)."""
+    if (path := directory / "model.safetensors").is_file():
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as exc:  # cut short, or not safetensors at all
+            raise damaged(path, f"cannot be read ({exc})") from exc
+    if (directory / "pytorch_model.bin").is_file():
+        return load_pickled_weights(directory / "pytorch_model.bin")
+    raise UnsupportedModel(f"no model.safetensors or pytorch_model.bin in {directory}")
+
+
+def load_pickled_weights(path: Path) -> dict[str, np.ndarray]:
+    """A pytorch_model.bin: the one checkpoint format that needs torch to read, imported only here; loaded with
+    weights_only, so that the pickle runs no code of its own."""
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedModel(torch_needed(str(path.parent))) from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    # Cut short, no pickle, or one weights_only refuses (its UnpicklingError: the pickle module is never imported
+    # here, so that nothing in the import path can unpickle by accident)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise damaged(path, f"cannot be read ({first})") from exc
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UnsupportedModel(f"{path} holds no state dict of tensors")
+    return {name: tensor.float().numpy() for name, tensor in state.items()}

@@ -1,0 +1,97 @@
+"""transformers' BART-family state dict (Marian, M2M100, NLLB) -> this project's Transformer names, float32;
+checks ties, position tables and that nothing is left over."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from export.builder.positions import sinusoid_table
+from export.importers.files import UnsupportedModel
+from model.config import ModelConfig
+
+LAYER_NAMES = {  # transformers' name inside a layer -> ours
+    "self_attn_layer_norm": "norm1",
+    "final_layer_norm": "norm3",  # norm2 in encoder layers (see layer_rename)
+    "encoder_attn_layer_norm": "norm2",
+    "encoder_attn": "cross_attn",
+    "self_attn": "self_attn",
+    "fc1": "ff.w1",
+    "fc2": "ff.w2",
+}
+
+
+def layer_rename(side: str, rest: str) -> str:
+    """`layers.3.fc1.weight` of the encoder or decoder -> our `encoder.3.ff.w1.weight`."""
+    index, module, param = _split_layer_key(rest)
+    ours = LAYER_NAMES.get(module)
+    if ours is None:
+        raise UnsupportedModel(f"unknown {side} layer weight {rest!r}")
+    if side == "encoder" and module == "final_layer_norm":
+        ours = "norm2"
+    return f"{side}.{index}.{ours}{param}"
+
+
+def _split_layer_key(rest: str) -> tuple[str, str, str]:
+    """`layers.3.self_attn.q_proj.weight` -> ("3", "self_attn", ".q_proj.weight")."""
+    match = re.fullmatch(r"layers\.(\d+)\.([a-z_]+\d?)((?:\.[qkv]_proj|\.out_proj)?\.(?:weight|bias))", rest)
+    if match is None:
+        raise UnsupportedModel(f"unknown layer weight {rest!r}")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def convert_weights(hf: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """transformers' state dict -> ours, float32: embeddings, the logits bias where the config has one, each
+    stack's final LayerNorm under pre-norm, the layers."""
+    weights = {k.removeprefix("model."): v.astype(np.float32) for k, v in hf.items()}
+    ours = embeddings(weights, cfg)
+    if cfg.final_logits_bias:
+        bias = weights.pop("final_logits_bias", np.zeros((1, cfg.vocab_size), dtype=np.float32))
+        ours["logits_bias"] = bias.reshape(cfg.vocab_size)
+    for side in ("encoder", "decoder"):
+        check_positions(weights.pop(f"{side}.embed_positions.weight", None), cfg)
+        if cfg.norm_placement == "pre":
+            for param in ("weight", "bias"):
+                if (norm := weights.pop(f"{side}.layer_norm.{param}", None)) is None:
+                    raise UnsupportedModel(f"no {side}.layer_norm.{param} among the weights of a pre-norm model")
+                ours[f"{side}_norm.{param}"] = norm
+    for key, value in weights.items():
+        side, _, rest = key.partition(".")
+        if side not in ("encoder", "decoder"):
+            raise UnsupportedModel(f"unknown weight {key!r}")
+        ours[layer_rename(side, rest)] = value
+    return ours
+
+
+def embeddings(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Pops the embedding tables and the output projection from `weights`: one table for both sides and the
+    output, or a separate source table where the config keeps two; an untied output is refused."""
+    target = weights.pop("decoder.embed_tokens.weight", None)
+    shared = weights.pop("shared.weight", None)
+    source = weights.pop("encoder.embed_tokens.weight", None)
+    target = target if target is not None else shared
+    if target is None:
+        raise UnsupportedModel("no decoder or shared embedding table among the weights")
+    ours: dict[str, np.ndarray] = {"embed.weight": target}
+    if cfg.src_vocab_size:
+        if source is None:
+            raise UnsupportedModel("no encoder embedding table among the weights of a model with two vocabularies")
+        ours["src_embed.weight"] = source
+    elif source is not None and not np.array_equal(source, target):
+        raise UnsupportedModel("encoder and decoder embeddings differ although the config shares them")
+    lm_head = weights.pop("lm_head.weight", None)
+    if lm_head is not None and not np.array_equal(lm_head, target):
+        raise UnsupportedModel("lm_head is not tied to the decoder embedding; an untied output is not representable")
+    return ours
+
+
+def check_positions(saved: np.ndarray | None, cfg: ModelConfig) -> None:
+    """A saved position table must be the sinusoids our model rebuilds (in the config's layout, from row 0)."""
+    if saved is None:
+        return
+    rebuilt = sinusoid_table(saved.shape[0], cfg.d_model, cfg.position_layout)
+    if not np.allclose(saved, rebuilt, atol=1e-5):
+        raise UnsupportedModel(
+            f"embed_positions is not the {cfg.position_layout} sinusoid table; learned positions are not supported"
+        )
