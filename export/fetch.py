@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from export.importers.files import PICKLED_WEIGHTS, UnsupportedModel, torch_needed
+
 log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -32,7 +34,6 @@ HUB_PAGE = re.compile(
     r"(?:/tree/(?P<revision>[\w.-]+))?/?"
 )
 HUB_ORGANISATIONS = {"opus-mt-": "Helsinki-NLP", "opus-tatoeba-": "Helsinki-NLP"}  # name prefix -> its organisation
-PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
 # What the importer (export/hf.py) reads; PICKLED_WEIGHTS is fetched on its own, where the commit has no safetensors
 HUB_FILES = ["*.json", "*.spm", "*.model", "*.safetensors", "README.md"]
 CONFIG = "config.json"  # read first: its model_type names the family, whose importer lists the other files, beside:
@@ -228,7 +229,6 @@ def family_files(directory: Path) -> tuple[str, ...]:
     """The files the importer of config.json's model_type reads beside it and the weights; none where config.json
     is missing or unreadable (the importer then names it)."""
     from export.importers import required_files  # the registry reads the snapshot's files; fetching needs it here
-    from export.importers.files import UnsupportedModel
 
     try:
         config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
@@ -261,18 +261,6 @@ def torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # a finder refusing it, or a module entry without a spec
         return False
-
-
-def torch_needed(what: str, repository: str | None = None) -> str:
-    """The refusal of weights kept only in pytorch_model.bin where torch is not installed; `repository` where a
-    hub revision with safetensors is the other way out."""
-    other = (
-        f"a revision with safetensors, such as a conversion pull request: {repository}@refs/pr/N"
-        if repository
-        else "the weights saved as model.safetensors (save_pretrained)"
-    )
-    install = "pip install 'translate-service[train]'"
-    return f"{what} ships only {PICKLED_WEIGHTS}; reading it needs torch ({install}) or {other}"
 
 
 def require_readable_weights(name: ModelName, commit: str, directory: Path) -> None:

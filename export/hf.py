@@ -27,9 +27,9 @@ from export.importers.card import card
 from export.importers.files import DamagedFiles, Source, UnsupportedModel, load_weights, read_json
 from export.importers.generation import generation_defaults
 from model.config import ModelConfig
-from model.directory import DECODING_FILE
+from model.directions import LANGUAGES_FILE
+from model.directory import DECODING_FILE, direction_names
 from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
-from model.marian_tokenizer import LANGUAGES_FILE
 from model.tokenizer import tokenizer_sha256
 
 __all__ = ["IMPORT_RULES", "DamagedFiles", "UnsupportedModel", "import_model", "main", "parse_args"]
@@ -38,7 +38,7 @@ CARD_FILE = "MODEL_CARD.md"
 
 # Raised whenever importing the same files gives another model directory (what a generation setting becomes, say):
 # part of a hub build's cache key, so that a cached build made by older rules is built again
-IMPORT_RULES = 4
+IMPORT_RULES = 5
 
 
 def resolve(model: str) -> Source:
@@ -71,17 +71,17 @@ def import_model(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     importer.tokenizer(source.directory, out, cfg)
     cfg = importer.generation(cfg, read_json(source.directory / "generation_config.json") or hf)  # ids checked
-    pairs = importer.pairs(args, source, out)
-    (out / LANGUAGES_FILE).write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
+    directions = importer.directions(args, source, out)
+    (out / LANGUAGES_FILE).write_text(json.dumps(directions.to_json(), indent=2, ensure_ascii=False) + "\n")
     cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})
     save_file(
         {k: np.ascontiguousarray(v) for k, v in weights.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"}
     )
     (out / CONFIG_FILE).write_text(cfg.to_json() + "\n")
-    defaults = generation_defaults(source.directory, hf, pairs, weights_sha256(out))
+    defaults = generation_defaults(source.directory, hf, direction_names(directions), weights_sha256(out))
     (out / DECODING_FILE).write_text(json.dumps(defaults, indent=2, sort_keys=True) + "\n")
     parameters = sum(v.size for v in weights.values())
-    (out / CARD_FILE).write_text(card(source, importer.architecture, cfg, pairs, parameters))
+    (out / CARD_FILE).write_text(card(source, importer.architecture, cfg, directions, parameters))
     return out
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from model.directions import Directions, DirectionsError
+
 log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
@@ -37,13 +39,16 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE, KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
 AGREEMENT_GATE = "fp16 agreement"  # a variants.json record of export/fp16_gate.py (imported models), not BLEU
 DECODING_FILE = "decoding.json"  # decoding defaults tuned on the validation set, tracked beside the model
 DEFAULT_LENGTH_PENALTY = 1.0  # for a direction the model directory has no tuned value for
+# decoding.json's length-penalty key (and ListModels') for every direction without a value of its own: an
+# any-to-any model's one default, where naming each of its directions would name thousands
+EVERY_DIRECTION = "*"
 MAX_LENGTH_PENALTY = 2.0
 DEFAULT_BY_PROVIDER = {"cuda": "fp16", "cpu": "int8"}
 
@@ -59,10 +64,12 @@ class ModelSpec:
     eos_id: int  # ends a hypothesis
     pad_id: int  # never produced
     tag_ids: dict[str, int]  # target-language tag id by language code, e.g. {"en": 4, "de": 5}; {} if none
-    pairs: tuple[tuple[str, str], ...]  # (source, target) language pairs the model translates
+    directions: Directions  # the (source, target) language pairs the model translates, listed or any to any
     source_vocab_size: int  # source ids are 0 .. source_vocab_size - 1 (a model may have two vocabularies)
     forced_eos: bool = False  # a hypothesis at the output limit ends with EOS (ModelConfig.forced_eos_at_limit)
     patient_beam: bool = False  # beam search stops only when no live row could beat the K-th (ModelConfig's)
+    # The target language's code is the first generated token, at log-probability 0 (ModelConfig.forced_bos)
+    forced_bos: bool = False
 
 
 def capturable_head_dim(head_dim: int) -> bool:
@@ -91,7 +98,7 @@ class ExportMetadata:
     bos_id: int
     eos_id: int
     tag_ids: dict[str, int]  # target-language tag id by language code; {} for a single-pair model
-    language_pairs: list[list[str]]  # [source, target] pairs the model translates
+    languages: dict[str, Any]  # the directions it translates, as languages.json writes them (model.directions)
     max_source_len: int
     max_target_len: int
     # How the graphs were derived from the weights (dtype, quantization scheme); the BLEU gate is trusted
@@ -107,10 +114,11 @@ class ExportMetadata:
             eos_id=self.eos_id,
             pad_id=self.pad_id,
             tag_ids=dict(self.tag_ids),
-            pairs=tuple((s, t) for s, t in self.language_pairs),
+            directions=Directions.from_json(self.languages, METADATA_FILE),
             source_vocab_size=int(self.model_config.get("src_vocab_size") or self.vocab_size),
             forced_eos=bool(self.model_config.get("forced_eos_at_limit", False)),
             patient_beam=bool(self.model_config.get("patient_beam", False)),
+            forced_bos=bool(self.model_config.get("forced_bos", False)),
         )
 
     def write(self, variant_dir: Path) -> Path:
@@ -134,7 +142,8 @@ def read_metadata(variant_dir: Path) -> ExportMetadata:
             raise MetadataError(f"missing {name} in export directory {variant_dir}: {rebuild}")
     try:
         meta = ExportMetadata(**data)
-    except TypeError as exc:
+        Directions.from_json(meta.languages, str(variant_dir / METADATA_FILE))
+    except (TypeError, DirectionsError) as exc:
         raise MetadataError(f"{variant_dir / METADATA_FILE} does not match ExportMetadata ({exc}): {rebuild}") from exc
     cfg = meta.model_config
     expected = {"vocab_size": meta.vocab_size, "n_heads": meta.n_heads, "n_decoder_layers": meta.n_decoder_layers}
@@ -193,7 +202,7 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     if record is not None and record.get("gate") == AGREEMENT_GATE:  # a hub build's: no test set to run BLEU on
         fix = f"run python -m export.fp16_gate --model-dir {model_dir} --provider {provider} --record"
     else:
-        fix = f"run python -m bench.variants --model-dir {model_dir} --provider {provider}"
+        fix = f"run python -m quality.variants --model-dir {model_dir} --provider {provider}"
     if record is None:
         log.warning("%s holds no BLEU gate measured with the %s provider: not serving %s; %s",
                     path, provider, variant, fix)  # fmt: skip
@@ -285,15 +294,24 @@ def read_decoding_defaults(model_dir: Path, weights_sha256: str) -> tuple[int | 
     return (beam or None), (max_output_len or None)
 
 
+def direction_names(directions: Directions) -> list[str]:
+    """How decoding.json and ListModels key a model's length penalties: each listed pair by `direction_name`,
+    an any-to-any model's directions all by EVERY_DIRECTION."""
+    if directions.any_to_any:
+        return [EVERY_DIRECTION]
+    return [direction_name(s, t) for s, t in directions.listed]
+
+
 def served_length_penalty(value: object) -> bool:
     """Whether `value` is a length penalty the server serves: a number in 0..MAX_LENGTH_PENALTY."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value <= MAX_LENGTH_PENALTY
 
 
 def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sha256: str) -> dict[str, float]:
-    """The default length penalty of every direction: `decoding.json`'s tuned value, else 1.0.
+    """The default length penalty of every direction: `decoding.json`'s value for it, else its value for
+    EVERY_DIRECTION (which the result then holds too), else 1.0.
 
-    `python -m bench.length_penalty --write` tunes it per direction on the validation set. The file
+    `python -m quality.length_penalty --write` tunes it per direction on the validation set. The file
     must name the weights the graphs were exported from (`weights_sha256`): a value tuned on other
     weights is refused, not served silently. Values are rounded to float32, the proto's type, so a
     client that sends back what ListModels reported decodes exactly as with the default.
@@ -309,13 +327,13 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     if record.get("weights_sha256") != weights_sha256:
         raise MetadataError(
             f"{path} was tuned on other weights than the exported graphs' ({weights_sha256[:12]}...): "
-            f"run python -m bench.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
+            f"run python -m quality.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
             "or delete it to serve 1.0"
         )
-    if unknown := sorted(set(tuned) - set(defaults)):
+    if unknown := sorted(set(tuned) - set(defaults) - {EVERY_DIRECTION}):
         raise MetadataError(f"{path} sets a length penalty for {unknown}; the model translates {sorted(defaults)}")
     for name, value in tuned.items():
         if not served_length_penalty(value):
             raise MetadataError(f"{path}: length_penalty[{name!r}] must be a number in 0..{MAX_LENGTH_PENALTY}")
-        defaults[name] = float(np.float32(value))
-    return defaults
+    shared = dict.fromkeys(defaults, tuned[EVERY_DIRECTION]) if EVERY_DIRECTION in tuned else {}
+    return defaults | {name: float(np.float32(value)) for name, value in (shared | tuned).items()}

@@ -187,13 +187,29 @@ def _bare(code: str) -> str:
 def same_written_language(a: str, b: str) -> bool:
     """Whether two codes name one language in one script: `en` and `en-US`, `no` and `nb`; not `no` and `nn`, `zh`
     and `zh-TW` (Simplified and Traditional), `sr` and `sr-Latn`, nor a group (`mul`) and anything."""
-    x, y = parse(a), parse(b)
-    if x.is_group or y.is_group:
+    x, y = written_language(a), written_language(b)
+    if x is None or y is None or x[0] != y[0]:
         return False
-    # the same language, or a macrolanguage and its usual member (`no` and `nb`; not `no` and `nn`, Nynorsk)
-    if 2 not in (_language_fit(x.language, y.language), _language_fit(y.language, x.language)):
-        return False
-    return x.likely_script == y.likely_script
+    return x[1] == y[1] or not (x[1] and y[1])  # a script unsaid where no usual one is known fits any (`deu_Latn`)
+
+
+def written_language(code: str) -> tuple[str, str] | None:
+    """What `same_written_language` compares: the language (a macrolanguage's usual member as the macrolanguage:
+    `nb` as `no`, not `nn`) and its likely script ('' where the code names none and none is usual); None for a
+    group, which is no one language."""
+    tag = parse(code)
+    if tag.is_group:
+        return None
+    macro = MEMBER_TO_MACRO.get(tag.language)
+    usual = macro is not None and MACRO_MEMBERS[macro][0] == tag.language
+    return (macro if usual else tag.language), tag.likely_script  # type: ignore[return-value]
+
+
+def same_language(client: str, model_codes: Iterable[str]) -> list[str]:
+    """The model's codes of `client`'s language (or its macrolanguage, or a member), whatever their script and
+    region: what a refusal names where none fits as written (`sr-Latn` against NLLB's `srp_Cyrl`)."""
+    wanted = parse(client).language
+    return [code for code in dict.fromkeys(model_codes) if _language_fit(wanted, parse(code).language) is not None]
 
 
 def canonical(code: str) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 import sentencepiece as spm
 
-from model.marian_tokenizer import LANGUAGES_FILE, read_pairs, read_vocab
+from model.directions import LANGUAGES_FILE, read_directions
+from model.marian_tokenizer import read_vocab
 
 SPM_FILE = "sentencepiece.bpe.model"
 VOCAB_FILE = "vocab.json"
@@ -50,7 +51,7 @@ class M2MTokenizer:
         self.vocab = read_vocab(model_dir / VOCAB_FILE)
         self.pieces = {i: piece for piece, i in self.vocab.items()}
         self.eos_id, self.unk_id = self.vocab[EOS], self.vocab[UNK]
-        self.pairs = read_pairs(model_dir)
+        self.directions = read_directions(model_dir)
         codes = read_codes(model_dir / CODES_FILE)
         if missing := sorted(lang for lang, piece in codes.items() if piece not in self.vocab):
             raise ValueError(f"{model_dir / VOCAB_FILE} lacks the codes of {missing[:5]}")

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from model.directions import LANGUAGES_FILE, read_directions
+
 SOURCE_SPM = "source.spm"
 TARGET_SPM = "target.spm"
 VOCAB_FILE = "vocab.json"
 TARGET_VOCAB_FILE = "target_vocab.json"  # present only where the target side has its own vocabulary
-LANGUAGES_FILE = "languages.json"  # {"pairs": [["de", "en"], ...]}, written by the importer
 MARIAN_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB_FILE, LANGUAGES_FILE)
 TAG = re.compile(r"^>>(.+)<<$")
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
@@ -31,12 +32,6 @@ def read_vocab(path: Path) -> dict[str, int]:
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         raise ValueError(f"{path}: expected a JSON object mapping pieces to integer ids")
     return vocab
-
-
-def read_pairs(model_dir: Path) -> list[tuple[str, str]]:
-    """The (source, target) language pairs a Marian artifact translates."""
-    data = json.loads((model_dir / LANGUAGES_FILE).read_text())
-    return [(str(s), str(t)) for s, t in data["pairs"]]
 
 
 class MarianTokenizer:
@@ -51,8 +46,8 @@ class MarianTokenizer:
         self.target_vocab = target_vocab
         self.target_pieces = {i: piece for piece, i in target_vocab.items()}
         self.eos_id, self.unk_id = self.source_vocab[EOS], self.source_vocab[UNK]
-        self.pairs = read_pairs(model_dir)
-        targets = {t for _, t in self.pairs}
+        self.directions = read_directions(model_dir)
+        targets = set(self.directions.targets)
         # Target tags, where the vocabulary has them (multilingual models); single-pair models need none.
         tags = {m.group(1): i for piece, i in self.source_vocab.items() if (m := TAG.match(piece))}
         self.tag_ids = {lang: tags[lang] for lang in sorted(targets) if lang in tags}
@@ -72,8 +67,9 @@ class MarianTokenizer:
         """Source pieces only, each the vocabulary's id or the unknown id."""
         return [self.source_vocab.get(piece, self.unk_id) for piece in self.source_sp.encode(text, out_type=str)]
 
-    def encode_source(self, text: str, target_lang: str) -> list[int]:
-        """`[>>xx<<] pieces... </s>`; a `>>xx<<` typed in the text stays text, never a tag."""
+    def encode_source(self, text: str, target_lang: str, source_lang: str | None = None) -> list[int]:
+        """`[>>xx<<] pieces... </s>`; a `>>xx<<` typed in the text stays text, never a tag. The source's language
+        is not written."""
         tag = [self.tag_ids[target_lang]] if self.tag_ids else []
         return [*tag, *self.encode_text(text), self.eos_id]
 

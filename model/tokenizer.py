@@ -18,6 +18,7 @@ from typing import Protocol
 import sentencepiece as spm
 
 from model.config import BOS_ID, EOS_ID, LANG_TAGS, PAD_ID, UNK_ID
+from model.directions import Directions
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -26,12 +27,13 @@ class TextTokenizer(Protocol):
     """What the server and the offline tools need of a model's tokenizer, whatever its scheme."""
 
     tag_ids: dict[str, int]  # target-language tag id by language code; {} where the model needs none
-    pairs: list[tuple[str, str]]  # (source, target) language pairs it translates
+    directions: Directions  # the (source, target) language pairs it translates
 
     @property
     def vocab_size(self) -> int: ...  # ids a source may hold
 
-    def encode_source(self, text: str, target_lang: str) -> list[int]: ...
+    # `source_lang`: the source's own language, which a scheme that writes it (m2m) needs; None where unknown
+    def encode_source(self, text: str, target_lang: str, source_lang: str | None = None) -> list[int]: ...
 
     def encode_target(self, text: str) -> list[int]: ...  # a reference output: pieces + EOS
 
@@ -110,14 +112,15 @@ class Tokenizer:
             tag_id: [self.sp.piece_to_id(char) for char in LANG_TAGS[lang]] for lang, tag_id in self.tag_ids.items()
         }
         # One model, every direction between its tagged languages.
-        self.pairs = [(s, t) for s in sorted(self.tag_ids) for t in sorted(self.tag_ids) if s != t]
+        tags = sorted(self.tag_ids)
+        self.directions = Directions.of_pairs([(s, t) for s in tags for t in tags if s != t])
 
     @property
     def vocab_size(self) -> int:
         return int(self.sp.get_piece_size())
 
-    def encode_source(self, text: str, target_lang: str) -> list[int]:
-        """`<2xx>` + pieces + EOS."""
+    def encode_source(self, text: str, target_lang: str, source_lang: str | None = None) -> list[int]:
+        """`<2xx>` + pieces + EOS; the tag names the target, and the source's language is not written."""
         return [self.tag_ids[target_lang], *self.encode_text(text), EOS_ID]
 
     def encode_target(self, text: str) -> list[int]:

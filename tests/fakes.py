@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from model.directions import Directions
 from server.core.beam import BeamState, Hypothesis, row_candidates
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone
 from server.core.offline import execute as run_batch
@@ -31,7 +32,7 @@ FAKE_SPEC = ModelSpec(
     eos_id=3,
     pad_id=0,
     tag_ids={"en": 4, "de": 5},
-    pairs=(("de", "en"), ("en", "de")),
+    directions=Directions.of_pairs((("de", "en"), ("en", "de"))),
     source_vocab_size=24,
 )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from bench.sample_pairs import SAMPLE_PAIRS
+from tests.tiny import TINY_PAIRS
 
 SPM_FILE = "sentencepiece.bpe.model"
 SHAPE = {
@@ -25,7 +25,7 @@ EOS_BIAS = 3.0  # EOS's embedding row moved toward the mean row: random outputs 
 def train_bpe(path: Path, vocab_size: int = 300) -> spm.SentencePieceProcessor:
     """A BPE model with SentencePiece's default specials (<unk> 0, <s> 1, </s> 2), as NLLB's and M2M100's are."""
     model = io.BytesIO()
-    texts = [text for pair in SAMPLE_PAIRS for text in pair]
+    texts = [text for pair in TINY_PAIRS for text in pair]
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts * 4), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         character_coverage=1.0, minloglevel=2, num_threads=1, hard_vocab_limit=False,

@@ -7,7 +7,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.beam import BeamState, merge_candidates, merge_candidates_of, row_candidates, top_1, top_k_stable
+from server.core.beam import (
+    BeamState,
+    Hypothesis,
+    merge_candidates,
+    merge_candidates_of,
+    row_candidates,
+    top_1,
+    top_k_stable,
+)
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -147,3 +155,26 @@ def test_n_best_ranks_finished_hypotheses_by_their_length_normalized_score() -> 
     ranked = beam.best(2)
     assert [(h.tokens, h.score, h.normalized) for h in ranked] == [((1, 1), -1.5, -0.5), ((), -1.0, -1.0)]
     assert beam.best(1) == ranked[:1]
+
+
+def test_a_forced_first_token_passes_over_the_first_steps_candidates() -> None:
+    """The first step's only candidate is the forced token (an NLLB or M2M100 target's code), at score 0, greedy
+    and beam alike; the search goes on from it as from any live row, and its length counts the token."""
+    logprobs = np.log(np.asarray([[0.1, 0.6, 0.1, 0.1, 0.1, 0.0]], dtype=np.float32) + 1e-9)  # EOS (id 1) likeliest
+    scores, ids = row_candidates(logprobs, np.zeros(1, np.float32), 6)
+    for beam_size in (1, 3):
+        beam = BeamState(beam_size, max_len=4, length_penalty=1.0, eos_id=1, forced_first=5)
+        if beam_size == 1:  # the scheduler's paths: greedy from the best candidate, beams from the ranked rows
+            first = beam.advance_greedy(float(scores[0, 0]), int(ids[0, 0]), 6)
+        else:
+            first = beam.advance_ranked(scores, ids, 6)
+        assert (first.parents, first.tokens, first.done) == ([0], [5], False)
+        assert (beam.live, beam.steps) == ([((5,), 0.0)], 1)
+        assert beam.advance(logprobs).done == (beam_size == 1)  # greedy ends at its EOS, a beam of 3 goes on
+        eos = float(logprobs[0, 1])
+        assert beam.finished[0] == Hypothesis((5,), eos, eos / 2)
+    alone = BeamState(2, max_len=1, length_penalty=1.0, eos_id=1, forced_first=5)
+    assert alone.advance(logprobs).done and alone.best(2) == [Hypothesis((5,), 0.0, 0.0)]
+    ended = BeamState(2, max_len=2, length_penalty=1.0, eos_id=1, forced_eos=True, forced_first=5)
+    assert not ended.advance(logprobs).done and ended.advance(logprobs).done
+    assert ended.best(2) == [Hypothesis((5,), 0.0, 0.0)]

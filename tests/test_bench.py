@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import replace
@@ -19,15 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.burst import FLOOR_MARGIN_MS, judge_round, server_process
+from bench.burst import FLOOR_MARGIN_MS, judge_round
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
-from bench.loop_cost import measure as measure_loop_cost
-from bench.loop_cost import thread_cpu_s
-from bench.step_time import build_parser as step_time_parser
-from bench.step_time import operator_shares, step_times
-from bench.train_rate import build_parser, step_rates
 from model.artifact import load_artifact
 from model.data import Pair, write_tsv
 from model.decode import beam_search
@@ -284,50 +278,6 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
     assert opened.p50_ms <= opened.p95_ms
 
 
-def test_cache_shape_ab_decodes_the_same_tokens_both_ways(tiny_exported_dir: Path) -> None:
-    from bench.cache_shape import main
-
-    args = ["--model-dir", str(tiny_exported_dir), "--variants", "fp32", "--sentences", "3", "--beams", "1,3"]
-    timings = main([*args, "--steps", "5", "--repeats", "1"])
-    assert [(t.case.beam, t.case.steps) for t in timings] == [(1, 5), (3, 5)]
-    assert all(min(t.slot_ms, t.growing_ms, t.growing_bound_ms) > 0 for t in timings)
-    assert list(sorted(p.name for p in (tiny_exported_dir / "onnx" / "fp32").iterdir())) == sorted(
-        ["decoder_step.onnx", "decoder_step_fused.onnx", "decoder_step_static.onnx", "encoder.onnx",
-         "encoder_fused.onnx", "kv_append.onnx", "kv_gather.onnx", "kv_move.onnx", "kv_write.onnx", "metadata.json"]
-    )  # fmt: skip
-
-
-def test_cache_decode_runs_whole_decodes_through_both_host_caches(tiny_exported_dir: Path, tmp_path: Path) -> None:
-    from bench.cache_decode import main
-
-    out = tmp_path / "rates.json"
-    args = ["--model-dir", str(tiny_exported_dir), "--variants", "fp32", "--sentences", "12", "--slots", "3"]
-    rates = main([*args, "--beams", "1,2", "--repeats", "2", "--out", str(out)])
-    assert [(r.beam, r.kv_cache) for r in rates] == [(1, "host"), (1, "working"), (2, "host"), (2, "working")]
-    assert all(r.tokens_per_s > 0 and r.same_as_first == r.sentences == 12 for r in rates)  # fp32: exact
-    assert json.loads(out.read_text())[1]["kv_cache"] == "working"
-
-
-def test_cache_shape_ab_refuses_timings_of_different_work(tiny_exported_dir: Path) -> None:
-    """The A/B compares only runs that chose the same tokens: one differing token fails it."""
-    from bench import cache_shape
-    from bench.cache_shape import Case, Decoders, measure
-
-    decoders = Decoders(tiny_exported_dir / "onnx" / "fp32", max_rows=8, threads=1)
-    honest = decoders.grow
-
-    def one_token_off(case: Case, sources: list[list[int]], reorders: list[np.ndarray]) -> tuple:
-        seconds, picked = honest(case, sources, reorders)
-        picked[-1] = picked[-1].copy()
-        picked[-1][0] += 1
-        return seconds, picked
-
-    decoders.grow = one_token_off  # type: ignore[method-assign]
-    sources = cache_shape.load_workload(tiny_exported_dir, Path("data/test.tsv"), 2).sources
-    with pytest.raises(RuntimeError, match="growing chose other tokens than the slot cache at step 5"):
-        measure(decoders, Case("fp32", 2, 4, 6), sources, repeats=1)
-
-
 def _offline(tps: float, p50: float) -> dict[str, Any]:
     return {f"beam{b}": {"throughput": {"tokens_per_s": tps * b}, "latency": {"p50_ms": p50 * b}} for b in (1, 4)}
 
@@ -437,63 +387,21 @@ def test_opus_size_pipeline_builds_imports_exports_and_serves_an_opus_mt_model(t
         assert closed and all(run["ok"] == run["requests"] > 0 for run in closed)
 
 
-def test_train_rate_times_each_shape_and_batch_size(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in ("train", "valid"):
-        write_tsv([Pair(de, en) for de, en in TINY_PAIRS] * 20, data / f"{name}.tsv")
-    argv = ["--data", str(data), "--model-dir", str(tiny_model_dir), "--run", str(tmp_path / "run"), "--device", "cpu",
-            "--layers", "1,2", "--max-tokens", "60,120", "--steps", "2", "--bf16"]  # fmt: skip
-    import bench.train_rate
+def test_opus_size_pipeline_measures_an_nllb_model_against_ctranslate2s_m2m100_converter(tmp_path: Path) -> None:
+    """bench.opus_size at the NLLB family's tiny shape: CTranslate2 converts the transformers directory with its
+    M2M100 loader, its ids are ours (the same outputs as the reference), and the server routes de -> en to it."""
+    from bench.opus_size import main
 
-    batches: list[tuple[int, int]] = []  # (layers, target tokens) of every update made
-    train_step = bench.train_rate.Trainer.train_step
-
-    def counting(trainer: bench.train_rate.Trainer, batch: object) -> object:
-        batches.append((trainer.model.cfg.n_encoder_layers, batch.n_tokens))  # type: ignore[attr-defined]
-        return train_step(trainer, batch)  # type: ignore[arg-type]  # the Batch the trainer was given
-
-    monkeypatch.setattr(bench.train_rate.Trainer, "train_step", counting)
-    rates = step_rates(build_parser().parse_args(argv))
-    assert [(r.layers, r.max_tokens) for r in rates] == [(1, 60), (1, 120), (2, 60), (2, 120)]
-    per_shape = bench.train_rate.WARMUP_STEPS + 2  # warm-up updates, then the 2 timed ones
-    assert len(batches) == 4 * per_shape
-    for i, rate in enumerate(rates):  # each rate is the timed updates' own tokens over their own time
-        shape = batches[i * per_shape : (i + 1) * per_shape]
-        assert {layers for layers, _ in shape} == {rate.layers}
-        timed_tokens = sum(n for _, n in shape[-2:])
-        assert rate.target_tokens_per_s * rate.ms_per_step * 2 / 1000 == pytest.approx(timed_tokens)
-
-
-def test_step_time_times_each_graph_batch_size_and_parallel_copies(
-    tiny_exported_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    argv = ["--variant-dir", str(tiny_exported_dir / "onnx/int8"), "--rows", "1,3", "--past", "2", "--source", "5",
-            "--parallel", "1,2", "--calls", "2"]  # fmt: skip
-    import bench.step_time
-
-    timed: list[tuple[str, int, int, int, float]] = []  # graph file, rows, calls, copies, and the result
-    time_calls = bench.step_time.time_calls
-
-    def recording(path: Path, dims: dict[str, int], calls: int, parallel: int) -> float:
-        ms = time_calls(path, dims, calls, parallel)
-        timed.append((path.name, dims["B"], calls, parallel, ms))
-        return ms
-
-    monkeypatch.setattr(bench.step_time, "time_calls", recording)
-    times = step_times(step_time_parser().parse_args(argv))
-    assert [(t.graph, t.rows, t.parallel) for t in times] == [
-        (graph, rows, parallel) for graph in ("decoder_step", "encoder") for rows in (1, 3) for parallel in (1, 2)
-    ]
-    assert [(f"{t.graph}.onnx", t.rows, 2, t.parallel, t.ms_per_call) for t in times] == timed  # each its own run
-
-
-def test_step_time_profile_splits_a_step_among_its_operator_types(tiny_exported_dir: Path) -> None:
-    shares = operator_shares(tiny_exported_dir / "onnx/fp32/decoder_step.onnx", {"B": 2, "P": 3, "S": 4, "K": 1}, 3)
-    assert sum(shares.values()) == pytest.approx(1.0) and "MatMul" in shares
-    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    out = tmp_path / "results"
+    main(["--shape", "nllb-tiny", "--work", str(tmp_path / "work"), "--out", str(out), "--quick", "--sentences", "4",
+          "--engines", "ctranslate2-float32,pytorch-eager,onnx-int8", "--served-variants", "int8"])  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["sentences"] == 4
+    for beam in ("beam1", "beam4"):
+        assert results["offline"]["ctranslate2-float32"][beam]["agreement_with_pytorch"]["rate"] == 1.0
+    assert results["offline"]["onnx-int8"]["beam1"]["throughput"]["tokens"] > 0
+    closed = results["served"]["int8"]["beam1"]["closed"]
+    assert closed and all(run["ok"] == run["requests"] > 0 for run in closed)
 
 
 def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_dir: Path) -> None:
@@ -512,30 +420,6 @@ def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_di
     assert any("--engine-processes" in row for row in served_rows({"served": {"fp32": served}}))
 
 
-def test_memory_step_reaches_the_working_batchs_largest_shape(
-    tiny_exported_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """bench.memory_step's forced step fills every slot to the model's longest output, each phase's resident
-    set and throughput are reported, and only the server's memory handling releases."""
-    from bench.memory_step import main as memory_step
-    from model.directory import read_metadata
-
-    reports = []
-    for memory in ("release", "keep"):
-        args = ["--model-dir", str(tiny_exported_dir), "--variant", "fp32", "--slots", "4", "--requests", "2"]
-        memory_step([*args, "--memory", memory, "--spikes", "2"])
-        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
-    meta = read_metadata(tiny_exported_dir / "onnx" / "fp32")
-    for report in reports:
-        assert report["largest_shape"] == [4, meta.n_heads, meta.max_target_len, meta.head_dim]
-        assert all(report[phase] > 0 for phase in ("start_mib", "largest_mib", "after_malloc_trim_mib"))
-        assert all(
-            report[load]["median_mib"] > 0 and report[load]["tokens_per_cpu_s"] > 0 for load in ("load", "load_after")
-        )
-        assert len(report["more_spikes_mib"]) == 1
-    assert reports[0]["releases"] > 0 and reports[1]["releases"] == 0
-
-
 def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_floor() -> None:
     floor = [("OK", 0.001 * i, 0) for i in range(1, 101)]  # p95 95 ms
     ok = [("OK", 5.0, 6)] * 10
@@ -549,16 +433,6 @@ def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_
     unrefused = judge_round(ok, [], floor, floor, 6.0)
     assert not unrefused.passed and unrefused.codes == {"OK": 10}  # no refusal proves nothing
     assert judge_round(ok + near, [], floor, floor, 6.0).ok_sentences_per_s == 12.0  # 60 sentences by 5 s
-
-
-def test_engine_host_times_the_engine_over_a_runner_that_costs_nothing() -> None:
-    """`python -m bench.engine_host`: every queued sentence decodes to its end at each beam size, and the
-    per-iteration figure is a positive time."""
-    from bench.engine_host import iteration_us, main
-
-    assert iteration_us(beam=4, slots=8, sentences=6, max_len=12) > 0
-    results = main(["--slots", "8", "--rows-of-work", "2", "--repeats", "1", "--max-len", "12"])
-    assert set(results) == {"beam1", "beam4"} and all(r["median_us"] > 0 for r in results.values())
 
 
 def test_front_capacity_serves_every_call_through_a_sleeping_device_stand_in(
@@ -577,53 +451,3 @@ def test_front_capacity_serves_every_call_through_a_sleeping_device_stand_in(
         ])  # fmt: skip
         assert result["achieved_rps"] > 0 and result["tokens_per_s"] > 0 and not result["errors"]
         assert 0 < result["p50_ms"] <= result["p99_ms"]
-
-
-def test_admission_ab_reads_the_engines_encoder_calls_under_each_wait(tiny_exported_dir: Path, tmp_path: Path) -> None:
-    """`python -m bench.admission`: each arm's server answers its closed loop, and what its engines did comes
-    from /metrics: encoder calls and their seconds, steps with rows in them."""
-    from bench.admission import main
-
-    data = tmp_path / "pairs.tsv"
-    write_tsv([Pair(de, en) for de, en in TINY_PAIRS], data)
-    runs = main([
-        "--model-dir", str(tiny_exported_dir), "--data", str(data), "--waits", "0,50", "--beams", "1",
-        "--rounds", "1", "--concurrency", "8", "--duration", "1.5", "--warmup-s", "0.5",
-    ])  # fmt: skip
-    assert [run["wait_ms"] for run in runs] == [0.0, 50.0]
-    for run in runs:
-        assert run["tokens_per_s"] > 0 and not run["errors"] and run["steps"] > 0
-        assert run["encoder_calls"] > 0 and run["encoder_s"] > 0 and run["rows_per_step"] >= 1
-
-
-def test_loop_cost_reads_the_servers_event_loop_thread_and_counts_every_call(
-    tiny_exported_dir: Path, tmp_path: Path
-) -> None:
-    started = thread_cpu_s(os.getpid())
-    deadline = time.thread_time() + 0.2
-    while time.thread_time() < deadline:  # 0.2 s of this (main) thread's CPU, whatever else runs
-        pass
-    assert thread_cpu_s(os.getpid()) - started >= 0.15
-    flags = ["--model-dir", str(tiny_exported_dir), "--engines", "1"]
-    with server_process(flags, tmp_path / "server.log") as (address, pid):
-        result = asyncio.run(measure_loop_cost(address, pid, bursts=1))
-    assert result["calls"] == 400 and result["calls_per_s"] > 0 and result["loop_us_per_call"] > 0
-
-
-def test_markup_parse_times_a_page_of_the_asked_size(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.markup_parse import PAGE, main
-    from server.core.markup import TextType, parse
-
-    assert len(parse(PAGE, TextType.HTML, 256).units) >= 6  # blocks and translated attributes, as a page has
-    assert main(["--chars", "3000", "--repeats", "2"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["chars"] == 3000 and result["median_ms"] > 0
-
-
-def test_markup_parse_malformed_reports_the_slowest_of_its_broken_documents(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.markup_parse import MALFORMED, main
-
-    assert main(["--chars", "3000", "--repeats", "1", "--malformed"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert set(result["each_ms"]) == set(MALFORMED)
-    assert result["median_ms"] == max(result["each_ms"].values()) == result["each_ms"][result["slowest"]]

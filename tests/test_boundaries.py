@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("model", "export", "server", "bench")
+PACKAGES = ("model", "export", "server", "quality", "bench")
 # The one module above the engines that may know there are two kinds (server.backend.engines chooses)
 ENGINE_CLASSES = ("Engine", "EngineProcess", "ModelProcess")
 # What server.backend.engines chooses among: the edge never imports these itself

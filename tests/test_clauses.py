@@ -15,6 +15,7 @@ from server.core.clauses import UncuttableError, cut
 from server.core.documents import (
     Assembler,
     PreparedText,
+    Refuse,
     RequestLimits,
     TextLimitError,
     prepare_texts,
@@ -90,6 +91,38 @@ def test_cjk_and_arabic_clause_marks_cut_with_or_without_whitespace() -> None:
     assert parts.split.separators == ["", " ", " ", ""]
 
 
+class Glossary(Tokenizer):
+    """The tiny tokenizer, decoding a part's output (one id) as the part's translation in `translations`."""
+
+    translations: list[str]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.translations[ids[0]]
+
+
+def test_parts_cut_after_a_cjk_comma_are_joined_with_a_space_into_a_script_written_with_spaces(
+    tiny_model_dir: Path,
+) -> None:
+    """Broken before: "We went to the shop,bought apples,bananas and oranges;then went home"."""
+    english = ["We went to the shop,", "bought apples,", "bananas and oranges;", "then went home"]
+    japanese = ["店に行って\u3001", "りんご\u3001", "バナナとオレンジを買って\u3001", "帰った"]
+    run = "aGVsbG8gd29ybGQ" * 3  # cut between characters: the parts' translations stay as close as the parts
+    for sentence, translations, want in [
+        ("我们去了商店\uff0c买了苹果、香蕉和橙子\uff1b然后回家了", english, " ".join(english)),
+        ("我们去了商店\uff0c买了苹果、香蕉和橙子\uff1b然后回家了", japanese, "".join(japanese)),
+        (run, [run[:10], run[10:20], run[20:30], run[30:40], run[40:]], run),
+    ]:
+        parts = cut(sentence, by_characters, 12)
+        assert len(parts.split.pieces) == len(translations)
+        glossary = Glossary(tiny_model_dir / TOKENIZER_FILE)
+        glossary.translations = translations
+        assembler = Assembler(glossary, [PreparedText(0, parts.split, parts.sources)], 1)
+        done = [assembler.sentence_done(i, [Hypothesis((i,), -1.0, -1.0)], 3) for i in range(len(translations))][-1]
+        assert done is not None and done.translation == want
+        edges = done.boundaries[0]
+        assert [want[start:end] for (_, start), (_, end) in zip(edges[::2], edges[1::2], strict=True)] == translations
+
+
 @pytest.mark.parametrize(
     "sentence",
     [
@@ -153,8 +186,10 @@ def test_a_long_sentence_in_an_html_document_is_translated_in_parts(tiny_model_d
     document = f"<html><body><h1>Das Haus ist groß.</h1><p>{DISCLAIMER}</p><p>Steuerpult</p></body></html>"
     cuts: list[int] = []
 
-    def prepare(texts: list[str], names: Callable[[int], str] = request_text) -> list[PreparedText]:
-        return prepare_texts(texts, "de", "en", tokenizer, RequestLimits(), 48, names, cuts.append)
+    def prepare(
+        texts: list[str], names: Callable[[int], str] = request_text, refuse: Refuse | None = None
+    ) -> list[PreparedText]:
+        return prepare_texts(texts, "de", "en", tokenizer, RequestLimits(), 48, names, cuts.append, refuse=refuse)
 
     assembler = prepare_request([document], TextType.HTML, prepare, tokenizer, RequestLimits(), 1)
     assert len(assembler.sources) > 10 and all(len(ids) <= 48 for ids in assembler.sources)

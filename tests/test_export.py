@@ -14,6 +14,7 @@ import pytest
 from export.__main__ import main
 from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.directory import (
+    FORMAT_VERSION,
     GATE_BEAM_SIZE,
     INT8_DOT_FLAGS,
     MetadataError,
@@ -112,7 +113,7 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
     """Asked for CUDA where there is none, onnxruntime falls back to CPU with only a warning."""
     import onnxruntime as ort
 
-    from bench.variants import main as variants_main
+    from quality.variants import main as variants_main
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA: the fallback cannot happen")
@@ -230,7 +231,7 @@ def test_unsupported_opset_exit_nonzero(tiny_model_dir: Path, capsys: pytest.Cap
 
 
 def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
-    from bench.variants import main as variants_main
+    from quality.variants import main as variants_main
 
     (exported / "variants.json").write_text(json.dumps({"cuda": {"kept": True}}))  # another provider's record
     assert variants_main(["--model-dir", str(exported), "--limit", "3", "--beam-size", "2"]) == 0
@@ -260,13 +261,13 @@ def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> Non
     shipped = Path(__file__).resolve().parents[1] / "model" / "shipped" / "variants.json"
     for provider, record in json.loads(shipped.read_text()).items():
         assert record["beam_size"] == GATE_BEAM_SIZE and record["limit"] is None, provider
-        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run bench.variants"
+        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run quality.variants"
         for variant, scores in record["variants"].items():
             assert scores.get("recipe") == expected[variant], (provider, variant)
 
 
 def test_the_gate_passes_a_variant_within_half_a_bleu_of_fp32_in_every_direction() -> None:
-    from bench.variants import BLEU_GATE, mark_passed
+    from quality.variants import BLEU_GATE, mark_passed
 
     results: dict[str, dict[str, Any]] = {
         "fp32": {"de-en": 10.0, "en-de": 8.0},
@@ -287,8 +288,8 @@ VALID_PAIRS = [("Ich habe keine Ahnung.", "I have no idea."), ("Das Haus ist alt
 def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
     exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
+    from quality.length_penalty import main as sweep_main
 
     data = tmp_path / "valid.tsv"
     write_tsv([Pair(de, en) for de, en in VALID_PAIRS], data)
@@ -304,8 +305,8 @@ def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
 def test_length_penalty_write_records_each_direction_and_the_weights_and_the_server_reads_it(
     exported: Path, tmp_path: Path
 ) -> None:
-    from bench.length_penalty import main as sweep_main
     from model.data import Pair, write_tsv
+    from quality.length_penalty import main as sweep_main
 
     model_dir = tmp_path / "model"
     shutil.copytree(exported, model_dir)
@@ -335,8 +336,8 @@ def test_length_penalty_write_records_each_direction_and_the_weights_and_the_ser
 def test_length_penalty_refuses_what_would_tune_badly(
     exported: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.length_penalty import TEST_FILE
-    from bench.length_penalty import main as sweep_main
+    from quality.length_penalty import TEST_FILE
+    from quality.length_penalty import main as sweep_main
 
     args = [str(TEST_FILE) if a == "data/test.tsv" else a for a in args]
     with pytest.raises(SystemExit) as exit_info:
@@ -346,7 +347,7 @@ def test_length_penalty_refuses_what_would_tune_badly(
 
 
 def test_best_length_penalty_and_ties() -> None:
-    from bench.length_penalty import best_penalty
+    from quality.length_penalty import best_penalty
 
     assert best_penalty({0.8: 10.0, 1.0: 10.5, 1.4: 11.0}) == 1.4
     assert best_penalty({0.5: 5.0, 1.2: 5.0}) == 1.2  # a tie goes to the one nearest 1.0
@@ -354,7 +355,7 @@ def test_best_length_penalty_and_ties() -> None:
 
 
 def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
-    from bench.length_penalty import choose
+    from quality.length_penalty import choose
 
     references = [f"the {w} house is very old and it stands on the hill ." for w in ("red", "big", "new", "tall")] * 40
     truncated = [r.rsplit(" ", 4)[0] for r in references]  # short outputs: brevity penalty and lost n-grams
@@ -422,7 +423,7 @@ def test_length_penalties_are_optional_checked_and_tied_to_the_weights(tmp_path:
             read_length_penalties(tmp_path, directions, weights)
 
 
-@pytest.mark.parametrize("version", [None, 0, 2])
+@pytest.mark.parametrize("version", [None, 1, 3])
 def test_an_export_of_another_format_version_is_refused_naming_the_command(
     exported: Path, tmp_path: Path, version: int | None
 ) -> None:
@@ -433,7 +434,8 @@ def test_an_export_of_another_format_version_is_refused_naming_the_command(
     meta = json.loads((variant / "metadata.json").read_text())
     meta.pop("format_version") if version is None else meta.update(format_version=version)
     (variant / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(MetadataError, match=rf"format {version}, not 1: export it again with python -m export"):
+    refusal = rf"format {version}, not {FORMAT_VERSION}: export it again with python -m export"
+    with pytest.raises(MetadataError, match=refusal):
         read_metadata(variant)
 
 

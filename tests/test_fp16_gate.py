@@ -138,3 +138,30 @@ def test_the_fused_build_served_on_cuda_is_gated_too(tiny_model_dir: Path, tmp_p
     assert finite and fused_finite and (candidate == reference).mean() >= AGREEMENT
     greedy, _ = fused.decode(sources, 8, forced=None)  # its own choices fed back: the buffers carry the past
     assert (greedy == reference).mean() >= AGREEMENT
+
+
+def test_a_forced_code_models_gate_decodes_the_served_greedy_ids(tmp_path: Path) -> None:
+    """M2M100 (the target's code forced first): the gate's fp32 decode of its probes is the server's greedy decode
+    (broken once on purpose, the code not forced: the rows began with the model's own first choice)."""
+    from export.fp16_gate import STEPS, _Graphs, forced_first, probe_direction
+    from model.directory import read_metadata
+    from model.m2m_tokenizer import M2MTokenizer
+    from server.core.offline import translate_ids
+    from tests.m2m_tiny import build_m2m100_dir
+    from tests.serving import onnx_model, runner_of
+    from tests.test_m2m_served import sharpened
+
+    model = tmp_path / "ours"
+    assert import_main(["--model", str(sharpened(build_m2m100_dir(tmp_path / "hf"))), "--out", str(model)]) == 0
+    assert export_main(["--model-dir", str(model), "--variants", "fp32,fp16"]) == 0
+    meta = read_metadata(model / "onnx" / "fp32")
+    sources, first = probe_sources(model), forced_first(model, meta)
+    assert first == M2MTokenizer(model).tag_ids[probe_direction(model)[1]]
+    gate, finite = _Graphs(model / "onnx" / "fp32", "cpu").decode(sources, STEPS, forced=None, first=first)
+    served = translate_ids(runner_of(onnx_model(model)), sources, 1, 1.0, STEPS, forced_first=first)
+    for row, (best,) in zip(gate.tolist(), served, strict=True):
+        ended = row.index(meta.eos_id) if meta.eos_id in row else STEPS
+        assert row[:ended] == list(best.tokens)
+    assert finite and max(len(best.tokens) for best, in served) > 2  # more than the code and one token
+    found = measure(model, "cpu")
+    assert found.passed and found.positions >= len(sources)  # the forced first position not among them

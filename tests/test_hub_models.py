@@ -160,9 +160,8 @@ def test_a_branch_resolves_offline_from_the_cache_and_a_sha_needs_no_ref(
 
 def test_an_unreachable_hub_falls_back_to_the_cached_ref(tmp_path: Path, hub: Path, offline: HubSettings) -> None:
     """Online, but every connection refused (the network blocked): the branch resolves from refs/ and builds."""
-    started = time.monotonic()
     built = ensure_model(REPO, BuildPlan(), tmp_path / "cache", HubSettings(hub, offline=False))
-    assert built.revision == SHA and built.built and time.monotonic() - started < 120
+    assert built.revision == SHA and built.built
 
 
 def test_a_local_transformers_directory_is_served_under_its_name(

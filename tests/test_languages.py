@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from model.directions import Directions
 from model.languages import (
     VERBATIM,
     AmbiguousLanguage,
@@ -183,11 +184,11 @@ def test_a_language_fits_alike_however_the_client_or_the_model_spells_it() -> No
 
 
 def test_a_pair_is_routed_by_its_source_then_the_targets_of_that_source() -> None:
-    pairs = (("eng", "por"), ("eng", "pob"), ("fra", "eng"))
+    pairs = Directions.of_pairs((("eng", "por"), ("eng", "pob"), ("fra", "eng")))
     route = route_pair("en", "pt-BR", pairs)
     assert route is not None and (route.source, route.target, route.sentence_language) == ("eng", "pob", "eng")
     assert route_pair("fr", "pt", pairs) is None  # fra has no Portuguese target
-    grouped = route_pair("sw", "en", (("mul", "eng"),))
+    grouped = route_pair("sw", "en", Directions.of_pairs((("mul", "eng"),)))
     assert grouped is not None and grouped.sentence_language == "sw"  # a group source splits by the client's code
 
 
@@ -195,9 +196,10 @@ def test_a_family_that_lists_no_member_takes_any_language_below_mul() -> None:
     """`mul` reads any language; a family (`zle`) whose model card named no member is taken as one too, but ranks
     below it, so German beside opus-mt-mul-en and an East Slavic model goes to the first. (Broken once on purpose,
     every group scored alike: German went to whichever of the two loaded first.)"""
-    family, anything = route_pair("de", "en", (("zle", "eng"),)), route_pair("de", "en", (("mul", "eng"),))
+    family = route_pair("de", "en", Directions.of_pairs((("zle", "eng"),)))
+    anything = route_pair("de", "en", Directions.of_pairs((("mul", "eng"),)))
     assert family is not None and anything is not None and anything.fit > family.fit
-    real = route_pair("ru", "en", (("rus", "eng"),))
+    real = route_pair("ru", "en", Directions.of_pairs((("rus", "eng"),)))
     assert real is not None and real.fit > anything.fit
 
 
@@ -223,9 +225,9 @@ def test_listed_spellings_are_unique_per_model_and_reach_the_code_they_were_list
 
 
 def test_error_messages_list_pairs_with_their_bcp47_spelling_and_cut_long_lists() -> None:
-    assert describe_pairs({"m": (("eng", "pob"),)}) == "m: eng-pob (en-pt-BR)"
+    assert describe_pairs({"m": Directions.of_pairs((("eng", "pob"),))}) == "m: eng-pob (en-pt-BR)"
     many = tuple(("eng", f"x{i:02d}") for i in range(40))
-    assert "and 16 more (ListModels lists them)" in describe_pairs({"m": many})
+    assert "and 16 more (ListModels lists them)" in describe_pairs({"m": Directions.of_pairs(many)})
 
 
 @pytest.mark.parametrize(

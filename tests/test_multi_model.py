@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from export.hf import main as import_main
+from model.directions import Directions
 from server.core.runner import Candidates, Runner
 from server.edge.loading import LoadedModel
 from tests.marian_tiny import build_marian_dir
@@ -239,7 +240,7 @@ def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_dif
     from server.edge.config import parse_config
     from server.proto.translation.v1 import translation_pb2 as pb
 
-    spec = SimpleNamespace(pairs=(("de", "en"),))
+    spec = SimpleNamespace(directions=Directions.of_pairs((("de", "en"),)))
     model = SimpleNamespace(name="shared")
     engines: list[object] = [SimpleNamespace(load=0, draining=False, failed=False) for _ in range(2)]
     replicas = [cast(Backend, SimpleNamespace(engine=e, spec=spec, model=model)) for e in engines]
@@ -268,7 +269,12 @@ def test_a_code_one_model_cannot_tell_apart_goes_to_a_model_it_fits_plainly() ->
     def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
         engine = SimpleNamespace(load=0, draining=False, failed=False)
         return cast(
-            Backend, SimpleNamespace(engine=engine, spec=SimpleNamespace(pairs=pairs), model=SimpleNamespace(name=name))
+            Backend,
+            SimpleNamespace(
+                engine=engine,
+                spec=SimpleNamespace(directions=Directions.of_pairs(pairs)),
+                model=SimpleNamespace(name=name),
+            ),
         )
 
     dialects = backend("opus-mt-en-ar-dialects", (("en", "ary"), ("en", "arz")))
@@ -294,7 +300,12 @@ def test_a_language_goes_to_the_specialised_model_however_the_client_spells_it(s
     def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
         engine = SimpleNamespace(load=0, draining=False, failed=False)
         return cast(
-            Backend, SimpleNamespace(engine=engine, spec=SimpleNamespace(pairs=pairs), model=SimpleNamespace(name=name))
+            Backend,
+            SimpleNamespace(
+                engine=engine,
+                spec=SimpleNamespace(directions=Directions.of_pairs(pairs)),
+                model=SimpleNamespace(name=name),
+            ),
         )
 
     targets = ("deu", "spa", "por", "pob", "fra", "ita", "nld", "pol", "ces", "fin", "swe", "dan", "nob", "tur", "ell")

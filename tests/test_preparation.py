@@ -1,15 +1,20 @@
 """Admission sizing and the preparation lane (server/edge/admission.py, server/edge/preparation.py), on a bare
-event loop: a burst's admissions and refusals all come before any of its calls is split and tokenized."""
+event loop: a burst's admissions and refusals all come before any of its calls is split and tokenized.
+
+The lane's tests run on virtual time (`VirtualClock`): the lane's clock and its loop's timers read one clock, a
+timer's wait passes at once and every other turn of the loop takes TURN_S, so what they check is decided by
+turns, timers and the work's stated cost, never by how busy the machine is."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+import selectors
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
+from typing import Any, TypeVar
 
 import pytest
 
@@ -20,6 +25,61 @@ from server.edge.admission import counted_sentences, sentences_to_hold
 from server.edge.preparation import PreparationLane
 
 Log = list[tuple[str, int]]  # ("arrive" or "prepare", index) in the order they happened
+T = TypeVar("T")
+TURN_S = 1e-5  # virtual seconds a turn of the loop takes when it waits for no timer (an idle turn: microseconds)
+
+
+class VirtualClock:
+    """The lane's `time` and its loop's clock: a loop waiting for a timer jumps to it; any other turn takes TURN_S."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.turns = 0  # turns of the loop that waited for no timer: a loop that spins counts thousands
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Work on the loop that takes `seconds`."""
+        self.now += seconds
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """`asyncio.run(main)` on this clock."""
+        with asyncio.Runner(loop_factory=lambda: _VirtualLoop(self)) as runner:
+            return runner.run(main)
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:  # no timer and nothing ready: only a thread's result can wake the loop
+            return super().select(None)
+        if timeout > 0:
+            self.clock.now += timeout
+        else:
+            self.clock.now += TURN_S
+            self.clock.turns += 1
+        return super().select(0)
+
+
+class _VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(_VirtualSelector(clock))
+        self.clock = clock
+
+    def time(self) -> float:
+        return self.clock.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """Virtual time for the lane: run its scenario with `clock.run`."""
+    virtual = VirtualClock()
+    monkeypatch.setattr(preparation, "time", virtual)
+    return virtual
 
 
 def recording(log: Log, index: int) -> Callable[[], int]:
@@ -46,7 +106,7 @@ async def arrivals(lane: PreparationLane, log: Log, turns: int, refused: bool = 
 
 
 def test_nothing_is_prepared_while_calls_keep_arriving_and_then_all_in_admission_order(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
 ) -> None:
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)  # no flood guard: the lull alone decides
 
@@ -56,16 +116,18 @@ def test_nothing_is_prepared_while_calls_keep_arriving_and_then_all_in_admission
         await arrivals(lane, log, 200)
         return log, list(await asyncio.gather(*admitted))
 
-    log, results = asyncio.run(burst())
+    log, results = clock.run(burst())
     assert results == [0, 1, 2]
     assert log[200:] == [("prepare", 0), ("prepare", 1), ("prepare", 2)], "after the last arrival, in order"
 
 
-def test_calls_tens_of_turns_apart_as_a_burst_begins_are_no_lull(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calls_tens_of_turns_apart_as_a_burst_begins_are_no_lull(
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
+) -> None:
     """At a burst's start its calls reach the servicer tens of turns of the loop apart: preparing between
     them would hand the engines work that decodes beside the burst's refusals."""
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
-    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.2)  # turns decide here, not a loaded machine's timers
+    monkeypatch.setattr(preparation, "QUIET_INTERVAL_S", 0.2)  # turns decide here, not the timer
 
     async def ramp() -> Log:
         lane, log = PreparationLane(), Log()
@@ -78,59 +140,62 @@ def test_calls_tens_of_turns_apart_as_a_burst_begins_are_no_lull(monkeypatch: py
         await admitted
         return log
 
-    log = asyncio.run(ramp())
+    log = clock.run(ramp())
     assert log.index(("prepare", 0)) == 10, "prepared after the calls, not between them"
 
 
-def test_under_an_endless_flood_one_call_is_prepared_per_deferral(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_an_endless_flood_one_call_is_prepared_per_deferral(
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
+) -> None:
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 0.02)
 
     async def flood() -> list[float]:
         lane, log, times = PreparationLane(), Log(), []
 
         def work() -> None:  # longer than a slice: one call per deferral
-            times.append(time.monotonic())
-            time.sleep(preparation.PREPARE_SLICE_S)
+            times.append(clock.now)
+            clock.advance(2 * preparation.PREPARE_SLICE_S)
 
         admitted = [asyncio.ensure_future(lane.prepare(work, chars=20)) for _ in range(3)]
         arriving = asyncio.ensure_future(arrivals(lane, log, 10**9))
-        await asyncio.gather(*admitted)
+        await asyncio.wait(admitted, timeout=1.0)  # virtual seconds
         arriving.cancel()
         return times
 
-    times = asyncio.run(flood())
-    assert len(times) == 3 and all(b - a >= 0.02 for a, b in itertools.pairwise(times))
+    times = clock.run(flood())
+    assert len(times) == 3, "admitted calls still move under the flood"
+    assert times[0] >= 0.02 and all(b - a >= 0.02 for a, b in itertools.pairwise(times)), "one per deferral"
 
 
 def test_while_the_queue_refuses_the_lane_waits_on_a_timer_instead_of_turning_the_loop(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
 ) -> None:
     """A loop turned without pause through a burst takes a core from gRPC's threads reading the calls
-    (refusals waited 60-100 ms longer in `bench.burst`): the loop idles between arrivals."""
+    (refusals waited 60-100 ms longer in `bench.burst`): the loop idles between arrivals, turning a few times
+    per call where a spinning one turns for every TURN_S of the burst's 0.3 s."""
     monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
-    monkeypatch.setattr(preparation, "REFUSING_FOR_S", 60.0)  # a loaded machine's timers may space them widely
     monkeypatch.setattr(preparation, "REFUSING_QUIET_INTERVAL_S", 0.05)
 
-    async def spaced_burst() -> tuple[Log, float, float]:
+    async def spaced_burst() -> tuple[Log, int]:
         lane, log = PreparationLane(), Log()
         admitted = asyncio.ensure_future(lane.prepare(recording(log, 0), chars=20))
-        wall, cpu = time.monotonic(), time.thread_time()
+        turns = clock.turns
         for index in range(60):  # refused calls in the next turns of the loop, then one every 5 ms
             arrive(lane, refused=True)
             log.append(("arrive", index))
             await asyncio.sleep(0 if index < 3 else preparation.REFUSING_QUIET_INTERVAL_S / 10)
-        cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+        turns = clock.turns - turns
         await admitted
-        return log, cpu, wall
+        return log, turns
 
-    log, cpu, wall = asyncio.run(spaced_burst())
+    log, turns = clock.run(spaced_burst())
     assert log[-1] == ("prepare", 0) and len(log) == 61, "prepared once the calls stopped"
-    assert cpu < 0.5 * wall, f"the loop ran {cpu / wall:.0%} of the burst's time: it spun"
+    assert turns <= 4 * 60, f"the loop turned {turns} times for 60 calls: it spun"
 
 
 @pytest.mark.parametrize("refusing", [False, True])
 def test_a_lone_call_is_prepared_at_once_and_one_followed_by_others_waits_for_a_timed_lull(
-    monkeypatch: pytest.MonkeyPatch, refusing: bool
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock, refusing: bool
 ) -> None:
     monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)
     monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
@@ -139,23 +204,24 @@ def test_a_lone_call_is_prepared_at_once_and_one_followed_by_others_waits_for_a_
 
     async def scenario() -> tuple[float, float]:
         lane = PreparationLane()
-        started = time.monotonic()
+        started = clock.now
         arrive(lane)
         await asyncio.wait_for(lane.prepare(lambda: None, chars=20), timeout=5)
-        lone = time.monotonic() - started
-        started = time.monotonic()
+        lone = clock.now - started
         arrive(lane)
         followed = asyncio.ensure_future(lane.prepare(lambda: None, chars=20))
         await arrivals(lane, Log(), 3, refused=refusing)  # more calls, in the next turns of the loop
+        started = clock.now  # the last of them
         await asyncio.wait_for(followed, timeout=5)
-        return lone, time.monotonic() - started
+        return lone, clock.now - started
 
-    lone, followed = asyncio.run(scenario())
-    assert lone < 0.15 <= followed
+    lone, followed = clock.run(scenario())
+    assert lone < 0.3, "prepared after its quiet turns, with no quiet interval waited"
+    assert followed >= 0.3, "prepared a whole quiet interval after the last call"
 
 
 def test_while_the_queue_refuses_a_pause_shorter_than_its_quiet_interval_is_no_lull(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
 ) -> None:
     """A client's sending pauses for a few milliseconds within a burst: a slice there would put the rest of
     the burst's refusals behind it."""
@@ -173,12 +239,12 @@ def test_while_the_queue_refuses_a_pause_shorter_than_its_quiet_interval_is_no_l
         await admitted
         return log
 
-    log = asyncio.run(paused_burst())
+    log = clock.run(paused_burst())
     assert log[-1] == ("prepare", 0) and len(log) == 9, "prepared once the refused calls stopped"
 
 
 def test_under_an_endless_flood_of_refusals_a_slice_keeps_its_share_of_the_wait(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
 ) -> None:
     """The lane waits up to REFUSING_MAX_DEFERRAL_S for a lull, then prepares for PREPARATION_SHARE of that
     wait: admitted calls still move, and each refusal waits behind one slice at most."""
@@ -189,25 +255,28 @@ def test_under_an_endless_flood_of_refusals_a_slice_keeps_its_share_of_the_wait(
         lane, log, times = PreparationLane(), Log(), []
 
         def work() -> None:  # 2 ms a call: a slice of a tenth of 0.2 s prepares several
-            times.append(time.monotonic())
-            time.sleep(0.002)
+            times.append(clock.now)
+            clock.advance(0.002)
 
         arrive(lane, refused=True)
-        started = time.monotonic()
+        started = clock.now
         admitted = [asyncio.ensure_future(lane.prepare(work, chars=20)) for _ in range(40)]
         arriving = asyncio.ensure_future(arrivals(lane, log, 10**9, refused=True))
-        await asyncio.gather(*admitted)
+        await asyncio.wait(admitted, timeout=2.0)  # virtual seconds: 1 is enough for 10 calls a slice
         arriving.cancel()
         return started, times
 
-    started, times = asyncio.run(flood())
+    started, times = clock.run(flood())
     assert times[0] - started >= 0.2, "nothing prepared before the deferral while calls are refused"
     first_slice = [t for t in times if t - times[0] < 0.02]
     assert len(first_slice) >= 3, f"a slice of a tenth of the wait, not one call: {len(first_slice)} prepared"
     assert all(b - a < 0.2 + 0.1 for a, b in itertools.pairwise(times)), "the lane prepares every deferral"
+    assert len(times) == 40, "every admitted call is prepared"
 
 
-def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
+) -> None:
     """Short calls under steady load take one lull between them, not one each; a long one takes its own."""
     monkeypatch.setattr(preparation, "PREPARE_SLICE_S", 0.05)
 
@@ -215,11 +284,8 @@ def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(monkeypatch: pyt
         lane, prepared_per_lull = PreparationLane(), []
         runs = lane.prepared
 
-        def work(seconds: float) -> None:
-            time.sleep(seconds)
-
         calls = [0.001] * 5 + [0.2, 0.001]
-        admitted = [asyncio.ensure_future(lane.prepare(partial(work, seconds), chars=20)) for seconds in calls]
+        admitted = [asyncio.ensure_future(lane.prepare(partial(clock.advance, seconds), chars=20)) for seconds in calls]
         while not all(call.done() for call in admitted):
             await asyncio.sleep(0)
             if lane.prepared != runs:
@@ -227,7 +293,7 @@ def test_a_lull_prepares_calls_for_a_slice_of_time_one_at_least(monkeypatch: pyt
                 runs = lane.prepared
         return prepared_per_lull
 
-    assert asyncio.run(scenario()) == [6, 1]  # five short ones and the long one, then the last
+    assert clock.run(scenario()) == [6, 1]  # five short ones and the long one, then the last
 
 
 def test_a_call_that_ends_while_it_waits_is_never_prepared_and_a_failure_reaches_its_own_call() -> None:

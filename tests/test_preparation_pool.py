@@ -4,16 +4,22 @@ the call's deadline passes or it is cancelled, and in turns, so no call holds th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections import Counter
 
 import grpc
+import pytest
 from prometheus_client import CollectorRegistry
 
 from server.core.checkpoints import CallEnded, checkpoint
+from server.core.events import QueueFullError
+from server.edge import preparation
 from server.edge.errors import status_for
 from server.edge.metrics import Metrics
 from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
+from server.edge.preparation_pool import CallToken, Turns
 from server.edge.request_parts import _detect_all
 from server.edge.servicer import _timed_preparation
 
@@ -88,6 +94,76 @@ def test_long_calls_take_turns_so_a_later_call_runs_while_they_still_go_on() -> 
             await asyncio.gather(*hogs, return_exceptions=True)
 
     assert asyncio.run(crowded()) == "mine"
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_long_call_is_prepared_only_once_calls_stop_arriving(monkeypatch: pytest.MonkeyPatch, refused: bool) -> None:
+    """A pool thread holding the GIL delays every call the loop has not answered yet, as preparing on the loop
+    would (news-length calls in `bench.burst`: refusals 0.5-0.8 s after the floor): the pool waits for the
+    lane's lull too."""
+    monkeypatch.setattr(preparation, "MAX_DEFERRAL_S", 60.0)  # no flood guard: the lull alone decides
+    monkeypatch.setattr(preparation, "REFUSING_MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(preparation, "REFUSING_FOR_S", 60.0)
+    log: list[str] = []
+    began = threading.Event()
+
+    def work() -> str:
+        began.set()
+        for _ in range(3):
+            checkpoint()
+            log.append("prepare")
+        return "done"
+
+    async def burst() -> tuple[bool, str]:
+        lane = PreparationLane()
+        admitted = asyncio.ensure_future(lane.prepare(work, chars=LONG))
+        for _ in range(20_000):  # until the thread would long have run, had it not waited
+            with contextlib.suppress(QueueFullError), lane.arrival():
+                if refused:
+                    raise QueueFullError("queue is full")
+            log.append("arrive")
+            await asyncio.sleep(0)
+        began_during_burst = began.is_set()
+        return began_during_burst, await asyncio.wait_for(admitted, timeout=60)
+
+    began_during_burst, result = asyncio.run(burst())
+    assert not began_during_burst, "the pool ran while calls kept arriving"
+    assert result == "done" and log[20_000:] == ["prepare"] * 3
+
+
+def test_a_call_waiting_for_its_turn_is_woken_only_when_it_may_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread woken for nothing takes the GIL from the event loop: with 128 waiting, a turn handed on
+    woke them all."""
+    looks: Counter[int] = Counter()
+    check = CallToken.check
+
+    def counted(token: CallToken) -> None:
+        looks[id(token)] += 1
+        check(token)
+
+    monkeypatch.setattr(CallToken, "check", counted)
+    turns, order = Turns(1), []
+    running = CallToken(None)
+    turns.take(running)
+    tokens = [CallToken(None) for _ in range(5)]
+
+    def one(index: int) -> None:
+        turns.take(tokens[index])
+        order.append(index)
+        turns.give()
+
+    threads = [threading.Thread(target=one, args=(index,)) for index in range(len(tokens))]
+    for count, thread in enumerate(threads, start=1):
+        thread.start()
+        while turns.waiting() < count:  # in arrival order
+            time.sleep(0.001)
+    turns.pause()
+    turns.give()  # paused: nobody may run, nobody is woken
+    turns.resume()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert order == [0, 1, 2, 3, 4]
+    assert [looks[id(token)] for token in tokens] == [1] * 5, "each looked once as it came, then ran when woken"
 
 
 class CountingDetector:

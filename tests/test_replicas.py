@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import open_channels
 from bench.run import free_port
+from model.files import CONFIG_FILE, WEIGHTS_FILE
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import ROOT, health_status, request, wait_until
 
@@ -251,27 +252,46 @@ def test_server_processes_stop_when_their_parent_is_killed(tiny_exported_dir: Pa
 
 
 def test_a_process_that_cannot_start_stops_the_server_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"  # a model directory by its files, whose model no server process can load
+    broken.mkdir()
+    (broken / CONFIG_FILE).write_text("not a config")
+    (broken / WEIGHTS_FILE).write_bytes(b"not weights")
     port = free_port()
     command = [
         sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
-        "--metrics-port", "-1", "--model-dir", str(tmp_path / "missing"),
+        "--metrics-port", "-1", "--model-dir", str(broken),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 1
-    assert "failed to start" in done.stderr and "does not exist" in done.stderr
+    assert "failed to start" in done.stderr
 
 
-def test_a_port_another_server_holds_is_refused(tiny_exported_dir: Path) -> None:
+def replicas_refused(port: int, model_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`--processes 2` on `port` serving `model_dir`, run until it exits."""
+    command = [
+        sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-port", "-1", "--model-dir", str(model_dir),
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_a_missing_model_directory_is_refused_in_one_line_with_status_2_as_by_a_single_server(tmp_path: Path) -> None:
+    """Broken before: every server process failed on its own, and the parent exited 1 after their logs."""
+    done = replicas_refused(free_port(), tmp_path / "missing")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [f"translate-server: model directory {tmp_path / 'missing'} does not exist"]
+
+
+def test_a_port_another_server_holds_is_refused_in_one_line_with_status_2(tiny_exported_dir: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        command = [
-            sys.executable, "-m", "server.edge.main", "--processes", "2", "--host", "127.0.0.1", "--port", str(port),
-            "--metrics-port", "-1", "--model-dir", str(tiny_exported_dir),
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 1 and "could not bind" in done.stderr
+        done = replicas_refused(port, tiny_exported_dir)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"translate-server: could not bind 127.0.0.1:{port}: the port is in use (another server?)"
+    ]
 
 
 @pytest.mark.parametrize("argv", [["--processes", "0"], ["--processes", "2", "--port", "0"]])

@@ -258,20 +258,6 @@ def test_an_off_cache_is_no_cache(uncached: RunningServer) -> None:
     assert uncached.server.caches == {} and decoded(uncached) == 3
 
 
-def test_the_bench_workload_repeats_only_interface_strings_at_about_the_share() -> None:
-    from bench.cache_repeats import UI_STRINGS, repeated_workload
-    from bench.loadgen import Query
-
-    unique = [Query((f"Satz {n}.",), "de", "en") for n in range(400)]
-    queries = repeated_workload(unique, 300, share=0.3, seed=1)
-    repeated = [q for q in queries if q.texts[0] in UI_STRINGS["de"]]
-    assert 0.22 < len(repeated) / len(queries) < 0.38
-    rest = [q.texts for q in queries if q.texts[0] not in UI_STRINGS["de"]]
-    assert rest == [q.texts for q in unique[: len(rest)]]  # each unique sentence once, in order
-    with pytest.raises(ValueError, match="too few"):
-        repeated_workload(unique[:10], 300, share=0.3)
-
-
 def test_the_real_runtime_answers_the_same_from_the_cache_in_an_engine_process(tiny_exported_dir: Path) -> None:
     """fp32 onnxruntime: an engine process behind a cache answers as an in-process engine without one."""
     from server.edge.loading import load_model

@@ -550,11 +550,11 @@ class HeldTokenizer(Tokenizer):
         super().__init__(path)
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def encode_source(self, text: str, target_lang: str) -> list[int]:
+    def encode_source(self, text: str, target_lang: str, source_lang: str | None = None) -> list[int]:
         self.entered.set()
         if not self.release.wait(START_TIMEOUT_S):
             raise TimeoutError("the test never released the tokenizer")
-        return super().encode_source(text, target_lang)
+        return super().encode_source(text, target_lang, source_lang)
 
 
 def test_a_request_still_being_prepared_when_the_drain_begins_is_translated(
@@ -704,11 +704,9 @@ def test_an_open_health_watch_does_not_hold_the_exit_for_the_drain_grace(tiny_mo
     with server_process(tiny_model_dir) as (process, address), grpc.insecure_channel(address) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-        signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert process.wait(60) == 0
-        assert time.monotonic() - signalled < 15  # the port's 1 s, the stop's 1 s flush, the interpreter's exit
+        assert process.wait(15) == 0  # half the test server's 30 s drain grace: the open watch held nothing
         with pytest.raises(grpc.RpcError):
             next(watch)  # ended by the server's stop
 

@@ -5,7 +5,6 @@ decodes against the slot cache and the working batch, in fp32 and fp16. CUDA cap
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -19,7 +18,7 @@ import onnx
 import onnxruntime
 import pytest
 
-from bench import engines, static_parity
+from bench import engines
 from bench.engines import EngineSettings
 from bench.run import QUICK, bench_served_cache, load_workload
 from export.__main__ import main as export_main
@@ -34,6 +33,7 @@ from model.directory import (
     MetadataError,
     read_metadata,
 )
+from quality import static_parity
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner, make_session
 from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner, buckets
@@ -299,7 +299,7 @@ def test_the_benchmark_arm_reproduces_its_uncaptured_twin(model: Path, tiny_expo
 
 
 def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m bench.static_parity`, the step bench.gpu_check runs on CUDA, here on the CPU provider."""
+    """`python -m quality.static_parity`, the step bench.gpu_check runs on CUDA, here on the CPU provider."""
     assert static_parity.main(["--model-dir", str(model), "--limit", "20", "--slots", "5", "--max-len", "10"]) == 0
     printed = capsys.readouterr().out
     lines = re.findall(r"(fp\d+) (static|fused) beam \d: identical token ids (\d+)/(\d+)", printed)
@@ -401,38 +401,3 @@ def test_the_scheduler_hands_out_the_lowest_free_slots(model: Path) -> None:
     step()  # slot 0 was freed after the first step, slot 2 after this one
     scheduler.add(3, [SOURCES[1]], DecodeOptions(beam_size=1, max_output_len=4), None, now=0.0)
     assert [item.slots for item in step().encode] == [[0]]
-
-
-def test_the_runner_split_accounts_for_every_call(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m bench.runner_split`: the runner's calls and the host's rest add up to the decode, each
-    step is filed under the bucket it ran, the beam decode's reorders are counted, every bucket is replayed,
-    and the runner's own methods are back afterwards."""
-    from bench import runner_split
-
-    variant_dir = model / "onnx" / "fp32"
-    runner = open_runner(variant_dir, 16, "cpu", kv_cache="static")
-    assert isinstance(runner, StaticCacheRunner)
-    sources = runner_split.random_sources(runner.spec.vocab_size, runner.spec.eos_id, 6, 5)
-    greedy, beam = (runner_split.split(runner, sources, beam, 4) for beam in (1, 4))
-    assert not {"encode", "copy_slots", "step"} & set(vars(runner))  # the class's methods again
-    for found in (greedy, beam):
-        assert found["runner_ms"] + found["host_ms"] == pytest.approx(found["total_ms"])
-        assert found["tokens"] <= 6 * 4 * found["beam"]
-        steps = {key: call for key, call in found["calls"].items() if key.startswith("step@")}
-        assert set(steps) <= {f"step@{size}" for size in runner.buckets}
-        assert sum(call["calls"] for call in steps.values()) >= 4  # a step per generated position at least
-    assert greedy["calls"] == {"encode": greedy["calls"]["encode"], "step@8": greedy["calls"]["step@8"]}
-    assert greedy["calls"]["step@8"]["calls"] <= 4  # 6 rows in the smallest bucket, at most 4 positions
-    assert "copy_slots" not in greedy["calls"] and beam["calls"]["copy_slots"]["calls"] >= 1
-    assert set(runner_split.replay_ms(runner)) == set(runner.buckets)
-
-    out = model.parent / "split.json"
-    args = ["--model-dir", str(model), "--variant", "fp32", "--kv-caches", "working,static", "--sentences", "4"]
-    assert runner_split.main([*args, "--slots", "8", "--max-len", "3", "--out", str(out)]) == 0
-    written = json.loads(out.read_text())
-    assert [run["kv_cache"] for run in written["runs"]] == ["working", "static"]
-    assert "replay_ms" in written["runs"][1] and "replay_ms" not in written["runs"][0]
-    assert written["command"].startswith("python -m bench.runner_split --model-dir")
-    assert "static beam 4:" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        runner_split.main([*args, "--kernel-profile"])  # CUDA kernels only

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from bench.sample_pairs import SAMPLE_PAIRS
 from export.builder.weights import Weights, expected_shapes
 from model.config import ModelConfig
+from model.data import read_tsv
 from model.files import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from model.tokenizer import Tokenizer, file_sha256, train_tokenizer
 
-TINY_PAIRS = SAMPLE_PAIRS  # the random Marian models' sample text, for our tiny models too
+# The random Marian models' sample text (bench/marian_random.py), for our tiny models too
+TINY_PAIRS = [(p.de, p.en) for p in read_tsv(Path(__file__).resolve().parent.parent / "data" / "sample_pairs.tsv")]
 
 TINY_CONFIG = ModelConfig(
     vocab_size=0,  # replaced by the tokenizer's size

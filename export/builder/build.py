@@ -57,7 +57,7 @@ def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
         opset=opset, exporter=EXPORTER, source_sha256=weights_sha256(model_dir),
         n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
         vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-        tag_ids=dict(tokenizer.tag_ids), language_pairs=[[s, t] for s, t in tokenizer.pairs],
+        tag_ids=dict(tokenizer.tag_ids), languages=tokenizer.directions.to_json(),
         max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=FLOAT_RECIPES[variant],
     )  # fmt: skip
 

@@ -11,7 +11,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from export.fetch import torch_needed
+PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
 
 
 class UnsupportedModel(Exception):
@@ -79,3 +79,15 @@ def load_pickled_weights(path: Path) -> dict[str, np.ndarray]:
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise UnsupportedModel(f"{path} holds no state dict of tensors")
     return {name: tensor.float().numpy() for name, tensor in state.items()}
+
+
+def torch_needed(what: str, repository: str | None = None) -> str:
+    """The refusal of weights kept only in pytorch_model.bin where torch is not installed; `repository` where a
+    hub revision with safetensors is the other way out."""
+    other = (
+        f"a revision with safetensors, such as a conversion pull request: {repository}@refs/pr/N"
+        if repository
+        else "the weights saved as model.safetensors (save_pretrained)"
+    )
+    install = "pip install 'translate-service[train]'"
+    return f"{what} ships only {PICKLED_WEIGHTS}; reading it needs torch ({install}) or {other}"

@@ -71,12 +71,13 @@ def ending(cfg: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
     )
 
 
-def generation_defaults(directory: Path, hf: dict[str, Any], pairs: list[list[str]], weights: str) -> dict[str, Any]:
-    """decoding.json: the model's own beam, output limit and length penalty, for requests that set none."""
+def generation_defaults(directory: Path, hf: dict[str, Any], directions: list[str], weights: str) -> dict[str, Any]:
+    """decoding.json: the model's own beam, output limit and length penalty, for requests that set none; the
+    penalty keyed as `model.directory.direction_names` names the `directions`."""
     gen = read_json(directory / "generation_config.json") or hf
     penalty = float(gen.get("length_penalty", 1.0))
     return {
-        "length_penalty": {f"{s}-{t}": penalty for s, t in pairs},
+        "length_penalty": dict.fromkeys(directions, penalty),
         "beam_size": int(gen.get("num_beams") or 1),
         # transformers' max_length counts the decoder's start token; ours counts generated tokens only
         "max_output_len": int(gen.get("max_new_tokens") or 0)

@@ -18,6 +18,7 @@ from export.importers.files import DamagedFiles, Source, UnsupportedModel, damag
 from export.importers.language_codes import M2M100_LISTS, NLLB_CODES
 from export.importers.registry import Importer, register
 from model.config import ModelConfig
+from model.directions import Directions
 from model.languages import listed
 from model.m2m_tokenizer import BOS, CODES_FILE, EOS, PAD, SPM_FILE, TOKENIZER_JSON, UNK, VOCAB_FILE
 from model.marian_tokenizer import read_vocab
@@ -56,12 +57,15 @@ class M2M100Importer(Importer):
         (out / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False) + "\n", encoding="utf-8")
         (out / CODES_FILE).write_text(json.dumps(codes, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    def pairs(self, args: argparse.Namespace, source: Source, out: Path) -> list[list[str]]:
-        """Every language to every other, or those the flags list (`+`- or `,`-joined)."""
+    def directions(self, args: argparse.Namespace, source: Source, out: Path) -> Directions:
+        """Any language into any other, or among those the flags list (`+`- or `,`-joined): declared as two sets,
+        never as the pairs (NLLB-200's 202 languages make some 40,000)."""
         languages = list(json.loads((out / CODES_FILE).read_text(encoding="utf-8")))
         sources = chosen(args.source_lang, languages, "--source-lang")
         targets = chosen(args.target_lang, languages, "--target-lang")
-        return [[s, t] for s in sources for t in targets if s != t]
+        if sources == targets == [sources[0]]:
+            raise UnsupportedModel(f"--source-lang and --target-lang name only {sources[0]}: no direction to serve")
+        return Directions.between(sources, targets)
 
 
 def chosen(flag: str | None, languages: list[str], name: str) -> list[str]:

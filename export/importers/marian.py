@@ -15,6 +15,7 @@ import sentencepiece as spm
 from export.importers.files import DamagedFiles, Source, UnsupportedModel, damaged, read_json
 from export.importers.registry import Importer, register
 from model.config import ModelConfig
+from model.directions import Directions
 from model.languages import AmbiguousLanguage, listed
 from model.languages import match as match_language
 from model.languages import parse as parse_language
@@ -40,8 +41,9 @@ class MarianImporter(Importer):
         check_vocabularies(out, cfg)
         check_special_ids(out, cfg)
 
-    def pairs(self, args: argparse.Namespace, source: Source, out: Path) -> list[list[str]]:
-        return languages(args, source, read_json(source.directory / "tokenizer_config.json"))
+    def directions(self, args: argparse.Namespace, source: Source, out: Path) -> Directions:
+        pairs = languages(args, source, read_json(source.directory / "tokenizer_config.json"))
+        return Directions.of_pairs([(s, t) for s, t in pairs])
 
 
 def model_config(hf: dict[str, Any], max_len: int) -> ModelConfig:

@@ -14,6 +14,7 @@ from export.importers.files import Source, UnsupportedModel
 from export.importers.generation import ending
 from export.importers.weights import convert_weights
 from model.config import ModelConfig
+from model.directions import Directions
 
 IMPORTERS: dict[str, type[Importer]] = {}
 
@@ -43,7 +44,7 @@ class Importer(ABC):
         return ending(cfg, gen)
 
     @abstractmethod
-    def pairs(self, args: argparse.Namespace, source: Source, out: Path) -> list[list[str]]:
+    def directions(self, args: argparse.Namespace, source: Source, out: Path) -> Directions:
         """The (source, target) language pairs the model translates, in its own codes."""
 
 

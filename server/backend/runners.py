@@ -40,7 +40,7 @@ def auto_cache_place(variant_dir: Path, provider: str) -> str:
     opus-mt's shape it served 1.11x the plain captured step's tokens/s greedy and 1.06x at beam 4, at a lower
     single-sentence p50; the plain build served 2.5x the uncaptured device caches' tokens/s greedy,
     docs/benchmarks.md#gpu), else the uncaptured device caches. On CPU host memory is the device: numpy caches
-    measure faster there (`python -m bench.cache_shape`), kept as the working batch."""
+    measure faster there (`python -m bench.cache_shape`, docs/decisions.md), kept as the working batch."""
     if provider != "cuda":
         return "working"
     if PROVIDERS["cuda"] not in ort.get_available_providers():

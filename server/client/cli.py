@@ -153,6 +153,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--xml", dest="text_type", action="store_const", const=pb.TEXT_TYPE_XML,
         help="the texts are XML (without texts, all of stdin is one document), printed back as XML",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep-placeholders", action=argparse.BooleanOptionalAction, default=True,
+        help="keep placeholders (%%s, {0}, {name}, {{name}}, ${name}) verbatim; --no-keep-placeholders: the model"
+        " reads them as text",
+    )  # fmt: skip
     parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=_seconds, default=None, help="deadline per request in seconds")
     parser.add_argument(
@@ -172,6 +177,7 @@ def make_options(args: argparse.Namespace) -> pb.TranslationOptions:
     options = pb.TranslationOptions(
         source_language=args.source, target_language=args.target, max_output_len=args.max_output_len, model=args.model,
         text_type=args.text_type,
+        placeholders=pb.PLACEHOLDERS_KEEP if args.keep_placeholders else pb.PLACEHOLDERS_OFF,
     )  # fmt: skip
     if args.beam_size is not None:
         options.beam_size = args.beam_size

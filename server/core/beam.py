@@ -9,7 +9,8 @@ order (ties: lower flat index first), EOS candidates among the K best finish wit
 score / length ** length_penalty (EOS ranked lower is passed over), the rest stay live until K are
 live; stop at K finished (every EOS among a step's K best counting; a patient search: once no live row could
 beat the K-th) or at `max_len` generated tokens, where the live rows among the step's K best finish too and the
-K best of all are kept.
+K best of all are kept. A forced first token (the target's code of NLLB and M2M100) is the first step's only
+candidate, at score 0: the step still runs, for the cache, and its candidates are passed over.
 The caller owns the rows (slots): after `advance`, live row i continues from parent row
 `parents[i]` with token `tokens[i]`. Greedy is K = 1.
 """
@@ -126,6 +127,7 @@ class BeamState:
     eos_id: int
     forced_eos: bool = False  # the step at max_len ends every live row with EOS, score unchanged (generate's ending)
     patient: bool = False  # go on past K finished while the best live row could beat the K-th (model/decode.py)
+    forced_first: int | None = None  # the first step's only candidate, at log-probability 0 (DecodeOptions')
     live: list[tuple[tuple[int, ...], float]] = field(default_factory=lambda: [((), 0.0)])
     finished: list[Hypothesis] = field(default_factory=list)
     steps: int = 0  # tokens generated so far by every live row
@@ -161,7 +163,12 @@ class BeamState:
         """`advance_ranked` for greedy (K = 1) in plain Python, from the one live row's best candidate: a
         single row's ranked list needs no merging, and its first entry is the one candidate greedy takes.
         `_advance` over that one candidate, unrolled: the engine runs it once per greedy row and step."""
-        if self.beam_size != 1 or (self.forced_eos and self.steps == self.max_len - 1) or not 0 <= token < vocab:
+        if (
+            self.beam_size != 1
+            or (self.forced_eos and self.steps == self.max_len - 1)
+            or (self.steps == 0 and self.forced_first is not None)
+            or not 0 <= token < vocab
+        ):
             return self._advance([token], [score], vocab)
         tokens = self.live[0][0]
         self.steps += 1
@@ -190,6 +197,8 @@ class BeamState:
     def _advance(self, order: list[int], top: list[float], vocab: int) -> Advance:
         if self.forced_eos and self.steps == self.max_len - 1:
             return self._force_eos()
+        if self.steps == 0 and self.forced_first is not None:
+            return self._force_first(self.forced_first)
         new_live: list[tuple[tuple[int, ...], float]] = []
         parents: list[int] = []
         top_live = 0  # how many of new_live rank among the K best candidates
@@ -229,6 +238,17 @@ class BeamState:
         `early_stopping=False` (generation/utils.py `_check_early_stop_heuristic`), which assumes a longer
         hypothesis scores no better."""
         return bool(live) and normalize(live[0][1], self.steps, self.length_penalty) > self.finished[-1].normalized
+
+    def _force_first(self, token: int) -> Advance:
+        """The first step under `forced_first`: the one live row's only candidate is `token`, at log-probability 0
+        (as transformers' ForcedBOSTokenLogitsProcessor leaves it after log_softmax), whatever the step ranked."""
+        self.steps = 1
+        if self.max_len == 1:
+            self.finished.append(Hypothesis((token,), 0.0, normalize(0.0, 1, self.length_penalty)))
+            self.live = []
+            return Advance([], [], done=True)
+        self.live = [((token,), 0.0)]
+        return Advance([0], [token], done=False)
 
     def _force_eos(self) -> Advance:
         """The last step under `forced_eos`: each live row's only candidate is EOS, at log-probability 0 (as

@@ -5,8 +5,9 @@ or colon before whitespace, a spaced dash or an em dash, and CJK's full-width co
 its enumeration comma and Arabic's comma and semicolon, which need no whitespace after them), then,
 inside a clause that alone is too long, at whitespace, and inside a run without whitespace (a URL,
 encoded data, a script written without spaces) between characters, never before a combining mark. Each
-part keeps the marks that end it; the whitespace at a cut stays between the parts' translations (none
-after a CJK comma), as `join(split.pieces, split.separators)` is the sentence.
+part keeps the marks that end it; `join(split.pieces, split.separators)` is the sentence. The parts'
+translations are joined with the whitespace at each cut (`joints`), and with a space after a mark that
+needs none (a CJK comma) where the translation after it is written with spaces.
 
 Segments are encoded once per level to choose the cuts and each part once more to check it, so the work is
 linear in the sentence; a part whose tokens the segments underestimated is cut again at the next level.
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
+from server.core.markup_render import spaced_word
 from server.core.splitter import Split, translatable
 
 Encode = Callable[[str], list[int]]  # a text to the ids the model reads (tag and EOS included)
@@ -27,7 +29,8 @@ Span = tuple[int, int, list[int]]  # a part's start and end in the sentence, and
 
 # Where a clause ends: Latin marks and dashes before whitespace (never "1,000" or "1990-2000"), an em dash,
 # and the CJK and Arabic marks with or without whitespace; a cut falls after the whitespace that follows
-_CLAUSE_END = re.compile(r"(?:[,;:]|\s[-\u2013\u2014])\s+|[\u2014\uff0c\uff1b\uff1a\u3001\u060c\u061b]\s*")
+_UNSPACED_MARKS = "\uff0c\uff1b\uff1a\u3001\u060c\u061b"  # clause marks no whitespace need follow
+_CLAUSE_END = re.compile(rf"(?:[,;:]|\s[-\u2013\u2014])\s+|[\u2014{_UNSPACED_MARKS}]\s*")
 _WHITESPACE = re.compile(r"\s+")
 _LEVELS = (_CLAUSE_END, _WHITESPACE)  # coarsest first; after the last, cuts fall between characters
 
@@ -131,3 +134,21 @@ def _character_end(text: str, start: int, at: int) -> int:
     while at - 1 > start and at < len(text) and unicodedata.combining(text[at]):
         at -= 1
     return at
+
+
+def joints(split: Split, translations: list[str]) -> list[str]:
+    """The separators `translations` (of `split.pieces`) are joined with: `split.separators`, and a space at a cut
+    with none after a mark that needs none (a CJK comma) where the next translation is written with spaces."""
+    return [" " if _spaced_cut(split, translations, i) else between for i, between in enumerate(split.separators)]
+
+
+def _spaced_cut(split: Split, translations: list[str], i: int) -> bool:
+    """Whether separator `i` is empty after a mark that needs no whitespace and the translations around it have
+    none at their edges, the first letter or digit after it of a script that puts spaces between its words."""
+    if not 0 < i < len(split.pieces) or split.separators[i]:
+        return False
+    before, after = translations[i - 1], translations[i]
+    if not split.pieces[i - 1].endswith(tuple(_UNSPACED_MARKS)) or not before or not after or before[-1].isspace():
+        return False
+    first = next((char for char in after if char.isalnum()), "")
+    return not after[0].isspace() and spaced_word(first)

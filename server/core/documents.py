@@ -9,7 +9,7 @@ hypothesis (itself, score 0) and zero tokens and sentences.
 A sentence over the model's source token limit is translated in parts, never refused: cut at clause
 boundaries, then at whitespace, then between characters (server.core.clauses). Each part is a sentence
 to the engine and to the counts of the result, and the parts' translations are joined with the
-whitespace that stood at each cut.
+whitespace that stood at each cut, or a space after a CJK comma into a script written with spaces.
 
 The model sees a sentence without its control characters (Unicode Cc: NUL, ESC, DEL, C1) and format
 characters (Cf: zero-width space, bidi marks, soft hyphens, BOM, word joiner): the tokenizer has no
@@ -28,20 +28,14 @@ from functools import partial
 
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
-from server.core.clauses import Encode, Parts, UncuttableError, cut
+from server.core.clauses import Encode, Parts, UncuttableError, cut, joints
 from server.core.splitter import Split, join, split
 from server.core.tag_placement import Boundaries, TagPlacement
 
 
 class TextLimitError(ValueError):
-    """A request text breaks a documented limit; the message names the text, the limit and what to do.
-
-    `logged` is the message for the server's logs: the same, less any excerpt of the client's text it quotes
-    (the access log holds no text of a request)."""
-
-    def __init__(self, message: str, logged: str | None = None) -> None:
-        super().__init__(message)
-        self.logged = message if logged is None else logged
+    """A request text breaks a documented limit; the message names the text (by its place, never quoting it), the
+    limit and what to do."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +92,17 @@ class PartialSentence:
     finished: bool
 
 
+@dataclass(frozen=True)
+class TextRefused:
+    """A text refused alone (the request allows partial results): the request's other texts are still translated."""
+
+    index: int  # position in the request
+    error: Exception  # what refusing the whole request would have raised: a TextLimitError, or the edge's own
+
+
+Refuse = Callable[[TextRefused], None]  # takes one text's refusal; where a caller passes none, the refusal is raised
+
+
 def request_text(index: int) -> str:
     """How a limit's message names text `index` of a request."""
     return f"texts[{index}]"
@@ -112,33 +117,42 @@ def prepare_texts(
     max_tokens: int,
     names: Callable[[int], str] = request_text,
     on_cut: Callable[[int], None] | None = None,
+    model_source: str | None = None,
+    refuse: Refuse | None = None,
 ) -> list[PreparedText]:
     """Split and tokenize every text, a sentence over `max_tokens` as its parts (server.core.clauses); reject (never
     truncate) anything over a limit, naming the text by `names` (a markup document's units are named by their
-    document). `on_cut` is told the parts of each sentence cut, once every text is prepared."""
+    document). `on_cut` is told the parts of each sentence cut, once every text is prepared. `model_source`: the
+    model's code of the source language, which the tokenizer writes where its scheme does (NLLB, M2M100). `refuse`
+    takes a text over a limit, which is then left out (its sentences uncounted); without it, the limit is raised."""
     prepared: list[PreparedText] = []
     sentences = 0
     cuts: list[int] = []  # parts of each sentence cut
-    encode = partial(source_ids, tokenizer, target_lang)
+    encode = partial(source_ids, tokenizer, target_lang, model_source)
     for index, text in enumerate(texts):
-        parts = split(text, source_lang)
-        sentences = _counted(sentences + len(parts.pieces), limits, names(index))
-        sources = [encode(piece) for piece in parts.pieces]
-        if any(len(ids) > max_tokens for ids in sources):
-            fitted = _fitted(parts, sources, encode, max_tokens, names(index))
-            sentences = _counted(sentences + len(fitted.split.pieces) - len(parts.pieces), limits, names(index))
-            cuts += fitted.cuts
-            parts, sources = fitted.split, fitted.sources
-        prepared.append(PreparedText(index, parts, sources))
+        try:
+            parts = split(text, source_lang)
+            counted = _counted(sentences + len(parts.pieces), limits, names(index))
+            fitted = _Fitted(parts, [encode(piece) for piece in parts.pieces], [])
+            if any(len(ids) > max_tokens for ids in fitted.sources):
+                fitted = _fitted(parts, fitted.sources, encode, max_tokens, names(index))
+                counted = _counted(counted + len(fitted.split.pieces) - len(parts.pieces), limits, names(index))
+        except TextLimitError as err:
+            if refuse is None:
+                raise
+            refuse(TextRefused(index, err))
+            continue
+        sentences, cuts = counted, cuts + fitted.cuts
+        prepared.append(PreparedText(index, fitted.split, fitted.sources))
     if on_cut is not None:
         for count in cuts:
             on_cut(count)
     return prepared
 
 
-def source_ids(tokenizer: TextTokenizer, target_lang: str, text: str) -> list[int]:
-    """The ids the model reads for `text` toward `target_lang`."""
-    return tokenizer.encode_source(model_text(text), target_lang)
+def source_ids(tokenizer: TextTokenizer, target_lang: str, model_source: str | None, text: str) -> list[int]:
+    """The ids the model reads for `text` from `model_source` toward `target_lang`."""
+    return tokenizer.encode_source(model_text(text), target_lang, model_source)
 
 
 def _counted(sentences: int, limits: RequestLimits, name: str) -> int:
@@ -273,17 +287,21 @@ class Assembler:
         its sentences' boundaries."""
         chosen = [r[min(rank, len(r) - 1)] for r in results]
         pieces = [self.tokenizer.decode(list(h.tokens)) for h in chosen]
-        translation = join(pieces, text.split.separators)
-        return translation, sum(h.normalized for h in chosen), sentence_boundaries(text.split, pieces)
+        between = joints(text.split, pieces)
+        translation = join(pieces, between)
+        return translation, sum(h.normalized for h in chosen), sentence_boundaries(text.split, pieces, between)
 
 
-def sentence_boundaries(parts: Split, translated: list[str]) -> Boundaries:
-    """Where each sentence of `parts` and of its translation (`translated`, joined with the same separators) starts
-    and ends."""
+def sentence_boundaries(parts: Split, translated: list[str], between: list[str] | None = None) -> Boundaries:
+    """Where each sentence of `parts` and of its translation (`translated`, joined with `between`, else with the
+    same separators) starts and ends."""
     pairs: list[tuple[int, int]] = []
     source = target = 0
-    for separator, piece, translation in zip(parts.separators[:-1], parts.pieces, translated, strict=True):
-        source, target = source + len(separator), target + len(separator)
+    joined = parts.separators if between is None else between
+    for separator, joint, piece, translation in zip(
+        parts.separators[:-1], joined[:-1], parts.pieces, translated, strict=True
+    ):
+        source, target = source + len(separator), target + len(joint)
         pairs.append((source, target))
         source, target = source + len(piece), target + len(translation)
         pairs.append((source, target))

@@ -9,7 +9,10 @@ textarea, svg and math, XLIFF's and TMX's inline codes ph, bpt, ept and it insid
 `<xliff:g>` placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
 turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated (not on an
-element copied whole). HTML's optional end tags close as a browser's parser closes them (`IMPLIED_CLOSE`).
+element copied whole). Placeholders in translated text (`%s`, `{name}`: server.core.placeholders) are kept pieces
+as inline codes are, unless turned off; a translated attribute holding one is kept whole. Plain text is one unit
+whose only kept pieces are its placeholders. HTML's optional end tags close as a browser's parser closes them
+(`IMPLIED_CLOSE`).
 A line break inside a unit is a space to the model, as to a browser: it never ends a sentence there.
 
 A unit whose translation is its own text comes back as it came, entities and all; otherwise its
@@ -28,12 +31,13 @@ from dataclasses import dataclass, field
 
 from server.core.markup_lexer import Kind, Token, tokens
 from server.core.markup_render import AttributeSlot, Block, Item, Piece, render_block, render_piece
+from server.core.placeholders import Placeholders, holds_placeholders, text_and_placeholders, without_placeholders
 from server.core.splitter import translatable
 from server.core.tag_placement import Boundaries, Edge
 
 
 class TextType(enum.Enum):
-    TEXT = "text"  # plain text: today's behaviour
+    TEXT = "text"  # plain text
     HTML = "html"
     XML = "xml"
 
@@ -110,17 +114,23 @@ class MarkupDocument:
     units: list[str]  # plain texts to translate, in document order
     parts: list[Piece | Block]  # the document: raw markup, attribute slots and units
     places: list[str]  # per unit, where it is for a message: "its text at character 120", "its alt attribute..."
+    plain: bool = False  # plain text: no markup but its placeholders, and nothing escaped
+    # Placeholders were kept: the model saw none, so one it writes would be a second copy or one the source lacks
+    placeholders: bool = False
 
     def render(self, translations: Sequence[str], boundaries: Sequence[Boundaries] = ()) -> tuple[str, bool]:
         """The document with each unit's translation; and whether some tag was placed in a changed text.
         `boundaries`, per unit, pairs the offsets of its sentences' edges with their translations' (a tag at a
-        sentence's edge stays at it); none given, a unit's tags are placed over the whole unit."""
+        sentence's edge stays at it); none given, a unit's tags are placed over the whole unit. With placeholders
+        kept, any the model wrote is dropped first."""
+        if self.placeholders:
+            translations, boundaries = _own_placeholders_dropped(translations, boundaries)
         out: list[str] = []
         placed = False
         for part in self.parts:
             if isinstance(part, Block):
                 edges = boundaries[part.unit] if boundaries else ()
-                text, moved = render_block(part, self.units, translations, edges)
+                text, moved = render_block(part, self.units, translations, edges, self.plain)
                 out.append(text)
                 placed |= moved
             else:
@@ -128,13 +138,45 @@ class MarkupDocument:
         return "".join(out), placed
 
 
-def parse(text: str, text_type: TextType, max_depth: int) -> MarkupDocument:
-    """`text` as units and markup; never raises on malformed markup, only `MarkupDepthError` past `max_depth`."""
-    builder = _Builder(xml=text_type is TextType.XML, max_depth=max_depth)
+def parse(
+    text: str, text_type: TextType, max_depth: int, placeholders: Placeholders = Placeholders.KEEP
+) -> MarkupDocument:
+    """`text` as units and markup, each placeholder of its translated text a kept piece unless `placeholders` is
+    OFF; never raises on malformed markup, only `MarkupDepthError` past `max_depth`."""
+    keep = placeholders is Placeholders.KEEP
+    if text_type is TextType.TEXT:
+        return _plain(text, keep)
+    builder = _Builder(xml=text_type is TextType.XML, max_depth=max_depth, placeholders=keep)
     for token in tokens(text):
         builder.feed(token)
     builder.flush()
-    return MarkupDocument(builder.units, builder.parts, builder.places)
+    return MarkupDocument(builder.units, builder.parts, builder.places, placeholders=keep)
+
+
+def _plain(text: str, keep: bool) -> MarkupDocument:
+    """Plain text as one unit around its placeholders, each carried as a kept inline piece is."""
+    items = tuple(
+        Item(Edge.ANY, (raw,)) if kept else Item(None, (raw,), raw)
+        for raw, kept in (text_and_placeholders(text) if keep else [(text, False)])
+    )
+    unit = "".join(item.text for item in items)
+    if not translatable(unit):
+        return MarkupDocument([], [text], [], plain=True, placeholders=keep)
+    return MarkupDocument([unit], [Block(0, items)], [""], plain=True, placeholders=keep)
+
+
+def _own_placeholders_dropped(
+    translations: Sequence[str], boundaries: Sequence[Boundaries]
+) -> tuple[list[str], list[Boundaries]]:
+    """Each unit's translation without the placeholders the model wrote, its sentences' edges moved with it."""
+    dropped: list[str] = []
+    moved: list[Boundaries] = []
+    for unit, translation in enumerate(translations):
+        text, shifted = without_placeholders(translation)
+        dropped.append(text)
+        edges = boundaries[unit] if boundaries else ()
+        moved.append(tuple((source_at, shifted(target_at)) for source_at, target_at in edges))
+    return dropped, moved if boundaries else []
 
 
 @dataclass
@@ -151,6 +193,7 @@ class _Kept:
 class _Builder:
     xml: bool
     max_depth: int
+    placeholders: bool  # translated text's placeholders are kept pieces
     units: list[str] = field(default_factory=list)
     parts: list[Piece | Block] = field(default_factory=list)
     places: list[str] = field(default_factory=list)
@@ -178,7 +221,7 @@ class _Builder:
                 if reference:  # an XML entity the document's DTD defines: carried like an inline tag, never text
                     self.items.append(Item(Edge.ANY, (raw,)))
                 elif self.translate:
-                    self.items.append(Item(None, (raw,), _prose(raw)))
+                    self._add_text(raw)
                 else:
                     self.items.append(Item(Edge.ANY, (raw,), kept_text=True))
         elif token.kind is Kind.OTHER:
@@ -187,6 +230,11 @@ class _Builder:
             self._end(token)
         else:
             self._start(token)
+
+    def _add_text(self, raw: str) -> None:
+        """Text to translate, each placeholder in it a kept piece."""
+        for piece, kept in text_and_placeholders(raw) if self.placeholders else [(raw, False)]:
+            self.items.append(Item(Edge.ANY, (piece,)) if kept else Item(None, (piece,), _prose(piece)))
 
     def _start(self, token: Token) -> None:
         name = _local(token.name)
@@ -285,6 +333,8 @@ class _Builder:
             ):
                 continue  # an attribute value has no place to carry `&product;` through a translation: kept whole
             text = _prose(_unquoted(value))
+            if self.placeholders and holds_placeholders(text):
+                continue  # nor one to put a placeholder back in: kept whole
             if translatable(text):
                 place = f"its {match.group(1).lower()} attribute at character {self.offset + match.start(2)}"
                 pieces += [raw[done : match.start(2)], AttributeSlot(self._unit(text, place), value)]

@@ -68,14 +68,18 @@ def render_piece(piece: Piece, units: list[str], translations: Sequence[str]) ->
 
 
 def render_block(
-    block: Block, units: list[str], translations: Sequence[str], boundaries: Boundaries
+    block: Block, units: list[str], translations: Sequence[str], boundaries: Boundaries, plain: bool = False
 ) -> tuple[str, bool]:
-    """The unit's markup around its translation; as it came when the translation is its own text."""
+    """The unit's markup around its translation; as it came when the translation is its own text. `plain`: the unit
+    is plain text around kept placeholders, whose translation is written as it is, never escaped."""
     source, translation = units[block.unit], translations[block.unit]
     rendered = ["".join(render_piece(p, units, translations) for p in item.pieces) for item in block.items]
     if translation == source:
         return "".join(rendered), False
-    translation = _breaks_back(block, translation, boundaries)
+    if plain and len(block.items) == 1:  # plain text without placeholders: the translation is the text
+        return translation, False
+    escape = _as_is if plain else _escaped
+    translation = _breaks_back(block, translation, boundaries, plain)
     groups, elements = _groups(block.items, rendered)
     positions = place([g.offset for g in groups], [g.edge for g in groups], source, translation, boundaries)
     emptied = _emptied(elements, groups, positions, source, translation)
@@ -86,10 +90,10 @@ def render_block(
             members = _spaced_outside(members, group.offset, source, position, translation, before=True)
         elif k in emptied.ends:
             members = _spaced_outside(members, group.offset, source, position, translation, before=False)
-        out += [html.escape(translation[done:position], quote=False), *members]
+        out += [escape(translation[done:position]), *members]
         out += group.source_after if k in emptied.gaps else []
         done = position
-    out.append(html.escape(translation[done:], quote=False))
+    out.append(escape(translation[done:]))
     return "".join(out), bool(groups)
 
 
@@ -146,13 +150,14 @@ def _emptied(
     return emptied
 
 
-def _breaks_back(block: Block, translation: str, boundaries: Boundaries) -> str:
+def _breaks_back(block: Block, translation: str, boundaries: Boundaries, plain: bool) -> str:
     """The translation with what stood between its sentences (and around them) as it came: the model saw the unit's
     line breaks as spaces, and its sentences' translations were joined with what it saw, one character for one,
     so a line break between two sentences of `xml:space="preserve"` text or a string resource stays one."""
     if not boundaries:
         return translation
-    original = "".join(html.unescape(str(item.pieces[0])) for item in block.items if item.edge is None)
+    unescape = _as_is if plain else html.unescape
+    original = "".join(unescape(str(item.pieces[0])) for item in block.items if item.edge is None)
     edges = [(0, 0), *boundaries, (len(original), len(translation))]
     out: list[str] = []
     for k in range(0, len(edges), 2):
@@ -179,8 +184,8 @@ def _spaced(members: list[str], edge: Edge, offset: int, source: str, position: 
         return [*members, " "] if before.isspace() else [" ", *members]
     if edge is not Edge.ANY:
         return members  # a tag at a word's edge
-    lead = [" "] if _spaced_word(before) and source_before and not source_before.isalnum() else []
-    trail = [" "] if _spaced_word(after) and source_after and not source_after.isalnum() else []
+    lead = [" "] if spaced_word(before) and source_before and not source_before.isalnum() else []
+    trail = [" "] if spaced_word(after) and source_after and not source_after.isalnum() else []
     return [*lead, *members, *trail]
 
 
@@ -191,10 +196,18 @@ def _spaced_outside(
     beside it has none: `Siehe. <a>Tutorial2</a>`, not `Siehe.<a>Tutorial2</a>`."""
     source_side = _beside(source, offset)[0 if before else 1]
     side = _beside(translation, position)[0 if before else 1]
-    gap = source_side.isspace() and (_spaced_word(side) or (before and side in _SPACED_AFTER))
+    gap = source_side.isspace() and (spaced_word(side) or (before and side in _SPACED_AFTER))
     if not gap or (members[0] if before else members[-1]) == " ":
         return members
     return [" ", *members] if before else [*members, " "]
+
+
+def _escaped(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def _beside(text: str, offset: int) -> tuple[str, str]:
@@ -207,6 +220,6 @@ _SPACED_AFTER = frozenset(",.;:!?)]}")  # punctuation a space follows in scripts
 _UNSPACED_SCRIPTS = ("CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR")
 
 
-def _spaced_word(char: str) -> bool:
+def spaced_word(char: str) -> bool:
     """Whether `char` is a letter or digit of a script that puts spaces between its words."""
     return char.isalnum() and not unicodedata.name(char, "").startswith(_UNSPACED_SCRIPTS)

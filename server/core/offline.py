@@ -60,19 +60,22 @@ def translate_ids(
     length_penalty: float,
     max_len: int | None,
     num_hypotheses: int = 1,
+    forced_first: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Each source's `num_hypotheses` best hypotheses, decoded as the server decodes them: one request
     through a Scheduler over the runner's slots, continuously batched.
 
     `max_len` caps generated tokens; None gives each source the server's default (`output_limit`).
+    `forced_first`: the first generated token of every source (DecodeOptions').
     """
     if not sources:
         return []
     limits = EngineLimits(max_slots=runner.max_slots, max_queue_sentences=len(sources))
     scheduler = Scheduler(runner.spec, limits)
     options = DecodeOptions(
-        beam_size=beam_size, length_penalty=length_penalty, max_output_len=max_len or 0, num_hypotheses=num_hypotheses
-    )
+        beam_size=beam_size, length_penalty=length_penalty, max_output_len=max_len or 0, num_hypotheses=num_hypotheses,
+        forced_first=forced_first,
+    )  # fmt: skip
     check_options(options, runner.max_slots, runner.spec.max_target_len)  # the rules the edge applies
     check_sources(sources, runner.spec)
     scheduler.add(0, sources, options, deadline=None, now=0.0)

@@ -196,7 +196,7 @@ class Scheduler:
             max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
             beam = BeamState(
                 options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos,
-                patient=self.spec.patient_beam,
+                patient=self.spec.patient_beam, forced_first=options.forced_first,
             )  # fmt: skip
             request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
@@ -320,8 +320,9 @@ class Scheduler:
         self._release(sentence)
         beam = sentence.beam
         sentence.beam = BeamState(
-            beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos, patient=beam.patient
-        )
+            beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos, patient=beam.patient,
+            forced_first=beam.forced_first,
+        )  # fmt: skip
         sentence.feed = []
         return sentence
 

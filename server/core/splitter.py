@@ -9,7 +9,7 @@ into sentences by the rule their language gets (`rule_for`, logged at startup fo
   a character that is no lowercase letter, and with or without whitespace after the full stops and
   question marks of CJK, Devanagari (danda), Arabic, Ethiopic, Armenian, Myanmar and Khmer, closing
   quotes and brackets kept with their sentence. A script without such marks (Thai) is cut at line
-  breaks only; the per-sentence token limit still applies, and a longer line is refused, never cut.
+  breaks only; a line over the per-sentence token limit is translated in parts (server.core.clauses).
 A text becomes `pieces` (sentences, stripped of whitespace and of the format characters around them: bidi
 marks and isolates) and `separators` (what is kept as it is around them),
 with `join(pieces, separators) == text` for every text: the server translates the pieces and joins

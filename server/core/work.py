@@ -28,6 +28,9 @@ class DecodeOptions:
     max_output_len: int = 0  # most generated tokens, EOS included; 0 = 3 x source tokens + 10 (output_limit)
     num_hypotheses: int = 1  # best hypotheses returned per sentence, <= beam_size
     stream_tokens: bool = False  # TokensEvent after every step (greedy rows only; beams report when done)
+    # The first generated token, at log-probability 0, whatever the step ranks: the target language's code of a
+    # model with ModelSpec.forced_bos (generate's forced_bos_token_id); None: the first token is decoded
+    forced_first: int | None = None
 
 
 def check_options(options: DecodeOptions, max_beam_size: int, max_target_len: int) -> None:

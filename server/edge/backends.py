@@ -7,7 +7,7 @@ import itertools
 from contextlib import suppress
 from dataclasses import dataclass
 
-from model.languages import AmbiguousLanguage, same_written_language
+from model.languages import AmbiguousLanguage, same_written_language, written_language
 from model.tokenizer import TextTokenizer
 from server.core.documents import RequestLimits
 from server.core.engine_client import EngineClient
@@ -16,7 +16,7 @@ from server.core.response_cache import ResponseCache
 from server.core.runner import ModelSpec
 from server.edge.convert import ModelDescription
 from server.edge.errors import InvalidRequest, Unavailable
-from server.edge.routing import LanguageRoute, describe_pairs, route_pair
+from server.edge.routing import LanguageRoute, describe_pairs, near_misses, route_pair, sources_toward
 from server.proto.translation.v1 import translation_pb2 as pb
 
 
@@ -70,7 +70,7 @@ class Backends:
         routes, ambiguous = [], None
         for backend in backends:  # a code one model cannot tell apart may fit another's plainly
             try:
-                if route := route_pair(source, target, backend.spec.pairs):
+                if route := route_pair(source, target, backend.spec.directions):
                     routes.append((backend, route))
             except AmbiguousLanguage as err:
                 ambiguous = ambiguous or err
@@ -82,7 +82,11 @@ class Backends:
                 f" language to translate into as target_language ({_served_pairs(backends)})"
             )
         if not routes:  # the codes quoted: the client's own strings, exactly as sent
-            raise InvalidRequest(f"unsupported language pair {source!r} -> {target!r}; {_served_pairs(backends)}")
+            nearest = near_misses(source, target, {b.model.name: b.spec.directions for b in backends})
+            raise InvalidRequest(
+                f"unsupported language pair {source!r} -> {target!r}; {nearest + '; ' if nearest else ''}"
+                f"{_served_pairs(backends)}"
+            )
         best = max(route.fit for _, route in routes)
         # Among equal fits the most specialised model (opus-mt-en-de before a multilingual en-mul, opus-mt-fr-en
         # before opus-mt-ROMANCE-en), then the first in load order.
@@ -98,7 +102,7 @@ class Backends:
         """`mul` where a served model takes any language as its source toward the request's target: such a model
         reads a text without being told its language, so a text no detection decides can go to it."""
         for backend in self.serving():
-            if any(source == ANY_LANGUAGE for source, _ in backend.spec.pairs):
+            if ANY_LANGUAGE in backend.spec.directions.sources:
                 with suppress(InvalidRequest):
                     self.route(options, source=ANY_LANGUAGE)
                     return ANY_LANGUAGE
@@ -106,15 +110,17 @@ class Backends:
 
     def sources_toward(self, options: pb.TranslationOptions) -> list[str]:
         """The served sources that pair with the request's target (of the model it names, if it names one), one per
-        written language, in load order; InvalidRequest naming the served pairs where none does."""
+        written language, in load order; InvalidRequest naming the served pairs where none does. Each model's
+        sources are those that route toward the target (an any-to-any model's: all but the target itself)."""
         backends = [b for b in self.serving() if not options.model or b.model.name == options.model]
         sources: list[str] = []
+        written: set[tuple[str, str]] = set()  # the written languages among `sources`
         for backend in backends:
-            for source, _ in backend.spec.pairs:
-                with suppress(AmbiguousLanguage):
-                    toward = route_pair(source, options.target_language, backend.spec.pairs)
-                    if toward and not any(same_written_language(source, known) for known in sources):
-                        sources.append(source)
+            for source in sources_toward(options.target_language, backend.spec.directions):
+                key = written_language(source)  # None: a group, which is no one language
+                if key is None or key not in written:
+                    sources.append(source)
+                    written |= {key} if key else set()
         if not sources and backends:
             raise InvalidRequest(
                 f"no served model translates into target_language {options.target_language!r}; "
@@ -126,16 +132,16 @@ class Backends:
         """A served source that pairs with the request's target (of the model it names, if it names one), for texts
         no language routes; InvalidRequest as `sources_toward` raises it."""
         sources = self.sources_toward(options)
-        return sources[0] if sources else self.serving()[0].spec.pairs[0][0]  # routing says which model is unknown
+        return sources[0] if sources else self.serving()[0].spec.directions.sources[0]  # routing names the unknown
 
 
 ANY_LANGUAGE = "mul"  # OPUS-MT's source group of every language (`ROMANCE`, `gem`... name families)
 
 
 def _served_pairs(backends: list[Backend]) -> str:
-    return "supported pairs: " + describe_pairs({b.model.name: b.spec.pairs for b in backends})
+    return "supported pairs: " + describe_pairs({b.model.name: b.spec.directions for b in backends})
 
 
 def _breadth(backend: Backend, route: LanguageRoute) -> int:
     """How many of the model's pairs share the route's source or target: 1 for a model made for the pair."""
-    return sum(1 for source, target in backend.spec.pairs if source == route.source or target == route.target)
+    return backend.spec.directions.sharing(route.source, route.target)

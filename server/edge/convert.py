@@ -8,19 +8,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from model.directory import DEFAULT_LENGTH_PENALTY, direction_name
-from model.languages import bcp47_spellings
-from server.core.documents import PartialSentence, RequestLimits, TextTranslation
+from model.directory import DEFAULT_LENGTH_PENALTY, EVERY_DIRECTION, direction_name, direction_names
+from server.core.documents import PartialSentence, Refuse, RequestLimits, TextRefused, TextTranslation
 from server.core.markup import TextType
+from server.core.placeholders import Placeholders
 from server.core.runner import ModelSpec
 from server.core.tag_placement import TagPlacement
 from server.core.work import DecodeOptions, check_options
-from server.edge.errors import InvalidRequest
+from server.edge.errors import InvalidRequest, status_for
+from server.edge.language_info import any_to_any_to_pb, language_codes, pairs_to_pb
 from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
 
 DEFAULT_BEAM_SIZE = 4
 TEXT_TYPES = {pb.TEXT_TYPE_TEXT: TextType.TEXT, pb.TEXT_TYPE_HTML: TextType.HTML, pb.TEXT_TYPE_XML: TextType.XML}
+PLACEHOLDERS = {pb.PLACEHOLDERS_KEEP: Placeholders.KEEP, pb.PLACEHOLDERS_OFF: Placeholders.OFF}
 TAG_PLACEMENTS = {TagPlacement.NONE: pb.TAG_PLACEMENT_NONE, TagPlacement.PROPORTIONAL: pb.TAG_PLACEMENT_PROPORTIONAL}
 
 
@@ -35,8 +37,8 @@ class ModelDescription:
     opset: int  # ONNX opset of the graphs
     model_sha256: str  # hash of the source weights the graphs were exported from
     dtype: str  # weight dtype of the variant
-    # Length penalty a request gets when it sets none, by direction ("de-en"): decoding.json's value
-    # (model.directory.read_length_penalties). A direction missing here gets DEFAULT_LENGTH_PENALTY.
+    # Length penalty a request gets when it sets none, by direction ("de-en"), or "*" for every direction of an
+    # any-to-any model: decoding.json's value (model.directory.read_length_penalties); `length_penalty_for`.
     default_length_penalty: Mapping[str, float] = field(default_factory=dict)
     # Beam width and output limit a request gets when it sets none: decoding.json's (an imported model's
     # generation defaults, model.directory.read_decoding_defaults), else DEFAULT_BEAM_SIZE and 0 (the
@@ -45,6 +47,11 @@ class ModelDescription:
     default_max_output_len: int = 0
     target_tags: Mapping[str, str] = field(default_factory=dict)  # tag text by target code, e.g. {"pob": ">>pob<<"}
     revision: str = ""  # the hub commit sha (or a transformers directory's content hash) it was built from
+
+    def length_penalty_for(self, source: str, target: str) -> float:
+        """The direction's default: its own, else every direction's (an any-to-any model's), else the default."""
+        every = self.default_length_penalty.get(EVERY_DIRECTION, DEFAULT_LENGTH_PENALTY)
+        return self.default_length_penalty.get(direction_name(source, target), every)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class TranslateJob:
     options: DecodeOptions  # stream_tokens as asked; the unary method turns it off
     return_scores: bool
     text_type: TextType = TextType.TEXT  # how the texts are read: plain, HTML or XML
+    allow_partial: bool = False  # a text over a limit of its own is refused alone (TranslateRequest.allow_partial)
+    placeholders: Placeholders = Placeholders.KEEP  # what becomes of the texts' placeholders
 
     @property
     def lang_pair(self) -> str:
@@ -91,11 +100,6 @@ def normalize_codes(options: pb.TranslationOptions) -> None:
         options.source_language = ""
 
 
-def language_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
-    """The (source, target) pairs the model translates, as its export records them."""
-    return list(spec.pairs)
-
-
 def parse_request(
     request: pb.TranslateRequest,
     route: LanguageRoute,
@@ -111,33 +115,59 @@ def parse_request(
     texts = list(request.texts)
     check_texts(texts, limits, request.options.text_type)
     source, target = route.source, route.target
-    pair_default = model.default_length_penalty.get(direction_name(source, target), DEFAULT_LENGTH_PENALTY)
-    options = _parse_options(request.options, spec, limits, model, pair_default)
+    pair_default = model.length_penalty_for(source, target)
+    options = replace(
+        _parse_options(request.options, spec, limits, model, pair_default), forced_first=forced_first(spec, target)
+    )
     text_type = TEXT_TYPES.get(request.options.text_type)
     if text_type is None:
         raise InvalidRequest(f"options.text_type must be TEXT, HTML or XML, got {request.options.text_type}")
+    placeholders = PLACEHOLDERS.get(request.options.placeholders)
+    if placeholders is None:
+        raise InvalidRequest(f"options.placeholders must be KEEP or OFF, got {request.options.placeholders}")
     return TranslateJob(
-        texts, source, target, route.sentence_language, options, request.options.return_scores, text_type
+        texts,
+        source,
+        target,
+        route.sentence_language,
+        options,
+        request.options.return_scores,
+        text_type,
+        allow_partial=request.allow_partial,
+        placeholders=placeholders,
     )
 
 
-def check_texts(texts: list[str], limits: RequestLimits, text_type: pb.TextType.ValueType) -> None:
-    """The request's texts within the limits on their number and length; InvalidRequest naming the first over.
-    An HTML or XML document is bounded as a whole here and by the text it translates once parsed
-    (`server.core.markup_documents`)."""
+def forced_first(spec: ModelSpec, target: str) -> int | None:
+    """The target's code as the first generated token where the model forces it (NLLB, M2M100), else None."""
+    return spec.tag_ids[target] if spec.forced_bos else None
+
+
+def check_texts(
+    texts: list[str], limits: RequestLimits, text_type: pb.TextType.ValueType, refuse: Refuse | None = None
+) -> list[int]:
+    """The positions of the request's texts within the limits on their number and length; InvalidRequest naming
+    the first over, or with `refuse`, each text over its length refused alone. An HTML or XML document is bounded
+    as a whole here and by the text it translates once parsed (`server.core.markup_documents`)."""
     if not texts:
         raise InvalidRequest(f"the request has no texts; send 1 to {limits.max_texts} in `texts`")
     if len(texts) > limits.max_texts:
         raise InvalidRequest(f"the request has {len(texts)} texts, over the limit of {limits.max_texts}")
     markup = text_type in (pb.TEXT_TYPE_HTML, pb.TEXT_TYPE_XML)
     limit = limits.max_markup_chars_per_text if markup else limits.max_chars_per_text
+    kept: list[int] = []
     for index, text in enumerate(texts):
-        if len(text) > limit:
-            what = "document" if markup else "text"
-            raise InvalidRequest(
-                f"texts[{index}] has {len(text)} characters, over the limit of {limit} per {what}; "
-                "split it across requests"
-            )
+        if len(text) <= limit:
+            kept.append(index)
+            continue
+        what = "document" if markup else "text"
+        refusal = InvalidRequest(
+            f"texts[{index}] has {len(text)} characters, over the limit of {limit} per {what}; split it across requests"
+        )
+        if refuse is None:
+            raise refusal
+        refuse(TextRefused(index, refusal))
+    return kept
 
 
 def _parse_options(
@@ -180,6 +210,12 @@ def text_result_to_pb(result: TextTranslation, job: TranslateJob) -> pb.TextResu
     return message
 
 
+def refusal_to_pb(refusal: TextRefused) -> pb.TextResult:
+    """A text refused alone: its position and its refusal as the call's status would have carried it."""
+    code, message = status_for(refusal.error)
+    return pb.TextResult(index=refusal.index, error=pb.TextError(code=code.value[0], message=message))
+
+
 def partial_to_pb(partial: PartialSentence) -> pb.PartialTranslation:
     return pb.PartialTranslation(
         text_index=partial.text_index,
@@ -190,20 +226,11 @@ def partial_to_pb(partial: PartialSentence) -> pb.PartialTranslation:
 
 
 def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLimits) -> pb.ModelInfo:
-    spelt = bcp47_spellings(code for pair in spec.pairs for code in pair)
     return pb.ModelInfo(
         name=model.name,
-        languages=sorted({lang for pair in spec.pairs for lang in pair}),
-        pairs=[
-            pb.LanguagePair(
-                source=s,
-                target=t,
-                source_bcp47=spelt[s],
-                target_bcp47=spelt[t],
-                target_tag=model.target_tags.get(t, ""),
-            )
-            for s, t in language_pairs(spec)
-        ],
+        languages=language_codes(spec.directions),
+        pairs=pairs_to_pb(spec.directions, model.target_tags),
+        any_to_any=any_to_any_to_pb(spec.directions),
         limits=pb.Limits(
             max_texts_per_request=limits.max_texts,
             max_chars_per_text=limits.max_chars_per_text,
@@ -225,7 +252,7 @@ def model_info_to_pb(model: ModelDescription, spec: ModelSpec, limits: RequestLi
         dtype=model.dtype,
         default_length_penalty={
             name: model.default_length_penalty.get(name, DEFAULT_LENGTH_PENALTY)
-            for name in (direction_name(s, t) for s, t in language_pairs(spec))
+            for name in direction_names(spec.directions)
         },
         default_beam_size=min(model.default_beam_size, limits.max_beam_size),
         default_max_output_len=min(model.default_max_output_len, spec.max_target_len),

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from model.languages import iso639_1, parse
+from model.languages import iso639_1, parse, written_language
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class Detection:
     # The likeliest unserved language's probability over this one's, among every language the detector knows
     # (0: every language is served, or this one is unserved)
     rival: float = 0.0
+    # The served sources this language stands for where they are several written languages the detector cannot
+    # tell apart (`zh`: zho_Hans, zho_Hant, yue_Hant); () where it names one
+    indistinct: tuple[str, ...] = ()
 
     @property
     def sure(self) -> bool:
@@ -82,6 +85,7 @@ class SourceDetector:
         self._candidate_set: frozenset[str] = frozenset()
         self._served: frozenset[str] = frozenset()  # languages a model takes (every one known where a group is served)
         self._undetectable: list[str] = []
+        self._indistinct: dict[str, tuple[str, ...]] = {}
 
     @property
     def loaded(self) -> bool:
@@ -99,6 +103,13 @@ class SourceDetector:
         self._load()
         return self._undetectable
 
+    @property
+    def indistinct(self) -> dict[str, tuple[str, ...]]:
+        """Languages the detector names that stand for several served sources of other written languages (a
+        macrolanguage's members, a language's scripts): a text detected as one of them needs source_language."""
+        self._load()
+        return self._indistinct
+
     def detect(self, text: str) -> Detection | None:
         """The text's language, or None where it is not ahead of the next by more than MIN_MARGIN: a language
         no model serves where it leads the served ones by that much (a short text: where they are next to
@@ -114,7 +125,8 @@ class SourceDetector:
         (language, best), runner_up = served[0], served[1][1] if len(served) > 1 else 0.0
         if best - runner_up <= MIN_MARGIN:
             return None
-        return Detection(str(language), float(best), float(best - runner_up), self._rival(language, everything))
+        rival, indistinct = self._rival(language, everything), self._indistinct.get(str(language), ())
+        return Detection(str(language), float(best), float(best - runner_up), rival, indistinct)
 
     def rank(self, text: str) -> list[tuple[str, float]]:
         """The candidates, best first, with their probabilities among the candidates alone."""
@@ -153,9 +165,28 @@ class SourceDetector:
             self._candidate_set = frozenset(self._candidates)
             self._served = frozenset(known if grouped else served)
             self._undetectable = sorted(s for s in sources if iso639_1(s) not in known)
+            self._indistinct = indistinct_sources(sources, known)
             self._identifier = identifier
         logger.info(
-            "source detection loaded: %d candidate languages (%s); served sources it cannot detect: %s",
-            len(self._candidates), ", ".join(served) if self._candidates == served else "all it knows",
+            "source detection loaded: %d candidate languages (%s); served sources it cannot detect: %s; it cannot tell"
+            " apart: %s", len(self._candidates), ", ".join(served) if self._candidates == served else "all it knows",
             ", ".join(self._undetectable) or "none",
+            "; ".join(f"{code} ({', '.join(codes)})" for code, codes in self._indistinct.items()) or "none",
         )  # fmt: skip
+
+
+def indistinct_sources(sources: Iterable[str], known: set[str]) -> dict[str, tuple[str, ...]]:
+    """The detector's languages (ISO 639-1, among `known`) that stand for served sources of more than one written
+    language, with those sources: `zh` for zho_Hans and zho_Hant (one language, two scripts) and yue_Hant (a member
+    of the macrolanguage); not `fr` for fr and fr_CA (one written language, two regions)."""
+    by_code: dict[str, list[str]] = {}
+    for source in dict.fromkeys(sources):
+        if (code := iso639_1(source)) in known and written_language(source) is not None:
+            by_code.setdefault(code, []).append(source)
+    return {code: tuple(sorted(found)) for code, found in sorted(by_code.items()) if _several_written(found)}
+
+
+def _several_written(codes: list[str]) -> bool:
+    """Whether `codes` name more than one language, or one in more than one script (a script unsaid fits any)."""
+    written = [language for code in codes if (language := written_language(code)) is not None]
+    return len({language for language, _ in written}) > 1 or len({script for _, script in written if script}) > 1

@@ -113,12 +113,6 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 
-def logged_detail(exc: BaseException, message: str) -> str:
-    """What a refusal's access record keeps of its status message `message`: the message, less any excerpt of the
-    client's text it quotes (TextLimitError.logged)."""
-    return exc.logged if isinstance(exc, TextLimitError) else message
-
-
 def trailing_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
     """What a refusal adds to its status: the retry pushback when the server is draining."""
     return DRAINING_PUSHBACK if isinstance(exc, DrainingError) else ()
@@ -152,7 +146,7 @@ class CallRecord:
 
     def access_record(self, method: str, code: grpc.StatusCode, seconds: float, detail: str = "") -> dict[str, object]:
         """The call's access log fields (server.edge.logs): counts and timings, never text; a refusal's status
-        message too (what the client was told: limits, codes and positions, less any excerpt of a text)."""
+        message too (what the client was told: limits, codes and positions; no refusal quotes a text)."""
         return {
             "request_id": self.request_id,
             "method": method,
@@ -281,7 +275,7 @@ async def _fail(
     code, message = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ServiceError):
         logger.error("%s failed (request id %s)", method, call.request_id, exc_info=exc)
-    _observe(metrics, method, call, code, logged_detail(exc, message))
+    _observe(metrics, method, call, code, message)
     if metrics is not None and (reason := rejection_reason(exc)) is not None:
         metrics.observe_rejected(method, reason, call.model)
     await context.abort(code, message, trailing_metadata(exc) + request_id_metadata(call))

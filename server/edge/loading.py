@@ -32,7 +32,7 @@ from server.core.documents import RequestLimits
 from server.core.runner import ModelSpec
 from server.core.splitter import PUNCTUATION, rule_for
 from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig, SharedEngines
-from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription, language_pairs
+from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -314,10 +314,10 @@ def describe_model(
     model_dir: Path, name: str, revision: str, variant: str, runner: OpenedGraphs | SharedModel
 ) -> LoadedModel:
     """The opened `variant` of the model in `model_dir` with its tokenizer and what ListModels reports."""
-    from model.directory import available_variants, direction_name, read_decoding_defaults, read_length_penalties
+    from model.directory import available_variants, direction_names, read_decoding_defaults, read_length_penalties
 
     meta = runner.metadata
-    directions = [direction_name(s, t) for s, t in language_pairs(runner.spec)]
+    directions = direction_names(runner.spec.directions)
     length_penalty = read_length_penalties(model_dir, directions, meta.source_sha256)
     beam_size, max_output_len = read_decoding_defaults(model_dir, meta.source_sha256)
     logger.info("loaded %s variant %s on %s with %s caches", model_dir, variant, runner.provider, runner.kv_cache)
@@ -341,7 +341,10 @@ def describe_model(
 
 
 def target_tags(spec: ModelSpec, cfg: ModelConfig) -> dict[str, str]:
-    """The tag text the model reads in front of a source, by target code: `>>pob<<` (Marian) or `<2en>`."""
+    """The tag text the model reads in front of a source, by target code: `>>pob<<` (Marian) or `<2en>`; none for
+    a model whose target code is its forced first output token (NLLB-200, M2M100), which reads no tag."""
+    if cfg.forced_bos:
+        return {}
     if cfg.tokenizer == "marian":
         return {target: f">>{target}<<" for target in spec.tag_ids}
     return {target: LANG_TAGS[target] for target in spec.tag_ids if target in LANG_TAGS}
@@ -349,7 +352,7 @@ def target_tags(spec: ModelSpec, cfg: ModelConfig) -> dict[str, str]:
 
 def log_sentence_rules(name: str, spec: ModelSpec) -> None:
     """Say which sentence rule each source language gets (pysbd's, or the punctuation fallback)."""
-    for source in dict.fromkeys(s for s, _ in spec.pairs):
+    for source in spec.directions.sources:
         rule = rule_for(source)
         how = f"pysbd's {rule!r} rules" if rule != PUNCTUATION else "the punctuation rule (pysbd has none)"
         group = " (a group: each request's own language code chooses)" if parse(source).is_group else ""
@@ -360,7 +363,7 @@ def load_tokenizer(model_dir: Path, spec: ModelSpec, cfg: ModelConfig) -> TextTo
     """The model's tokenizer: the files the exported graphs were trained or imported with, whose language
     tags and pairs are those the graphs know."""
     tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
-    if tokenizer.tag_ids != spec.tag_ids or tuple(tokenizer.pairs) != spec.pairs:
+    if tokenizer.tag_ids != spec.tag_ids or tokenizer.directions != spec.directions:
         raise ValueError(f"tokenizer tags {tokenizer.tag_ids} differ from the model's {spec.tag_ids}")
     return tokenizer
 

@@ -190,6 +190,14 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.text_errors = Counter(
+            "translation_text_errors_total",
+            "Texts refused alone in calls that allow partial results (TranslateRequest.allow_partial), by status"
+            " code, under the model that prepared them (empty: refused before preparation, by their length or"
+            " their detected language); the call itself answers OK.",
+            ["code", "model"],
+            registry=registry,
+        )
         self.cache_lookups = Counter(
             "translation_cache_lookups_total",
             "Sentences looked up in the response cache, by result: `hit` (answered without decoding) or `miss`.",
@@ -247,6 +255,10 @@ class Metrics:
         """A sentence over the token limit, cut into `parts`."""
         self.sentences_cut.labels(model=model).inc()
         self.sentence_parts.labels(model=model).inc(parts)
+
+    def observe_text_error(self, code: str, model: str = "") -> None:
+        """A text refused alone with status `code` (its name, as in translation_requests_total)."""
+        self.text_errors.labels(code=code, model=model).inc()
 
     def set_model_info(self, model: str, variant: str, provider: str, opset: int) -> None:
         self.model_info.labels(model=model, variant=variant, provider=provider, opset=str(opset)).set(1)

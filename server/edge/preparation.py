@@ -19,6 +19,10 @@ time the lane waited for its lull, so under an endless flood of refusals prepara
 share of the loop, and no refusal waits behind more than one slice. A long request (over
 `INLINE_PREPARE_CHARS`) is prepared in the worker threads of `PreparationPool`, in turns with the other
 long calls and only until its deadline passes or it is cancelled: it would hold the loop for a long while.
+The pool too runs only in the lane's slices (paused between them, its running call stopped at its next
+checkpoint): a thread that holds the GIL takes the loop as surely, each time the loop waits for I/O it
+waits up to the interpreter's switch interval to get the GIL back, and in a burst every call after an
+admitted long one would wait behind its preparation.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class PreparationLane:
         self._jobs: deque[_Job[Any]] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._last_run = 0.0  # time.monotonic() when the lane last prepared a call
+        self._in_pool = 0  # long calls this lane has in the pool now
+        self._pool_since = 0.0  # time.monotonic() when the oldest of them came
+        self._in_slice = False  # the lane prepares calls now, the pool's too; outside a slice the pool is paused
         self.prepared = 0  # preparations run, on the loop or in a thread
 
     @contextmanager
@@ -99,32 +106,58 @@ class PreparationLane:
         CallEnded once `deadline`, a time.monotonic() time, passes)."""
         if chars > INLINE_PREPARE_CHARS:
             self.prepared += 1
-            return await self.pool.run(work, deadline)
-        loop = asyncio.get_running_loop()
-        job = _Job(work, loop.create_future(), time.monotonic())
+            if not self._in_pool:
+                self._pool_since = time.monotonic()
+            self._in_pool += 1
+            if not self._in_slice:
+                self.pool.pause()  # until the lane's next slice, before the call's thread takes a turn
+            self._start()
+            try:
+                return await self.pool.run(work, deadline)
+            finally:
+                self._in_pool -= 1
+        job = _Job(work, asyncio.get_running_loop().create_future(), time.monotonic())
         self._jobs.append(job)
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._run())
+        self._start()
         return await job.result  # cancelled with the call: the worker skips the job
 
+    def _start(self) -> None:
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+
     async def _run(self) -> None:
+        try:
+            while self._jobs or self._in_pool:
+                oldest = [self._jobs[0].queued_at] if self._jobs else []
+                since = max(min([*oldest, self._pool_since] if self._in_pool else oldest), self._last_run)
+                await self._lull(since)
+                lull = time.monotonic()
+                slice_ends = lull + max(PREPARE_SLICE_S, (lull - since) * PREPARATION_SHARE)
+                self._in_slice = True
+                self.pool.resume()
+                self._prepare_until(slice_ends)
+                if self._in_pool and (rest := slice_ends - time.monotonic()) > 0:
+                    await asyncio.sleep(rest)  # the loop idle: the pool's threads have the GIL
+                self._in_slice = False
+                self.pool.pause()
+                self._last_run = time.monotonic()
+        finally:
+            self._in_slice = False
+            self.pool.resume()  # no call of the lane's left (or the loop closing): detection runs at once
+
+    def _prepare_until(self, slice_ends: float) -> None:
+        """Prepare waiting calls in admission order: one at least, more until `slice_ends`."""
         while self._jobs:
-            since = max(self._jobs[0].queued_at, self._last_run)
-            await self._lull(since)
-            lull = time.monotonic()
-            slice_ends = lull + max(PREPARE_SLICE_S, (lull - since) * PREPARATION_SHARE)
-            while self._jobs:  # one call at least, more until the slice ends
-                job = self._jobs.popleft()
-                if job.result.done():  # the call ended while it waited
-                    continue
-                self.prepared += 1
-                try:
-                    job.result.set_result(job.work())
-                except Exception as err:  # the call's own failure (a text over a limit): it raises it
-                    job.result.set_exception(err)
-                if time.monotonic() >= slice_ends:
-                    break
-            self._last_run = time.monotonic()
+            job = self._jobs.popleft()
+            if job.result.done():  # the call ended while it waited
+                continue
+            self.prepared += 1
+            try:
+                job.result.set_result(job.work())
+            except Exception as err:  # the call's own failure (a text over a limit): it raises it
+                job.result.set_exception(err)
+            if time.monotonic() >= slice_ends:
+                break
 
     async def _lull(self, since: float) -> None:
         """Return once QUIET_ITERATIONS turns of the loop pass with no new call or, once a call came during

@@ -5,8 +5,9 @@ SO_REUSEPORT, so the kernel hands each new client connection to one of them. A c
 connection (gRPC keeps one per channel), and `--max-connection-age-s` has clients reconnect, and spread
 again, every few minutes. The parent:
 
-- refuses a port another server holds, then spawns the processes, each with the parsed config and its share
-  of the cores (`replica_config`);
+- refuses, as a single server does (one line, status 2), a model directory that holds no model and a port
+  another server holds, then spawns the processes, each with the parsed config and its share of the cores
+  (`replica_config`);
 - serves /metrics for all of them: prometheus-client's multiprocess mode, every process writing its series
   to files in a private directory that the parent's collector sums (gauges over live processes only);
 - on SIGTERM/SIGINT passes SIGTERM to every process, which drains as a single server does, and exits once
@@ -27,6 +28,7 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +42,15 @@ from types import FrameType
 
 from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig, SharedEngines
-from server.edge.loading import StartupError, available_cores, engine_plan, model_directories, resolve_provider
+from server.edge.loading import (
+    ConfigError,
+    StartupError,
+    available_cores,
+    checked_model_directories,
+    engine_plan,
+    model_directories,
+    resolve_provider,
+)
 from server.edge.logs import configure_logging
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
@@ -245,10 +255,11 @@ class Supervisor:
 def run_replicas(config: ServerConfig) -> int | str:
     """Serve with `config.processes` server processes until stopped; the exit status, or a one-line reason."""
     try:
+        checked_model_directories(config)
         check_port_free(config.host, config.port)
         child = replica_config(config)
     except StartupError as err:
-        return f"translate-server: {err}"
+        return _refused(err)
     metrics_dir = tempfile.mkdtemp(prefix="translate-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir  # inherited by every spawned process
     supervisor = Supervisor(child, metrics_dir)
@@ -262,7 +273,7 @@ def run_replicas(config: ServerConfig) -> int | str:
             try:
                 engines, sockets, socket_dir = start_shared_engines(config, supervisor.stopping.is_set)
             except StartupError as err:
-                return f"translate-server: {err}"
+                return _refused(err)
             supervisor.share(engines, sockets)
         return _supervise(config, supervisor)
     finally:
@@ -270,6 +281,15 @@ def run_replicas(config: ServerConfig) -> int | str:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if socket_dir is not None:
             shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _refused(err: StartupError) -> int | str:
+    """The exit of a server that cannot start, as a single server's: one line, status 2 for a configuration
+    mistake (the line printed here), else the line itself (status 1)."""
+    if isinstance(err, ConfigError):
+        print(f"translate-server: {err}", file=sys.stderr)
+        return 2
+    return f"translate-server: {err}"
 
 
 def _serve_metrics(config: ServerConfig, supervisor: Supervisor, metrics_dir: str) -> str | None:

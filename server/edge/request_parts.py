@@ -21,7 +21,15 @@ from functools import partial
 from model.languages import bcp47, same_written_language
 from model.languages import parse as parse_language
 from server.core.checkpoints import checkpoint
-from server.core.documents import PartialSentence, RequestLimits, TextTranslation, model_text
+from server.core.documents import (
+    PartialSentence,
+    Refuse,
+    RequestLimits,
+    TextLimitError,
+    TextRefused,
+    TextTranslation,
+    model_text,
+)
 from server.core.markup import TextType
 from server.core.markup_documents import parse_document
 from server.edge.backends import Backend, Backends
@@ -35,7 +43,7 @@ from server.edge.routing import LanguageRoute
 from server.proto.translation.v1 import translation_pb2 as pb
 
 Parse = Callable[[pb.TranslateRequest, Backend, LanguageRoute], TranslateJob]  # the call's parsing of its texts
-Item = TextTranslation | PartialSentence
+Item = TextTranslation | PartialSentence | TextRefused
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class JobPart:
     def original_partial(self, partial: PartialSentence) -> PartialSentence:
         return replace(partial, text_index=self.indices[partial.text_index])
 
+    def original_refusal(self, refusal: TextRefused) -> TextRefused:
+        return replace(refusal, index=self.indices[refusal.index])
+
     def with_texts(self, texts: list[str], more: list[int]) -> JobPart:
         """This part with the request's texts at `more` added (texts with nothing to translate)."""
         indices = sorted([*self.indices, *more])
@@ -78,10 +89,22 @@ class JobPart:
         return replace(self, job=job, indices=indices)
 
 
-def whole_request(request: pb.TranslateRequest, backends: Backends, parse: Parse) -> list[JobPart]:
-    """A request that names its source language: one part, every text."""
+def whole_request(
+    request: pb.TranslateRequest, backends: Backends, parse: Parse, refuse: Refuse | None = None
+) -> list[JobPart]:
+    """A request that names its source language: one part, every text (with `refuse`, every text not over the
+    length limit, and none where each is)."""
     backend, route = backends.route(request.options)
-    return [JobPart(backend, parse(request, backend, route), list(range(len(request.texts))))]
+    kept = check_texts(list(request.texts), backend.limits, request.options.text_type, refuse)
+    return [JobPart(backend, parse(_texts_at(request, kept), backend, route), kept)] if kept else []
+
+
+def _texts_at(request: pb.TranslateRequest, indices: list[int]) -> pb.TranslateRequest:
+    """The request with only its texts at `indices`."""
+    if indices == list(range(len(request.texts))):
+        return request
+    texts = [request.texts[i] for i in indices]
+    return pb.TranslateRequest(texts=texts, options=request.options, allow_partial=request.allow_partial)
 
 
 @dataclass(frozen=True)
@@ -95,25 +118,32 @@ class SourceGrouping:
     pool: PreparationPool = field(default_factory=PreparationPool)  # detection of long requests, a turn each
 
     async def parts(
-        self, request: pb.TranslateRequest, backends: Backends, parse: Parse, deadline: float | None = None
+        self,
+        request: pb.TranslateRequest,
+        backends: Backends,
+        parse: Parse,
+        deadline: float | None = None,
+        refuse: Refuse | None = None,
     ) -> list[JobPart]:
-        """The request's parts; CallEnded once `deadline` (a time.monotonic() time) passes during a long detection."""
+        """The request's parts; CallEnded once `deadline` (a time.monotonic() time) passes during a long detection.
+        `refuse` takes each text refused alone (over a limit, in a language no model serves or none detection tells)."""
         texts = list(request.texts)
-        check_texts(texts, self.limits, request.options.text_type)
+        kept = check_texts(texts, self.limits, request.options.text_type, refuse)
         if not request.options.target_language:  # what routing would say, before any detection
             backends.route(request.options, source=request.options.source_language)
         sources = backends.sources_toward(request.options)  # a target no model writes is refused before detection
-        read = partial(_detection_texts, texts, request.options.text_type, self.limits)
+        if not sources:  # none of the model it names: an unknown model is the request's refusal, not each text's
+            backends.route(request.options)
+        read = partial(_detection_texts, texts, kept, request.options.text_type, self.limits, refuse)
         detect = partial(_detect_all, self.detector, read)
-        small = sum(len(text) for text in texts) <= INLINE_PREPARE_CHARS and self.detector.loaded
-        groups, found, undecided = detect() if small else await self.pool.run(detect, deadline)  # the first loads it
+        small = sum(len(texts[i]) for i in kept) <= INLINE_PREPARE_CHARS and self.detector.loaded
+        groups, found, undecided, blank = detect() if small else await self.pool.run(detect, deadline)
         _doubt_the_target(groups, found, undecided, request.options.target_language)
         parts: list[JobPart] = []
         if undecided and (anyone := backends.any_language_source(request.options)) is not None:
             # to a model that takes any language as its source, where one serves the target
             backend, route = backends.route(request.options, source=anyone)
-            sub_request = pb.TranslateRequest(texts=[texts[i] for i in undecided], options=request.options)
-            parts.append(JobPart(backend, parse(sub_request, backend, route), undecided))
+            parts.append(JobPart(backend, parse(_texts_at(request, undecided), backend, route), undecided))
         elif undecided and len(sources) == 1:  # one language any model reads toward the target: it is theirs
             language = next((known for known in groups if same_written_language(known, sources[0])), sources[0])
             groups[language] = sorted([*groups.get(language, []), *undecided])
@@ -122,20 +152,26 @@ class SourceGrouping:
             language = max(groups, key=lambda found_language: len(groups[found_language]))  # ties: the first told
             groups[language] = sorted([*groups[language], *undecided])
             found.update({i: Detection(language, 0.0) for i in undecided})  # confidence 0: told by the others
-        elif undecided:
+        elif undecided and refuse is None:
             raise InvalidRequest(_undecided_message(undecided))
+        elif undecided and refuse is not None:
+            for index in undecided:
+                refuse(TextRefused(index, InvalidRequest(_undecided_message([index]))))
         unchanged: list[int] = []
         for language, indices in groups.items():
             if same_written_language(language, request.options.target_language):  # already in it: no model would
                 unchanged += indices  # translate it (a `mul` source model routes en to en, and would only paraphrase)
                 continue
-            backend, route = _route_detected(backends, request.options, language, indices, found)
-            sub_request = pb.TranslateRequest(texts=[texts[i] for i in indices], options=request.options)
-            job, detections = parse(sub_request, backend, route), {i: found[i] for i in indices}
+            try:
+                backend, route = _route_detected(backends, request.options, language, indices, found)
+            except InvalidRequest:
+                if refuse is None:
+                    raise
+                _refuse_each(indices, partial(_route_detected, backends, request.options, language), found, refuse)
+                continue
+            job, detections = parse(_texts_at(request, indices), backend, route), {i: found[i] for i in indices}
             parts.append(JobPart(backend, job, indices, detections, count_detected=self._counter(backend)))
-        decided_or_not = found.keys() | set(undecided)
-        blank = [i for i in range(len(texts)) if i not in decided_or_not]  # no letter: any model's
-        if blank and parts:
+        if blank and parts:  # no letter: any model's
             parts[0] = parts[0].with_texts(texts, blank)
         elif blank:
             parts.append(_any_source_part(request, backends, parse, blank))
@@ -158,8 +194,22 @@ class SourceGrouping:
 def _any_source_part(request: pb.TranslateRequest, backends: Backends, parse: Parse, indices: list[int]) -> JobPart:
     """The request's texts at `indices` as a part of a model that pairs with its target (texts no language routes)."""
     backend, route = backends.route(request.options, source=backends.any_source(request.options))
-    job = parse(pb.TranslateRequest(texts=[request.texts[i] for i in indices], options=request.options), backend, route)
-    return JobPart(backend, job, indices)
+    return JobPart(backend, parse(_texts_at(request, indices), backend, route), indices)
+
+
+def _refuse_each(
+    indices: list[int],
+    route: Callable[[list[int], dict[int, Detection]], object],
+    found: dict[int, Detection],
+    refuse: Refuse,
+) -> None:
+    """Each of texts `indices`, detected in a language no model serves toward the target, refused alone with the
+    refusal `route` (`_route_detected`) gives it."""
+    for index in indices:
+        try:
+            route([index], found)
+        except InvalidRequest as err:
+            refuse(TextRefused(index, err))
 
 
 UNCHANGED_MARGIN = 0.5  # a text comes back untranslated as already in the target language only this far ahead
@@ -183,28 +233,44 @@ def _doubt_the_target(
         undecided[:] = sorted([*undecided, *unsure])
 
 
-def _detection_texts(texts: list[str], text_type: pb.TextType.ValueType, limits: RequestLimits) -> list[str]:
-    """What detection reads of each text: the text, or for HTML and XML its units (the text a translation
-    replaces, attributes such as alt and title included) joined by spaces; TextLimitError as parsing gives it."""
+def _detection_texts(
+    texts: list[str], kept: list[int], text_type: pb.TextType.ValueType, limits: RequestLimits, refuse: Refuse | None
+) -> list[str | None]:
+    """What detection reads of each text at `kept` (None for the others): the text, or for HTML and XML its units
+    (the text a translation replaces, attributes such as alt and title included) joined by spaces; TextLimitError
+    as parsing gives it, or with `refuse`, the document refused alone."""
+    read: list[str | None] = [None] * len(texts)
     markup = TEXT_TYPES.get(text_type)
-    if markup in (None, TextType.TEXT):
-        return texts
-    return [" ".join(parse_document(index, text, markup, limits).units) for index, text in enumerate(texts)]
+    for index in kept:
+        if markup in (None, TextType.TEXT):
+            read[index] = texts[index]
+            continue
+        try:
+            read[index] = " ".join(parse_document(index, texts[index], markup, limits).units)
+        except TextLimitError as err:
+            if refuse is None:
+                raise
+            refuse(TextRefused(index, err))
+    return read
 
 
 def _detect_all(
-    detector: SourceDetector, read: Callable[[], list[str]]
-) -> tuple[dict[str, list[int]], dict[int, Detection], list[int]]:
-    """Texts (what `read` gives of them) grouped by detected language, each text's detection, and the texts no
-    detection decides; texts without a letter are in none."""
+    detector: SourceDetector, read: Callable[[], list[str | None]]
+) -> tuple[dict[str, list[int]], dict[int, Detection], list[int], list[int]]:
+    """Texts (what `read` gives of them; None: refused) grouped by detected language, each text's detection, the
+    texts no detection decides, and those without a letter (no language to tell, any model's)."""
     texts = read()
     groups: dict[str, list[int]] = {}
     found: dict[int, Detection] = {}
     undecided: list[int] = []
+    blank: list[int] = []
     for index, text in enumerate(texts):
         checkpoint()
+        if text is None:
+            continue
         text = model_text(text)  # what the model would see: no soft hyphens or zero-width spaces inside words
         if not any(char.isalpha() for char in text):  # digits and symbols: no language to tell, any model's
+            blank.append(index)
             continue
         detection = detector.detect(text)
         if detection is None:
@@ -212,7 +278,7 @@ def _detect_all(
             continue
         found[index] = detection
         groups.setdefault(detection.language, []).append(index)
-    return groups, found, undecided
+    return groups, found, undecided, blank
 
 
 def _listed(indices: list[int]) -> str:
@@ -229,6 +295,11 @@ def _undecided_message(undecided: list[int]) -> str:
 def _route_detected(
     backends: Backends, options: pb.TranslationOptions, language: str, indices: list[int], found: dict[int, Detection]
 ) -> tuple[Backend, LanguageRoute]:
+    if indistinct := found[indices[0]].indistinct:  # never a guess among them
+        raise InvalidRequest(
+            f"{_listed(indices)} detected as {language!r}, which stands for {', '.join(indistinct)} among the served"
+            " languages; detection cannot tell them apart: set options.source_language"
+        )
     try:
         return backends.route(options, source=language)
     except InvalidRequest as err:

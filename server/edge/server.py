@@ -63,6 +63,7 @@ from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
 from server.edge.process_reports import REPORT_S, SELF, ProcessReport, write_report
 from server.edge.reflection import enable_reflection
+from server.edge.routing import describe_directions
 from server.edge.servicer import TranslatorServicer
 from server.edge.tracing import Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
@@ -161,7 +162,7 @@ class TranslationServer:
         loaded = [models] if isinstance(models, LoadedModel) else list(models)
         backends = [await self._start_engine(model) for model in loaded]
         _log_serving(backends)
-        sources = [source for model in loaded for source, _ in model.runner.spec.pairs]
+        sources = [source for model in loaded for source in model.runner.spec.directions.sources]
         self.servicer.attach(backends, SourceDetector(sources), first_turn=self.config.process_index)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
@@ -259,7 +260,7 @@ def _log_serving(backends: list[Backend]) -> None:
         replicas = [b for b in backends if b.model.name == name]
         info = replicas[0].model
         engines = f"{len(replicas)} engine" + ("" if len(replicas) == 1 else "s")
-        pairs = ", ".join(f"{source}-{target}" for source, target in replicas[0].spec.pairs)
+        pairs = describe_directions(replicas[0].spec.directions)
         logger.info("serving %s (%s, %s, %s): %s", name, info.variant, info.provider, engines, pairs)
 
 

@@ -19,11 +19,19 @@ import grpc.aio
 
 from server.core.admission_ledger import Admission
 from server.core.checkpoints import CallEnded
-from server.core.documents import PartialSentence, RequestLimits, TextTranslation, prepare_texts
+from server.core.documents import (
+    PartialSentence,
+    Refuse,
+    RequestLimits,
+    TextRefused,
+    TextTranslation,
+    prepare_texts,
+)
 from server.core.engine_client import Cancellable, EngineClient
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
 from server.core.markup import TextType
 from server.core.markup_documents import RequestAssembler, prepare_request
+from server.core.placeholders import Placeholders
 from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.edge.admission import sentences_to_hold
 from server.edge.backends import Backend, Backends
@@ -33,6 +41,7 @@ from server.edge.convert import (
     normalize_codes,
     parse_request,
     partial_to_pb,
+    refusal_to_pb,
 )
 from server.edge.detect import SourceDetector
 from server.edge.errors import (
@@ -41,6 +50,7 @@ from server.edge.errors import (
     ResponseTooLarge,
     cancelled_by_deadline,
     request_failed,
+    status_for,
     stream_call,
     unary_call,
 )
@@ -76,24 +86,31 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        parts = await self._parts(request, context, call, stream=False)
-        results: list[pb.TextResult] = []
+        parts, refused = await self._parts(request, context, call, stream=False)
+        results = [self._refused(refusal) for refusal in refused]
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
                 if isinstance(item, TextTranslation):
                     results.append(part.result_to_pb(item))
+                elif isinstance(item, TextRefused):
+                    results.append(self._refused(part.original_refusal(item), part.backend.model.name))
         results.sort(key=lambda r: r.index)
-        return self._fits(pb.TranslateResponse(results=results), parts[0].backend.limits)
+        return self._fits(pb.TranslateResponse(results=results), parts[0].backend.limits if parts else self.limits)
 
     @stream_call("TranslateStream")
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        parts = await self._parts(request, context, call, stream=True)
+        parts, refused = await self._parts(request, context, call, stream=True)
+        for refusal in refused:
+            yield pb.TranslateStreamResponse(result=self._refused(refusal))
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
                 if isinstance(item, TextTranslation):
                     yield self._fits(pb.TranslateStreamResponse(result=part.result_to_pb(item)), part.backend.limits)
+                elif isinstance(item, TextRefused):
+                    refusal = part.original_refusal(item)
+                    yield pb.TranslateStreamResponse(result=self._refused(refusal, part.backend.model.name))
                 else:
                     yield pb.TranslateStreamResponse(partial=partial_to_pb(part.original_partial(item)))
 
@@ -118,6 +135,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             )
         return message
 
+    def _refused(self, refusal: TextRefused, model: str = "") -> pb.TextResult:
+        """A text refused alone (allow_partial), counted by its status under the model it was routed to, if any."""
+        if self.metrics is not None:
+            self.metrics.observe_text_error(status_for(refusal.error)[0].name, model)
+        return refusal_to_pb(refusal)
+
     def _parse(
         self, request: pb.TranslateRequest, backend: Backend, route: LanguageRoute, call: CallRecord, stream: bool
     ) -> TranslateJob:
@@ -128,25 +151,28 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     async def _parts(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord, stream: bool
-    ) -> list[JobPart]:
-        """The request as jobs, one per model pair (server.edge.request_parts)."""
+    ) -> tuple[list[JobPart], list[TextRefused]]:
+        """The request as jobs, one per model pair (server.edge.request_parts), and with allow_partial, the texts
+        refused alone before any job took them (by their position in the request)."""
         normalize_codes(request.options)
         parse = partial(self._parse, call=call, stream=stream)
+        refused: list[TextRefused] = []
+        refuse = refused.append if request.allow_partial else None
         if request.options.source_language:
-            return whole_request(request, self._backends, parse)
+            return whole_request(request, self._backends, parse, refuse), refused
         if self._grouping is None:
             self._backends.serving()  # while the models load: Unavailable, as for any call
             raise InvalidRequest("source detection is not available on this server; set options.source_language")
-        return await self._grouping.parts(request, self._backends, parse, _deadline(context))
+        return await self._grouping.parts(request, self._backends, parse, _deadline(context), refuse), refused
 
     def _translate_parts(
         self, parts: list[JobPart], context: Context, call: CallRecord
-    ) -> AsyncGenerator[tuple[JobPart, TextTranslation | PartialSentence], None]:
+    ) -> AsyncGenerator[tuple[JobPart, TextTranslation | PartialSentence | TextRefused], None]:
         return merged_items(parts, lambda part: self._translate(part, context, call))
 
     async def _translate(
         self, part: JobPart, context: Context, call: CallRecord
-    ) -> AsyncGenerator[TextTranslation | PartialSentence, None]:
+    ) -> AsyncGenerator[TextTranslation | PartialSentence | TextRefused, None]:
         """Texts as they finish (blank ones first), with partial sentences in between when streaming tokens.
 
         Admitted by the engine first, holding the queue places for the sentences it counts
@@ -160,18 +186,23 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         call.trace.describe(backend.model.name, job.lang_pair, job.options.beam_size)
         holds = sentences_to_hold(job.texts, backend.limits.max_sentences)
         with self._lane.arrival(), backend.engine.admission(holds) as admission:
-            prepare = _preparation(job, backend, part.indices, self.metrics)  # parsing, splitting and tokenizing
+            refused: list[TextRefused] = []  # texts over a limit, where the request allows partial results
+            refuse = refused.append if job.allow_partial else None
+            prepare = _preparation(job, backend, part.indices, self.metrics, refuse)  # parsing, splitting, tokenizing
             chars = sum(len(text) for text in job.texts)
             with _timed_preparation(self.metrics, backend.model.name):
                 assembler = await self._lane.prepare(prepare, chars, _deadline(context))
+            for refusal in refused:
+                yield refusal
             for blank in assembler.blank_texts():
                 yield blank
             if not assembler.sources:
                 return
             key_of, sources = _cache_key(job, backend), assembler.sources
-            # A long document's markup is put back around its translation off the loop, as it was parsed: a page of
-            # 500 sentences and 4,000 inline tags takes tens of milliseconds per hypothesis
-            render_in_thread = job.text_type is not TextType.TEXT and chars > INLINE_PREPARE_CHARS
+            # A long document's markup (or a long text's placeholders) is put back around its translation off the
+            # loop, as it was parsed: placing a page's inline tags holds the loop for a while per hypothesis
+            placed = job.text_type is not TextType.TEXT or job.placeholders is Placeholders.KEEP
+            render_in_thread = placed and chars > INLINE_PREPARE_CHARS
             events_of = _engine_events(backend.engine, admission, sources, job, context, call, backend.cache, key_of)
             async with aclosing(events_of) as events:
                 async for event in events:
@@ -193,22 +224,25 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
 
 def _preparation(
-    job: TranslateJob, backend: Backend, positions: list[int], metrics: Metrics | None
+    job: TranslateJob, backend: Backend, positions: list[int], metrics: Metrics | None, refuse: Refuse | None = None
 ) -> Callable[[], RequestAssembler]:
     """The request's texts to the engine's sentences: parsed (HTML/XML), split and tokenized, when called; a limit's
-    message names a text by `positions`, its place in the client's request; `metrics` count the sentences cut."""
+    message names a text by `positions`, its place in the client's request; `metrics` count the sentences cut;
+    `refuse` takes a text over a limit, refused alone (else the limit fails the call)."""
     on_cut = None if metrics is None else partial(metrics.observe_cut, model=backend.model.name)
     texts = partial(
         prepare_texts,
         source_lang=job.sentence_lang,  # whose sentence rules split the texts
         target_lang=job.target_lang,
+        model_source=job.source_lang,  # the model's code, which an NLLB or M2M100 source starts with
         tokenizer=backend.tokenizer,
         limits=backend.limits,
         max_tokens=backend.spec.max_source_len,
         on_cut=on_cut,
     )
     limits, n_best = backend.limits, job.options.num_hypotheses
-    return partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best, positions)
+    prepare = partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best, positions)
+    return partial(prepare, refuse, job.placeholders)
 
 
 def _deadline(context: Context) -> float | None:

@@ -24,7 +24,9 @@ translate (blocks and translated attributes) per request; malformed markup is ne
 
 Status codes:
   INVALID_ARGUMENT   empty request, unknown language or pair, too many texts or sentences, a text
-                     or sentence over its limit, options out of range.
+                     or sentence over its limit, options out of range. With
+                     `TranslateRequest.allow_partial`, a refusal of one text is that text's
+                     `TextResult.error` instead, and the others are translated.
   RESOURCE_EXHAUSTED the server's queue of waiting sentences is full; nothing of the request was
                      started. Retry with backoff (the load is transient) or on another replica.
                      Also: a Translate response would exceed the server's message size limit (each
@@ -56,6 +58,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Placeholders:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PlaceholdersEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Placeholders.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PLACEHOLDERS_KEEP: _Placeholders.ValueType  # 0
+    """Each comes back verbatim, exactly once and in source order: the model never sees it, and it is put
+    back as an inline tag is (TextResult.tag_placement; the end of the unit where no word edge is left);
+    one the model writes of its own is dropped. A translated attribute holding one is kept whole.
+    """
+    PLACEHOLDERS_OFF: _Placeholders.ValueType  # 1
+    """None is looked for: the model reads them as text, and may change or drop them."""
+
+class Placeholders(_Placeholders, metaclass=_PlaceholdersEnumTypeWrapper):
+    """Placeholders a program fills in later, found in plain text and in the translated text of HTML and XML:
+    printf's and Python's `%s`, `%1$s`, `%.*s`, `%lu`, `%(name)s`; braces `{0}`, `{name}`, `{0,-10:N2}`, and
+    an ICU argument with its type kept whole (`{count, plural, one {# item} other {# items}}`); mustache
+    `{{name}}`; shell `${name}`. Never text: a percent sign after a number (`50%`, `50 %`), `%%`, `% d`,
+    `%APPDATA%`, a brace with a space after it (`{ prose }`), a brace that never closes, doubled braces
+    (`{{0}}`).
+    """
+
+PLACEHOLDERS_KEEP: Placeholders.ValueType  # 0
+"""Each comes back verbatim, exactly once and in source order: the model never sees it, and it is put
+back as an inline tag is (TextResult.tag_placement; the end of the unit where no word edge is left);
+one the model writes of its own is dropped. A translated attribute holding one is kept whole.
+"""
+PLACEHOLDERS_OFF: Placeholders.ValueType  # 1
+"""None is looked for: the model reads them as text, and may change or drop them."""
+Global___Placeholders: _TypeAlias = Placeholders  # noqa: Y015
 
 class _TextType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -91,20 +125,22 @@ class _TagPlacement:
 class _TagPlacementEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TagPlacement.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TAG_PLACEMENT_NONE: _TagPlacement.ValueType  # 0
-    """No tag moved: plain text, or markup whose translated units kept no inline tag."""
+    """No tag moved: plain text without placeholders, or markup whose translated units kept no inline tag."""
     TAG_PLACEMENT_PROPORTIONAL: _TagPlacement.ValueType  # 1
-    """The fallback while the model gives no alignment: each tag goes to the same relative offset of the
-    translated unit, snapped to a word's start (opening tags) or end (closing tags), in source order.
+    """The fallback while the model gives no alignment: each tag (and kept placeholder) goes to the same
+    relative offset of the translated unit, snapped to a word's start (opening tags), end (closing
+    tags) or a gap between words (placeholders, void and kept elements), in source order.
     """
 
 class TagPlacement(_TagPlacement, metaclass=_TagPlacementEnumTypeWrapper):
     """How a result's inline tags reached its translation."""
 
 TAG_PLACEMENT_NONE: TagPlacement.ValueType  # 0
-"""No tag moved: plain text, or markup whose translated units kept no inline tag."""
+"""No tag moved: plain text without placeholders, or markup whose translated units kept no inline tag."""
 TAG_PLACEMENT_PROPORTIONAL: TagPlacement.ValueType  # 1
-"""The fallback while the model gives no alignment: each tag goes to the same relative offset of the
-translated unit, snapped to a word's start (opening tags) or end (closing tags), in source order.
+"""The fallback while the model gives no alignment: each tag (and kept placeholder) goes to the same
+relative offset of the translated unit, snapped to a word's start (opening tags), end (closing
+tags) or a gap between words (placeholders, void and kept elements), in source order.
 """
 Global___TagPlacement: _TypeAlias = TagPlacement  # noqa: Y015
 
@@ -124,6 +160,7 @@ class TranslationOptions(_message.Message):
     STREAM_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     TEXT_TYPE_FIELD_NUMBER: _builtins.int
+    PLACEHOLDERS_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
     """Language of the texts as BCP-47 ("pt-BR", "zh-Hant"), ISO 639-1 ("pt") or ISO 639-3 ("por"), or the
     model's own code (ListModels); matched to the served models' languages: the same language first (a
@@ -160,6 +197,8 @@ class TranslationOptions(_message.Message):
     """
     text_type: Global___TextType.ValueType
     """How the texts are read: plain text (default), HTML or XML (see TextType)."""
+    placeholders: Global___Placeholders.ValueType
+    """What becomes of the placeholders in the text to translate (see Placeholders). Default: each is kept."""
     def __init__(
         self,
         *,
@@ -173,10 +212,11 @@ class TranslationOptions(_message.Message):
         stream_tokens: _builtins.bool = ...,
         model: _builtins.str = ...,
         text_type: Global___TextType.ValueType = ...,
+        placeholders: Global___Placeholders.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "num_hypotheses", b"num_hypotheses"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language", "text_type", b"text_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "placeholders", b"placeholders", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language", "text_type", b"text_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__beam_size: _TypeAlias = _typing.Literal["beam_size"]  # noqa: Y015
     _WhichOneofArgType__beam_size: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size"]  # noqa: Y015
@@ -201,6 +241,15 @@ class TranslateRequest(_message.Message):
 
     TEXTS_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    ALLOW_PARTIAL_FIELD_NUMBER: _builtins.int
+    allow_partial: _builtins.bool
+    """Per-text results: a text refused by a rule of its own (over max_chars_per_text or the markup limits, a
+    sentence that cannot be cut, the text that takes the request past max_sentences_per_request or
+    max_markup_units, a detected language no model serves toward the target, a language detection cannot
+    tell) gets `TextResult.error` while the other texts are translated. Without it (default), any such
+    refusal fails the whole call with INVALID_ARGUMENT. What concerns the whole request (no texts, too many
+    texts, options out of range, an unknown target language or model) fails the call either way.
+    """
     @_builtins.property
     def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """1..256 texts; each may hold many sentences and line breaks, which are kept. A text with nothing
@@ -221,10 +270,11 @@ class TranslateRequest(_message.Message):
         *,
         texts: _abc.Iterable[_builtins.str] | None = ...,
         options: Global___TranslationOptions | None = ...,
+        allow_partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "texts", b"texts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_partial", b"allow_partial", "options", b"options", "texts", b"texts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -275,6 +325,7 @@ class TextResult(_message.Message):
     DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _builtins.int
     DETECTED_LANGUAGE_CONFIDENCE_FIELD_NUMBER: _builtins.int
     TAG_PLACEMENT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Position of the text in `TranslateRequest.texts`."""
     translation: _builtins.str
@@ -304,6 +355,12 @@ class TextResult(_message.Message):
         (and its untranslated parts, such as "...").
         """
 
+    @_builtins.property
+    def error(self) -> Global___TextError:
+        """With `TranslateRequest.allow_partial`: why this text was refused (`translation` empty, no counts); unset
+        for a translated text.
+        """
+
     def __init__(
         self,
         *,
@@ -316,14 +373,41 @@ class TextResult(_message.Message):
         detected_source_language: _builtins.str = ...,
         detected_language_confidence: _builtins.float = ...,
         tag_placement: Global___TagPlacement.ValueType = ...,
+        error: Global___TextError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_language_confidence", b"detected_language_confidence", "detected_source_language", b"detected_source_language", "hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "tag_placement", b"tag_placement", "translation", b"translation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected_language_confidence", b"detected_language_confidence", "detected_source_language", b"detected_source_language", "error", b"error", "hypotheses", b"hypotheses", "index", b"index", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "sentences", b"sentences", "tag_placement", b"tag_placement", "translation", b"translation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TextResult: _TypeAlias = TextResult  # noqa: Y015
+
+@_typing.final
+class TextError(_message.Message):
+    """Why one text of a request was refused, as google.rpc.Status says it of a call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code value: 3 (INVALID_ARGUMENT) for every refusal of one text."""
+    message: _builtins.str
+    """The words the call's status would carry without allow_partial, naming the text and the limit it breaks."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TextError: _TypeAlias = TextError  # noqa: Y015
 
 @_typing.final
 class TranslateResponse(_message.Message):
@@ -575,6 +659,7 @@ class ModelInfo(_message.Message):
     DEFAULT_BEAM_SIZE_FIELD_NUMBER: _builtins.int
     DEFAULT_MAX_OUTPUT_LEN_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    ANY_TO_ANY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Model name: the hub id it was fetched by (e.g. "Helsinki-NLP/opus-mt-de-en"), else the model
     directory's name (e.g. "shipped"). TranslationOptions.model takes it.
@@ -626,6 +711,13 @@ class ModelInfo(_message.Message):
         where it beat 1.0 significantly, else 1.0.
         """
 
+    @_builtins.property
+    def any_to_any(self) -> Global___AnyToAny:
+        """Set for a model that translates any of its sources into any of its targets but the same language
+        (NLLB-200, M2M100: tens of thousands of directions). `pairs` is then empty, `languages` holds every code,
+        and `default_length_penalty` has the one key "*": the default of every direction.
+        """
+
     def __init__(
         self,
         *,
@@ -643,14 +735,75 @@ class ModelInfo(_message.Message):
         default_beam_size: _builtins.int = ...,
         default_max_output_len: _builtins.int = ...,
         revision: _builtins.str = ...,
+        any_to_any: Global___AnyToAny | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["any_to_any", b"any_to_any", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_variants", b"available_variants", "default_beam_size", b"default_beam_size", "default_length_penalty", b"default_length_penalty", "default_max_output_len", b"default_max_output_len", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "revision", b"revision", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["any_to_any", b"any_to_any", "available_variants", b"available_variants", "default_beam_size", b"default_beam_size", "default_length_penalty", b"default_length_penalty", "default_max_output_len", b"default_max_output_len", "dtype", b"dtype", "languages", b"languages", "limits", b"limits", "model_sha256", b"model_sha256", "name", b"name", "opset", b"opset", "pairs", b"pairs", "provider", b"provider", "revision", b"revision", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelInfo: _TypeAlias = ModelInfo  # noqa: Y015
+
+@_typing.final
+class AnyToAny(_message.Message):
+    """The languages of a model that translates any of them into any other (ModelInfo.any_to_any)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCES_FIELD_NUMBER: _builtins.int
+    TARGETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Language]:
+        """The languages it reads."""
+
+    @_builtins.property
+    def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Language]:
+        """The languages it writes."""
+
+    def __init__(
+        self,
+        *,
+        sources: _abc.Iterable[Global___Language] | None = ...,
+        targets: _abc.Iterable[Global___Language] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sources", b"sources", "targets", b"targets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AnyToAny: _TypeAlias = AnyToAny  # noqa: Y015
+
+@_typing.final
+class Language(_message.Message):
+    """A language as a model names it and as a client may send it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    BCP47_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """The model's code, e.g. "deu_Latn", "zho_Hant" (NLLB-200's FLORES-200 codes) or "sr" (M2M100's)."""
+    bcp47: _builtins.str
+    """The same language in BCP-47, e.g. "de", "zh-Hant", "sr": what a client may send instead; unique within a
+    model. A client's BCP-47, ISO 639-1 or ISO 639-3 code reaches the model code that fits it best ("pt-BR"
+    reaches "por_Latn", "yue" "yue_Hant"); one in a script or region the model lacks ("sr-Latn" against
+    NLLB-200's "srp_Cyrl") is refused naming what it has of the language.
+    """
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        bcp47: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bcp47", b"bcp47", "code", b"code"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Language: _TypeAlias = Language  # noqa: Y015
 
 @_typing.final
 class ListModelsResponse(_message.Message):

@@ -24,7 +24,9 @@ translate (blocks and translated attributes) per request; malformed markup is ne
 
 Status codes:
   INVALID_ARGUMENT   empty request, unknown language or pair, too many texts or sentences, a text
-                     or sentence over its limit, options out of range.
+                     or sentence over its limit, options out of range. With
+                     `TranslateRequest.allow_partial`, a refusal of one text is that text's
+                     `TextResult.error` instead, and the others are translated.
   RESOURCE_EXHAUSTED the server's queue of waiting sentences is full; nothing of the request was
                      started. Retry with backoff (the load is transient) or on another replica.
                      Also: a Translate response would exceed the server's message size limit (each
