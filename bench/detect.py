@@ -14,7 +14,7 @@ py3langid, each measured in a fresh process so that resident memory is its own.
 measures the server's own detector (server.edge.detect.SourceDetector, serving `--languages`) on texts in
 languages it does not serve: the share of the test set's texts it names after an unserved language (which
 the server then refuses), how many of each side's 600 most common words it names so, and how it names
-FOREIGN's sentences, three in each of 13 other languages. It also counts the short UI strings (bench.cache_repeats'
+FOREIGN's sentences, three in each of 13 other languages. It also counts the short UI strings (UI_STRINGS'
 in German and English, FOREIGN_UI's in five other languages) that a request to their detected language would get
 back unchanged as already in it, with and without the check against unserved rivals (Detection.sure).
 """
@@ -89,6 +89,19 @@ FOREIGN = {
 }  # fmt: skip
 
 
+# Short interface strings (menus, buttons, messages) in the served languages, and FOREIGN_UI's in others
+UI_STRINGS = {
+    "de": ["Speichern", "Abbrechen", "Einstellungen", "Anmelden", "Abmelden", "Passwort vergessen?", "Weiter",
+           "Zurück", "Suchen", "Hilfe", "Konto löschen", "Änderungen gespeichert.", "In den Warenkorb",
+           "Zur Kasse gehen", "Alle akzeptieren", "Mehr erfahren", "Profil bearbeiten", "Datei hochladen",
+           "Bitte warten Sie einen Moment.", "Ein Fehler ist aufgetreten."],
+    "en": ["Save", "Cancel", "Settings", "Sign in", "Sign out", "Forgot your password?", "Next", "Back",
+           "Search", "Help", "Delete account", "Changes saved.", "Add to cart", "Proceed to checkout",
+           "Accept all", "Learn more", "Edit profile", "Upload a file", "Please wait a moment.",
+           "An error occurred."],
+}  # fmt: skip
+
+
 FOREIGN_UI = {
     "fr": ["commit invalide %s", "Fichier introuvable", "Enregistrer", "Annuler", "Paramètres", "Se connecter",
            "Mot de passe oublié ?", "Erreur inconnue", "Ajouter au panier", "Veuillez patienter.", "Modifier le profil",
@@ -150,7 +163,6 @@ def measure_foreign(languages: list[str], limit: int) -> dict[str, object]:
 def measure_unchanged(detector: SourceDetector, languages: list[str]) -> dict[str, object]:
     """Short UI strings a request to their detected (served) language would get back unchanged, by the margin
     alone and by the margin and Detection.sure."""
-    from bench.cache_repeats import UI_STRINGS
     from server.edge.request_parts import UNCHANGED_MARGIN
 
     result: dict[str, object] = {}

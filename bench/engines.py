@@ -77,7 +77,7 @@ class TransformersEngine:
             raise Unavailable("transformers runs an imported model's transformers directory: pass --hf-dir")
         try:
             import torch
-            from transformers import MarianMTModel
+            from transformers import AutoModelForSeq2SeqLM
         except ImportError as err:
             raise Unavailable(f"transformers is not installed ({err})") from err
         if settings.device == "cuda" and not torch.cuda.is_available():
@@ -85,7 +85,7 @@ class TransformersEngine:
         torch.set_num_threads(settings.threads)
         dtype = torch.float16 if settings.device == "cuda" else torch.float32
         self.name = "transformers-generate"
-        model = MarianMTModel.from_pretrained(settings.hf_dir, dtype=dtype)
+        model = AutoModelForSeq2SeqLM.from_pretrained(settings.hf_dir, dtype=dtype)
         self.model = model.to(settings.device).eval()  # type: ignore[arg-type]  # transformers types .to oddly
         self.settings = settings
 
@@ -138,7 +138,7 @@ class CTranslate2Engine:
             raise Unavailable(f"{workers} workers need the CPU and {workers}+ threads (at 1 thread: the plain layout)")
         self.name = f"ctranslate2-{compute_type}" + (f"-{workers}workers" if workers > 1 else "")
         out = work_dir / self.name
-        if load_config(settings.model_dir).tokenizer == "marian":
+        if load_config(settings.model_dir).tokenizer in ("marian", "m2m"):  # imported: from its own checkpoint
             if settings.hf_dir is None:
                 raise Unavailable("an imported model is compared with CTranslate2 converted from its transformers "
                                   "directory: pass --hf-dir")  # fmt: skip

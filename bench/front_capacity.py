@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
-from bench.engine_host import fixed_candidates
 from bench.run import free_port
 from model.artifact import load_config
 from model.directory import ModelSpec, read_metadata
@@ -41,6 +41,14 @@ from server.edge.loading import LoadedModel
 from server.edge.server import create_server
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fixed_candidates(row_scores: list[float], k: int) -> Candidates:
+    """Every row's k candidates as a runner ranks them, the same tokens for all: ids 10.., each 1 below the last."""
+    offsets = np.arange(1, k + 1, dtype=np.float32)
+    scores = (np.asarray(row_scores, np.float32)[:, None] - offsets[None, :]).astype(np.float32)
+    ids = np.broadcast_to(np.arange(10, 10 + k, dtype=np.int64), scores.shape).copy()
+    return Candidates(scores, ids)
 
 
 @dataclass

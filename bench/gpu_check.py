@@ -15,19 +15,16 @@ The CUDA path verified end to end on a GPU node, in one command:
 4. the capturable step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`):
    `--kv-cache static` and its fused build `--kv-cache fused`, one CUDA graph per row bucket, against the
    uncaptured device caches, greedy and beam 4: identical ids (the fused build: FUSED_FP16_AGREEMENT).
-5. where the captured step's time goes (`python -m bench.runner_split`, `--kernel-profile` on CUDA): each runner
-   call of an offline decode timed, each bucket's graph replayed alone, and the kernels of the step and of a
-   beam reorder (split.json; the step's log holds the tables).
-6. the BLEU gate measured with the CUDA provider (`python -m bench.variants --provider cuda`): the record
+5. the BLEU gate measured with the CUDA provider (`python -m server.gates.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
-7. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
+6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
    PyTorch: the captured step's fused build (`onnx-fp16-fused` offline; the served default) beside its plain
    build (`onnx-fp16-static`) and the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the
    served levers (GPU_ARMS: the plain captured step; the encoder batched across arrivals, `--admission-wait-ms
    20`; four and eight server processes sharing the two engines), each closed-loop run with the engines' own
    step time, rows per step and busy share read from the server's metrics. The served path runs the server's
    CUDA default of 256 slots per engine.
-8. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
+7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
    context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
 `--shape opus-mt-de-en` measures at the size users serve instead of the shipped model: a "model" step builds
@@ -58,17 +55,11 @@ from pathlib import Path
 
 from bench.marian_random import SHAPES
 
-STEPS = ("onnxruntime", "export", "parity", "static", "split", "gate", "bench", "startup")
+STEPS = ("onnxruntime", "export", "parity", "static", "gate", "bench", "startup")
 # with --shape: random weights, no BLEU gate
-SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "split", "fp16gate", "bench", "startup")
+SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "fp16gate", "bench", "startup")
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
-# The split of a decode's time: fp16 on CUDA, with the kernels; on CPU (a rehearsal) fp16 too, the variant whose
-# export holds the capturable graphs at a shape as well (the shape's model step builds none in fp32).
-SPLIT_FLAGS = {
-    "cuda": ["--variant", "fp16", "--kv-caches", "device,static,fused", "--kernel-profile"],
-    "cpu": ["--variant", "fp16", "--kv-caches", "working,static,fused"],
-}
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
 # engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight. On an H100 the model, static and
 # bench steps took 4 min 7 s with three served arms beside the default, three offline engines and no device-cache
@@ -171,9 +162,7 @@ def step_commands(args: argparse.Namespace, site: Path) -> dict[str, list[str]]:
         "parity": [python, "-m", "bench.parity", "--model-dir", model, "--provider", args.provider, *limit],
         "static": [python, "-m", "bench.static_parity", "--model-dir", model, "--provider", args.provider,
                    "--variants", STATIC_VARIANTS[args.provider], *limit],
-        "split": [python, "-m", "bench.runner_split", "--model-dir", model, "--provider", args.provider,
-                  *SPLIT_FLAGS[args.provider], "--sentences", "64", "--out", str(args.out / "split.json")],
-        "gate": [python, "-m", "bench.variants", "--model-dir", model, "--provider", args.provider, *limit],
+        "gate": [python, "-m", "server.gates.variants", "--model-dir", model, "--provider", args.provider, *limit],
         "fp16gate": [python, "-m", "export.fp16_gate", "--model-dir", model, "--provider", args.provider],
         "bench": [python, "-m", "bench.run", "--model-dir", model, "--device", args.provider,
                   "--out", str(args.out / "bench"), *(["--quick"] if args.quick else []), *shaped, *arms,

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tokenizer = MarianTokenizer(args.model_dir)
     texts = args.texts.read_text().splitlines() if args.texts else BUILT_IN_TEXTS
-    target = args.target_lang or tokenizer.pairs[0][1]
+    target = args.target_lang or tokenizer.directions.targets[0]
     sources = [tokenizer.encode_source(text, target) for text in texts if text.strip()]
     report = compare(args.hf, args.model_dir, sources, args.beam_size, args.max_len)
     print(report)

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.variants import model_tokenizer, tested_directions
 from model.artifact import load_artifact
 from model.data import read_tsv
 from model.decode import beam_search, normalize
@@ -33,6 +32,7 @@ from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
 from server.core.scheduler import output_limit
+from server.gates.variants import model_tokenizer, tested_directions
 
 TOLERANCE = 1e-4
 LOGIT_CASES_PER_DIRECTION = 10  # sources whose reference translations are teacher-forced step by step

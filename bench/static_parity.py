@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.parity import fits, parity_cases
-from bench.variants import model_tokenizer
 from model.directory import STATIC_DECODER_FILE, MetadataError, capturable_head_dim, read_metadata
 from server.backend.runners import open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner
 from server.core.beam import Hypothesis
 from server.core.offline import translate_ids
+from server.gates.variants import model_tokenizer
 
 BEAMS = (1, 4)
 CAPTURED = ("static", "fused")  # the capturable step's plain and fused builds (`--kv-cache`)

@@ -7,10 +7,12 @@ measures both on the provider that will serve the graphs. Probe sources are made
 probable whole words (word salad in the source language, so no corpus is needed); the fp32 graphs decode them
 greedily; each fp16 build is then fed the same tokens (teacher forcing): the plain encoder and step, and the fused
 encoder and capturable fused step that `--kv-cache auto` serves on CUDA (over static buffers, bound as the server
-binds them). At every position up to fp32's end of sentence each build's best token must be fp32's at AGREEMENT of
-the positions, with every log-probability finite. The record goes into variants.json under the provider, marked
-`"gate": AGREEMENT_GATE`, with the weights and the recipe it measured (model.directory.passed_gate trusts it for
-fp16 alone: int8 changes the arithmetic on purpose, which only a BLEU gate prices).
+binds them). A model whose target code is its forced first token (NLLB-200, M2M100) gets it at the first step, as
+the server forces it, and that position is not compared. At every position up to fp32's end of sentence each build's
+best token must be fp32's at AGREEMENT of the positions, with every log-probability finite. The record goes into
+variants.json under the provider, marked `"gate": AGREEMENT_GATE`, with the weights and the recipe it measured
+(model.directory.passed_gate trusts it for fp16 alone: int8 changes the arithmetic on purpose, which only a BLEU
+gate prices).
 
     python -m export.fp16_gate --model-dir DIR --provider cuda [--record]   # measure (and record) it by hand
 
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import sentencepiece as spm
 
 from model.directory import (
     AGREEMENT_GATE,
@@ -42,7 +45,10 @@ from model.directory import (
     ExportMetadata,
     read_metadata,
 )
-from model.marian_tokenizer import MarianTokenizer
+from model.files import load_config
+from model.m2m_tokenizer import SPM_FILE as M2M_SPM
+from model.marian_tokenizer import SOURCE_SPM
+from model.tokenizer import open_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ FREQUENT_WORDS = 400  # the probes draw from the source vocabulary's this many m
 SEED = 0
 PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 PROVIDER_OPTIONS = {"cuda": {"use_tf32": "0"}}  # float32 in float32, as the server runs it (server/backend/sessions.py)
+SOURCE_SPM_BY_SCHEME = {"marian": SOURCE_SPM, "m2m": M2M_SPM}  # the SentencePiece model the probes' words come from
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,18 @@ class Agreement:
         return self.finite and self.agreement >= AGREEMENT
 
 
+def probe_direction(model_dir: Path) -> tuple[str, str]:
+    """The (source, target) the probes are translated in: the model's first source and its first target."""
+    directions = open_tokenizer(model_dir, load_config(model_dir).tokenizer).directions
+    return directions.sources[0], directions.targets_from(directions.sources[0])[0]
+
+
 def probe_sources(model_dir: Path, count: int = PROBES, seed: int = SEED) -> list[list[int]]:
-    """`count` word-salad sources in the model's source language, as model ids (with the first target's tag
-    where the model has tags)."""
-    tokenizer = MarianTokenizer(model_dir)
-    sp = tokenizer.source_sp
+    """`count` word-salad sources in the model's source language, as model ids in `probe_direction` (with the
+    target's tag, or the source's code, where the model reads one)."""
+    scheme = load_config(model_dir).tokenizer
+    tokenizer = open_tokenizer(model_dir, scheme)
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / SOURCE_SPM_BY_SCHEME[scheme]))
     special = {i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)}
     words = [
         (sp.get_score(i), sp.id_to_piece(i)[1:])
@@ -89,9 +103,14 @@ def probe_sources(model_dir: Path, count: int = PROBES, seed: int = SEED) -> lis
             sp.id_to_piece(i).replace("\u2581", "") or "a" for i in range(sp.get_piece_size()) if i not in special
         ]
     rng = np.random.default_rng(seed)
-    target = tokenizer.pairs[0][1]
+    source, target = probe_direction(model_dir)
     texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(*PROBE_WORDS)))) for _ in range(count)]
-    return [tokenizer.encode_source(text, target) for text in texts]
+    return [tokenizer.encode_source(text, target, source) for text in texts]
+
+
+def forced_first(model_dir: Path, meta: ExportMetadata) -> int | None:
+    """The probes' first output token where the model's is forced (the target's code), as the server forces it."""
+    return meta.tag_ids[probe_direction(model_dir)[1]] if meta.spec().forced_bos else None
 
 
 def _session(path: Path, provider: str) -> ort.InferenceSession:
@@ -129,16 +148,19 @@ class _Graphs:
         names = [output.name for output in self.encoder.get_outputs()]
         return mask, dict(zip(names, self.encoder.run(None, {"src_ids": ids, "src_mask": mask}), strict=True))
 
-    def decode(self, sources: list[list[int]], steps: int, forced: np.ndarray | None) -> tuple[np.ndarray, bool]:
-        """(B, steps) best token at each position, fed the best token (greedy) or `forced`'s; whether every
-        log-probability was finite."""
+    def decode(
+        self, sources: list[list[int]], steps: int, forced: np.ndarray | None, first: int | None = None
+    ) -> tuple[np.ndarray, bool]:
+        """(B, steps) best token at each position (`first`, where given, at the first), fed the best token (greedy)
+        or `forced`'s; whether every log-probability was finite."""
         self._start(sources)
         tokens = np.full(len(sources), self.meta.bos_id, dtype=np.int64)
         best, finite = [], True
         for position in range(steps):
             log_probs = self._step(tokens, np.full(len(sources), position, dtype=np.int64))
             finite = finite and bool(np.isfinite(log_probs).all())
-            best.append(np.argmax(log_probs, axis=1))
+            chosen = np.argmax(log_probs, axis=1)
+            best.append(chosen if position or first is None else np.full_like(chosen, first))
             tokens = best[-1] if forced is None else forced[:, position]
         return np.stack(best, axis=1), finite
 
@@ -204,16 +226,18 @@ def measure(model_dir: Path, provider: str) -> Agreement:
             f"onnxruntime ran the graphs on {sorted({g.provider for g in (reference_graphs, *builds)})}, not "
             f"{_name(provider)}"
         )
-    sources = probe_sources(model_dir)
+    sources, first = probe_sources(model_dir), forced_first(model_dir, reference_graphs.meta)
     steps = min(STEPS, reference_graphs.meta.max_target_len)
-    reference, finite = reference_graphs.decode(sources, steps, forced=None)
+    reference, finite = reference_graphs.decode(sources, steps, forced=None, first=first)
     # Positions up to and including fp32's first end of sentence: past it the fed tokens are nobody's output.
     eos = reference_graphs.meta.eos_id
     ended = np.cumsum(reference == eos, axis=1)
     compared = (ended == 0) | ((ended == 1) & (reference == eos))
+    if first is not None:  # the forced code is nobody's choice
+        compared[:, 0] = False
     by_graph: dict[str, float] = {}
     for build in builds:
-        candidate, build_finite = build.decode(sources, steps, forced=reference)
+        candidate, build_finite = build.decode(sources, steps, forced=reference, first=first)
         finite = finite and build_finite
         by_graph[build.step_file] = round(float((candidate == reference)[compared].mean()), 4)
     return Agreement(int(compared.sum()), min(by_graph.values()), finite, by_graph)

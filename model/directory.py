@@ -202,7 +202,7 @@ def passed_gate(model_dir: Path, variant: str, provider: str) -> bool:
     if record is not None and record.get("gate") == AGREEMENT_GATE:  # a hub build's: no test set to run BLEU on
         fix = f"run python -m export.fp16_gate --model-dir {model_dir} --provider {provider} --record"
     else:
-        fix = f"run python -m quality.variants --model-dir {model_dir} --provider {provider}"
+        fix = f"run python -m server.gates.variants --model-dir {model_dir} --provider {provider}"
     if record is None:
         log.warning("%s holds no BLEU gate measured with the %s provider: not serving %s; %s",
                     path, provider, variant, fix)  # fmt: skip
@@ -311,7 +311,7 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     """The default length penalty of every direction: `decoding.json`'s value for it, else its value for
     EVERY_DIRECTION (which the result then holds too), else 1.0.
 
-    `python -m quality.length_penalty --write` tunes it per direction on the validation set. The file
+    `python -m server.gates.length_penalty --write` tunes it per direction on the validation set. The file
     must name the weights the graphs were exported from (`weights_sha256`): a value tuned on other
     weights is refused, not served silently. Values are rounded to float32, the proto's type, so a
     client that sends back what ListModels reported decodes exactly as with the default.
@@ -327,8 +327,8 @@ def read_length_penalties(model_dir: Path, directions: Iterable[str], weights_sh
     if record.get("weights_sha256") != weights_sha256:
         raise MetadataError(
             f"{path} was tuned on other weights than the exported graphs' ({weights_sha256[:12]}...): "
-            f"run python -m quality.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 --write, "
-            "or delete it to serve 1.0"
+            f"run python -m server.gates.length_penalty --model-dir {model_dir} --values 0.6,0.8,1.0,1.2,1.4,1.6 "
+            "--write, or delete it to serve 1.0"
         )
     if unknown := sorted(set(tuned) - set(defaults) - {EVERY_DIRECTION}):
         raise MetadataError(f"{path} sets a length penalty for {unknown}; the model translates {sorted(defaults)}")

@@ -18,11 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from model.directions import Directions
+from server.core.batch import Batch
 from server.core.beam import BeamState, Hypothesis, row_candidates
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone
 from server.core.offline import execute as run_batch
 from server.core.runner import Candidates, EncodeItem, ModelSpec
-from server.core.scheduler import Batch
 
 FAKE_SPEC = ModelSpec(
     vocab_size=24,

@@ -306,7 +306,7 @@ def main() -> None:
     import logging
     import signal
 
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
     from server.edge.server import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)

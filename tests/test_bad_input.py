@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from model.directory import DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.core.documents import RequestLimits, TextLimitError, model_text, prepare_texts
 from server.core.offline import translate_ids
-from server.core.splitter import join, translatable
 from server.core.work import InvalidWorkError, check_sources
 from server.edge.errors import MALFORMED_MESSAGE, status_for
 from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.documents import RequestLimits, TextLimitError, model_text, prepare_texts
+from server.text.splitter import join, translatable
 from tests.fakes import FAKE_SPEC, FakeRunner, reference_decode
 from tests.serving import (
     RunningServer,

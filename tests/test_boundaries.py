@@ -7,13 +7,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("model", "export", "server", "quality", "bench")
+PACKAGES = ("model", "export", "server", "bench")
 # The one module above the engines that may know there are two kinds (server.backend.engines chooses)
 ENGINE_CLASSES = ("Engine", "EngineProcess", "ModelProcess")
 # What server.backend.engines chooses among: the edge never imports these itself
 BEHIND_THE_CHOICE = (
     "engine_process",
     "engine_child",
+    "child_links",
     "runtime",
     "device_cache",
     "working_batch",
@@ -112,3 +113,56 @@ def test_the_edge_reaches_engines_and_runners_only_through_the_layer_that_choose
         if name.startswith(("server.edge.", "server.client."))
     }
     assert {name: found for name, found in reaching.items() if found} == {}
+
+
+# The gRPC boundary: the servicer and its conversions (the request typed once, results and ListModels back into
+# messages), the server that registers the service, the interceptors that name it, and the client that calls it
+PROTOBUF_EDGE = {
+    "server.edge.servicer",
+    "server.edge.messages",
+    "server.edge.language_info",
+    "server.edge.server",
+    "server.edge.interceptors",
+    "server.client.cli",
+    "server.client.channels",
+}
+
+
+def imports_translation_messages(path: Path) -> bool:
+    """Whether `path` imports the Translator's generated messages or stubs anywhere (functions included)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        if any(name.startswith("server.proto.translation.") for name in names):
+            return True
+    return False
+
+
+def test_protobuf_stops_at_the_servicer() -> None:
+    """Routing, detection, splitting and the core see the typed request (server.edge.request), never a message.
+    Broken before the request was typed once: routing and request splitting took the client's TranslateRequest."""
+    past_the_edge = {
+        name
+        for name, path in project_modules().items()
+        if name.startswith("server.") and name not in PROTOBUF_EDGE and imports_translation_messages(path)
+    }
+    assert past_the_edge == set()
+    assert imports_translation_messages(ROOT / "server" / "edge" / "servicer.py")  # the check sees such an import
+
+
+MAX_MODULE_LINES = 450  # a module past it holds more than one job
+
+
+def test_no_server_module_is_over_the_line_limit() -> None:
+    """Generated code (server/proto) aside, every module under server/ stays within MAX_MODULE_LINES."""
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in (ROOT / "server").rglob("*.py")
+        if "proto" not in path.relative_to(ROOT / "server").parts[:1]
+        and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

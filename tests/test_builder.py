@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from bench.parity import compare_decoding
 from export.__main__ import main as export_main
 from export.builder.weights import WeightsError, load_weights
 from model.artifact import TOKENIZER_FILE, WEIGHTS_FILE, load_artifact, save_artifact
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer, file_sha256
 from model.transformer import Transformer, make_model
-from quality.parity import compare_decoding
 from server.backend.runtime import OnnxRunner
 from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner
 from tests.builder_parity import teacher_forced_gap

@@ -1,4 +1,4 @@
-"""A sentence over the model's source limit is translated in parts, never refused (server.core.clauses): cut at clause
+"""A sentence over the model's source limit is translated in parts, never refused (server.text.clauses): cut at clause
 boundaries first, then at whitespace, then between characters, with the whitespace at each cut kept."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.core.beam import Hypothesis
-from server.core.clauses import UncuttableError, cut
-from server.core.documents import (
+from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.clauses import UncuttableError, cut
+from server.text.documents import (
     Assembler,
     PreparedText,
     Refuse,
@@ -21,10 +22,9 @@ from server.core.documents import (
     prepare_texts,
     request_text,
 )
-from server.core.markup import TextType
-from server.core.markup_documents import RequestAssembler, prepare_request
-from server.core.splitter import join
-from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.markup import TextType
+from server.text.markup_documents import RequestAssembler, prepare_request
+from server.text.splitter import join
 from tests.serving import fake_model, request, running_server, sample_value
 
 TAG, EOS = 4, 3

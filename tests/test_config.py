@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from server.core.documents import RequestLimits
-from server.edge.config import (
-    CONNECTION_SECONDS,
-    DEFAULT_MODEL_DIR,
-    ENGINE_PROCESS_NICE,
-    ServerConfig,
-    build_parser,
-    parse_config,
-)
+from server.edge.config import CONNECTION_SECONDS, DEFAULT_MODEL_DIR, ENGINE_PROCESS_NICE, ServerConfig
+from server.edge.flags import build_parser, parse_config
 from server.edge.loading import model_directories, request_limits
+from server.text.documents import RequestLimits
 
 
 def test_defaults_serve_the_shipped_model_on_the_documented_ports() -> None:

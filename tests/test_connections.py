@@ -14,7 +14,7 @@ import grpc.aio
 import pytest
 
 from server.edge.loading import LoadedModel
-from server.edge.server import NEVER_MS, connection_options
+from server.edge.transport import NEVER_MS, connection_options
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (
     GatedRunner,

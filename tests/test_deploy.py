@@ -622,7 +622,7 @@ def test_the_deployments_serve_opus_mt_by_id_from_a_shared_cache_beside_the_ship
     TRANSLATE_MODEL), with a writable volume at /models that the images make the cache of built models and the
     Hugging Face cache, shared by replicas (ReadWriteMany), besides the shipped model the images bake in; the
     startup probe outlasts a first start that downloads and builds."""
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
 
     ids = ("Helsinki-NLP/opus-mt-de-en", "Helsinki-NLP/opus-mt-en-de")
     translate = _compose_config("compose.yaml")["services"]["translate"]

@@ -217,7 +217,7 @@ def test_bad_candidates_for_one_request_fail_it_alone_and_its_batch_mate_finishe
         assert failing.wait() == RequestFailed(FailureReason.INTERNAL, "internal error while translating")
         assert done_first.wait() == RequestDone()
         assert done_first.hypotheses() == {0: expected(src(30), DecodeOptions(beam_size=1, max_output_len=1))}
-        assert engine.drain(timeout=WAIT_S) and not engine._owners
+        assert engine.drain(timeout=WAIT_S) and not engine._owners.request_ids()
     finally:
         engine.stop()
 

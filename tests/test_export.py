@@ -113,7 +113,7 @@ def test_the_gate_is_not_recorded_for_a_provider_onnxruntime_did_not_give(export
     """Asked for CUDA where there is none, onnxruntime falls back to CPU with only a warning."""
     import onnxruntime as ort
 
-    from quality.variants import main as variants_main
+    from server.gates.variants import main as variants_main
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA: the fallback cannot happen")
@@ -231,7 +231,7 @@ def test_unsupported_opset_exit_nonzero(tiny_model_dir: Path, capsys: pytest.Cap
 
 
 def test_bleu_gate_scores_and_times_every_variant(exported: Path) -> None:
-    from quality.variants import main as variants_main
+    from server.gates.variants import main as variants_main
 
     (exported / "variants.json").write_text(json.dumps({"cuda": {"kept": True}}))  # another provider's record
     assert variants_main(["--model-dir", str(exported), "--limit", "3", "--beam-size", "2"]) == 0
@@ -261,13 +261,13 @@ def test_the_shipped_gate_was_measured_on_graphs_the_export_makes_today() -> Non
     shipped = Path(__file__).resolve().parents[1] / "model" / "shipped" / "variants.json"
     for provider, record in json.loads(shipped.read_text()).items():
         assert record["beam_size"] == GATE_BEAM_SIZE and record["limit"] is None, provider
-        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run quality.variants"
+        assert provider != "cpu" or record.get("cpu_int8") in INT8_DOT_FLAGS, "re-run server.gates.variants"
         for variant, scores in record["variants"].items():
             assert scores.get("recipe") == expected[variant], (provider, variant)
 
 
 def test_the_gate_passes_a_variant_within_half_a_bleu_of_fp32_in_every_direction() -> None:
-    from quality.variants import BLEU_GATE, mark_passed
+    from server.gates.variants import BLEU_GATE, mark_passed
 
     results: dict[str, dict[str, Any]] = {
         "fp32": {"de-en": 10.0, "en-de": 8.0},
@@ -289,7 +289,7 @@ def test_length_penalty_sweep_scores_each_value_and_writes_nothing(
     exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from model.data import Pair, write_tsv
-    from quality.length_penalty import main as sweep_main
+    from server.gates.length_penalty import main as sweep_main
 
     data = tmp_path / "valid.tsv"
     write_tsv([Pair(de, en) for de, en in VALID_PAIRS], data)
@@ -306,7 +306,7 @@ def test_length_penalty_write_records_each_direction_and_the_weights_and_the_ser
     exported: Path, tmp_path: Path
 ) -> None:
     from model.data import Pair, write_tsv
-    from quality.length_penalty import main as sweep_main
+    from server.gates.length_penalty import main as sweep_main
 
     model_dir = tmp_path / "model"
     shutil.copytree(exported, model_dir)
@@ -336,8 +336,8 @@ def test_length_penalty_write_records_each_direction_and_the_weights_and_the_ser
 def test_length_penalty_refuses_what_would_tune_badly(
     exported: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from quality.length_penalty import TEST_FILE
-    from quality.length_penalty import main as sweep_main
+    from server.gates.length_penalty import TEST_FILE
+    from server.gates.length_penalty import main as sweep_main
 
     args = [str(TEST_FILE) if a == "data/test.tsv" else a for a in args]
     with pytest.raises(SystemExit) as exit_info:
@@ -347,7 +347,7 @@ def test_length_penalty_refuses_what_would_tune_badly(
 
 
 def test_best_length_penalty_and_ties() -> None:
-    from quality.length_penalty import best_penalty
+    from server.gates.length_penalty import best_penalty
 
     assert best_penalty({0.8: 10.0, 1.0: 10.5, 1.4: 11.0}) == 1.4
     assert best_penalty({0.5: 5.0, 1.2: 5.0}) == 1.2  # a tie goes to the one nearest 1.0
@@ -355,7 +355,7 @@ def test_best_length_penalty_and_ties() -> None:
 
 
 def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
-    from quality.length_penalty import choose
+    from server.gates.length_penalty import choose
 
     references = [f"the {w} house is very old and it stands on the hill ." for w in ("red", "big", "new", "tall")] * 40
     truncated = [r.rsplit(" ", 4)[0] for r in references]  # short outputs: brevity penalty and lost n-grams

@@ -162,6 +162,6 @@ def test_a_forced_code_models_gate_decodes_the_served_greedy_ids(tmp_path: Path)
     for row, (best,) in zip(gate.tolist(), served, strict=True):
         ended = row.index(meta.eos_id) if meta.eos_id in row else STEPS
         assert row[:ended] == list(best.tokens)
-    assert finite and max(len(best.tokens) for best, in served) > 2  # more than the code and one token
+    assert finite and max(len(best.tokens) for (best,) in served) > 2  # more than the code and one token
     found = measure(model, "cpu")
     assert found.passed and found.positions >= len(sources)  # the forced first position not among them

@@ -170,7 +170,7 @@ def test_every_gpu_arm_is_a_server_config_and_spreads_its_calls_over_its_server_
 
     from bench.gpu_check import GPU_ARMS
     from bench.run import CHANNELS_PER_PROCESS, connections_for
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
 
     arms = GPU_ARMS[1::2]
     assert GPU_ARMS[::2] == ["--served-arm"] * len(arms)

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+from bench.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
 from export.hf import main as import_main
 from model.artifact import load_artifact
 from model.directions import Directions
 from model.marian_tokenizer import MarianTokenizer
 from model.transformer import Transformer
-from quality.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
 from tests.marian_tiny import build_marian_dir, marian_tokenizer
 from tests.serving import export_tiny_onnx, onnx_model, request, running_server
 from tests.tiny import TINY_PAIRS
@@ -304,9 +304,9 @@ def test_reference_targets_equal_marian_tokenizer(imported: tuple[Path, Path]) -
 def test_export_variants_gate_and_parity_run_on_an_imported_model(imported: tuple[Path, Path], tmp_path: Path) -> None:
     """The project's own pipeline on an import: fp32, int8 (this CPU's recipe) and fp16 graphs; ONNX parity
     against our PyTorch on the test set's de->en pairs; the BLEU gate recorded for the one direction it has."""
+    from bench.parity import main as parity_main
     from export.__main__ import main as export_main
-    from quality.parity import main as parity_main
-    from quality.variants import main as variants_main
+    from server.gates.variants import main as variants_main
     from tests.conftest import int8_args_for_this_cpu
 
     model_dir = tmp_path / "model"

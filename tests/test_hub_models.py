@@ -28,7 +28,8 @@ from export import publish
 from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
-from server.edge.config import ServerConfig, parse_config
+from server.edge.config import ServerConfig
+from server.edge.flags import parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
 from server.proto.translation.v1 import translation_pb2 as pb

@@ -1,5 +1,6 @@
 """Layers import downward only: the model-directory contract at the bottom, export/ never above server/, the
-decoding core free of grpc, onnxruntime and prometheus. Checked on every import statement, nested ones too."""
+decoding core free of grpc, onnxruntime, prometheus and text processing. Checked on every import statement,
+nested ones too."""
 
 from __future__ import annotations
 
@@ -13,15 +14,32 @@ from tests.no_torch import run_without_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# model/'s training code: the model-directory contract below it never imports it
+TRAINING = (
+    "model.artifact",
+    "model.batching",
+    "model.data",
+    "model.decode",
+    "model.evaluate",
+    "model.overfit",
+    "model.plot",
+    "model.train",
+    "model.train_tokenizer",
+    "model.transformer",
+)
+
 # package (a folder or a module path under ROOT) -> top-level names it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "model": ("server", "export", "bench", "grpc", "onnxruntime", "prometheus_client"),
-    "model/directory.py": ("torch", "onnxruntime", "server", "export"),
-    "model/files.py": ("torch",),
-    "model/config.py": ("torch",),
-    "model/tokenizer.py": ("torch",),
-    "model/marian_tokenizer.py": ("torch",),
-    "model/m2m_tokenizer.py": ("torch",),
+    # the model-directory contract and languages: torch-free, apart from training
+    "model/directory.py": ("torch", "onnxruntime", "server", "export", *TRAINING),
+    "model/files.py": ("torch", *TRAINING),
+    "model/config.py": ("torch", *TRAINING),
+    "model/languages.py": ("torch", *TRAINING),
+    "model/directions.py": ("torch", *TRAINING),
+    "model/tokenizer.py": ("torch", *TRAINING),
+    "model/marian_tokenizer.py": ("torch", *TRAINING),
+    "model/m2m_tokenizer.py": ("torch", *TRAINING),
     "export": ("server", "bench", "grpc", "prometheus_client"),
     # export/importers/files.py alone imports torch, and only to read a pytorch_model.bin
     # (test_no_torch_to_build_or_serve)
@@ -43,11 +61,26 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "onnxruntime",
         "prometheus_client",
         "torch",
+        "server.text",
         "server.edge",
         "server.backend",
         "server.client",
     ),
-    "server/backend": ("export", "grpc", "prometheus_client", "torch", "server.edge", "server.client"),
+    # text processing before and after decoding (markup, splitting, documents): above the decoding core, which
+    # never imports it, and as free of the transport and the runtime
+    "server/text": (
+        "export",
+        "grpc",
+        "grpc_health",
+        "grpc_reflection",
+        "onnxruntime",
+        "prometheus_client",
+        "torch",
+        "server.edge",
+        "server.backend",
+        "server.client",
+    ),
+    "server/backend": ("export", "grpc", "prometheus_client", "torch", "server.text", "server.edge", "server.client"),
     "server/edge": ("torch", "server.client.cli"),  # the health check dials in as clients do: client.channels
     "server/client": ("torch", "onnxruntime", "prometheus_client", "server.core", "server.backend", "server.edge"),
 }

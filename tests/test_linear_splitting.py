@@ -1,4 +1,4 @@
-"""Splitting takes work linear in the text (server/core/splitter.py): pysbd never reads a text or run without a
+"""Splitting takes work linear in the text (server/text/splitter.py): pysbd never reads a text or run without a
 letter or digit, reads each character at most once, and never more than PYSBD_WINDOW_CHARS at a time; a
 checkpoint between windows stops a split whose call has ended. Work is counted, never timed."""
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core import splitter
-from server.core.checkpoints import CallEnded, checkpoints
-from server.core.splitter import PYSBD_WINDOW_CHARS, join, split
+from server.text import splitter
+from server.text.checkpoints import CallEnded, checkpoints
+from server.text.splitter import PYSBD_WINDOW_CHARS, join, split
 
 # Punctuation and symbols, with the units of the reported texts among them
 SYMBOLS = st.sampled_from(

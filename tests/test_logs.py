@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from server.edge.config import parse_config
+from server.edge.flags import parse_config
 from server.edge.logs import ACCESS_LOGGER, JsonFormatter, TextFormatter, configure_logging, log_call, request_id
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (

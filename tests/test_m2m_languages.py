@@ -20,15 +20,16 @@ from model.directions import Directions, DirectionsError, read_directions
 from model.directory import EVERY_DIRECTION, direction_names, read_length_penalties
 from model.files import load_config, weights_sha256
 from model.m2m_tokenizer import M2MTokenizer
-from server.core.documents import RequestLimits
-from server.core.splitter import PUNCTUATION, join, rule_for, split
 from server.edge.backends import Backend, Backends
-from server.edge.convert import ModelDescription, model_info_to_pb
+from server.edge.convert import ModelDescription
 from server.edge.detect import SourceDetector
 from server.edge.errors import InvalidRequest
 from server.edge.loading import target_tags
+from server.edge.messages import model_info_to_pb
+from server.edge.request import CallOptions
 from server.edge.routing import route_pair, sources_toward
-from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.documents import RequestLimits
+from server.text.splitter import PUNCTUATION, join, rule_for, split
 from tests.fakes import FAKE_SPEC
 from tests.m2m_tiny import build_nllb_dir
 from tests.serving import export_tiny_onnx
@@ -76,7 +77,7 @@ def backends(name: str, directions: Directions) -> Backends:
 
 def test_a_script_the_model_lacks_is_refused_naming_the_one_it_has() -> None:
     """NLLB-200 has Serbian in Cyrillic only: `sr-Latn` is never translated into Cyrillic silently."""
-    options = pb.TranslationOptions(source_language="en", target_language="sr-Latn")
+    options = CallOptions(source_language="en", target_language="sr-Latn")
     with pytest.raises(InvalidRequest, match=r"'sr-Latn' is not served as written.*srp_Cyrl \(sr-Cyrl\)") as refused:
         backends("nllb", NLLB).route(options)
     assert "any of 202 languages into any of 202 but itself" in str(refused.value)
@@ -85,7 +86,7 @@ def test_a_script_the_model_lacks_is_refused_naming_the_one_it_has() -> None:
 
 def test_the_same_language_on_both_sides_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="are the same language"):
-        backends("nllb", NLLB).route(pb.TranslationOptions(source_language="de", target_language="deu_Latn"))
+        backends("nllb", NLLB).route(CallOptions(source_language="de", target_language="deu_Latn"))
 
 
 def test_sources_toward_a_target_are_every_other_language_without_routing_each() -> None:
@@ -158,7 +159,7 @@ def test_list_models_reports_no_target_tag_for_a_model_whose_code_is_forced(nllb
 def test_length_penalty_tuning_refuses_an_any_to_any_model_in_one_line(
     nllb_import: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from quality.length_penalty import main as sweep_main
+    from server.gates.length_penalty import main as sweep_main
 
     model = shutil.copytree(nllb_import, tmp_path / "nllb")
     export_tiny_onnx(model)

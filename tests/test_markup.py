@@ -1,4 +1,4 @@
-"""HTML/XML in and out (server.core.markup): units, what stays byte for byte, tags carried, escaping kept."""
+"""HTML/XML in and out (server.text.markup): units, what stays byte for byte, tags carried, escaping kept."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.documents import sentence_boundaries
-from server.core.markup import MarkupDepthError, MarkupDocument, TextType, parse
-from server.core.markup_lexer import Kind, tokens
-from server.core.splitter import join, split
-from server.core.tag_placement import Edge, place, word_edges
+from server.text.documents import sentence_boundaries
+from server.text.markup import MarkupDepthError, MarkupDocument, TextType, parse
+from server.text.markup_lexer import Kind, tokens
+from server.text.splitter import join, split
+from server.text.tag_placement import Edge, place, word_edges
 
 PAGE = """<!DOCTYPE html>
 <html lang="de"><head><title>Willkommen &amp; hallo</title>
@@ -303,7 +303,7 @@ def test_a_unit_of_thousands_of_tags_reads_few_word_edges(monkeypatch: pytest.Mo
     inline tags each took 2.6 s to render when every tag scanned every word edge, on the event loop every other
     call waits on. Counted, not timed: placing its 4,080 tags reads about 135,000 word edges, where scanning them
     all read 8.3 million."""
-    from server.core import tag_placement
+    from server.text import tag_placement
 
     def counted_edges(text: str) -> tuple[list[int], list[int], list[int]]:
         return tuple(_CountedReads(edges) for edges in word_edges(text))  # type: ignore[return-value]

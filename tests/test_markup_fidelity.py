@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.core.documents import RequestLimits, sentence_boundaries
-from server.core.markup import MarkupDocument, TextType
-from server.core.markup_documents import parse_document
-from server.core.markup_lexer import Kind, tokens
-from server.core.splitter import join, split
+from server.text.documents import RequestLimits, sentence_boundaries
+from server.text.markup import MarkupDocument, TextType
+from server.text.markup_documents import parse_document
+from server.text.markup_lexer import Kind, tokens
+from server.text.splitter import join, split
 
 LIMITS = RequestLimits()
 # C0 and C1 controls, and the characters Python's `\s` reads as whitespace where HTML's tokenizer does not

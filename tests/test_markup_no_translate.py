@@ -1,4 +1,4 @@
-"""Attributes under `translate="no"` (server.core.markup): an element that is not translated keeps its translated
+"""Attributes under `translate="no"` (server.text.markup): an element that is not translated keeps its translated
 attributes (title, alt, placeholder, aria-label) byte for byte, on itself and on every element inside it, while the
 same attributes elsewhere in the document are translated."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.core.markup import TextType, parse
+from server.text.markup import TextType, parse
 
 HTML = (
     '<p title="Ein Titel">Das Haus ist groß.</p>'

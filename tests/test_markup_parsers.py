@@ -1,6 +1,6 @@
 """The markup tests under every other `html.parser` this machine's Pythons carry.
 
-The lexer (server/core/markup_lexer.py) reads markup with the standard library's `html.parser`, whose reading of
+The lexer (server/text/markup_lexer.py) reads markup with the standard library's `html.parser`, whose reading of
 malformed markup changes in security releases (CPython's 2025 fixes read `</ b>` as a bogus comment, end a
 script at `</script/>`, and buffer what `feed` cannot parse yet). The images run other interpreters than the
 tests do (the CPU image python.org's latest 3.12, the CUDA image Ubuntu's), so the tests of tests/test_markup.py

@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from server.client.cli import build_parser, read_texts, run
-from server.core.markup import TextType, parse
-from server.core.markup_lexer import Kind, tokens
 from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.markup import TextType, parse
+from server.text.markup_lexer import Kind, tokens
 from tests.serving import RunningServer, fake_model, request, running_server, server_config, status_of
 
 DOCUMENT = (
@@ -125,7 +125,7 @@ def test_a_long_document_is_rendered_off_the_event_loop(served: RunningServer, m
     and health check waited for it (a tag-dense page of 510 sentences held it 0.17 s at 8 hypotheses). A short one
     stays on the loop, where a thread's hop would cost more than the render. (Broken once on purpose, every
     render on the loop.)"""
-    from server.core import markup
+    from server.text import markup
 
     on_loop: list[bool] = []
     real_render = markup.MarkupDocument.render

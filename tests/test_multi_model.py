@@ -237,14 +237,14 @@ def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_dif
     from typing import cast
 
     from server.edge.backends import Backend, Backends
-    from server.edge.config import parse_config
-    from server.proto.translation.v1 import translation_pb2 as pb
+    from server.edge.flags import parse_config
+    from server.edge.request import CallOptions
 
     spec = SimpleNamespace(directions=Directions.of_pairs((("de", "en"),)))
     model = SimpleNamespace(name="shared")
     engines: list[object] = [SimpleNamespace(load=0, draining=False, failed=False) for _ in range(2)]
     replicas = [cast(Backend, SimpleNamespace(engine=e, spec=spec, model=model)) for e in engines]
-    options = pb.TranslationOptions(source_language="de", target_language="en")
+    options = CallOptions(source_language="de", target_language="en")
 
     def engine_of(backends: Backends) -> int:
         chosen = backends.route(options)[0].engine
@@ -264,7 +264,7 @@ def test_a_code_one_model_cannot_tell_apart_goes_to_a_model_it_fits_plainly() ->
 
     from server.edge.backends import Backend, Backends
     from server.edge.errors import InvalidRequest
-    from server.proto.translation.v1 import translation_pb2 as pb
+    from server.edge.request import CallOptions
 
     def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
         engine = SimpleNamespace(load=0, draining=False, failed=False)
@@ -279,7 +279,7 @@ def test_a_code_one_model_cannot_tell_apart_goes_to_a_model_it_fits_plainly() ->
 
     dialects = backend("opus-mt-en-ar-dialects", (("en", "ary"), ("en", "arz")))
     arabic = backend("opus-mt-en-ar", (("en", "ara"),))
-    options = pb.TranslationOptions(source_language="en", target_language="ar")
+    options = CallOptions(source_language="en", target_language="ar")
     assert Backends([dialects, arabic]).route(options)[0].model.name == "opus-mt-en-ar"
     with pytest.raises(InvalidRequest, match="could mean any of ary, arz"):
         Backends([dialects]).route(options)
@@ -295,7 +295,7 @@ def test_a_language_goes_to_the_specialised_model_however_the_client_spells_it(s
     from typing import cast
 
     from server.edge.backends import Backend, Backends
-    from server.proto.translation.v1 import translation_pb2 as pb
+    from server.edge.request import CallOptions
 
     def backend(name: str, pairs: tuple[tuple[str, str], ...]) -> Backend:
         engine = SimpleNamespace(load=0, draining=False, failed=False)
@@ -315,7 +315,7 @@ def test_a_language_goes_to_the_specialised_model_however_the_client_spells_it(s
     backends = Backends([multilingual, german, romance])
     routed = {}
     for target in ("de", "DE", "es", "pt", "pt-BR", "PT-BR", "fr"):
-        chosen, route = backends.route(pb.TranslationOptions(source_language=source, target_language=target))
+        chosen, route = backends.route(CallOptions(source_language=source, target_language=target))
         routed[target] = (chosen.model.name, route.target)
     assert routed == {
         "de": ("opus-mt-en-de", "de"),
@@ -328,6 +328,6 @@ def test_a_language_goes_to_the_specialised_model_however_the_client_spells_it(s
     }
     group = backend("opus-mt-ROMANCE-en", tuple((s, "en") for s in ("fr", "fr_BE", "es", "it", "pt")))
     french = backend("opus-mt-fr-en", (("fr", "en"),))
-    assert Backends([group, french]).route(pb.TranslationOptions(source_language="fr", target_language="en"))[
-        0
-    ].model.name == ("opus-mt-fr-en")
+    assert Backends([group, french]).route(CallOptions(source_language="fr", target_language="en"))[0].model.name == (
+        "opus-mt-fr-en"
+    )

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.parity import compare_decoding
 from model.artifact import load_artifact
-from quality.parity import compare_decoding
 from server.backend.runtime import OnnxRunner
 from tests.tiny import TINY_PAIRS
 
@@ -35,8 +35,8 @@ def test_shipped_parity(shipped_model_dir: Path, tmp_path: Path) -> None:
     """The shipped weights, exported afresh (graphs are never committed), agree with PyTorch."""
     import shutil
 
+    from bench.parity import main as parity_main
     from export.__main__ import main as export_main
-    from quality.parity import main as parity_main
 
     model_dir = tmp_path / "shipped"
     shutil.copytree(shipped_model_dir, model_dir, ignore=shutil.ignore_patterns("onnx"))
@@ -48,7 +48,7 @@ def test_a_divergence_is_located_and_its_reference_margin_measured(model_dir: Pa
     """The parity report's tie rule: the first differing position and PyTorch's log-prob gap there."""
     import torch
 
-    from quality.parity import first_divergence
+    from bench.parity import first_divergence
 
     model = load_artifact(model_dir)
     src = [5, 6, 7, 3]
@@ -65,7 +65,7 @@ def test_a_divergence_is_located_and_its_reference_margin_measured(model_dir: Pa
 
 
 def test_a_tie_is_a_margin_within_the_implementations_difference() -> None:
-    from quality.parity import TOLERANCE, DecodingReport, Divergence
+    from bench.parity import TOLERANCE, DecodingReport, Divergence
 
     assert TOLERANCE == 1e-4
     near, far, reversed_ = (Divergence([5, 3], 0, 7, 8, margin) for margin in (5e-5, 2e-4, -5e-5))
@@ -76,8 +76,8 @@ def test_a_tie_is_a_margin_within_the_implementations_difference() -> None:
 def test_beam_divergences_compare_whole_hypotheses_as_the_reference_ranks_them(model_dir: Path) -> None:
     """Beam hypotheses can part at their first token with a wide token gap and still be a tie: the
     margin is the gap between normalised scores, which must equal what the reference search computed."""
+    from bench.parity import first_divergence
     from model.decode import beam_search
-    from quality.parity import first_divergence
 
     model = load_artifact(model_dir)
     src, limit = [5, 6, 7, 8, 3], 12
@@ -92,8 +92,8 @@ def test_beam_divergences_compare_whole_hypotheses_as_the_reference_ranks_them(m
 
 def test_the_logit_check_covers_both_directions_to_the_end_of_the_reference(model_dir: Path) -> None:
     """The 1e-4 check teacher-forces whole reference translations through the cached decoder, both ways."""
+    from bench.parity import TOLERANCE, logit_cases, max_logit_difference
     from model.tokenizer import Tokenizer
-    from quality.parity import TOLERANCE, logit_cases, max_logit_difference
 
     tok = Tokenizer(model_dir / "tokenizer.model")
     cases = [[(tok.encode_source(de, "en"), tok.encode_target(en)) for de, en in TINY_PAIRS[:4]]]

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from model.artifact import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.client.cli import build_parser, make_options
-from server.core.markup import TextType, parse
 from server.core.offline import translate_ids
-from server.core.placeholders import Placeholders, spans, text_and_placeholders, without_placeholders
 from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.markup import TextType, parse
+from server.text.placeholders import Placeholders, spans, text_and_placeholders, without_placeholders
 from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
 
 FORMS = [

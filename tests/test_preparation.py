@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 import pytest
 
 from server.core.events import QueueFullError
-from server.core.splitter import split
 from server.edge import preparation
 from server.edge.admission import counted_sentences, sentences_to_hold
 from server.edge.preparation import PreparationLane
+from server.text.splitter import split
 
 Log = list[tuple[str, int]]  # ("arrive" or "prepare", index) in the order they happened
 T = TypeVar("T")

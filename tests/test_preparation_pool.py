@@ -13,7 +13,6 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.core.checkpoints import CallEnded, checkpoint
 from server.core.events import QueueFullError
 from server.edge import preparation
 from server.edge.errors import status_for
@@ -22,6 +21,7 @@ from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
 from server.edge.preparation_pool import CallToken, Turns
 from server.edge.request_parts import _detect_all
 from server.edge.servicer import _timed_preparation
+from server.text.checkpoints import CallEnded, checkpoint
 
 LONG = INLINE_PREPARE_CHARS + 1  # prepared in the pool
 
@@ -177,7 +177,7 @@ class CountingDetector:
 
 
 def test_detection_stops_at_a_checkpoint_between_texts() -> None:
-    from server.core.checkpoints import checkpoints
+    from server.text.checkpoints import checkpoints
 
     detector, passed = CountingDetector(), 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from server.edge.config import build_parser, env_name
+from server.edge.flags import build_parser, env_name
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

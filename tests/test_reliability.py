@@ -33,7 +33,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.tokenizer import TextTokenizer
 from server.client.channels import CLIENT_SERVICE_CONFIG, open_channel
-from server.core.documents import prepare_texts
 from server.core.engine import Engine
 from server.core.events import EngineLimits, Event, FailureReason, RequestDone, RequestFailed, SentenceDone
 from server.core.runner import Candidates
@@ -46,6 +45,7 @@ from server.edge.loading import LoadedModel, StartupError
 from server.edge.server import MIN_STOP_GRACE_S, SERVICE_NAME, create_server
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.text.documents import prepare_texts
 from tests.fakes import FAKE_SPEC, FakeRunner, InjectedFailure, execute, reference_decode
 from tests.serving import (
     GatedRunner,

@@ -296,7 +296,7 @@ def test_a_port_another_server_holds_is_refused_in_one_line_with_status_2(tiny_e
 
 @pytest.mark.parametrize("argv", [["--processes", "0"], ["--processes", "2", "--port", "0"]])
 def test_processes_need_one_or_more_and_a_fixed_port(argv: list[str]) -> None:
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
 
     with pytest.raises(ValueError, match="processes"):
         parse_config(argv, {})
@@ -350,7 +350,7 @@ def test_server_processes_serve_the_models_the_parent_listed_and_count_hub_model
     served four models beside a sibling serving two, half the connections refusing the new pairs.) A hub model
     counts in the engine plan as a directory does (a `--model` alone divided the cores by zero)."""
     from server.edge import replicas
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
 
     monkeypatch.setattr(replicas, "available_cores", lambda: 4)
     for name in ("a", "b"):

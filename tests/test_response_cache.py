@@ -16,7 +16,7 @@ from server.core.beam import Hypothesis
 from server.core.events import Event, RequestDone, SentenceDone, TokensEvent
 from server.core.response_cache import CachedSentence, CacheKey, ResponseCache, entry_bytes, submit_through
 from server.core.work import DecodeOptions
-from server.edge.config import parse_config
+from server.edge.flags import parse_config
 from server.edge.loading import LoadedModel
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb

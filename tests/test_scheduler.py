@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.core.batch import Batch, reorder_slots
 from server.core.events import (
     Abandoned,
     EngineLimits,
@@ -23,7 +24,7 @@ from server.core.events import (
     TokensEvent,
 )
 from server.core.offline import translate_ids
-from server.core.scheduler import Batch, Scheduler, output_limit, reorder_slots
+from server.core.scheduler import Scheduler, output_limit
 from server.core.work import DecodeOptions, InvalidWorkError, check_options, check_sources
 from tests.fakes import FAKE_SPEC, FakeRunner, execute, reference_decode
 

@@ -27,8 +27,9 @@ from cryptography.x509.oid import NameOID
 from server.client.channels import auth_metadata, open_channel
 from server.client.cli import build_parser, run
 from server.edge import interceptors
-from server.edge.config import ServerConfig, parse_config
+from server.edge.config import ServerConfig
 from server.edge.errors import UNAUTHENTICATED_MESSAGE
+from server.edge.flags import parse_config
 from server.edge.healthcheck import check
 from server.edge.loading import LoadedModel, StartupError, load_model
 from server.edge.logs import ACCESS_LOGGER, REQUEST_ID_KEY

@@ -10,19 +10,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.core.documents import RequestLimits
 from server.core.events import SHUTDOWN_MESSAGE, RequestDone, SentenceDone, TokensEvent
-from server.core.splitter import join, split
 from server.edge import interceptors, preparation
 from server.edge.config import ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
@@ -31,6 +30,8 @@ from server.edge.server import SERVICE_NAME, TranslationServer
 from server.edge.servicer import CallInbox
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.text.documents import RequestLimits
+from server.text.splitter import join, split
 from tests.fakes import FakeRunner, reference_decode
 from tests.serving import (
     START_TIMEOUT_S,
@@ -51,6 +52,7 @@ from tests.serving import (
     wait_until,
 )
 
+T = TypeVar("T")
 TEXTS = [
     "Das Haus ist groß.",
     "Ich verstehe ihre Gedankengänge nicht. Es hörte auf zu regnen.\nEr wartete.",
@@ -224,6 +226,46 @@ def test_a_request_without_length_penalty_gets_the_models_default_for_its_direct
     for got, penalty in ((default, 0.5), (explicit.results[0], 1.0)):
         want = expected_hypotheses(model, text, penalty=penalty)[:2]
         assert [(h.text, h.score) for h in got.hypotheses] == [(t, pytest.approx(s, abs=1e-4)) for t, s in want]
+
+
+class _InProcessContext:
+    """What the servicer's call wrappers ask of grpc's context, for a call made without a channel."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def set_trailing_metadata(self, metadata: object) -> None:
+        pass
+
+    async def abort(self, code: grpc.StatusCode, details: str, metadata: object = ()) -> None:
+        raise AssertionError(f"{code.name}: {details}")
+
+
+@pytest.mark.parametrize("source", [" DE ", "auto", "und-Latn"])
+def test_the_servicer_never_changes_the_clients_message(served: RunningServer, source: str) -> None:
+    """The request is typed once; its codes are trimmed and `auto` cleared in that type, never written back into
+    the message (grpc hands the servicer its own copy, so only a call in process can see a write). Broken before:
+    `normalize_codes` set the message's trimmed codes, and cleared an `auto` source, in place."""
+    sent = pb.TranslateRequest(
+        texts=["Das Haus ist groß."],
+        options=pb.TranslationOptions(source_language=source, target_language=" en\t", model=" fake ", beam_size=1),
+        allow_partial=True,
+    )
+    before = pb.TranslateRequest()
+    before.CopyFrom(sent)
+    servicer = served.server.servicer
+    reply = served.run(servicer.Translate(sent, _InProcessContext()))  # type: ignore[arg-type]
+    assert not reply.results[0].HasField("error") and reply.results[0].translation
+    streamed = served.run(_collected(servicer.TranslateStream(sent, _InProcessContext())))  # type: ignore[arg-type]
+    assert streamed[-1].result.translation == reply.results[0].translation
+    assert sent == before
+
+
+async def _collected(stream: AsyncIterator[T]) -> list[T]:
+    return [item async for item in stream]
 
 
 INVALID = {
@@ -860,7 +902,7 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
 
 
 def test_the_metrics_server_binds_the_configured_host() -> None:
-    from server.edge.server import metrics_address
+    from server.edge.transport import metrics_address
 
     assert [metrics_address(h) for h in ("[::]", "[::1]", "127.0.0.1", "")] == ["::", "::1", "127.0.0.1", "0.0.0.0"]
 

@@ -289,7 +289,7 @@ def test_shared_engines_that_keep_dying_stop_the_server_with_the_reason(
 
 @pytest.mark.parametrize("argv", [["--shared-engines"], ["--processes", "1", "--shared-engines"]])
 def test_shared_engines_need_two_or_more_server_processes(argv: list[str]) -> None:
-    from server.edge.config import parse_config
+    from server.edge.flags import parse_config
 
     with pytest.raises(ValueError, match="processes 2 or more"):
         parse_config(["--port", "50051", *argv], {})

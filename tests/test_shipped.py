@@ -2,7 +2,7 @@
 
 The shipped model is undertrained (see model/shipped/MODEL_CARD.md): these tests check the served path on
 real weights and a quality floor on short held-out sentences that a broken export, a swapped language tag
-or an untrained model falls far below. The quality figures come from `python -m quality.variants`.
+or an untrained model falls far below. The quality figures come from `python -m server.gates.variants`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
 from model.directory import VARIANTS_FILE, read_metadata
 from model.tokenizer import Tokenizer
-from quality.variants import translate_pairs
 from server.core.offline import translate_ids
+from server.gates.variants import translate_pairs
 from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
 
 pytestmark = pytest.mark.shipped
@@ -73,7 +73,7 @@ def test_shipped_model_translates_short_held_out_sentences(exported_shipped: Pat
 
 def test_every_committed_gate_record_names_the_recipe_a_fresh_export_writes(exported_shipped: Path) -> None:
     """model/shipped/variants.json holds the BLEU gate per provider (the CPU's here; a CUDA record needs
-    `python -m quality.variants --provider cuda` on a GPU node): each record is trusted only for the recipe it
+    `python -m server.gates.variants --provider cuda` on a GPU node): each record is trusted only for the recipe it
     measured, so every variant it gated must name exactly what `python -m export` writes today, else
     `--variant auto` would fall back to fp32 on that provider with a warning."""
     command = [sys.executable, "-m", "export", "--model-dir", str(exported_shipped), "--variants", "fp32,int8,fp16"]

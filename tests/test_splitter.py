@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from model.data import read_tsv
-from server.core.splitter import (
+from server.text.splitter import (
     _LINE_BREAK,
     PUNCTUATION,
     PYSBD_LANGUAGES,
@@ -153,7 +153,7 @@ def test_concurrent_splits_do_not_see_each_others_text(monkeypatch: pytest.Monke
     other's text, whatever the thread switches.
 
     Deliberate break: one segmenter per language for every thread (a module-level dict in place of
-    `_PER_THREAD` in `server/core/splitter.py`) fails it: a text comes back cut at the other's sentence ends."""
+    `_PER_THREAD` in `server/text/splitter.py`) fails it: a text comes back cut at the other's sentence ends."""
     import pysbd
 
     texts = [" ".join(f"Satz {w} Nummer {i} ist hier." for i in range(n)) for w, n in (("eins", 25), ("zwei", 30))]

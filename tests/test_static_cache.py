@@ -18,7 +18,7 @@ import onnx
 import onnxruntime
 import pytest
 
-from bench import engines
+from bench import engines, static_parity
 from bench.engines import EngineSettings
 from bench.run import QUICK, bench_served_cache, load_workload
 from export.__main__ import main as export_main
@@ -33,17 +33,17 @@ from model.directory import (
     MetadataError,
     read_metadata,
 )
-from quality import static_parity
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner, make_session
 from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner, buckets
-from server.core.documents import RequestLimits
+from server.core.batch import Batch
 from server.core.events import EngineLimits
 from server.core.offline import translate_ids
 from server.core.runner import Candidates, EncodeItem
-from server.core.scheduler import Batch, Scheduler
-from server.core.splitter import join, split
+from server.core.scheduler import Scheduler
 from server.core.work import DecodeOptions
+from server.text.documents import RequestLimits
+from server.text.splitter import join, split
 from tests.serving import onnx_model, request, runner_of, running_server, server_config, status_of
 from tests.tiny import TINY_CONFIG, TINY_PAIRS, build_tiny_artifact
 
@@ -299,7 +299,7 @@ def test_the_benchmark_arm_reproduces_its_uncaptured_twin(model: Path, tiny_expo
 
 
 def test_the_prepared_parity_command_passes_on_cpu(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m quality.static_parity`, the step bench.gpu_check runs on CUDA, here on the CPU provider."""
+    """`python -m bench.static_parity`, the step bench.gpu_check runs on CUDA, here on the CPU provider."""
     assert static_parity.main(["--model-dir", str(model), "--limit", "20", "--slots", "5", "--max-len", "10"]) == 0
     printed = capsys.readouterr().out
     lines = re.findall(r"(fp\d+) (static|fused) beam \d: identical token ids (\d+)/(\d+)", printed)

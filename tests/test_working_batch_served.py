@@ -21,8 +21,8 @@ from server.backend.runtime import OnnxRunner
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.scheduler import output_limit
-from server.core.splitter import join, split
 from server.edge.loading import LoadedModel
+from server.text.splitter import join, split
 from tests.serving import (
     RunningServer,
     onnx_model,

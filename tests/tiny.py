@@ -12,7 +12,8 @@ from export.builder.weights import Weights, expected_shapes
 from model.config import ModelConfig
 from model.data import read_tsv
 from model.files import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
-from model.tokenizer import Tokenizer, file_sha256, train_tokenizer
+from model.tokenizer import Tokenizer, file_sha256
+from model.train_tokenizer import train_tokenizer
 
 # The random Marian models' sample text (bench/marian_random.py), for our tiny models too
 TINY_PAIRS = [(p.de, p.en) for p in read_tsv(Path(__file__).resolve().parent.parent / "data" / "sample_pairs.tsv")]

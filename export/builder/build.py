@@ -42,6 +42,9 @@ FLOAT_RECIPES = {
 }
 
 
+PROTOBUF_LIMIT = 2**31 - 2**27  # bytes of weights kept inside a graph file: protobuf stops at 2 GiB
+
+
 def check_graph(model: onnx.ModelProto, path: Path) -> None:
     """The no-`If` rule: an If blocks CUDA graphs and forces host-device copies."""
     if "If" in {node.op_type for node in model.graph.node}:
@@ -87,7 +90,9 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, captu
         check_graph(model, out_dir / name)
         if name in (STATIC_DECODER_FILE, FUSED_DECODER_FILE):
             check_capturable(model, out_dir / name)
-        onnx.save(model, str(out_dir / name))
+        # past protobuf's 2 GiB (NLLB-600M's fp32 step) the weights go to a side file that onnxruntime reads
+        large = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+        onnx.save(model, str(out_dir / name), save_as_external_data=large, location=f"{name}.data")
         del model  # the checker reads the file: a graph of weights is not held twice
         onnx.checker.check_model(str(out_dir / name))
     meta = build_metadata(model_dir, variant, opset)

@@ -25,7 +25,7 @@ def card(source: Source, architecture: str, cfg: ModelConfig, directions: Direct
         f"- Shape: d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
         f"{cfg.n_heads} heads, FFN {cfg.d_ff}, vocabulary {cfg.vocab_size}, {parameters:,} parameters\n"
         "- Scores: those of the source model's card; this import is checked equal to transformers "
-        "(`python -m quality.hf_parity`), not re-scored.\n"
+        "(`python -m bench.hf_parity`), not re-scored.\n"
     )
 
 

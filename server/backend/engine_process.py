@@ -17,7 +17,7 @@ would. The child exits within a second of its server. What crosses the pipe is t
 
 A shared engine (`--shared-engines`) is a `ModelProcess` the `--processes` parent spawns with a socket to
 listen on; each server process reaches it with `SharedModel`, whose `EngineProcess` differs only in what
-stands behind the pipe (`SharedChild`: leaving closes the connection, not the engine).
+stands behind the pipe (`server.backend.child_links`: leaving closes the connection, not the engine).
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ import multiprocessing
 import multiprocessing.process
 import multiprocessing.util
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
 from multiprocessing import current_process
 from multiprocessing.connection import Client, Connection
-from typing import Protocol
 
 from model.directory import ModelSpec
+from server.backend.child_links import ChildLink, OwnedChild, SharedChild, close_child, exit_description
 from server.backend.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, RunnerSettings, serve_model
 from server.backend.engine_messages import (
     Cancel,
-    Close,
     Failed,
     GcCounts,
     LoadReport,
@@ -374,63 +372,6 @@ class EngineProcess:
             on_event(event)
 
 
-class ChildLink(Protocol):
-    """How a server reaches the process behind an engine's pipe beyond the pipe itself."""
-
-    @property
-    def pid(self) -> int | None: ...
-
-    def kill(self) -> None: ...
-
-    def close(self, conn: Connection) -> None: ...
-
-    def describe_exit(self) -> str: ...
-
-
-class OwnedChild:
-    """An engine process this server spawned: closing the pipe ends it."""
-
-    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
-        self._process = process
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    def kill(self) -> None:
-        self._process.kill()
-
-    def close(self, conn: Connection) -> None:
-        close_child(conn, self._process)
-
-    def describe_exit(self) -> str:
-        return exit_description(self._process)
-
-
-class SharedChild:
-    """A shared engine the parent spawned (`--shared-engines`): closing the pipe leaves it to the others; a
-    hung one is killed by its pid, and the parent, seeing it go, starts it again."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-
-    @property
-    def pid(self) -> int | None:
-        return self._pid
-
-    def kill(self) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(self._pid, signal.SIGKILL)
-
-    def close(self, conn: Connection) -> None:
-        with suppress(OSError):
-            conn.send(Close())
-        conn.close()
-
-    def describe_exit(self) -> str:
-        return "the shared engine process closed its socket"
-
-
 class SharedModel:
     """A server process's attachment to a shared engine (`--shared-engines`): the engine's facts, then, with
     `start_engine`, an `EngineProcess` over the connection. The engine is started and warm already."""
@@ -456,22 +397,3 @@ class SharedModel:
     def close(self) -> None:
         """Leave the engine before starting it (a model that failed to load beside it)."""
         SharedChild(self.pid).close(self._conn)
-
-
-def close_child(conn: Connection, process: multiprocessing.process.BaseProcess) -> None:
-    """Tell the child to stop, wait for it, kill it if it does not exit; close the pipe."""
-    with suppress(OSError):  # already gone
-        conn.send(Close())
-    process.join(CLOSE_TIMEOUT_S)
-    if process.is_alive():
-        process.kill()
-        process.join()
-    conn.close()
-
-
-def exit_description(process: multiprocessing.process.BaseProcess) -> str:
-    process.join(0.5)
-    code = process.exitcode
-    if code is None:
-        return "still running, its pipe closed"
-    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"

@@ -1,1 +1,1 @@
-"""The decoding core: scheduler, engine loop, beam search, documents; no grpc, onnxruntime or prometheus."""
+"""The decoding core: scheduler, engine loop, beam search and their events; no grpc, onnxruntime or prometheus."""

@@ -21,11 +21,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from server.core.admission_ledger import Admission, AdmissionLedger
+from server.core.batch import Batch
+from server.core.deliveries import Owner, Owners, notify
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
     INTERNAL_MESSAGE,
@@ -35,23 +37,16 @@ from server.core.events import (
     FailureReason,
     RequestDone,
     RequestFailed,
-    SentenceDone,
 )
-from server.core.observer import EngineObserver, StepStats
+from server.core.observer import EngineObserver
 from server.core.offline import RunnerTimes, execute
 from server.core.runner import Candidates, Runner
-from server.core.scheduler import Batch, Scheduler
+from server.core.scheduler import Scheduler
 from server.core.work import DecodeOptions
 
 logger = logging.getLogger(__name__)
 
 WARMUP_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class _Owner:
-    on_event: Callable[[Event], None]
-    lang_pair: str | None  # None: internal work (warmup) kept out of the per-language counters
 
 
 @dataclass(frozen=True)
@@ -63,7 +58,7 @@ class _Submission:
     options: DecodeOptions
     deadline: float | None
     submitted_at: float  # queue wait counts from here
-    owner: _Owner
+    owner: Owner
 
 
 class RequestHandle:
@@ -103,7 +98,7 @@ class Engine:
             raise ValueError(f"max_slots={limits.max_slots} exceeds the runner's {runner.max_slots} slots")
         self._runner = runner
         self._scheduler = Scheduler(runner.spec, limits)  # engine thread only (any thread once stopped)
-        self._owners: dict[int, _Owner] = {}  # engine thread only
+        self._owners = Owners()  # engine thread only
         self._moved_sentences = 0  # engine thread only: taken from the inbox, not yet published
         self._metrics = metrics
         self._on_failure = on_failure
@@ -201,7 +196,7 @@ class Engine:
         draining (unless `admitted`: the call's `admission()`, whose places it takes over) or stopped,
         EngineFailedError once the loop has died. `deadline` is `time.monotonic()` based.
         """
-        return self._submit(sentences, options, _Owner(on_event, lang_pair), deadline, admitted)
+        return self._submit(sentences, options, Owner(on_event, lang_pair), deadline, admitted)
 
     def admission(self, sentences: int = 0) -> AbstractContextManager[Admission]:
         """Admit a call before its request is ready to submit (splitting and tokenizing take time),
@@ -247,7 +242,7 @@ class Engine:
                 outcome.append(event)
                 finished.set()
 
-        self._submit([source], options, _Owner(on_event, None), deadline=None)
+        self._submit([source], options, Owner(on_event, None), deadline=None)
         if not finished.wait(WARMUP_TIMEOUT_S) or not isinstance(outcome[0], RequestDone):
             raise RuntimeError(f"warmup did not finish: {outcome or 'timed out'}")
 
@@ -306,7 +301,7 @@ class Engine:
         self,
         sentences: list[list[int]],
         options: DecodeOptions,
-        owner: _Owner,
+        owner: Owner,
         deadline: float | None,
         admitted: Admission | None = None,
     ) -> RequestHandle:
@@ -356,10 +351,10 @@ class Engine:
             self._failed = self._draining = self._idle = True
             inbox, self._inbox = self._inbox, []
             self._inbox_sentences = self._scheduled_queue = self._active_slots = 0
-            owners = [*self._owners.values(), *(sub.owner for sub in inbox)]
-            self._owners.clear()  # the loop's thread is dead, or will leave without touching them
+            # every owner retires: the loop's thread is dead, or will leave without touching them
+            owners = [*self._owners.take_all(), *(sub.owner for sub in inbox)]
             self._cond.notify_all()  # wakes drain()
-        self._notify(owners, RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE))
+        notify(owners, RequestFailed(FailureReason.UNAVAILABLE, ENGINE_FAILED_MESSAGE))
         if self._metrics is not None:
             self._metrics.set_load(0, 0)
         if self._on_failure is not None:
@@ -374,7 +369,7 @@ class Engine:
         in the same step as another's bug)."""
         events = self._scheduler.fail(set(self._scheduler.request_ids()), reason, message)
         answered = {request_id for request_id, _ in events}
-        events += [(rid, RequestFailed(reason, message)) for rid in list(self._owners) if rid not in answered]
+        events += [(rid, RequestFailed(reason, message)) for rid in self._owners.request_ids() if rid not in answered]
         self._deliver(events)
         self._publish()
 
@@ -386,7 +381,8 @@ class Engine:
         self._moved_sentences = sum(len(sub.sentences) for sub in inbox)
         # Owners first: if an add below raises, the iteration's failure path answers every owner,
         # including the submissions the scheduler never got; none is left waiting on no one.
-        self._owners.update((sub.request_id, sub.owner) for sub in inbox)
+        for sub in inbox:
+            self._owners.add(sub.request_id, sub.owner)
         for sub in inbox:  # admitted at submit: queued even if isolate() has since refilled the queue
             self._scheduler.add(
                 sub.request_id, sub.sentences, sub.options, sub.deadline, sub.submitted_at, admitted=True
@@ -424,44 +420,8 @@ class Engine:
         return execute(self._runner, batch)
 
     def _deliver(self, events: list[tuple[int, Event]]) -> None:
-        """Hand events to their owners; a final event retires the owner."""
-        self._observe_abandoned()  # before the owners (and their language pairs) retire
-        for request_id, event in events:
-            final = isinstance(event, RequestDone | RequestFailed)
-            owner = self._owners.pop(request_id) if final else self._owners[request_id]
-            if self._metrics is not None and owner.lang_pair is not None and isinstance(event, SentenceDone):
-                output = len(event.hypotheses[0].tokens) if event.hypotheses else 0
-                self._metrics.observe_sentence(owner.lang_pair, event.input_tokens, output)
-            self._notify([owner], event)
-
-    def _observe_abandoned(self) -> None:
-        for abandoned in self._scheduler.take_abandoned():  # taken even without metrics: the list must not grow
-            owner = self._owners.get(abandoned.request_id)
-            if self._metrics is not None and owner is not None and owner.lang_pair is not None:
-                reason = abandoned.reason.value
-                self._metrics.observe_abandoned(owner.lang_pair, reason, abandoned.queued, abandoned.decoding)
-
-    @staticmethod
-    def _notify(owners: Iterable[_Owner], event: Event) -> None:
-        for owner in owners:
-            try:
-                owner.on_event(event)
-            except Exception:
-                logger.exception("an event callback raised; the engine carries on")
+        self._owners.deliver(events, self._scheduler.take_abandoned(), self._metrics)
 
     def _observe(self, batch: Batch, times: RunnerTimes) -> None:
-        if self._metrics is None:
-            return
-        sources = [len(item.source_ids) for item in batch.encode]
-        spans = [p + 1 for p in batch.positions]
-        stats = StepStats(
-            duration_s=times.step_s,
-            encode_duration_s=times.encode_s,
-            active_slots=len(batch.slots),
-            encode_real_tokens=sum(sources),
-            encode_padded_tokens=len(sources) * max(sources, default=0),
-            step_real_tokens=sum(spans),
-            step_padded_tokens=len(spans) * max(spans, default=0),
-            queue_waits_s=tuple(batch.queue_waits),
-        )
-        self._metrics.observe_step(stats)
+        if self._metrics is not None:
+            self._metrics.observe_step(batch.stats(times.step_s, times.encode_s))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from server.core.batch import Batch
 from server.core.beam import Hypothesis
 from server.core.events import EngineLimits, RequestFailed, SentenceDone
 from server.core.runner import Candidates, Runner
-from server.core.scheduler import Batch, Scheduler
+from server.core.scheduler import Scheduler
 from server.core.work import DecodeOptions, check_options, check_sources
 
 

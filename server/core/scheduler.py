@@ -24,12 +24,11 @@ import itertools
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
 from model.config import default_output_limit
+from server.core.batch import Batch, RowGroup, ScheduledRequest, ScheduledSentence, reorder_slots
 from server.core.beam import Advance, BeamState, merge_candidates_of
 from server.core.events import (
     INTERNAL_MESSAGE,
@@ -49,79 +48,6 @@ from server.core.work import DecodeOptions
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Request:
-    request_id: int
-    options: DecodeOptions
-    deadline: float | None  # time.monotonic() based
-    pending: int  # sentences not yet done
-    sentences: list[_Sentence] = field(default_factory=list)
-    cancelled: FailureReason | None = None  # CANCELLED, or DEADLINE_EXCEEDED when the caller's deadline cancelled it
-    group: int | None = None  # after a shared runner call raised: shares calls only with its group (`isolate`)
-    deadline_entry: int = 0  # its entry in the scheduler's deadline heap
-
-
-@dataclass
-class _Sentence:
-    request: _Request
-    index: int  # in its request
-    source_ids: list[int]
-    beam: BeamState
-    enqueued_at: float
-    waited: bool = False  # it got slots once: its queue wait was reported (a rerun after isolate() reports none)
-    queue_wait_s: float = 0.0  # seconds from enqueued_at to its first slots
-    encoded_s: tuple[float, float] = (0.0, 0.0)  # its last encoder call's start and end, seconds after enqueued_at
-    slots: list[int] = field(default_factory=list)  # all K reserved slots; slots[i] holds live row i
-    planned_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) before next step
-    feed: list[int] = field(default_factory=list)  # token each live row feeds next
-    running: bool = False
-    running_group: int | None = None  # its request's isolation group when it got its slots
-    done: bool = False  # its SentenceDone was sent
-
-    @property
-    def position(self) -> int:
-        return self.beam.steps  # every live row of a sentence is at the same position
-
-
-class RowGroup(NamedTuple):
-    """The rows of one sentence in a step call: `Batch.slots[start:start + rows]` (a tuple: one is made per
-    sentence and step)."""
-
-    sentence: _Sentence
-    start: int
-    rows: int
-
-
-@dataclass
-class Batch:
-    """One iteration's work for the runner, in order: copy_slots, encode, step."""
-
-    copy_sources: list[int] = field(default_factory=list)
-    copy_destinations: list[int] = field(default_factory=list)
-    encode: list[EncodeItem] = field(default_factory=list)
-    encoding: list[_Sentence] = field(default_factory=list)  # the sentence of each encode item
-    slots: list[int] = field(default_factory=list)  # rows to step, grouped by sentence
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    row_scores: list[float] = field(default_factory=list)  # each row's hypothesis score, added to its log-probs
-    top_k: int = 1  # candidates per row the step must rank: the most any sentence in the batch needs
-    widest_beam: int = 0  # the widest beam among its sentences, whose needs set top_k
-    groups: list[RowGroup] = field(default_factory=list)
-    events: list[tuple[int, Event]] = field(default_factory=list)  # (request id, event) found while scheduling
-    queue_waits: list[float] = field(default_factory=list)  # seconds each admitted sentence waited
-
-    @property
-    def empty(self) -> bool:
-        return not self.slots
-
-    def candidate_shape(self, vocab_size: int) -> tuple[int, int]:
-        """(B, k) of the candidates the step must return: k is capped at the vocabulary."""
-        return len(self.slots), min(self.top_k, vocab_size)
-
-    def request_ids(self) -> set[int]:
-        return {g.sentence.request.request_id for g in self.groups}
-
-
 class Scheduler:
     """Queue, admission, slots and beams of every request in one engine."""
 
@@ -133,21 +59,21 @@ class Scheduler:
         # A heap: the lowest free slots go first, so the slots in use stay packed at the low end of the pool
         # (a runner that steps the first rows of its pool, as many as hold every stepped slot, steps fewer).
         self._free: list[int] = list(range(limits.max_slots))
-        self._queue: deque[_Sentence] = deque()
+        self._queue: deque[ScheduledSentence] = deque()
         # Running sentences in the order they got slots, by id(): adding and removing one is O(1) (a list's
         # remove() compared dataclasses field by field, quadratic in the rows); and how many run per
         # isolation group, so that admission asks "may this request join?" in O(groups), not O(rows).
-        self._running: dict[int, _Sentence] = {}
+        self._running: dict[int, ScheduledSentence] = {}
         self._running_groups: dict[int | None, int] = {}
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, ScheduledRequest] = {}
         self._abandoned: list[Abandoned] = []
         self._groups = itertools.count(1)  # isolation groups' ids
         # What `_expire` must look at, so that an iteration with nothing to expire costs nothing per request:
         # a heap of (deadline, entry, request id), an entry valid while its request is the one that pushed it
-        # (`_Request.deadline_entry`: ids may come back), and the requests cancelled since the last schedule.
+        # (`ScheduledRequest.deadline_entry`: ids may come back), and the requests cancelled since the last schedule.
         self._deadlines: list[tuple[float, int, int]] = []
         self._entries = itertools.count(1)
-        self._cancelled: list[_Request] = []
+        self._cancelled: list[ScheduledRequest] = []
         self._admitted_at = -math.inf  # when sentences last got slots (`_defers_admission`)
 
     @property
@@ -191,14 +117,14 @@ class Scheduler:
             raise ValueError(f"request {request_id} is already scheduled")
         if not admitted and len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
             raise QueueFullError(f"the queue holds {len(self._queue)} of {self.limits.max_queue_sentences} sentences")
-        request = _Request(request_id, options, deadline, pending=len(sentences))
+        request = ScheduledRequest(request_id, options, deadline, pending=len(sentences))
         for index, ids in enumerate(sentences):
             max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
             beam = BeamState(
                 options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos,
                 patient=self.spec.patient_beam, forced_first=options.forced_first,
             )  # fmt: skip
-            request.sentences.append(_Sentence(request, index, list(ids), beam, enqueued_at=now))
+            request.sentences.append(ScheduledSentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
         if deadline is not None:
@@ -304,7 +230,7 @@ class Scheduler:
         requests = [self._requests[r] for r in sorted(request_ids) if r in self._requests]
         if len(requests) <= 1:
             return self.fail(request_ids, reason, message)
-        restarted: list[_Sentence] = []
+        restarted: list[ScheduledSentence] = []
         half = len(requests) // 2
         for members in (requests[:half], requests[half:]):
             group = next(self._groups)
@@ -316,7 +242,7 @@ class Scheduler:
         self._queue = deque([*restarted, *others])  # may exceed the bound by these sentences, once
         return []
 
-    def _restart(self, sentence: _Sentence) -> _Sentence:
+    def _restart(self, sentence: ScheduledSentence) -> ScheduledSentence:
         self._release(sentence)
         beam = sentence.beam
         sentence.beam = BeamState(
@@ -399,13 +325,13 @@ class Scheduler:
                 return False
         return True
 
-    def _may_join(self, request: _Request) -> bool:
+    def _may_join(self, request: ScheduledRequest) -> bool:
         """Requests of an isolation group share runner calls only with each other, so that a failure
         of their call is theirs; the others (group None) share with any but a group's."""
         # The request's own running sentences are in its group, so counting them changes nothing.
         return all(group == request.group for group in self._running_groups)
 
-    def _add_rows(self, sentence: _Sentence, batch: Batch) -> None:
+    def _add_rows(self, sentence: ScheduledSentence, batch: Batch) -> None:
         if sentence.planned_copies:
             for source, destination in sentence.planned_copies:
                 batch.copy_sources.append(source)
@@ -428,7 +354,7 @@ class Scheduler:
             batch.widest_beam = beam.beam_size
             batch.top_k = max(batch.top_k, beam.candidates_needed)
 
-    def _advance(self, sentence: _Sentence, move: Advance, events: list[tuple[int, Event]]) -> None:
+    def _advance(self, sentence: ScheduledSentence, move: Advance, events: list[tuple[int, Event]]) -> None:
         request = sentence.request
         if move.done:
             self._release(sentence)
@@ -449,7 +375,7 @@ class Scheduler:
         if request.options.stream_tokens and request.options.beam_size == 1:
             events.append((request.request_id, TokensEvent(sentence.index, sentence.beam.live[0][0])))
 
-    def _release(self, sentence: _Sentence) -> None:
+    def _release(self, sentence: ScheduledSentence) -> None:
         if sentence.running:
             del self._running[id(sentence)]
             left = self._running_groups[sentence.running_group] - 1
@@ -462,14 +388,14 @@ class Scheduler:
             sentence.running = False
         sentence.slots, sentence.planned_copies = [], []
 
-    def _abort(self, request: _Request) -> None:
+    def _abort(self, request: ScheduledRequest) -> None:
         for sentence in request.sentences:
             self._release(sentence)
         self._queue = deque(s for s in self._queue if s.request is not request)
         del self._requests[request.request_id]
 
 
-def _unfinished_of(request: _Request, reason: FailureReason) -> Abandoned:
+def _unfinished_of(request: ScheduledRequest, reason: FailureReason) -> Abandoned:
     unfinished = [s for s in request.sentences if not s.done]
     queued = sum(not s.waited for s in unfinished)
     return Abandoned(request.request_id, reason, queued=queued, decoding=len(unfinished) - queued)
@@ -479,32 +405,3 @@ def output_limit(requested: int, source_len: int, max_target_len: int) -> int:
     """Most tokens a sentence may generate: the request's `max_output_len`, or when that is 0 the
     source-relative default (`model.config.default_output_limit`); never over the model's limit."""
     return min(requested, max_target_len) if requested else default_output_limit(source_len, max_target_len)
-
-
-def reorder_slots(slots: list[int], parents: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
-    """Assign new live rows to a sentence's slots after a beam step, copying as little as possible.
-
-    `slots[i]` holds old row i (the tail past the old live rows is spare). New row j continues old
-    row `parents[j]`: the first new row of each parent keeps the parent's slot in place; any other
-    takes a slot no new row keeps and gets a copy of its parent's slot. Copy sources are kept slots
-    and destinations are not, so the copies never read a slot they overwrite.
-    Returns (new slot order: new row j in slot j, then spares; copies as (source, destination)).
-    """
-    if parents == [0]:  # greedy (and a beam down to one live row): the row keeps its slot, nothing moves
-        return list(slots), []
-    kept: dict[int, int] = {}  # parent row -> new row that keeps its slot
-    for row, parent in enumerate(parents):
-        kept.setdefault(parent, row)
-    spare = [slot for old_row, slot in enumerate(slots) if old_row not in kept]
-    spare.reverse()  # pop() then hands them out in order
-    order: list[int] = []
-    copies: list[tuple[int, int]] = []
-    for row, parent in enumerate(parents):
-        if kept[parent] == row:
-            order.append(slots[parent])
-        else:
-            destination = spare.pop()
-            copies.append((slots[parent], destination))
-            order.append(destination)
-    order.extend(reversed(spare))
-    return order, copies

@@ -1,7 +1,7 @@
 """The rules decoding work must meet, each in exactly one function.
 
 The edge checks a request with them once, before anything is queued (`server.edge.convert`, and
-`server.core.documents.prepare_texts` for the sources it tokenizes); offline callers check their work with
+`server.text.documents.prepare_texts` for the sources it tokenizes); offline callers check their work with
 the same functions (`server.core.offline.translate_ids`). The engine, its process boundary and the scheduler
 trust what they are given.
 """

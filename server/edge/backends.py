@@ -9,15 +9,16 @@ from dataclasses import dataclass
 
 from model.languages import AmbiguousLanguage, same_written_language, written_language
 from model.tokenizer import TextTokenizer
-from server.core.documents import RequestLimits
 from server.core.engine_client import EngineClient
 from server.core.events import DrainingError
 from server.core.response_cache import ResponseCache
 from server.core.runner import ModelSpec
 from server.edge.convert import ModelDescription
 from server.edge.errors import InvalidRequest, Unavailable
+from server.edge.refusals import Refusal
+from server.edge.request import CallOptions
 from server.edge.routing import LanguageRoute, describe_pairs, near_misses, route_pair, sources_toward
-from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.documents import RequestLimits
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Backends:
             raise DrainingError("the server is draining")
         return self._backends
 
-    def route(self, options: pb.TranslationOptions, source: str | None = None) -> tuple[Backend, LanguageRoute]:
+    def route(self, options: CallOptions, source: str | None = None) -> tuple[Backend, LanguageRoute]:
         """The model for the request and its pair: the best fit of the client's codes (model.languages) among
         every model serving them, among those of its name if it names one; ties go to the model with the fewest
         pairs sharing the route's source or target, then the first in load order, and among one model's engines
@@ -62,11 +63,11 @@ class Backends:
             backends = [b for b in backends if b.model.name == options.model]
             if not backends:
                 served = ", ".join(dict.fromkeys(b.model.name for b in self._backends))
-                raise InvalidRequest(f"unknown model {options.model!r}; this server serves {served}")
+                raise Refusal.UNKNOWN_MODEL.error(model=options.model, served=served)
         source = options.source_language if source is None else source
         target = options.target_language
         if not target:
-            raise InvalidRequest(f"options.target_language is required; {_served_pairs(backends)}")
+            raise Refusal.NO_TARGET.error(pairs=_served_pairs(backends))
         routes, ambiguous = [], None
         for backend in backends:  # a code one model cannot tell apart may fit another's plainly
             try:
@@ -75,17 +76,13 @@ class Backends:
             except AmbiguousLanguage as err:
                 ambiguous = ambiguous or err
         if not routes and ambiguous is not None:
-            raise InvalidRequest(f"{ambiguous}; {_served_pairs(backends)}") from ambiguous
+            raise Refusal.AMBIGUOUS.error(ambiguous=ambiguous, pairs=_served_pairs(backends)) from ambiguous
         if not routes and same_written_language(source, target):  # a model serving such a pair has routed above
-            raise InvalidRequest(
-                f"source_language {source!r} and target_language {target!r} are the same language; name the"
-                f" language to translate into as target_language ({_served_pairs(backends)})"
-            )
+            raise Refusal.SAME_LANGUAGE.error(source=source, target=target, pairs=_served_pairs(backends))
         if not routes:  # the codes quoted: the client's own strings, exactly as sent
             nearest = near_misses(source, target, {b.model.name: b.spec.directions for b in backends})
-            raise InvalidRequest(
-                f"unsupported language pair {source!r} -> {target!r}; {nearest + '; ' if nearest else ''}"
-                f"{_served_pairs(backends)}"
+            raise Refusal.UNSUPPORTED_PAIR.error(
+                source=source, target=target, nearest=f"{nearest}; " if nearest else "", pairs=_served_pairs(backends)
             )
         best = max(route.fit for _, route in routes)
         # Among equal fits the most specialised model (opus-mt-en-de before a multilingual en-mul, opus-mt-fr-en
@@ -98,7 +95,7 @@ class Backends:
         start = next(self._turn) % len(replicas)
         return min(replicas[start:] + replicas[:start], key=lambda b: b.engine.load), route
 
-    def any_language_source(self, options: pb.TranslationOptions) -> str | None:
+    def any_language_source(self, options: CallOptions) -> str | None:
         """`mul` where a served model takes any language as its source toward the request's target: such a model
         reads a text without being told its language, so a text no detection decides can go to it."""
         for backend in self.serving():
@@ -108,7 +105,7 @@ class Backends:
                     return ANY_LANGUAGE
         return None
 
-    def sources_toward(self, options: pb.TranslationOptions) -> list[str]:
+    def sources_toward(self, options: CallOptions) -> list[str]:
         """The served sources that pair with the request's target (of the model it names, if it names one), one per
         written language, in load order; InvalidRequest naming the served pairs where none does. Each model's
         sources are those that route toward the target (an any-to-any model's: all but the target itself)."""
@@ -122,13 +119,10 @@ class Backends:
                     sources.append(source)
                     written |= {key} if key else set()
         if not sources and backends:
-            raise InvalidRequest(
-                f"no served model translates into target_language {options.target_language!r}; "
-                f"{_served_pairs(backends)}"
-            )
+            raise Refusal.NO_MODEL_INTO_TARGET.error(target=options.target_language, pairs=_served_pairs(backends))
         return sources
 
-    def any_source(self, options: pb.TranslationOptions) -> str:
+    def any_source(self, options: CallOptions) -> str:
         """A served source that pairs with the request's target (of the model it names, if it names one), for texts
         no language routes; InvalidRequest as `sources_toward` raises it."""
         sources = self.sources_toward(options)

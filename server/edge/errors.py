@@ -22,8 +22,6 @@ from typing import Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from server.core.checkpoints import CallEnded
-from server.core.documents import TextLimitError
 from server.core.events import (
     ENGINE_FAILED_MESSAGE,
     DrainingError,
@@ -36,6 +34,8 @@ from server.core.work import InvalidWorkError
 from server.edge.logs import REQUEST_ID_KEY, log_call, request_id
 from server.edge.metrics import Metrics
 from server.edge.tracing import NO_TRACE, CallTrace, Tracing
+from server.text.checkpoints import CallEnded
+from server.text.documents import TextLimitError
 
 logger = logging.getLogger(__name__)
 

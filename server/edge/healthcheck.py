@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.client.channels import open_channel
-from server.edge.config import env_name
+from server.edge.flags import env_name
 
 ENV_PREFIX = "TRANSLATE_HEALTHCHECK_"
 

@@ -28,11 +28,11 @@ from server.backend.engines import (
     close_model,
     open_model,
 )
-from server.core.documents import RequestLimits
 from server.core.runner import ModelSpec
-from server.core.splitter import PUNCTUATION, rule_for
 from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig, SharedEngines
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription
+from server.text.documents import RequestLimits
+from server.text.splitter import PUNCTUATION, rule_for
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from server.edge.config import parse_config
+from server.edge.flags import parse_config
 from server.edge.logs import configure_logging
 from server.edge.process_metrics import disable_created_metrics
 from server.edge.replicas import run_replicas

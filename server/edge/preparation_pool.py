@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from server.core.checkpoints import CallEnded, checkpoints
+from server.text.checkpoints import CallEnded, checkpoints
 
 T = TypeVar("T")
 

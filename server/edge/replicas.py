@@ -54,8 +54,9 @@ from server.edge.loading import (
 from server.edge.logs import configure_logging
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
-from server.edge.server import check_port_free, metrics_address, run
+from server.edge.server import run
 from server.edge.shared_engines import SharedEngine, start_shared_engines, stop_shared_engines
+from server.edge.transport import check_port_free, metrics_address
 
 logger = logging.getLogger(__name__)
 

@@ -13,15 +13,25 @@ translated (its units: no tag or attribute names, no script, style or code), so 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 from model.languages import bcp47, same_written_language
 from model.languages import parse as parse_language
-from server.core.checkpoints import checkpoint
-from server.core.documents import (
+from server.edge.backends import Backend, Backends
+from server.edge.convert import TranslateJob
+from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
+from server.edge.errors import InvalidRequest
+from server.edge.metrics import Metrics
+from server.edge.preparation import INLINE_PREPARE_CHARS
+from server.edge.preparation_pool import PreparationPool
+from server.edge.refusals import Refusal
+from server.edge.request import CallOptions, TranslateCall, check_texts
+from server.edge.routing import LanguageRoute
+from server.text.checkpoints import checkpoint
+from server.text.documents import (
     PartialSentence,
     Refuse,
     RequestLimits,
@@ -30,20 +40,19 @@ from server.core.documents import (
     TextTranslation,
     model_text,
 )
-from server.core.markup import TextType
-from server.core.markup_documents import parse_document
-from server.edge.backends import Backend, Backends
-from server.edge.convert import TEXT_TYPES, TranslateJob, check_texts, text_result_to_pb
-from server.edge.detect import MIN_MARGIN, Detection, SourceDetector
-from server.edge.errors import InvalidRequest
-from server.edge.metrics import Metrics
-from server.edge.preparation import INLINE_PREPARE_CHARS
-from server.edge.preparation_pool import PreparationPool
-from server.edge.routing import LanguageRoute
-from server.proto.translation.v1 import translation_pb2 as pb
+from server.text.markup import TextType
+from server.text.markup_documents import parse_document
 
-Parse = Callable[[pb.TranslateRequest, Backend, LanguageRoute], TranslateJob]  # the call's parsing of its texts
+Parse = Callable[[TranslateCall, Backend, LanguageRoute], TranslateJob]  # the call's parsing of its texts
 Item = TextTranslation | PartialSentence | TextRefused
+
+
+@dataclass(frozen=True)
+class DetectedSource:
+    """The language a text was detected in, as its result reports it."""
+
+    language: str  # BCP-47
+    confidence: float  # as reported to the client (server.edge.detect.Detection.reported_confidence)
 
 
 @dataclass(frozen=True)
@@ -58,18 +67,20 @@ class JobPart:
     # Counts a detected text by its language as it is answered (the metric of SourceGrouping); None: not counted
     count_detected: Callable[[str], None] | None = None
 
-    def result_to_pb(self, result: TextTranslation) -> pb.TextResult:
-        message = text_result_to_pb(replace(result, index=self.indices[result.index]), self.job)
-        if (found := self.detections.get(message.index)) is not None:
-            if self.count_detected is not None:  # answered: a call refused before its texts ran counts none
-                self.count_detected(found.language)
-            # The model's language in BCP-47 (`en` whether the model writes `en` or `eng`), as a request may name it;
-            # the detected language itself where no model translated the text, or where the model's source is a
-            # group (`mul`) and its code would say nothing
-            named = not self.unchanged and not parse_language(self.job.source_lang).is_group
-            message.detected_source_language = bcp47(self.job.source_lang if named else found.language)
-            message.detected_language_confidence = found.reported_confidence
-        return message
+    def answered(self, result: TextTranslation) -> tuple[TextTranslation, DetectedSource | None]:
+        """A result of the job at its text's place in the request, and the source its text was detected in (counted
+        as answered), None where the request named its source."""
+        index = self.indices[result.index]
+        if (found := self.detections.get(index)) is None:
+            return replace(result, index=index), None
+        if self.count_detected is not None:  # answered: a call refused before its texts ran counts none
+            self.count_detected(found.language)
+        # The model's language in BCP-47 (`en` whether the model writes `en` or `eng`), as a request may name it;
+        # the detected language itself where no model translated the text, or where the model's source is a
+        # group (`mul`) and its code would say nothing
+        named = not self.unchanged and not parse_language(self.job.source_lang).is_group
+        language = bcp47(self.job.source_lang if named else found.language)
+        return replace(result, index=index), DetectedSource(language, found.reported_confidence)
 
     async def unchanged_items(self) -> AsyncGenerator[TextTranslation, None]:
         """The part's texts as their own translations (an `unchanged` part's items)."""
@@ -82,29 +93,19 @@ class JobPart:
     def original_refusal(self, refusal: TextRefused) -> TextRefused:
         return replace(refusal, index=self.indices[refusal.index])
 
-    def with_texts(self, texts: list[str], more: list[int]) -> JobPart:
+    def with_texts(self, texts: Sequence[str], more: list[int]) -> JobPart:
         """This part with the request's texts at `more` added (texts with nothing to translate)."""
         indices = sorted([*self.indices, *more])
         job = replace(self.job, texts=[texts[i] for i in indices])
         return replace(self, job=job, indices=indices)
 
 
-def whole_request(
-    request: pb.TranslateRequest, backends: Backends, parse: Parse, refuse: Refuse | None = None
-) -> list[JobPart]:
+def whole_request(call: TranslateCall, backends: Backends, parse: Parse, refuse: Refuse | None = None) -> list[JobPart]:
     """A request that names its source language: one part, every text (with `refuse`, every text not over the
     length limit, and none where each is)."""
-    backend, route = backends.route(request.options)
-    kept = check_texts(list(request.texts), backend.limits, request.options.text_type, refuse)
-    return [JobPart(backend, parse(_texts_at(request, kept), backend, route), kept)] if kept else []
-
-
-def _texts_at(request: pb.TranslateRequest, indices: list[int]) -> pb.TranslateRequest:
-    """The request with only its texts at `indices`."""
-    if indices == list(range(len(request.texts))):
-        return request
-    texts = [request.texts[i] for i in indices]
-    return pb.TranslateRequest(texts=texts, options=request.options, allow_partial=request.allow_partial)
+    backend, route = backends.route(call.options)
+    kept = check_texts(call, backend.limits, refuse)
+    return [JobPart(backend, parse(call.at(kept), backend, route), kept)] if kept else []
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class SourceGrouping:
 
     async def parts(
         self,
-        request: pb.TranslateRequest,
+        call: TranslateCall,
         backends: Backends,
         parse: Parse,
         deadline: float | None = None,
@@ -127,23 +128,23 @@ class SourceGrouping:
     ) -> list[JobPart]:
         """The request's parts; CallEnded once `deadline` (a time.monotonic() time) passes during a long detection.
         `refuse` takes each text refused alone (over a limit, in a language no model serves or none detection tells)."""
-        texts = list(request.texts)
-        kept = check_texts(texts, self.limits, request.options.text_type, refuse)
-        if not request.options.target_language:  # what routing would say, before any detection
-            backends.route(request.options, source=request.options.source_language)
-        sources = backends.sources_toward(request.options)  # a target no model writes is refused before detection
+        texts, options = call.texts, call.options
+        kept = check_texts(call, self.limits, refuse)
+        if not options.target_language:  # what routing would say, before any detection
+            backends.route(options, source=options.source_language)
+        sources = backends.sources_toward(options)  # a target no model writes is refused before detection
         if not sources:  # none of the model it names: an unknown model is the request's refusal, not each text's
-            backends.route(request.options)
-        read = partial(_detection_texts, texts, kept, request.options.text_type, self.limits, refuse)
+            backends.route(options)
+        read = partial(_detection_texts, texts, kept, options.text_type, self.limits, refuse)
         detect = partial(_detect_all, self.detector, read)
         small = sum(len(texts[i]) for i in kept) <= INLINE_PREPARE_CHARS and self.detector.loaded
         groups, found, undecided, blank = detect() if small else await self.pool.run(detect, deadline)
-        _doubt_the_target(groups, found, undecided, request.options.target_language)
+        _doubt_the_target(groups, found, undecided, options.target_language)
         parts: list[JobPart] = []
-        if undecided and (anyone := backends.any_language_source(request.options)) is not None:
+        if undecided and (anyone := backends.any_language_source(options)) is not None:
             # to a model that takes any language as its source, where one serves the target
-            backend, route = backends.route(request.options, source=anyone)
-            parts.append(JobPart(backend, parse(_texts_at(request, undecided), backend, route), undecided))
+            backend, route = backends.route(options, source=anyone)
+            parts.append(JobPart(backend, parse(call.at(undecided), backend, route), undecided))
         elif undecided and len(sources) == 1:  # one language any model reads toward the target: it is theirs
             language = next((known for known in groups if same_written_language(known, sources[0])), sources[0])
             groups[language] = sorted([*groups.get(language, []), *undecided])
@@ -153,30 +154,30 @@ class SourceGrouping:
             groups[language] = sorted([*groups[language], *undecided])
             found.update({i: Detection(language, 0.0) for i in undecided})  # confidence 0: told by the others
         elif undecided and refuse is None:
-            raise InvalidRequest(_undecided_message(undecided))
+            raise _undecided(undecided)
         elif undecided and refuse is not None:
             for index in undecided:
-                refuse(TextRefused(index, InvalidRequest(_undecided_message([index]))))
+                refuse(TextRefused(index, _undecided([index])))
         unchanged: list[int] = []
         for language, indices in groups.items():
-            if same_written_language(language, request.options.target_language):  # already in it: no model would
+            if same_written_language(language, options.target_language):  # already in it: no model would
                 unchanged += indices  # translate it (a `mul` source model routes en to en, and would only paraphrase)
                 continue
             try:
-                backend, route = _route_detected(backends, request.options, language, indices, found)
+                backend, route = _route_detected(backends, options, language, indices, found)
             except InvalidRequest:
                 if refuse is None:
                     raise
-                _refuse_each(indices, partial(_route_detected, backends, request.options, language), found, refuse)
+                _refuse_each(indices, partial(_route_detected, backends, options, language), found, refuse)
                 continue
-            job, detections = parse(_texts_at(request, indices), backend, route), {i: found[i] for i in indices}
+            job, detections = parse(call.at(indices), backend, route), {i: found[i] for i in indices}
             parts.append(JobPart(backend, job, indices, detections, count_detected=self._counter(backend)))
         if blank and parts:  # no letter: any model's
             parts[0] = parts[0].with_texts(texts, blank)
         elif blank:
-            parts.append(_any_source_part(request, backends, parse, blank))
+            parts.append(_any_source_part(call, backends, parse, blank))
         if unchanged:  # as they came, by no engine; a part that has a job gives the options checked once
-            model = parts[0] if parts else _any_source_part(request, backends, parse, unchanged)
+            model = parts[0] if parts else _any_source_part(call, backends, parse, unchanged)
             job = replace(model.job, texts=[texts[i] for i in unchanged])
             detections = {i: found[i] for i in unchanged}
             count = self._counter(None)  # no model saw them
@@ -191,10 +192,10 @@ class SourceGrouping:
         return partial(self.metrics.observe_detected, model=backend.model.name if backend else "")
 
 
-def _any_source_part(request: pb.TranslateRequest, backends: Backends, parse: Parse, indices: list[int]) -> JobPart:
+def _any_source_part(call: TranslateCall, backends: Backends, parse: Parse, indices: list[int]) -> JobPart:
     """The request's texts at `indices` as a part of a model that pairs with its target (texts no language routes)."""
-    backend, route = backends.route(request.options, source=backends.any_source(request.options))
-    return JobPart(backend, parse(_texts_at(request, indices), backend, route), indices)
+    backend, route = backends.route(call.options, source=backends.any_source(call.options))
+    return JobPart(backend, parse(call.at(indices), backend, route), indices)
 
 
 def _refuse_each(
@@ -234,19 +235,18 @@ def _doubt_the_target(
 
 
 def _detection_texts(
-    texts: list[str], kept: list[int], text_type: pb.TextType.ValueType, limits: RequestLimits, refuse: Refuse | None
+    texts: tuple[str, ...], kept: list[int], text_type: TextType, limits: RequestLimits, refuse: Refuse | None
 ) -> list[str | None]:
     """What detection reads of each text at `kept` (None for the others): the text, or for HTML and XML its units
     (the text a translation replaces, attributes such as alt and title included) joined by spaces; TextLimitError
     as parsing gives it, or with `refuse`, the document refused alone."""
     read: list[str | None] = [None] * len(texts)
-    markup = TEXT_TYPES.get(text_type)
     for index in kept:
-        if markup in (None, TextType.TEXT):
+        if text_type is TextType.TEXT:
             read[index] = texts[index]
             continue
         try:
-            read[index] = " ".join(parse_document(index, texts[index], markup, limits).units)
+            read[index] = " ".join(parse_document(index, texts[index], text_type, limits).units)
         except TextLimitError as err:
             if refuse is None:
                 raise
@@ -285,27 +285,21 @@ def _listed(indices: list[int]) -> str:
     return ", ".join(f"texts[{i}]" for i in indices[:5]) + (f" and {len(indices) - 5} more" if len(indices) > 5 else "")
 
 
-def _undecided_message(undecided: list[int]) -> str:
-    return (
-        f"cannot tell the language of {_listed(undecided)} (no language ahead of the others by {MIN_MARGIN}, and"
-        " no other text of the request told); set options.source_language"
-    )
+def _undecided(undecided: list[int]) -> InvalidRequest:
+    return Refusal.UNDECIDED.error(texts=_listed(undecided), margin=MIN_MARGIN)
 
 
 def _route_detected(
-    backends: Backends, options: pb.TranslationOptions, language: str, indices: list[int], found: dict[int, Detection]
+    backends: Backends, options: CallOptions, language: str, indices: list[int], found: dict[int, Detection]
 ) -> tuple[Backend, LanguageRoute]:
     if indistinct := found[indices[0]].indistinct:  # never a guess among them
-        raise InvalidRequest(
-            f"{_listed(indices)} detected as {language!r}, which stands for {', '.join(indistinct)} among the served"
-            " languages; detection cannot tell them apart: set options.source_language"
-        )
+        raise Refusal.INDISTINCT.error(texts=_listed(indices), language=language, languages=", ".join(indistinct))
     try:
         return backends.route(options, source=language)
     except InvalidRequest as err:
         confidence = min(found[i].confidence for i in indices)
-        raise InvalidRequest(
-            f"{_listed(indices)} detected as {language!r} (confidence >= {confidence:.2f}): {err}"
+        raise Refusal.DETECTED_UNROUTED.error(
+            texts=_listed(indices), language=language, confidence=confidence, refusal=err
         ) from err
 
 

@@ -18,35 +18,15 @@ from typing import TypeVar
 import grpc.aio
 
 from server.core.admission_ledger import Admission
-from server.core.checkpoints import CallEnded
-from server.core.documents import (
-    PartialSentence,
-    Refuse,
-    RequestLimits,
-    TextRefused,
-    TextTranslation,
-    prepare_texts,
-)
 from server.core.engine_client import Cancellable, EngineClient
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone, TokensEvent
-from server.core.markup import TextType
-from server.core.markup_documents import RequestAssembler, prepare_request
-from server.core.placeholders import Placeholders
 from server.core.response_cache import CacheKey, ResponseCache, submit_through
 from server.edge.admission import sentences_to_hold
 from server.edge.backends import Backend, Backends
-from server.edge.convert import (
-    TranslateJob,
-    model_info_to_pb,
-    normalize_codes,
-    parse_request,
-    partial_to_pb,
-    refusal_to_pb,
-)
+from server.edge.convert import TranslateJob, parse_request
 from server.edge.detect import SourceDetector
 from server.edge.errors import (
     CallRecord,
-    InvalidRequest,
     ResponseTooLarge,
     cancelled_by_deadline,
     request_failed,
@@ -55,13 +35,28 @@ from server.edge.errors import (
     unary_call,
 )
 from server.edge.loop_mailbox import mailbox_of
+from server.edge.messages import from_pb, model_info_to_pb, part_result_to_pb, partial_to_pb, refusal_to_pb
 from server.edge.metrics import Metrics
 from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
+from server.edge.refusals import Refusal
+from server.edge.request import TranslateCall
 from server.edge.request_parts import JobPart, SourceGrouping, merged_items, whole_request
 from server.edge.routing import LanguageRoute
 from server.edge.tracing import Tracing
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
+from server.text.checkpoints import CallEnded
+from server.text.documents import (
+    PartialSentence,
+    Refuse,
+    RequestLimits,
+    TextRefused,
+    TextTranslation,
+    prepare_texts,
+)
+from server.text.markup import TextType
+from server.text.markup_documents import RequestAssembler, prepare_request
+from server.text.placeholders import Placeholders
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
@@ -86,12 +81,12 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        parts, refused = await self._parts(request, context, call, stream=False)
+        parts, refused = await self._parts(from_pb(request), context, call, stream=False)
         results = [self._refused(refusal) for refusal in refused]
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
                 if isinstance(item, TextTranslation):
-                    results.append(part.result_to_pb(item))
+                    results.append(part_result_to_pb(part, item))
                 elif isinstance(item, TextRefused):
                     results.append(self._refused(part.original_refusal(item), part.backend.model.name))
         results.sort(key=lambda r: r.index)
@@ -101,13 +96,14 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        parts, refused = await self._parts(request, context, call, stream=True)
+        parts, refused = await self._parts(from_pb(request), context, call, stream=True)
         for refusal in refused:
             yield pb.TranslateStreamResponse(result=self._refused(refusal))
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
                 if isinstance(item, TextTranslation):
-                    yield self._fits(pb.TranslateStreamResponse(result=part.result_to_pb(item)), part.backend.limits)
+                    result = part_result_to_pb(part, item)
+                    yield self._fits(pb.TranslateStreamResponse(result=result), part.backend.limits)
                 elif isinstance(item, TextRefused):
                     refusal = part.original_refusal(item)
                     yield pb.TranslateStreamResponse(result=self._refused(refusal, part.backend.model.name))
@@ -142,7 +138,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         return refusal_to_pb(refusal)
 
     def _parse(
-        self, request: pb.TranslateRequest, backend: Backend, route: LanguageRoute, call: CallRecord, stream: bool
+        self, request: TranslateCall, backend: Backend, route: LanguageRoute, call: CallRecord, stream: bool
     ) -> TranslateJob:
         """The request's texts as the method runs them (the unary method never streams tokens)."""
         job = parse_request(request, route, backend.spec, backend.limits, backend.model)
@@ -150,11 +146,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
         return job if stream else replace(job, options=replace(job.options, stream_tokens=False))
 
     async def _parts(
-        self, request: pb.TranslateRequest, context: Context, call: CallRecord, stream: bool
+        self, request: TranslateCall, context: Context, call: CallRecord, stream: bool
     ) -> tuple[list[JobPart], list[TextRefused]]:
         """The request as jobs, one per model pair (server.edge.request_parts), and with allow_partial, the texts
         refused alone before any job took them (by their position in the request)."""
-        normalize_codes(request.options)
         parse = partial(self._parse, call=call, stream=stream)
         refused: list[TextRefused] = []
         refuse = refused.append if request.allow_partial else None
@@ -162,7 +157,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
             return whole_request(request, self._backends, parse, refuse), refused
         if self._grouping is None:
             self._backends.serving()  # while the models load: Unavailable, as for any call
-            raise InvalidRequest("source detection is not available on this server; set options.source_language")
+            raise Refusal.NO_DETECTION.error()
         return await self._grouping.parts(request, self._backends, parse, _deadline(context), refuse), refused
 
     def _translate_parts(

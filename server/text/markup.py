@@ -3,13 +3,13 @@
 A document becomes `units` (plain texts for the model: one per block element's inline content, one
 per translated attribute) and `parts` (the raw markup around them). Block elements (p, li, td, th,
 h1-h6, div, caption, title and the like) and `<br>` end a unit; inline elements (a, b, em, span,
-img...) stay inside it and are put back into its translation by `server.core.markup_render`.
+img...) stay inside it and are put back into its translation by `server.text.markup_render`.
 Left byte for byte: script, style, template and pre (which end a unit), code, tt, kbd, samp, var,
 textarea, svg and math, XLIFF's and TMX's inline codes ph, bpt, ept and it inside a segment, and Android's
 `<xliff:g>` placeholders (carried inside one, whole), comments, declarations, CDATA, and the text
 of every element under `translate="no"` or `class="notranslate"` (inherited; `translate="yes"`
 turns it back on). Of the attributes only alt, title, placeholder and aria-label are translated (not on an
-element copied whole). Placeholders in translated text (`%s`, `{name}`: server.core.placeholders) are kept pieces
+element copied whole). Placeholders in translated text (`%s`, `{name}`: server.text.placeholders) are kept pieces
 as inline codes are, unless turned off; a translated attribute holding one is kept whole. Plain text is one unit
 whose only kept pieces are its placeholders. HTML's optional end tags close as a browser's parser closes them
 (`IMPLIED_CLOSE`).
@@ -17,7 +17,7 @@ A line break inside a unit is a space to the model, as to a browser: it never en
 
 A unit whose translation is its own text comes back as it came, entities and all; otherwise its
 text is escaped again, so `&lt;script&gt;` stays text. A tag is read as a browser reads it, NUL and other
-control characters in it included (server.core.markup_lexer), so no markup reaches the model. Tags keep
+control characters in it included (server.text.markup_lexer), so no markup reaches the model. Tags keep
 their order, so the output has the input's tag tree (and well-formed XML stays well-formed).
 """
 
@@ -29,11 +29,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.core.markup_lexer import Kind, Token, tokens
-from server.core.markup_render import AttributeSlot, Block, Item, Piece, render_block, render_piece
-from server.core.placeholders import Placeholders, holds_placeholders, text_and_placeholders, without_placeholders
-from server.core.splitter import translatable
-from server.core.tag_placement import Boundaries, Edge
+from server.text.markup_lexer import Kind, Token, tokens
+from server.text.markup_render import AttributeSlot, Block, Item, Piece, render_block, render_piece
+from server.text.placeholders import Placeholders, holds_placeholders, text_and_placeholders, without_placeholders
+from server.text.splitter import translatable
+from server.text.tag_placement import Boundaries, Edge
 
 
 class TextType(enum.Enum):

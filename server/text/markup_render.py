@@ -1,7 +1,7 @@
 """A unit's markup put back around its translation: tags placed, spaces kept, no element emptied.
 
-`server.core.markup` reads a document into units of `Item`s; this module renders one unit. Its tags go where
-`server.core.tag_placement` puts them; an inline element that held words in the source and would hold none
+`server.text.markup` reads a document into units of `Item`s; this module renders one unit. Its tags go where
+`server.text.tag_placement` puts them; an inline element that held words in the source and would hold none
 in the translation (the model wrote no word for `Tutorial2` or `deflate()`) gets back its source content,
 so a link never comes back empty.
 """
@@ -13,8 +13,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.core.splitter import translatable
-from server.core.tag_placement import Boundaries, Edge, place
+from server.text.splitter import translatable
+from server.text.tag_placement import Boundaries, Edge, place
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ into sentences by the rule their language gets (`rule_for`, logged at startup fo
   a character that is no lowercase letter, and with or without whitespace after the full stops and
   question marks of CJK, Devanagari (danda), Arabic, Ethiopic, Armenian, Myanmar and Khmer, closing
   quotes and brackets kept with their sentence. A script without such marks (Thai) is cut at line
-  breaks only; a line over the per-sentence token limit is translated in parts (server.core.clauses).
+  breaks only; a line over the per-sentence token limit is translated in parts (server.text.clauses).
 A text becomes `pieces` (sentences, stripped of whitespace and of the format characters around them: bidi
 marks and isolates) and `separators` (what is kept as it is around them),
 with `join(pieces, separators) == text` for every text: the server translates the pieces and joins
@@ -39,7 +39,7 @@ import pysbd
 from pysbd.languages import LANGUAGE_CODES
 
 from model.languages import iso639_1
-from server.core.checkpoints import checkpoint
+from server.text.checkpoints import checkpoint
 
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 # What pysbd cuts at or after: its sentence punctuation, the parenthesis of list items ("a)", "1)"),

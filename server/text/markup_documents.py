@@ -1,7 +1,7 @@
 """A request's texts as the engine's sentences and back, for plain text and for HTML/XML documents.
 
 `prepare_request` gives the servicer one assembler whatever the text type. For markup, each
-document's units (server.core.markup) become the texts that are split and tokenized; a document is
+document's units (server.text.markup) become the texts that are split and tokenized; a document is
 finished when its last unit is, and rendered once per hypothesis rank. Partial output names the
 document and the sentence's position in it, counted over its units in order.
 """
@@ -14,7 +14,7 @@ from typing import Protocol
 
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
-from server.core.documents import (
+from server.text.documents import (
     Assembler,
     PartialSentence,
     PreparedText,
@@ -25,9 +25,9 @@ from server.core.documents import (
     TextTranslation,
     request_text,
 )
-from server.core.markup import MarkupDepthError, MarkupDocument, TextType, parse
-from server.core.placeholders import Placeholders
-from server.core.tag_placement import TagPlacement
+from server.text.markup import MarkupDepthError, MarkupDocument, TextType, parse
+from server.text.placeholders import Placeholders
+from server.text.tag_placement import TagPlacement
 
 
 class RequestAssembler(Protocol):

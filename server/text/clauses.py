@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from server.core.markup_render import spaced_word
-from server.core.splitter import Split, translatable
+from server.text.markup_render import spaced_word
+from server.text.splitter import Split, translatable
 
 Encode = Callable[[str], list[int]]  # a text to the ids the model reads (tag and EOS included)
 Span = tuple[int, int, list[int]]  # a part's start and end in the sentence, and its ids

@@ -7,7 +7,7 @@ control characters) has no sentences, never reaches the engine and comes back un
 hypothesis (itself, score 0) and zero tokens and sentences.
 
 A sentence over the model's source token limit is translated in parts, never refused: cut at clause
-boundaries, then at whitespace, then between characters (server.core.clauses). Each part is a sentence
+boundaries, then at whitespace, then between characters (server.text.clauses). Each part is a sentence
 to the engine and to the counts of the result, and the parts' translations are joined with the
 whitespace that stood at each cut, or a space after a CJK comma into a script written with spaces.
 
@@ -28,9 +28,9 @@ from functools import partial
 
 from model.tokenizer import TextTokenizer
 from server.core.beam import Hypothesis
-from server.core.clauses import Encode, Parts, UncuttableError, cut, joints
-from server.core.splitter import Split, join, split
-from server.core.tag_placement import Boundaries, TagPlacement
+from server.text.clauses import Encode, Parts, UncuttableError, cut, joints
+from server.text.splitter import Split, join, split
+from server.text.tag_placement import Boundaries, TagPlacement
 
 
 class TextLimitError(ValueError):
@@ -120,7 +120,7 @@ def prepare_texts(
     model_source: str | None = None,
     refuse: Refuse | None = None,
 ) -> list[PreparedText]:
-    """Split and tokenize every text, a sentence over `max_tokens` as its parts (server.core.clauses); reject (never
+    """Split and tokenize every text, a sentence over `max_tokens` as its parts (server.text.clauses); reject (never
     truncate) anything over a limit, naming the text by `names` (a markup document's units are named by their
     document). `on_cut` is told the parts of each sentence cut, once every text is prepared. `model_source`: the
     model's code of the source language, which the tokenizer writes where its scheme does (NLLB, M2M100). `refuse`

@@ -1,4 +1,4 @@
-"""python -m bench.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
+"""python -m server.gates.variants --model-dir DIR [--provider cpu|cuda] [--limit N]: BLEU per variant and the 0.5 gate.
 
 Decodes data/test.tsv in both directions with beam 4 through each variant's runner and caches as the
 server opens them on the provider, at the length penalty the server defaults to for each direction
@@ -87,9 +87,9 @@ def model_tokenizer(model_dir: Path) -> TextTokenizer:
 
 def tested_directions(tokenizer: TextTokenizer) -> list[tuple[str, str]]:
     """The test set's directions that the model translates; none is an error (nothing to gate on)."""
-    directions = [d for d in DIRECTIONS if d in tokenizer.pairs]
+    directions = [d for d in DIRECTIONS if tokenizer.directions.translates(*d)]
     if not directions:
-        raise SystemExit(f"the model translates {tokenizer.pairs}; {TEST_FILE} holds de-en and en-de only")
+        raise SystemExit(f"the model translates {tokenizer.directions}; {TEST_FILE} holds de-en and en-de only")
     return directions
 
 
@@ -128,7 +128,7 @@ def mark_passed(results: dict[str, dict[str, Any]], gate: float, directions: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m server.gates.variants", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=None, help="first N test pairs (default: all)")
     parser.add_argument("--beam-size", type=int, default=4)

@@ -1,4 +1,4 @@
-"""python -m bench.length_penalty --model-dir DIR [--data data/valid.tsv] [--values 0.6,0.8,1.0,1.2] [--write]
+"""python -m server.gates.length_penalty --model-dir DIR [--data data/valid.tsv] [--values 0.6,0.8,1.0,1.2] [--write]
 
 BLEU of beam search at several length penalties (score / length ** penalty), both directions, through
 the fp32 export on CPU. Tune on the validation sentences, never on the test set.
@@ -8,7 +8,7 @@ it: the best penalty if it beats 1.0 by sacreBLEU's paired bootstrap test (Koehn
 resamples, p < 0.05), else 1.0. A few hundred validation sentences move BLEU by tenths from noise
 alone, and a default that only fits the noise would serve every request worse. The server uses the
 file for a request that sets no penalty (`model.directory.read_length_penalties`), and
-`bench.variants` scores the test set with it. Run it after each export of new weights: the file
+`server.gates.variants` scores the test set with it. Run it after each export of new weights: the file
 names the weights it was tuned on, and the server refuses a file tuned on others.
 """
 
@@ -25,12 +25,19 @@ import sacrebleu
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest, Result
 
-from bench.variants import DIRECTIONS, TEST_FILE, translate_pairs
 from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
-from model.directory import DECODING_FILE, DEFAULT_LENGTH_PENALTY, MAX_LENGTH_PENALTY, direction_name
+from model.directory import (
+    DECODING_FILE,
+    DEFAULT_LENGTH_PENALTY,
+    EVERY_DIRECTION,
+    MAX_LENGTH_PENALTY,
+    direction_name,
+    read_metadata,
+)
 from model.tokenizer import Tokenizer
 from server.backend.runtime import OnnxRunner
+from server.gates.variants import DIRECTIONS, TEST_FILE, translate_pairs
 
 SIGNIFICANCE = 0.05  # a default other than 1.0 must beat 1.0 at this p-value
 BOOTSTRAP_SAMPLES = 1000
@@ -91,7 +98,7 @@ def parse_values(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.length_penalty", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m server.gates.length_penalty", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--data", type=Path, default=Path("data/valid.tsv"))
     parser.add_argument("--values", default="0.6,0.8,1.0,1.2", help="comma-separated penalties")
@@ -106,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--write sets the served defaults: tune on the validation set, never on the test set")
     if args.write and DEFAULT_LENGTH_PENALTY not in values:
         parser.error(f"--write compares each penalty with {DEFAULT_LENGTH_PENALTY}: include it in --values")
+    if read_metadata(args.model_dir / "onnx" / "fp32").spec().directions.any_to_any:
+        print(
+            f"server.gates.length_penalty: {args.model_dir} translates any of its languages into any other; "
+            f'per-direction tuning does not apply: {DECODING_FILE} keeps one default, "{EVERY_DIRECTION}", '
+            "from its generation config",
+            file=sys.stderr,
+        )
+        return 2
     tokenizer = Tokenizer(args.model_dir / TOKENIZER_FILE)
     runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
     pairs = read_tsv(args.data)

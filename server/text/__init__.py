@@ -1,0 +1,1 @@
+"""Text processing before and after decoding: markup, splitting, documents, placeholders, tag placement."""
