@@ -107,13 +107,15 @@ def build_spec(cfg: ModelConfig, w: Weights, vocabulary: list[str]) -> transform
 def piece_list(model_dir: Path) -> list[str]:
     """The model's pieces in id order: CTranslate2 tokens are mapped to our ids through it.
 
-    An imported Marian model lists vocab.json's pieces by id; the benchmark needs one vocabulary for
-    both sides (OPUS-MT's shared layout)."""
-    if load_config(model_dir).tokenizer == "marian":
+    An imported model lists vocab.json's pieces by id; the benchmark needs one vocabulary for both sides
+    (OPUS-MT's shared layout). Rows past the tokenizer's last id (NLLB's two) are named as CTranslate2's
+    M2M100 converter names them."""
+    cfg = load_config(model_dir)
+    if cfg.tokenizer in ("marian", "m2m"):
         if (model_dir / TARGET_VOCAB_FILE).is_file():
             raise ValueError(f"{model_dir} has separate source and target vocabularies; the benchmark needs one")
         by_id = {i: piece for piece, i in read_vocab(model_dir / VOCAB_FILE).items()}
-        return [by_id[i] for i in range(len(by_id))]
+        return [by_id[i] for i in range(len(by_id))] + [f"madeupword{k}" for k in range(cfg.vocab_size - len(by_id))]
     sp = Tokenizer(model_dir / TOKENIZER_FILE).sp
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
@@ -133,7 +135,7 @@ def convert(model_dir: Path, out_dir: Path, quantization: str = "float32") -> Pa
 
 
 def convert_transformers(hf_dir: Path, out_dir: Path, quantization: str = "float32") -> Path:
-    """CTranslate2's own converter on a transformers MarianMTModel directory (ct2-transformers-converter)."""
+    """CTranslate2's own converter on a transformers directory (ct2-transformers-converter): MarianMTModel, M2M100."""
     from ctranslate2.converters import TransformersConverter
 
     TransformersConverter(str(hf_dir)).convert(str(out_dir), quantization=quantization, force=True)

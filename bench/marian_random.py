@@ -1,8 +1,9 @@
-"""Random transformers MarianMTModel checkpoints, built offline the way `save_pretrained` lays out an OPUS-MT
-model, with small SentencePiece models trained on the spot: the importer's test input and the CPU rehearsal of
-the GPU check (the tiny shapes) and the benchmark's stand-in for opus-mt-de-en (its exact shape, random weights).
+"""Random transformers checkpoints, built offline the way `save_pretrained` lays out an OPUS-MT model (MarianMTModel)
+or NLLB-200 (M2M100ForConditionalGeneration), with small SentencePiece models trained on the spot: the importer's
+test input and the CPU rehearsal of the GPU check (the tiny shapes) and the benchmark's stand-ins for
+opus-mt-de-en and nllb-200-distilled-600M (their exact shapes, random weights).
 
-    python -m bench.marian_random --out DIR [--shape opus-mt-de-en|tiny|tiny-capturable] [--separate-vocabs]
+    python -m bench.marian_random --out DIR [--shape opus-mt-de-en|nllb-200-distilled-600M|tiny|...] [--separate-vocabs]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from bench.sample_pairs import SAMPLE_PAIRS
+from model.data import read_tsv
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class MarianShape:
     vocab_size: int  # 0: just the pieces of the small SentencePiece models; else padded with filler pieces to it
     max_positions: int
     small: bool = False  # a test's size: tokenizers learnt from SAMPLE_PAIRS alone, outputs of at most 24 tokens
+    family: str = "marian"  # "marian": MarianMTModel; "nllb": M2M100ForConditionalGeneration with NLLB-200's files
 
 
 SHAPES = {
@@ -37,10 +39,19 @@ SHAPES = {
     "tiny-capturable": MarianShape(d_model=16, layers=2, heads=2, ffn=32, vocab_size=0, max_positions=64, small=True),
     # Helsinki-NLP/opus-mt-de-en's config.json: 74.4M parameters
     "opus-mt-de-en": MarianShape(d_model=512, layers=6, heads=8, ffn=2048, vocab_size=58101, max_positions=512),
+    "nllb-tiny": MarianShape(
+        d_model=16, layers=2, heads=4, ffn=32, vocab_size=0, max_positions=64, small=True, family="nllb"
+    ),
+    # facebook/nllb-200-distilled-600M's config.json: 615M parameters, 256,206 embedding rows
+    "nllb-200-distilled-600M": MarianShape(
+        d_model=1024, layers=12, heads=16, ffn=4096, vocab_size=256206, max_positions=1024, family="nllb"
+    ),
 }
 
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# A few real dictionary-style German-English pairs: enough text for a small SentencePiece vocabulary
+SAMPLE_PAIRS = [(p.de, p.en) for p in read_tsv(DATA_DIR / "sample_pairs.tsv")]
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 EOS_BIAS = 1.5  # raises EOS's logit so that random outputs end within a few tokens, as translations do
 
@@ -65,8 +76,6 @@ def training_pairs(shape: str) -> list[tuple[str, str]]:
     realistic lengths."""
     if SHAPES[shape].small:
         return SAMPLE_PAIRS
-    from model.data import read_tsv
-
     files = [DATA_DIR / "valid.tsv", DATA_DIR / "test.tsv"]
     return SAMPLE_PAIRS + [(p.de, p.en) for f in files if f.is_file() for p in read_tsv(f)]
 
@@ -176,14 +185,70 @@ def build_marian_dir(
     return out
 
 
+NLLB_EXTRA_ROWS = 2  # NLLB's embedding has rows past <mask>, the last id its tokenizer knows
+
+
+def build_nllb_dir(out: Path, shape: str = "nllb-tiny", seed: int = 0) -> Path:
+    """config.json, generation_config.json, model.safetensors, sentencepiece.bpe.model and tokenizer.json of a
+    random NLLB-200 of `shape`: the pieces at their SentencePiece id + 1 (fairseq's four specials first), filler
+    pieces up to the shape's vocabulary (a SentencePiece model learnt from our text cannot hold 256,000 pieces,
+    a tokenizer.json vocabulary can), then the 202 language codes and <mask>, as the hub lays them out. Random
+    outputs never end: they run to the output limit, the same work in every engine."""
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    out.mkdir(parents=True, exist_ok=True)
+    size = SHAPES[shape]
+    texts = [text for pair in training_pairs(shape) for text in pair]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 4), model_writer=model, vocab_size=300 if size.small else 8000,
+        model_type="bpe", character_coverage=1.0, minloglevel=2, num_threads=1, hard_vocab_limit=False,
+    )  # fmt: skip
+    (out / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    NllbTokenizer.from_pretrained(str(out), extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES)).save_pretrained(out)
+    data = json.loads((out / "tokenizer.json").read_text())
+    pieces = data["model"]["vocab"]  # {piece: id}, ids 0 .. SentencePiece's size
+    codes_at = size.vocab_size - len(FAIRSEQ_LANGUAGE_CODES) - 1 - NLLB_EXTRA_ROWS if size.vocab_size else len(pieces)
+    pieces |= {f"\u2581filler{i}": i for i in range(len(pieces), codes_at)}
+    ids = {code: codes_at + i for i, code in enumerate([*FAIRSEQ_LANGUAGE_CODES, "<mask>"])}
+    for token in data["added_tokens"]:
+        token["id"] = ids.get(token["content"], token["id"])
+    data["added_tokens"].sort(key=lambda token: token["id"])
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    config = M2M100Config(
+        vocab_size=codes_at + len(ids) + NLLB_EXTRA_ROWS, d_model=size.d_model, encoder_layers=size.layers,
+        decoder_layers=size.layers, encoder_attention_heads=size.heads, decoder_attention_heads=size.heads,
+        encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # EOS's row of the one table zero: the decoder starts from nothing and EOS scores 0, last
+        model.model.shared.weight[config.eos_token_id].zero_()
+    model.save_pretrained(out)
+    GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
+                     max_length=200).save_pretrained(out)  # fmt: skip
+    return out
+
+
+def build_random_dir(out: Path, shape: str) -> Path:
+    """A random checkpoint of `shape`, of its family."""
+    return (build_nllb_dir if SHAPES[shape].family == "nllb" else build_marian_dir)(out, shape=shape)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.marian_random", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt-de-en")
     parser.add_argument("--separate-vocabs", action="store_true")
     args = parser.parse_args(argv)
-    build_marian_dir(args.out, separate_vocabs=args.separate_vocabs, shape=args.shape)
-    print(f"wrote a random {args.shape} MarianMTModel to {args.out}")
+    if SHAPES[args.shape].family == "nllb":
+        build_nllb_dir(args.out, shape=args.shape)
+    else:
+        build_marian_dir(args.out, separate_vocabs=args.separate_vocabs, shape=args.shape)
+    print(f"wrote a random {args.shape} checkpoint to {args.out}")
     return 0
 
 

@@ -41,7 +41,9 @@ from typing import Any
 from bench import engines, loadgen
 from bench.loadgen import Query, p99, percentile
 from model.artifact import load_config, weights_sha256
+from model.directions import Directions
 from model.directory import STATIC_DECODER_FILE
+from model.languages import match
 from model.tokenizer import open_tokenizer
 
 log = logging.getLogger("bench")
@@ -76,17 +78,23 @@ def load_workload(model_dir: Path, tsv: Path, limit: int) -> Workload:
     """The first `limit` test sentences (0 = all) in the model's language pairs that fit its source length."""
     config = load_config(model_dir)
     tok = open_tokenizer(model_dir, config.tokenizer)
-    pairs = set(tok.pairs)
     kept = [
         (q, ids)
         for q in loadgen.load_queries(tsv)
-        if (q.source_language, q.target_language) in pairs
-        and len(ids := tok.encode_source(q.texts[0], q.target_language)) <= config.max_len
+        if (pair := model_pair(tok.directions, q)) is not None
+        and len(ids := tok.encode_source(q.texts[0], pair[1], pair[0])) <= config.max_len
     ]
     kept = kept[: limit or None]
     if not kept:
-        raise ValueError(f"no sentence of {tsv} in the pairs {sorted(pairs)} fits the model's {config.max_len} tokens")
+        raise ValueError(f"no sentence of {tsv} in the model's pairs fits the model's {config.max_len} tokens")
     return Workload([ids for _, ids in kept], [q for q, _ in kept])
+
+
+def model_pair(directions: Directions, query: Query) -> tuple[str, str] | None:
+    """The model's (source, target) codes for a query's client codes (`de` is NLLB's `deu_Latn`), None where the
+    model does not translate that direction."""
+    source, target = match(query.source_language, directions.sources), match(query.target_language, directions.targets)
+    return (source, target) if source and target and directions.translates(source, target) else None
 
 
 def offline_throughput(
