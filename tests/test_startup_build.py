@@ -42,6 +42,18 @@ def test_missing_graphs_are_built_at_load_and_logged(
     assert "building" not in caplog.text
 
 
+def test_graphs_of_an_older_export_format_are_built_again_at_load(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A checkout that kept its graphs across a change of the model-directory format starts on rebuilt graphs
+    (the README's first command), not on a refusal naming the export command."""
+    model_dir = weights_only(tiny_model_dir, tmp_path)
+    load_model(config_for(model_dir), model_dir)
+    metadata = model_dir / "onnx" / "fp32" / "metadata.json"
+    metadata.write_text(json.dumps(json.loads(metadata.read_text()) | {"format_version": 1}))
+    loaded = load_model(config_for(model_dir), model_dir)
+    assert loaded.description.variant == "fp32"
+    assert json.loads(metadata.read_text())["format_version"] != 1
+
+
 def test_a_build_that_fails_stops_the_start_with_its_reason(tiny_model_dir: Path, tmp_path: Path) -> None:
     model_dir = weights_only(tiny_model_dir, tmp_path)
     cfg = json.loads((model_dir / CONFIG_FILE).read_text())

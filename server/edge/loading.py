@@ -252,20 +252,33 @@ def build_missing_graphs(model_dir: Path, variant: str, provider: str) -> None:
     """Build the graphs a start on `provider` serves (`graphs_served`) that a model directory with weights lacks,
     as `python -m export` does (in its own process, so that the memory the build takes goes with it); the build
     needs no torch."""
-    from model.directory import available_variants
-
     has_weights = all((model_dir / name).is_file() for name in WEIGHT_FILES)
     needed = graphs_served(model_dir, variant, provider)
-    if not has_weights or set(needed) <= set(available_variants(model_dir)):
+    if not has_weights or set(needed) <= set(current_variants(model_dir)):
         return
     command = [sys.executable, "-m", "export", "--model-dir", str(model_dir), "--variants", ",".join(needed)]
-    logger.info("graphs missing in %s: building them (%s)", model_dir, " ".join(command[1:]))
+    logger.info("graphs missing or of an older export in %s: building them (%s)", model_dir, " ".join(command[1:]))
     started = time.perf_counter()
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode != 0:
         last = (built.stderr.strip().splitlines() or ["no output"])[-1]
         raise StartupError(f"building the graphs of {model_dir} failed: {last}")
     logger.info("built the graphs of %s in %.1f s", model_dir, time.perf_counter() - started)
+
+
+def current_variants(model_dir: Path) -> list[str]:
+    """The exported variants this server reads: an export of another model-directory format is derived from the
+    weights beside it, so it is built again rather than refused."""
+    from model.directory import MetadataError, available_variants, read_metadata
+
+    current = []
+    for variant in available_variants(model_dir):
+        try:
+            read_metadata(model_dir / "onnx" / variant)
+        except MetadataError:
+            continue
+        current.append(variant)
+    return current
 
 
 def graphs_served(model_dir: Path, variant: str, provider: str) -> list[str]:
