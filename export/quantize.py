@@ -19,7 +19,7 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
     int16 sums can saturate on full-range weights; for such a fleet, `reduce_range` (7-bit weights, as
     onnxruntime advises there) with `per_channel` (a scale per output column, winning back the bit) is the
     recipe to export and gate (`python -m export --int8-7bit`); `int8_flags_for` picks the recipe by the
-    CPU's int8 class. docs/export.md gives both recipes' BLEU with the command that measures it.
+    CPU's int8 class. docs/decisions.md gives both recipes' BLEU with the command that measures it.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (ENCODER_FILE, DECODER_FILE):

@@ -148,7 +148,7 @@ def token_batches(examples: list[Example], max_tokens: int, rng: random.Random) 
 
 
 def pad(rows: list[tuple[int, ...]]) -> Tensor:
-    """(len(rows), longest) ids, PAD on the right; filled in numpy (a torch call per row costs ~4x)."""
+    """(len(rows), longest) ids, PAD on the right; filled in numpy (a torch call per row costs more)."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     out = np.full((len(rows), int(lengths.max())), PAD_ID, dtype=np.int64)
     out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(

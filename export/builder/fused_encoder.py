@@ -1,8 +1,8 @@
 """encoder_fused.onnx from the weights: the encoder (`export.builder.encoder`, whose inputs and outputs it keeps
 exactly) built from onnxruntime's fused contrib ops (`export.builder.fused`), for the fused runner.
 
-An encoder call is not captured (its shapes follow each batch's sources), so every kernel also pays its launch;
-on an H100 at OPUS-MT's size the plain encoder call took 5.5-10 ms, several decoder steps' worth. Here each
+An encoder call is not captured (its shapes follow each batch's sources), so every kernel also pays its launch,
+and a plain encoder call costs several decoder steps (docs/benchmarks.md#gpu). Here each
 layer's self-attention is one packed QKV MatMul, a Split and one MultiHeadAttention under the key padding mask,
 every residual and norm one SkipLayerNormalization, and the cross keys and values of all decoder layers come
 from one MatMul over their concatenated weights, one transpose and one split, instead of a projection, a

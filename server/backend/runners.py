@@ -36,11 +36,9 @@ def open_runner(
 
 def auto_cache_place(variant_dir: Path, provider: str) -> str:
     """Device caches only where they pay. On CUDA the captured step over static buffers where the variant can
-    take it (`captured_on_cuda`), built from fused ops where the export has that build (`fused`: on an H100 at
-    opus-mt's shape it served 1.11x the plain captured step's tokens/s greedy and 1.06x at beam 4, at a lower
-    single-sentence p50; the plain build served 2.5x the uncaptured device caches' tokens/s greedy,
-    docs/benchmarks.md#gpu), else the uncaptured device caches. On CPU host memory is the device: numpy caches
-    measure faster there (`python -m bench.cache_shape`, docs/decisions.md), kept as the working batch."""
+    take it (`captured_on_cuda`), built from fused ops where the export has that build (`fused`), else
+    the uncaptured device caches. On CPU host memory is the device: numpy caches, kept as the working batch.
+    Each choice's measurement is a line in docs/decisions.md."""
     if provider != "cuda":
         return "working"
     if PROVIDERS["cuda"] not in ort.get_available_providers():

@@ -22,7 +22,7 @@ def make_session(
 
     Spinning (onnxruntime's default) shaves a little off each op when the process owns its cores.
     A server shares them with gRPC and Python threads, which spinning starves: on small nodes turning
-    it off serves faster (docs/benchmarks.md gives the measurement and its command).
+    it off serves faster (docs/decisions.md).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

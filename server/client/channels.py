@@ -17,7 +17,7 @@ Metadata = tuple[tuple[str, str], ...]
 # retry of a call answered UNAVAILABLE (a replica refusing calls while it drains: "retry on another replica"),
 # which round robin sends to the next one. A translation is idempotent, so a retry is always safe. Plain round
 # robin answers every call sent to the draining replica UNAVAILABLE until its connection closes
-# (docs/service.md#clients-and-rolling-updates).
+# (docs/operations.md#clients-and-rolling-updates).
 SERVICE = "translation.v1.Translator"
 CLIENT_SERVICE_CONFIG = json.dumps(
     {

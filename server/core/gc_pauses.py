@@ -82,7 +82,6 @@ PAUSES = GcPauses()  # one per interpreter: installed by whatever reports this p
 def freeze_startup_objects() -> None:
     """Move every object alive once a process serves (modules, graphs' metadata, tokenizers, protobuf
     descriptors) out of the cyclic collector's sight: they live as long as the process, and a full
-    collection then walks only what calls allocated since, not them too (15-37 ms down to about 4 in the
-    serving process, docs/reliability.md#overload)."""
+    collection then walks only what calls allocated since, not them too (docs/decisions.md)."""
     gc.collect()
     gc.freeze()

@@ -23,11 +23,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # lengthen each step; a GPU step is launch-bound up to hundreds of rows, so it needs full batches to pay.
 DEVICE_SLOTS = {"cpu": 64, "cuda": 256}
 # Engines on a GPU when --engines is 0, split between its models (one each at least): one engine's Python
-# between steps leaves the GPU idle, a second overlaps it; on an H100 four served no more than two
-# (docs/benchmarks.md#gpu).
+# between steps leaves the GPU idle, a second overlaps it (docs/decisions.md).
 CUDA_ENGINES = 2
-# The queue, when --max-queue is 0, holds this many of the device's full batches: 512 sentences on CPU,
-# measured as about what one engine clears in a 10 s deadline (docs/service.md#queue-bound-and-deadlines).
+# The queue, when --max-queue is 0, holds this many of the device's full batches (512 sentences on CPU): it bounds
+# the wait to about what an engine clears within a client's deadline (docs/service.md#queue-bound-and-deadlines).
 QUEUE_BATCHES = 8
 # The niceness engine processes decode at unless --engine-nice says otherwise: in a burst the event loop then
 # reads, admits and refuses calls on cores the engines give up at once (docs/reliability.md#overload).
@@ -80,14 +79,12 @@ class ServerConfig:
     # the model runs on (`slots_for`): 64 on CPU, 256 on CUDA, where a step costs about the same at 8 rows as at 256.
     max_slots: int = 0
     # Sentences per engine allowed to wait for a slot; beyond it RESOURCE_EXHAUSTED. About what an engine clears
-    # within a typical client deadline: a longer queue turns refusals into timeouts (docs/service.md).
+    # within a typical client deadline: a longer queue turns refusals into timeouts (docs/decisions.md).
     # 0 = QUEUE_BATCHES full batches of the device's default slots (`queue_for`): 512 on CPU, 2,048 on CUDA.
     max_queue: int = 0
     # Milliseconds queued sentences may wait, while rows decode and since the last admission, to share one encoder
     # call with later arrivals (`EngineLimits.admission_wait_s`); 0 = admitted at the first step with free slots.
-    # On CPU 20 ms takes 40% of the encoder calls away and leaves throughput and latency level; on a GPU, where an
-    # encoder call costs about the same for one sentence as for dozens, it is unmeasured: off until it is
-    # (docs/benchmarks.md#the-encoder-batched-across-arrivals).
+    # Off by default: what it gives on CPU and GPU is in docs/decisions.md.
     admission_wait_ms: float = 0.0
     drain_seconds: float = 20.0  # grace period to finish in-flight requests on SIGTERM/SIGINT
     # After SIGTERM/SIGINT the port stays open this long (new calls answered UNAVAILABLE, "retry on another
@@ -109,22 +106,22 @@ class ServerConfig:
     # threads answering calls get a core first when both are ready: refusals and health checks stay quick
     # while decoding takes the rest. None = by where the engines run (`engine_nice_for`): ENGINE_PROCESS_NICE
     # for engine processes, 0 in this process, where an engine holding the interpreter lock at a low priority
-    # would only slow the event loop (docs/reliability.md measures both).
+    # would only slow the event loop (docs/decisions.md).
     engine_nice: int | None = None
     # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
     # with its engines on its share of the cores; a parent process supervises them and serves their metrics
-    # together. Engines in one process share its interpreter; processes do not (docs/service.md measures both).
+    # together. Engines in one process share its interpreter; processes do not (docs/decisions.md).
     processes: int = 1
     reuse_port: bool = False  # bind the port with SO_REUSEPORT; set by the parent for its server processes
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
     # Each engine (scheduler, onnxruntime sessions, caches) in a process of its own, behind this one's gRPC:
-    # its Python between graph calls then never waits for this process's interpreter lock (docs/service.md).
+    # its Python between graph calls then never waits for this process's interpreter lock (docs/decisions.md).
     # None = by the engine count (`engine_processes_for`): wherever a server process runs two or more
     # engines, else in this process.
     engine_processes: bool | None = None
     # The engines in processes of their own, started by the `--processes` parent and shared by all its server
     # processes, each connecting over a Unix socket: a step gathers the calls of every server process instead
-    # of each server process stepping its own thinner batches (docs/service.md). Off: each has its own engines.
+    # of each server process stepping its own thinner batches (docs/decisions.md). Off: each has its own engines.
     shared_engines: bool = False
     # Set by the parent for its server processes under shared_engines: what each served model's engines run
     # and the sockets they listen on.
@@ -206,7 +203,7 @@ class ServerConfig:
     def engine_processes_for(self, engines: int) -> bool:
         """Whether the `engines` engines of a server process each run in a process of their own:
         --engine-processes, else wherever there are two or more. They and the event loop then share no
-        interpreter lock: on CPU faster refusals in a burst and more greedy throughput (docs/reliability.md),
+        interpreter lock: on CPU faster refusals in a burst and more greedy throughput (docs/decisions.md),
         on CUDA each engine's host work overlaps the other's kernels, in a CUDA context of its own."""
         if self.engine_processes is not None:
             return self.engine_processes

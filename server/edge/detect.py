@@ -1,18 +1,17 @@
 """Source-language detection for requests whose source_language is empty or "auto".
 
 py3langid (a maintained fork of langid.py; its model ships in its wheel) classifies each text among the
-languages the served models take as sources, which is what makes short texts decidable: on the test
-set's two-word snippets it decides 89% of them at 0.9% error among six languages, against 33% among all it
-knows (docs/service.md, `python -m bench.detect`). It ranks every language it knows first, though: a text
+languages the served models take as sources, which is what makes short texts decidable
+(docs/decisions.md, `python -m bench.detect`). It ranks every language it knows first, though: a text
 whose best language is one no model serves, ahead of the best served one by more than MIN_MARGIN, is named
 after it (and refused by routing) rather than called the nearest served language. That way a Spanish text
 sent to a German and English server is refused as Spanish, not translated as German, while German and
-English texts are almost never taken for another language (`python -m bench.detect --foreign`: 0 of the test
-set's sentences, 0.8% of their two-word snippets). A short text (fewer than SHORT_WORDS words: a button's
+English texts are almost never taken for another language (`python -m bench.detect --foreign`,
+docs/decisions.md). A short text (fewer than SHORT_WORDS words: a button's
 label, a greeting) is named after an unserved language only where the served ones are next to impossible
 (under SHORT_FOREIGN_RATIO of its probability): a single word in a served language spreads its probability over
 dozens of languages, and its best one is often another that spells the word alike (the test set's most common
-German words "heute", "Katze" and "wurde" were named Acehnese, Basque and Frisian, and refused), while one in
+German words "heute", "Katze" and "wurde" rank Acehnese, Basque and Frisian first), while one in
 a script no served language writes ("Привет", "你好") stays refused. Where fewer than two served sources are
 detectable it classifies among every language it knows. A text whose best language is not ahead of the next by more
 than MIN_MARGIN in probability is undecided: the caller asks for source_language, never guesses. The
@@ -74,7 +73,7 @@ class Detection:
 
 class SourceDetector:
     """Detects a text's language among the served sources (or names a language none serves). The model loads on
-    first use (docs/service.md#languages gives its memory): a server whose clients always name the source never
+    first use (docs/decisions.md gives its memory): a server whose clients always name the source never
     pays for it."""
 
     def __init__(self, sources: Iterable[str]) -> None:

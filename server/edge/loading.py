@@ -225,11 +225,10 @@ def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 
 def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
     """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
-    than one engine with every core (docs/benchmarks.md, docs/service.md measure both): by default the cores are
+    than one engine with every core (docs/decisions.md): by default the cores are
     split between the models' engines. On CUDA two engines on the GPU (each in a process of its own,
     `ServerConfig.engine_processes_for`), split between the models, at least one each, so that one engine's
-    host work between steps overlaps another's kernels: on an H100 at opus-mt's shape two served 1.15-2.1x
-    the tokens/s of one and four no more than two (docs/benchmarks.md#gpu)."""
+    host work between steps overlaps another's kernels (docs/decisions.md)."""
     if provider != "cpu":
         return config.engines or max(1, CUDA_ENGINES // models), config.threads
     engines = config.engines or max(1, cores // (models * (config.threads or 1)))

@@ -40,8 +40,8 @@ from server.edge.preparation_pool import PreparationPool
 
 T = TypeVar("T")
 
-# Requests of at most this many characters are prepared on the event loop (pysbd takes under 2 ms for
-# 512 characters of many short sentences); longer ones in a worker thread
+# Requests of at most this many characters are prepared on the event loop, short enough not to hold it
+# (docs/decisions.md); longer ones in a worker thread
 INLINE_PREPARE_CHARS = 512
 # Turns of the event loop without a new call before a preparation runs: gRPC hands a call over in a few
 # turns (its completion queue, then the call's task, then its message), and as a burst begins its calls come

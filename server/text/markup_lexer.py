@@ -150,7 +150,7 @@ def _events(text: str) -> list[_Event]:
     (`<a href="x`, `<!-- note`, a script with no end tag) is left unread, and it and all after it are one
     OTHER event, copied as they came, as a browser shows none of it as text. Closing would read it as text
     one character at a time, each time searching the rest of the input for its end: the time would grow
-    with the square of the input (`"<x\\n" * 15000`, 45 KB, took half a minute).
+    with the square of the input.
     """
     readable = _UNKNOWN_SECTION.sub("_![", text.translate(_AS_THE_PARSER_READS))
     line_starts = [0, *(m.end() for m in re.finditer("\n", text))]
