@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 import torch
@@ -15,7 +16,7 @@ import torch
 from tests.tiny import TINY_PAIRS
 
 SPM_FILE = "sentencepiece.bpe.model"
-SHAPE = {
+SHAPE: dict[str, Any] = {
     "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 64,
 }  # fmt: skip

@@ -24,6 +24,7 @@ class TorchSlotRunner:
         import torch
 
         from model.artifact import load_artifact
+        from model.directions import Directions
         from server.core.runner import ModelSpec
 
         self.torch = torch
@@ -31,7 +32,15 @@ class TorchSlotRunner:
         cfg = self.model.cfg
         self.max_slots = max_slots
         self.spec = ModelSpec(
-            cfg.vocab_size, cfg.max_len, cfg.max_len, cfg.bos_id, cfg.eos_id, cfg.pad_id, {}, (), cfg.vocab_size
+            cfg.vocab_size,
+            cfg.max_len,
+            cfg.max_len,
+            cfg.bos_id,
+            cfg.eos_id,
+            cfg.pad_id,
+            {},
+            Directions.of_pairs([]),
+            cfg.vocab_size,
         )
         cache = (max_slots, cfg.n_heads, cfg.max_len, cfg.head_dim)  # (slots, H, L, Dh)
         layers = range(cfg.n_decoder_layers)

@@ -266,18 +266,18 @@ def build_missing_graphs(model_dir: Path, variant: str, provider: str) -> None:
 
 
 def current_variants(model_dir: Path) -> list[str]:
-    """The exported variants this server reads: an export of another model-directory format is derived from the
-    weights beside it, so it is built again rather than refused."""
-    from model.directory import MetadataError, available_variants, read_metadata
+    """The exported variants not of another model-directory format: such an export is derived from the weights
+    beside it, so it is built again rather than refused. A damaged one counts as current: loading it names it."""
+    from model.directory import FORMAT_VERSION, METADATA_FILE, available_variants
 
-    current = []
-    for variant in available_variants(model_dir):
+    def stale(variant: str) -> bool:
         try:
-            read_metadata(model_dir / "onnx" / variant)
-        except MetadataError:
-            continue
-        current.append(variant)
-    return current
+            found = json.loads((model_dir / "onnx" / variant / METADATA_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(found, dict) and found.get("format_version") != FORMAT_VERSION
+
+    return [variant for variant in available_variants(model_dir) if not stale(variant)]
 
 
 def graphs_served(model_dir: Path, variant: str, provider: str) -> list[str]:

@@ -25,7 +25,6 @@ import sacrebleu
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest, Result
 
-from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
 from model.directory import (
     DECODING_FILE,
@@ -35,6 +34,7 @@ from model.directory import (
     direction_name,
     read_metadata,
 )
+from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.backend.runtime import OnnxRunner
 from server.gates.variants import DIRECTIONS, TEST_FILE, translate_pairs

@@ -22,7 +22,6 @@ from typing import Any
 
 import sacrebleu
 
-from model.artifact import load_config
 from model.data import Pair, read_tsv
 from model.directory import (
     VARIANTS_FILE,
@@ -32,6 +31,7 @@ from model.directory import (
     read_length_penalties,
     read_metadata,
 )
+from model.files import load_config
 from model.tokenizer import TextTokenizer, open_tokenizer
 from server.backend.runners import open_runner
 from server.backend.runtime import PROVIDERS, OnnxRunner
@@ -39,7 +39,7 @@ from server.core.offline import translate_ids
 from server.core.runner import EncodeItem, Runner
 
 BLEU_GATE = 0.5
-TEST_FILE = Path(__file__).resolve().parent.parent / "data" / "test.tsv"
+TEST_FILE = Path(__file__).resolve().parents[2] / "data" / "test.tsv"
 DIRECTIONS = (("de", "en"), ("en", "de"))  # the test set's; a model is gated on those of them it translates
 STEP_ROWS = (1, 64)  # decoder-step latency is reported for one row and for a full batch of rows
 
