@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TypeVar
 
 from model.config import ModelConfig
+
+V = TypeVar("V")
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,3 +26,11 @@ def load_config(model_dir: Path) -> ModelConfig:
 
 def weights_sha256(model_dir: Path) -> str:
     return hashlib.sha256((model_dir / WEIGHTS_FILE).read_bytes()).hexdigest()
+
+
+def read_json_map(path: Path, value_type: type[V], what: str) -> dict[str, V]:
+    """The JSON object in `path` whose every value is a `value_type`; ValueError naming `what` it should map."""
+    found = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(found, dict) or not all(isinstance(v, value_type) for v in found.values()):
+        raise ValueError(f"{path}: expected a JSON object mapping {what}")
+    return found

@@ -12,13 +12,13 @@ first token (`ModelConfig.forced_bos`). A code typed in the text stays text, nev
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 
 from model.directions import LANGUAGES_FILE, read_directions
+from model.files import read_json_map
 from model.marian_tokenizer import read_vocab
 
 SPM_FILE = "sentencepiece.bpe.model"
@@ -30,10 +30,7 @@ BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 
 
 def read_codes(path: Path) -> dict[str, str]:
-    codes = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(codes, dict) or not all(isinstance(v, str) for v in codes.values()):
-        raise ValueError(f"{path}: expected a JSON object mapping languages to their code pieces")
-    return codes
+    return read_json_map(path, str, "languages to their code pieces")
 
 
 class M2MTokenizer:

@@ -10,13 +10,13 @@ applies only when `sacremoses` is installed, is not applied: texts reach Sentenc
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import sentencepiece as spm
 
 from model.directions import LANGUAGES_FILE, read_directions
+from model.files import read_json_map
 
 SOURCE_SPM = "source.spm"
 TARGET_SPM = "target.spm"
@@ -28,10 +28,7 @@ EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 
 
 def read_vocab(path: Path) -> dict[str, int]:
-    vocab = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-        raise ValueError(f"{path}: expected a JSON object mapping pieces to integer ids")
-    return vocab
+    return read_json_map(path, int, "pieces to integer ids")
 
 
 class MarianTokenizer:
