@@ -74,3 +74,14 @@ def shipped_model_dir() -> Path:
     if not (SHIPPED_DIR / WEIGHTS_FILE).is_file():
         pytest.fail(f"the shipped model is missing from {SHIPPED_DIR}")
     return SHIPPED_DIR
+
+
+@pytest.fixture(scope="session")
+def exported_shipped(shipped_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the shipped model with its fp32 graphs built fresh (the tree's onnx/ may be of another build)."""
+    from tests.serving import export_tiny_onnx
+
+    model_dir = tmp_path_factory.mktemp("shipped") / "model"
+    shutil.copytree(shipped_model_dir, model_dir, ignore=shutil.ignore_patterns("onnx"))
+    export_tiny_onnx(model_dir)
+    return model_dir

@@ -28,6 +28,9 @@ TRAINING = (
     "model.transformer",
 )
 
+# the transport, the runtime and the export: what neither the decoding core nor text processing imports
+RUNTIME = ("export", "grpc", "grpc_health", "grpc_reflection", "onnxruntime", "prometheus_client", "torch")
+
 # package (a folder or a module path under ROOT) -> top-level names it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "model": ("server", "export", "bench", "grpc", "onnxruntime", "prometheus_client"),
@@ -54,13 +57,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the server fetches and builds hub models through export/ (one layer down), never bench/ or torch
     "server": ("bench", "torch"),
     "server/core": (
-        "export",
-        "grpc",
-        "grpc_health",
-        "grpc_reflection",
-        "onnxruntime",
-        "prometheus_client",
-        "torch",
+        *RUNTIME,
         "server.text",
         "server.edge",
         "server.backend",
@@ -69,13 +66,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # text processing before and after decoding (markup, splitting, documents): above the decoding core, which
     # never imports it, and as free of the transport and the runtime
     "server/text": (
-        "export",
-        "grpc",
-        "grpc_health",
-        "grpc_reflection",
-        "onnxruntime",
-        "prometheus_client",
-        "torch",
+        *RUNTIME,
         "server.edge",
         "server.backend",
         "server.client",

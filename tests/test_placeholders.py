@@ -3,7 +3,6 @@ text, HTML and XML back exactly once, in source order, whatever the model writes
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from server.core.offline import translate_ids
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.text.markup import TextType, parse
 from server.text.placeholders import Placeholders, spans, text_and_placeholders, without_placeholders
-from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
+from tests.serving import onnx_model, request, runner_of, running_server
 
 FORMS = [
     *("%s", "%d", "%i", "%u", "%x", "%f", "%c", "%p", "%@", "%1$s", "%2$d", "%.*s", "%*d", "%lu", "%lld", "%zu"),
@@ -170,14 +169,6 @@ DEBIAN_STRINGS = [
     "Das Verzeichnis ${HOME} ist voll.",
 ]
 PLAIN_SENTENCES = ["Ich habe keine Zeit.", "Wo ist der Bahnhof?"]
-
-
-@pytest.fixture(scope="module")
-def exported_shipped(shipped_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model_dir = tmp_path_factory.mktemp("shipped") / "model"
-    shutil.copytree(shipped_model_dir, model_dir, ignore=shutil.ignore_patterns("onnx"))
-    export_tiny_onnx(model_dir)
-    return model_dir
 
 
 @pytest.mark.shipped

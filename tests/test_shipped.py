@@ -8,7 +8,6 @@ or an untrained model falls far below. The quality figures come from `python -m 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from model.directory import VARIANTS_FILE, read_metadata
 from model.tokenizer import Tokenizer
 from server.core.offline import translate_ids
 from server.gates.variants import translate_pairs
-from tests.serving import export_tiny_onnx, onnx_model, request, runner_of, running_server
+from tests.serving import onnx_model, request, runner_of, running_server
 
 pytestmark = pytest.mark.shipped
 
@@ -36,14 +35,6 @@ CASES = [
     ("de", "en", ["Ich habe keine Zeit.", "Wo ist der Bahnhof?"]),
     ("en", "de", ["I don't have time.", "Where is the station?"]),
 ]
-
-
-@pytest.fixture(scope="module")
-def exported_shipped(shipped_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model_dir = tmp_path_factory.mktemp("shipped") / "model"
-    shutil.copytree(shipped_model_dir, model_dir, ignore=shutil.ignore_patterns("onnx"))
-    export_tiny_onnx(model_dir)
-    return model_dir
 
 
 @pytest.mark.parametrize(("source", "target", "texts"), CASES)
