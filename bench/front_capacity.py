@@ -34,7 +34,7 @@ from bench.run import free_port
 from model.artifact import load_config
 from model.directory import ModelSpec, read_metadata
 from model.tokenizer import open_tokenizer
-from server.core.runner import Candidates, EncodeItem
+from server.core.runner import Candidates, EncodeItem, RowBias
 from server.edge.config import ServerConfig
 from server.edge.convert import ModelDescription
 from server.edge.loading import LoadedModel
@@ -43,12 +43,16 @@ from server.edge.server import create_server
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fixed_candidates(row_scores: list[float], k: int) -> Candidates:
-    """Every row's k candidates as a runner ranks them, the same tokens for all: ids 10.., each 1 below the last."""
+def fixed_candidates(row_scores: list[float], k: int, bias: RowBias | None = None) -> Candidates:
+    """Every row's k candidates as a runner ranks them, the same tokens for all: ids 10.., each 1 below the last;
+    a bias's entries scored the row's score plus their value, as if each asked token had log-probability 0."""
     offsets = np.arange(1, k + 1, dtype=np.float32)
-    scores = (np.asarray(row_scores, np.float32)[:, None] - offsets[None, :]).astype(np.float32)
+    row = np.asarray(row_scores, np.float32)[:, None]
+    scores = (row - offsets[None, :]).astype(np.float32)
     ids = np.broadcast_to(np.arange(10, 10 + k, dtype=np.int64), scores.shape).copy()
-    return Candidates(scores, ids)
+    if bias is None:
+        return Candidates(scores, ids)
+    return Candidates(scores, ids, (row + bias.values).astype(np.float32))
 
 
 @dataclass
@@ -64,10 +68,11 @@ class SleepingRunner:
         time.sleep(self.encode_s)
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         time.sleep(self.step_s)
-        return fixed_candidates(row_scores, k)
+        return fixed_candidates(row_scores, k, bias)
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         pass

@@ -40,6 +40,7 @@ class Query:
     source_language: str
     target_language: str
     model: str = ""  # the model to route to, by name; "" = the first serving the pair
+    glossary: tuple[tuple[str, str], ...] = ()  # inline glossary entries (source, target) sent with the texts
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ def grpc_sender(
             length_penalty=1.0,
             max_output_len=max_output_len,
         )
+        options.glossary.extend(translation_pb2.GlossaryEntry(source=s, target=t) for s, t in query.glossary)
         request = translation_pb2.TranslateRequest(texts=list(query.texts), options=options)
         response = await stub.Translate(request, timeout=timeout_s)
         return sum(r.output_tokens for r in response.results)
@@ -232,16 +234,22 @@ def open_channels(address: str, count: int) -> list[grpc.aio.Channel]:
     return [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
 
 
-def load_queries(tsv: Path, texts_per_request: int = 1) -> list[Query]:
+def load_queries(tsv: Path, texts_per_request: int = 1, glossary: Path | None = None) -> list[Query]:
     """Both directions of every test pair, interleaved: each query the next `texts_per_request` sentences of
-    its direction."""
+    its direction. With a `glossary` (a German-English TSV file, as `translate --glossary` reads), every German
+    request carries its entries."""
     from model.data import read_tsv
+    from server.client.glossary_file import read_glossary
 
     pairs = read_tsv(tsv)
+    entries = tuple(read_glossary(glossary)) if glossary is not None else ()
     queries: list[Query] = []
     for start in range(0, len(pairs), texts_per_request):
         chunk = pairs[start : start + texts_per_request]
-        queries += [Query(tuple(p.de for p in chunk), "de", "en"), Query(tuple(p.en for p in chunk), "en", "de")]
+        queries += [
+            Query(tuple(p.de for p in chunk), "de", "en", glossary=entries),
+            Query(tuple(p.en for p in chunk), "en", "de"),
+        ]
     return queries
 
 
@@ -254,11 +262,12 @@ def main() -> None:
     parser.add_argument("--max-output-len", type=int, default=0, help="tokens per sentence; 0 = the server's default")
     parser.add_argument("--channels", type=int, default=1, help="connections the requests take in turn")
     parser.add_argument("--texts-per-request", type=int, default=1, help="sentences of one direction per request")
+    parser.add_argument("--glossary", type=Path, help="a de-en TSV glossary sent with every German source")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
     mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
     args = parser.parse_args()
-    queries = load_queries(args.data, args.texts_per_request)
+    queries = load_queries(args.data, args.texts_per_request, args.glossary)
     summary = asyncio.run(
         run_grpc(
             args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len,

@@ -74,13 +74,14 @@ class Workload:
     queries: list[Query]  # the same sentences as text, for the served path
 
 
-def load_workload(model_dir: Path, tsv: Path, limit: int) -> Workload:
-    """The first `limit` test sentences (0 = all) in the model's language pairs that fit its source length."""
+def load_workload(model_dir: Path, tsv: Path, limit: int, glossary: Path | None = None) -> Workload:
+    """The first `limit` test sentences (0 = all) in the model's language pairs that fit its source length; with a
+    `glossary`, each served German request carries it (`bench.loadgen.load_queries`)."""
     config = load_config(model_dir)
     tok = open_tokenizer(model_dir, config.tokenizer)
     kept = [
         (q, ids)
-        for q in loadgen.load_queries(tsv)
+        for q in loadgen.load_queries(tsv, glossary=glossary)
         if (pair := model_pair(tok.directions, q)) is not None
         and len(ids := tok.encode_source(q.texts[0], pair[1], pair[0])) <= config.max_len
     ]
@@ -566,6 +567,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
     parser.add_argument("--served-variants", default="auto", help="variants served in turn, e.g. fp32,int8")
     parser.add_argument("--hf-dir", type=Path, help="an imported model's transformers directory (CTranslate2's source)")
+    parser.add_argument("--glossary", type=Path, help="a de-en TSV glossary each served German request carries")
     parser.add_argument("--quick", action="store_true", help="seconds instead of minutes (smoke test)")
     parser.add_argument("--latency-requests", type=int, default=0, help="single-sentence requests (0 = the budget's)")
     parser.add_argument("--offline-s", type=float, default=0, help="seconds per engine and beam (0 = budget's)")
@@ -605,7 +607,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     settings = engines.EngineSettings(
         args.model_dir, args.device, args.threads, args.max_len, args.batch, hf_dir=args.hf_dir
     )
-    work = load_workload(args.model_dir, args.data, args.sentences)
+    work = load_workload(args.model_dir, args.data, args.sentences, args.glossary)
     started = time.perf_counter()
     offline: dict[str, Any] = {}
     served: dict[str, Any] = {}

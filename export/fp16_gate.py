@@ -41,6 +41,7 @@ from model.directory import (
     ENCODER_FILE,
     FUSED_DECODER_FILE,
     FUSED_ENCODER_FILE,
+    MAX_BIAS_PER_ROW,
     VARIANTS_FILE,
     ExportMetadata,
     read_metadata,
@@ -176,6 +177,7 @@ class _Graphs:
         feeds = {
             "tokens": tokens, "positions": positions, "src_mask": self.mask,
             "past_keep": np.ones((rows, position), dtype=bool), "row_scores": np.zeros(rows, np.float32),
+            "bias_ids": np.zeros((rows, 1), np.int64), "bias_values": np.zeros((rows, 1), np.float32),
             "top_k": np.asarray([1], np.int64), **self.cross, **dict(zip(self.past_names, self.past, strict=True)),
         }  # fmt: skip
         log_probs, *new = self.decoder.run(["log_probs", *self.new_names], feeds)
@@ -205,6 +207,8 @@ class _FusedGraphs(_Graphs):
             binding.bind_ortvalue_output(f"present_{past.removeprefix('past_')}", buffer)
         binding.bind_cpu_input("src_mask", mask)
         binding.bind_cpu_input("row_scores", np.zeros(rows, np.float32))
+        binding.bind_cpu_input("bias_ids", np.zeros((rows, MAX_BIAS_PER_ROW), np.int64))
+        binding.bind_cpu_input("bias_values", np.zeros((rows, MAX_BIAS_PER_ROW), np.float32))
 
     def _step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         self.binding.bind_cpu_input("tokens", tokens)

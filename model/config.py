@@ -68,6 +68,10 @@ class ModelConfig:
     # (transformers' `forced_bos_token_id`: M2M100, NLLB), and the source starts with its own language's code;
     # else a target tag, where the model has one, starts the source
     forced_bos: bool = False
+    # Token sequences no hypothesis completes: transformers' `bad_words_ids` besides the pad ban, and its
+    # `suppress_tokens` as sequences of one. Applied by the decoder each step through the step graph's per-row bias
+    # (a sequence's last token is banned where a hypothesis ends with the rest), never built into a graph.
+    banned_words: tuple[tuple[int, ...], ...] = ()
     # "tagged-spm": tokenizer.model with <2xx> tags | "marian": source.spm, target.spm, vocab.json |
     # "m2m": sentencepiece.bpe.model, vocab.json and language codes (M2M100, NLLB; model.m2m_tokenizer)
     tokenizer: str = "tagged-spm"
@@ -112,3 +116,6 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(allowed)}")
         if self.position_offset < 0:
             raise ValueError(f"position_offset={self.position_offset}; expected >= 0")
+        object.__setattr__(self, "banned_words", tuple(tuple(int(i) for i in word) for word in self.banned_words))
+        if any(not word for word in self.banned_words):
+            raise ValueError("banned_words holds an empty sequence")

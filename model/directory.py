@@ -29,6 +29,9 @@ STATIC_DECODER_FILE = "decoder_step_static.onnx"
 FUSED_DECODER_FILE = "decoder_step_fused.onnx"
 FUSED_ENCODER_FILE = "encoder_fused.onnx"  # the encoder from fused ops (export/builder/fused_encoder.py), beside it
 STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
+# Most bias entries (token id, value) a decoder step takes per row, in every runner: the fixed width of the
+# capturable step's bias inputs, which a captured graph cannot widen.
+MAX_BIAS_PER_ROW = 32
 # The capturable step's self-attention is onnxruntime's GroupQueryAttention, whose kernels take head sizes in
 # multiples of this: a model of another head size has no capturable step, whatever the export is asked.
 HEAD_DIM_MULTIPLE = 8
@@ -39,7 +42,7 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE, KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
@@ -70,6 +73,7 @@ class ModelSpec:
     patient_beam: bool = False  # beam search stops only when no live row could beat the K-th (ModelConfig's)
     # The target language's code is the first generated token, at log-probability 0 (ModelConfig.forced_bos)
     forced_bos: bool = False
+    banned_words: tuple[tuple[int, ...], ...] = ()  # sequences no hypothesis completes (ModelConfig's)
 
 
 def capturable_head_dim(head_dim: int) -> bool:
@@ -119,6 +123,7 @@ class ExportMetadata:
             forced_eos=bool(self.model_config.get("forced_eos_at_limit", False)),
             patient_beam=bool(self.model_config.get("patient_beam", False)),
             forced_bos=bool(self.model_config.get("forced_bos", False)),
+            banned_words=tuple(tuple(word) for word in self.model_config.get("banned_words", ())),
         )
 
     def write(self, variant_dir: Path) -> Path:

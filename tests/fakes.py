@@ -22,7 +22,7 @@ from server.core.batch import Batch
 from server.core.beam import BeamState, Hypothesis, row_candidates
 from server.core.events import Event, RequestDone, RequestFailed, SentenceDone
 from server.core.offline import execute as run_batch
-from server.core.runner import Candidates, EncodeItem, ModelSpec
+from server.core.runner import Candidates, EncodeItem, ModelSpec, RowBias
 
 FAKE_SPEC = ModelSpec(
     vocab_size=24,
@@ -57,6 +57,13 @@ def fake_logprobs(source: Sequence[int], fed: Sequence[int], spec: ModelSpec = F
     logits[spec.eos_id] += 0.8 * (len(fed) - len(source) / 2)
     shifted = logits - logits.max()
     return (shifted - np.log(np.exp(shifted).sum())).astype(np.float32)
+
+
+def ranked(logprobs: npt.NDArray[np.float32], row_scores: Sequence[float], k: int, bias: RowBias | None) -> Candidates:
+    """A step's candidates from its (B, V) log-probabilities, as a runner returns them (`row_candidates`)."""
+    if bias is None:
+        return Candidates(*row_candidates(logprobs, np.asarray(row_scores, np.float32), k))
+    return Candidates(*row_candidates(logprobs, np.asarray(row_scores, np.float32), k, bias))
 
 
 def reference_decode(
@@ -102,11 +109,11 @@ class FakeRunner:
         self.encode_calls.append(list(items))
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         """Ranked as the runner contract says (`server.core.beam.row_candidates`), from `step_log_probs`."""
-        scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
-        return Candidates(scores, ids)
+        return ranked(self.step_log_probs(slots, tokens, positions), row_scores, k, bias)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         call = self.step_calls

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.backend.engine_process import ModelProcess, SharedModel
-from server.core.runner import Candidates, EncodeItem, ModelSpec, Runner
+from server.core.runner import Candidates, EncodeItem, ModelSpec, RowBias, Runner
 from server.edge.config import ServerConfig
 from server.edge.convert import ModelDescription
 from server.edge.loading import LoadedModel, load_model
@@ -78,14 +78,15 @@ class GatedRunner:
         self.inner.encode(items)
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         self.steps_waiting.release()
         if not self.gate.wait(START_TIMEOUT_S):
             raise TimeoutError("the test never opened the gate")
         if self.delay:
             time.sleep(self.delay)
-        return self.inner.step(slots, tokens, positions, row_scores, k)
+        return self.inner.step(slots, tokens, positions, row_scores, k, bias)
 
     def copy_slots(self, sources: list[int], destinations: list[int]) -> None:
         self.inner.copy_slots(sources, destinations)
@@ -103,11 +104,12 @@ class KillableRunner(GatedRunner):
         self.kill = threading.Event()
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         if self.kill.is_set():
             raise EngineKilled("the test killed the engine")
-        return super().step(slots, tokens, positions, row_scores, k)
+        return super().step(slots, tokens, positions, row_scores, k, bias)
 
 
 def fake_model(

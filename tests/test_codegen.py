@@ -30,6 +30,10 @@ def test_generated_package_imports_with_typed_stubs() -> None:
         "Translate",
         "TranslateStream",
         "ListModels",
+        "CreateGlossary",
+        "GetGlossary",
+        "ListGlossaries",
+        "DeleteGlossary",
     }
     assert hasattr(translation_pb2_grpc, "TranslatorStub")
     assert (REPO_ROOT / PACKAGE / "translation/v1/translation_pb2.pyi").is_file()

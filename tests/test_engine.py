@@ -28,7 +28,7 @@ from server.core.events import (
     RequestFailed,
     SentenceDone,
 )
-from server.core.runner import Candidates
+from server.core.runner import Candidates, RowBias
 from server.core.work import DecodeOptions
 from server.edge.metrics import Metrics, ModelMetrics
 from tests.fakes import WAIT_S, Collector, FakeRunner, reference_decode
@@ -160,9 +160,10 @@ class ShortRowsRunner(FakeRunner):
     """Returns one candidate per row too few: a runtime bug the engine must not pass to the beams."""
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        ranked = super().step(slots, tokens, positions, row_scores, k)
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
+        ranked = super().step(slots, tokens, positions, row_scores, k, bias)
         return Candidates(ranked.scores[:, :-1], ranked.ids[:, :-1])
 
 
@@ -196,13 +197,14 @@ class OutOfVocabularySecondRow(FakeRunner):
     """A runner bug: the second row of a step gets a candidate id outside the vocabulary."""
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        candidates = super().step(slots, tokens, positions, row_scores, k)
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
+        candidates = super().step(slots, tokens, positions, row_scores, k, bias)
         ids = candidates.ids.copy()
         if len(slots) > 1:
             ids[1, 0] = self.spec.vocab_size + 5
-        return Candidates(candidates.scores, ids)
+        return Candidates(candidates.scores, ids, candidates.bias_scores)
 
 
 def test_bad_candidates_for_one_request_fail_it_alone_and_its_batch_mate_finishes() -> None:

@@ -8,12 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.core.beam import row_candidates
 from server.core.engine import Engine
 from server.core.events import EngineLimits, RequestDone
-from server.core.runner import Candidates, EncodeItem
+from server.core.runner import Candidates, EncodeItem, RowBias
 from server.core.work import DecodeOptions
-from tests.fakes import Collector
+from tests.fakes import Collector, ranked
 
 
 class TorchSlotRunner:
@@ -66,10 +65,10 @@ class TorchSlotRunner:
                     self.cross_v[layer][slot, :, :longest] = v[row]
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        scores, ids = row_candidates(self.step_log_probs(slots, tokens, positions), np.asarray(row_scores), k)
-        return Candidates(scores, ids)
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
+        return ranked(self.step_log_probs(slots, tokens, positions), row_scores, k, bias)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         torch = self.torch

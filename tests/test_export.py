@@ -391,7 +391,8 @@ def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
         logprobs = rng.choice(np.concatenate([np.linspace(-5, 0, 3, dtype=np.float32), tiny]), size=(4, 40))
         row_scores = rng.choice(np.asarray([0.0, -1.5, -1000.0], dtype=np.float32), size=4)
         k = int(rng.integers(1, 41))  # the runner caps k at V
-        feeds = {"x": logprobs.astype(np.float32), "row_scores": row_scores, "top_k": np.asarray([k], np.int64)}
+        feeds = {"x": logprobs.astype(np.float32), "row_scores": row_scores, "top_k": np.asarray([k], np.int64),
+                 "bias_ids": np.zeros((4, 1), np.int64), "bias_values": np.zeros((4, 1), np.float32)}  # fmt: skip
         scores, ids = session.run(["top_scores", "top_ids"], feeds)
         want_scores, want_ids = row_candidates(feeds["x"], row_scores, k)
         np.testing.assert_array_equal(ids, want_ids, err_msg=f"trial {trial}")
@@ -423,7 +424,7 @@ def test_length_penalties_are_optional_checked_and_tied_to_the_weights(tmp_path:
             read_length_penalties(tmp_path, directions, weights)
 
 
-@pytest.mark.parametrize("version", [None, 1, 3])
+@pytest.mark.parametrize("version", [None, FORMAT_VERSION - 1, FORMAT_VERSION + 1])
 def test_an_export_of_another_format_version_is_refused_naming_the_command(
     exported: Path, tmp_path: Path, version: int | None
 ) -> None:

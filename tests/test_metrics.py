@@ -99,7 +99,7 @@ def test_names_carry_prefix_and_unit(registry: CollectorRegistry) -> None:
     Metrics(registry)
     # prometheus_client drops a counter's `_total` from the family name; put it back
     names = {f"{f.name}_total" if f.type == "counter" else f.name for f in registry.collect()}
-    assert len(names) == 27 and all(name.startswith("translation_") for name in names), names
+    assert len(names) == 28 and all(name.startswith("translation_") for name in names), names
     units = ("_seconds", "_total", "_ratio", "_slots", "_depth", "_info", "_in_flight", "_bytes", "_entries")
     assert all(name.endswith(units) for name in names), names
 

@@ -16,7 +16,7 @@ import pytest
 
 from export.hf import main as import_main
 from model.directions import Directions
-from server.core.runner import Candidates, Runner
+from server.core.runner import Candidates, RowBias, Runner
 from server.edge.loading import LoadedModel
 from tests.marian_tiny import build_marian_dir
 from tests.serving import (
@@ -190,10 +190,11 @@ class CountingRunner(KillableRunner):
         self.steps = 0
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         self.steps += self.counting
-        return super().step(slots, tokens, positions, row_scores, k)
+        return super().step(slots, tokens, positions, row_scores, k, bias)
 
 
 def test_replicas_of_a_model_share_its_requests_and_answer_as_one(model_dirs: dict[str, Path]) -> None:

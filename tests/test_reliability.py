@@ -35,7 +35,7 @@ from model.tokenizer import TextTokenizer
 from server.client.channels import CLIENT_SERVICE_CONFIG, open_channel
 from server.core.engine import Engine
 from server.core.events import EngineLimits, Event, FailureReason, RequestDone, RequestFailed, SentenceDone
-from server.core.runner import Candidates
+from server.core.runner import Candidates, RowBias
 from server.core.scheduler import Scheduler
 from server.core.work import DecodeOptions
 from server.edge import servicer as servicer_module
@@ -230,14 +230,15 @@ class PoisonRunner(FakeRunner):
         return [i for i, s in enumerate(slots) if self.poison in (self.slots[s].source or ())]
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        candidates = super().step(slots, tokens, positions, row_scores, k)
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
+        candidates = super().step(slots, tokens, positions, row_scores, k, bias)
         if self.fault not in self.BAD_IDS:
             return candidates
         ids = candidates.ids.copy()
         ids[self._poisoned(slots), 0] = self.BAD_IDS[self.fault](self.spec.vocab_size)
-        return Candidates(candidates.scores, ids)
+        return Candidates(candidates.scores, ids, candidates.bias_scores)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         poisoned = self._poisoned(slots)

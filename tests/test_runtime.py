@@ -325,7 +325,8 @@ def test_an_export_without_candidate_ranking_is_refused_with_the_fix(model_dir: 
     graph_path = variant / "decoder_step.onnx"
     model = onnx.load(str(graph_path))
     graph = model.graph
-    for field, keep in ((graph.input, "row_scores top_k"), (graph.output, "top_scores top_ids")):
+    ranking = ((graph.input, "row_scores bias_ids bias_values top_k"), (graph.output, "top_scores top_ids bias_scores"))
+    for field, keep in ranking:
         for value in [v for v in field if v.name in keep.split()]:
             field.remove(value)
     for node in [n for n in graph.node if n.name.startswith("/ranking/")]:

@@ -28,6 +28,7 @@ from model.directory import (
     ENCODER_FILE,
     FUSED_DECODER_FILE,
     FUSED_ENCODER_FILE,
+    MAX_BIAS_PER_ROW,
     STATIC_DECODER_FILE,
     STATIC_TOP_K,
     MetadataError,
@@ -90,6 +91,7 @@ def test_the_graph_has_static_buffers_and_reads_nothing_on_the_host(model: Path,
             assert inputs[f"past_{kind}_{i}"] == outputs[f"present_{kind}_{i}"] == buffer
             assert inputs[f"cross_{kind}_{i}"] == ["B", meta.n_heads, "S", meta.head_dim]
     assert inputs["tokens"] == inputs["positions"] == inputs["row_scores"] == ["B"]
+    assert inputs["bias_ids"] == inputs["bias_values"] == outputs["bias_scores"] == ["B", MAX_BIAS_PER_ROW]
     assert inputs["src_mask"] == ["B", "S"] and "top_k" not in inputs and "past_keep" not in inputs
     assert outputs["top_ids"] == outputs["top_scores"] == ["B", min(STATIC_TOP_K, meta.vocab_size)]
     ops = [node.op_type for node in graph.node]

@@ -175,6 +175,7 @@ def test_present_is_the_past_then_the_new_row(variant: Path) -> None:
     cross = [rng.standard_normal((2, heads, 4, head_dim)).astype(np.float32) for _ in range(2 * n)]
     feeds = {"tokens": np.asarray([5, 6]), "positions": np.asarray([3, 3]), "src_mask": np.ones((2, 4), bool),
              "past_keep": np.ones((2, 3), bool), "row_scores": np.zeros(2, np.float32),
+             "bias_ids": np.zeros((2, 1), np.int64), "bias_values": np.zeros((2, 1), np.float32),
              "top_k": np.asarray([1])}  # fmt: skip
     feeds |= dict(zip(runner.past_names, past, strict=True)) | dict(zip(runner.cross_names, cross, strict=True))
     present_names = [name.replace("new", "present") for name in runner.new_names]

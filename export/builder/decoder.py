@@ -1,8 +1,8 @@
 """decoder_step.onnx from the weights: one step for B rows at any mix of positions against a gathered cache.
 
 In: tokens (B,), positions (B,), src_mask (B, S), past_keep (B, P), cross_k_i / cross_v_i (B, H, S, Dh),
-past_k_i / past_v_i (B, H, P, Dh), then the ranking's row_scores (B,) and top_k (1,).
-Out: log_probs (B, V) float32, new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), and
+past_k_i / past_v_i (B, H, P, Dh), then the ranking's row_scores (B,), bias_ids / bias_values (B, J) and top_k (1,).
+Out: log_probs (B, V) float32, new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), bias_scores (B, J), and
 present_k_i / present_v_i (B, H, P + 1, Dh), the past with this step appended, which the working batch feeds
 back as the next past. No `If` node: every row runs the same nodes.
 """

@@ -2,9 +2,10 @@
 and whose every value stays on the device, so that a CUDA graph can capture it.
 
 In: tokens (B,), positions (B,), src_mask (B, S), cross_k_i / cross_v_i (B, H, S, Dh), past_k_i / past_v_i
-(B, H, L, Dh) with L = max_target_len, then the ranking's row_scores (B,).
-Out: log_probs (B, V) float32, top_scores / top_ids (B, K) with K = model.directory.STATIC_TOP_K (or V if
-smaller) fixed in the graph, present_k_i / present_v_i (B, H, L, Dh).
+(B, H, L, Dh) with L = max_target_len, then the ranking's row_scores (B,) and bias_ids / bias_values (B, J).
+Out: log_probs (B, V) float32, top_scores / top_ids (B, K) and bias_scores (B, J), with K =
+model.directory.STATIC_TOP_K (or V if smaller) and J = MAX_BIAS_PER_ROW fixed in the graph, present_k_i /
+present_v_i (B, H, L, Dh).
 
 Self-attention is onnxruntime's GroupQueryAttention (kv_num_heads = num_heads: plain multi-head attention)
 in its shared-buffer form: present_* is bound to the very buffer of past_*, the step writes each row's new

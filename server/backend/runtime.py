@@ -48,15 +48,31 @@ from model.directory import (
 from server.backend.arena_release import ArenaRelease
 from server.backend.cross_lanes import CrossLanes
 from server.backend.sessions import PROVIDERS, Feeds, kv_names, make_session, moved_pairs
-from server.core.runner import Candidates, EncodeItem, ModelSpec
+from server.core.runner import Candidates, EncodeItem, ModelSpec, RowBias
 
 __all__ = ["CANDIDATE_OUTPUTS", "PROVIDERS", "Feeds", "OnnxRunner", "kv_names", "make_session"]
 
 log = logging.getLogger(__name__)
 
 CANDIDATE_OUTPUTS = ("top_scores", "top_ids")  # what a serving step fetches from the decoder
+BIAS_OUTPUT = "bias_scores"  # fetched too when the step takes a bias
 LOG_PROBS_OUTPUT = "log_probs"  # the whole distribution, fetched only by parity checks
-ROW_FEEDS = ("tokens", "positions", "past_keep", "row_scores")  # decoder inputs with one row per stepped row
+# Decoder inputs with one row per stepped row: the host runner puts them in its cross lanes' order.
+ROW_FEEDS = ("tokens", "positions", "past_keep", "row_scores", "bias_ids", "bias_values")
+
+
+def ranking_feeds(row_scores: list[float], k: int, bias: RowBias | None) -> Feeds:
+    """The step graph's ranking inputs: row_scores (B,), top_k (1,), and the bias, (B, 1) of id 0 and value 0
+    (which changes no score) when there is none."""
+    rows = len(row_scores)
+    if bias is None:
+        bias = RowBias(np.zeros((rows, 1), np.int64), np.zeros((rows, 1), np.float32))
+    if bias.ids.shape[0] != rows:
+        raise ValueError(f"a bias of {bias.ids.shape[0]} rows for a step of {rows}")
+    return {
+        "row_scores": np.asarray(row_scores, dtype=np.float32), "top_k": np.asarray([k], np.int64),
+        "bias_ids": bias.ids, "bias_values": bias.values,
+    }  # fmt: skip
 
 
 class OnnxRunner:
@@ -82,9 +98,9 @@ class OnnxRunner:
         self.encoder = self._session(variant_dir / self.encoder_file)
         self.decoder = self._open_step(variant_dir)
         self.memory = ArenaRelease()  # runs the sessions, giving memory back when their calls shrink
-        if "row_scores" not in {arg.name for arg in self.decoder.get_inputs()}:
+        if not {"row_scores", "bias_ids"} <= {arg.name for arg in self.decoder.get_inputs()}:
             raise MetadataError(
-                f"the decoder step in {variant_dir} predates candidate ranking in the graph: "
+                f"the decoder step in {variant_dir} predates candidate ranking with a bias in the graph: "
                 "export again with python -m export"
             )
         self.provider = self.decoder.get_providers()[0]
@@ -157,17 +173,21 @@ class OnnxRunner:
         self._cross_version += 1
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
-        """One decoder step for rows at any mix of positions, ranked in the graph (its TopK)."""
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
+        """One decoder step for rows at any mix of positions, ranked in the graph (its TopK after the bias)."""
         k = max(1, min(k, self.spec.vocab_size))
-        ranking: Feeds = {"row_scores": np.asarray(row_scores, dtype=np.float32), "top_k": np.asarray([k], np.int64)}
-        scores, ids = self._step(slots, tokens, positions, ranking, CANDIDATE_OUTPUTS)
-        return Candidates(scores, ids)
+        ranking = ranking_feeds(row_scores, k, bias)
+        if bias is None:
+            scores, ids = self._step(slots, tokens, positions, ranking, CANDIDATE_OUTPUTS)
+            return Candidates(scores, ids)
+        scores, ids, bias_scores = self._step(slots, tokens, positions, ranking, (*CANDIDATE_OUTPUTS, BIAS_OUTPUT))
+        return Candidates(scores, ids, bias_scores)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
         """`step`, returning the whole (B, V) log-probabilities instead: for parity checks, not serving."""
-        ranking: Feeds = {"row_scores": np.zeros(len(slots), dtype=np.float32), "top_k": np.asarray([1], np.int64)}
+        ranking = ranking_feeds([0.0] * len(slots), 1, None)
         (log_probs,) = self._step(slots, tokens, positions, ranking, (LOG_PROBS_OUTPUT,))
         return log_probs
 

@@ -9,7 +9,9 @@ buffers' own addresses: each bucket's binding never changes, so on CUDA each buc
 that then steps it, and replayed at every later step. The graph writes each row's new keys and values into
 the buffers in place; a step uploads only the row inputs and reads back the (B, K) candidates. Rows of the
 bucket that the step does not use feed a pad token at their own length: what they write lies past what
-they hold, and the step that next feeds them at that position writes it again.
+they hold, and the step that next feeds them at that position writes it again. The bias inputs are
+MAX_BIAS_PER_ROW wide, since a captured graph's shapes are fixed: a step's bias fills the first columns of its
+rows, id 0 and value 0 (which change no score) the rest.
 
 Beam reorders and encoding use the device runner's kv_* graphs in place on the same buffers, so the bound
 addresses stay fixed. On the CPU provider the same code runs without capture.
@@ -33,7 +35,7 @@ from model.directory import (
     capturable_head_dim,
 )
 from server.backend.device_cache import DeviceCacheRunner
-from server.backend.runtime import LOG_PROBS_OUTPUT, Feeds
+from server.backend.runtime import BIAS_OUTPUT, LOG_PROBS_OUTPUT, Feeds
 from server.backend.sessions import kv_names
 
 log = logging.getLogger(__name__)
@@ -90,18 +92,24 @@ class StaticCacheRunner(DeviceCacheRunner):
         self.static = self.decoder
         top_ids = next(arg for arg in self.static.get_outputs() if arg.name == "top_ids")
         self.graph_k = int(top_ids.shape[1])  # candidates the graph ranks per row
+        bias_ids = next(arg for arg in self.static.get_inputs() if arg.name == "bias_ids")
+        self.bias_width = int(bias_ids.shape[1])  # bias entries the graph takes per row
         meta, rows = self.metadata, self.max_slots
         self.rows_in = {
             "tokens": self._zeros_of((rows,), np.int64),
             "positions": self._zeros_of((rows,), np.int64),
             "row_scores": self._zeros_of((rows,), np.float32),
+            "bias_ids": self._zeros_of((rows, self.bias_width), np.int64),
+            "bias_values": self._zeros_of((rows, self.bias_width), np.float32),
             "src_mask": self._zeros_of((rows, meta.max_source_len), np.bool_),
         }
         self.rows_out = {
             "top_scores": self._zeros_of((rows, self.graph_k), np.float32),
             "top_ids": self._zeros_of((rows, self.graph_k), np.int64),
+            BIAS_OUTPUT: self._zeros_of((rows, self.bias_width), np.float32),
             LOG_PROBS_OUTPUT: self._zeros_of((rows, meta.vocab_size), np.float32),
         }
+        self._bias_zero = True  # whether the device's bias inputs hold zeros (nothing to upload without a bias)
         self.buckets = buckets(rows)
         self.bindings = [self._bind(size) for size in self.buckets]
         self.run_options = [self._graph_options(index) for index in range(len(self.buckets))]
@@ -174,6 +182,7 @@ class StaticCacheRunner(DeviceCacheRunner):
         self.rows_in["tokens"].update_inplace(tokens_in)
         self.rows_in["positions"].update_inplace(row_pos)
         self.rows_in["row_scores"].update_inplace(scores_in)
+        self._upload_bias(rows, ranking["bias_ids"], ranking["bias_values"])
         if self._mask_version != self._cross_version:
             self.rows_in["src_mask"].update_inplace(np.ascontiguousarray(self.src_mask))
             self._mask_version = self._cross_version
@@ -182,12 +191,26 @@ class StaticCacheRunner(DeviceCacheRunner):
             self._capture()
         self.static.run_with_iobinding(self.bindings[index], self.run_options[index])
         self.tgt_len[rows] = pos + 1
-        return [self._read(name, rows, k) for name in wanted]
+        widths = {"top_scores": k, "top_ids": k, BIAS_OUTPUT: ranking["bias_ids"].shape[1]}
+        return [self._read(name, rows, widths.get(name)) for name in wanted]
 
-    def _read(self, name: str, rows: np.ndarray, k: int) -> np.ndarray:
-        """An output's stepped rows: the first k candidates of each (the graph's order is total)."""
+    def _upload_bias(self, rows: np.ndarray, ids: np.ndarray, values: np.ndarray) -> None:
+        """The bias into the first columns of the stepped rows, zeros everywhere else. An all-zero bias (a step
+        without one) is uploaded only where the device holds another."""
+        if not ids.any() and not values.any() and self._bias_zero:
+            return
+        ids_in = np.zeros((self.max_slots, self.bias_width), dtype=np.int64)
+        values_in = np.zeros((self.max_slots, self.bias_width), dtype=np.float32)
+        ids_in[rows, : ids.shape[1]] = ids
+        values_in[rows, : values.shape[1]] = values
+        self.rows_in["bias_ids"].update_inplace(ids_in)
+        self.rows_in["bias_values"].update_inplace(values_in)
+        self._bias_zero = not ids.any() and not values.any()
+
+    def _read(self, name: str, rows: np.ndarray, width: int | None) -> np.ndarray:
+        """An output's stepped rows, each cut to its first `width` columns (the candidates' order is total)."""
         values = np.asarray(self.rows_out[name].numpy())[rows]
-        return values if name == LOG_PROBS_OUTPUT else values[:, :k]
+        return values if width is None else values[:, :width]
 
 
 class FusedStaticRunner(StaticCacheRunner):

@@ -125,6 +125,8 @@ class WorkingBatchRunner(OnnxRunner):
             "tokens": _scatter(width, rows, tokens, self.spec.pad_id, np.int64),
             "positions": _scatter(width, rows, pos, 0, np.int64),
             "row_scores": _scatter(width, rows, ranking["row_scores"], 0, np.float32),
+            "bias_ids": _scatter(width, rows, ranking["bias_ids"], 0, np.int64),
+            "bias_values": _scatter(width, rows, ranking["bias_values"], 0, np.float32),
             "top_k": ranking["top_k"], "past_keep": self.keep, "src_mask": self.cross_mask,
         }  # fmt: skip
         feeds |= dict(zip(self.cross_names, self.cross, strict=True))
@@ -309,8 +311,8 @@ def _rows_then_spare(rows: np.ndarray, spare: int, fill: object = 0) -> np.ndarr
     return out
 
 
-def _scatter(width: int, rows: Ids, values: object, fill: object, dtype: type) -> np.ndarray:
-    """A (width,) feed: `values` at `rows`, `fill` in rows the step does not use."""
-    out: np.ndarray = np.full(width, fill, dtype=dtype)
+def _scatter(width: int, rows: Ids, values: npt.ArrayLike, fill: object, dtype: type) -> np.ndarray:
+    """A (width, ...) feed: row i of `values` at row rows[i], `fill` in rows the step does not use."""
+    out: np.ndarray = np.full((width, *np.shape(values)[1:]), fill, dtype=dtype)
     out[rows] = values
     return out

@@ -18,6 +18,10 @@ Input is read as UTF-8 whatever the locale. A stdin line or argument that is not
 command before anything is sent, with exit status 2 and one line naming it; `--errors replace` sends
 U+FFFD (the replacement character) in place of each invalid byte sequence instead.
 
+`--glossary FILE` sends the terms of a TSV file (`source<TAB>target` per line, blank lines and `#` comments
+skipped) with every request, and `--glossary-id ID` a stored glossary's (with --source named); a file that cannot
+be read exits 2 naming its line.
+
 For a server with TLS pass `--tls-ca` (and `--tls-cert`/`--tls-key` for mutual TLS); for one that
 requires a bearer token pass `--token`, or set TRANSLATE_TOKEN to keep it out of the process list.
 """
@@ -34,6 +38,7 @@ from typing import IO, Protocol
 import grpc
 
 from server.client.channels import CLIENT_SERVICE_CONFIG, Metadata, auth_metadata, open_channel
+from server.client.glossary_file import BadGlossaryFile, read_glossary
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -158,6 +163,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="keep placeholders (%%s, {0}, {name}, {{name}}, ${name}) verbatim; --no-keep-placeholders: the model"
         " reads them as text",
     )  # fmt: skip
+    parser.add_argument(
+        "--glossary", type=Path, default=None, metavar="FILE",
+        help="terms the translations must use: a TSV file of source<TAB>target lines (blank and # lines skipped)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--glossary-id", default="", metavar="ID",
+        help="a glossary stored on the server (CreateGlossary) whose terms the translations must use; needs --source",
+    )  # fmt: skip
     parser.add_argument("--batch", type=_count(1), default=DEFAULT_BATCH, help="texts per request")
     parser.add_argument("--timeout", type=_seconds, default=None, help="deadline per request in seconds")
     parser.add_argument(
@@ -183,6 +196,13 @@ def make_options(args: argparse.Namespace) -> pb.TranslationOptions:
         options.beam_size = args.beam_size
     if args.length_penalty is not None:
         options.length_penalty = args.length_penalty
+    if args.glossary is not None:
+        try:
+            entries = read_glossary(args.glossary)
+        except BadGlossaryFile as error:
+            raise InputError(str(error)) from None
+        options.glossary.extend(pb.GlossaryEntry(source=source, target=target) for source, target in entries)
+    options.glossary_id = args.glossary_id
     return options
 
 
@@ -215,7 +235,11 @@ def translate_chunk(
 
 def run(args: argparse.Namespace, texts: Sequence[str], out: IO[str], err: IO[str]) -> int:
     """Translate and print; return the exit status."""
-    options = make_options(args)
+    try:
+        options = make_options(args)
+    except InputError as error:  # a glossary file it cannot send: nothing is sent
+        err.write(f"translate: {error}\n")
+        return USAGE_ERROR
     metadata = auth_metadata(args.token)
     progress = make_progress(len(texts), err)
     try:

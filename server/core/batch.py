@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from server.core.beam import BeamState
 from server.core.events import Event, FailureReason
 from server.core.observer import StepStats
-from server.core.runner import EncodeItem
+from server.core.runner import EncodeItem, RowBias
 from server.core.work import DecodeOptions
 
 
@@ -77,6 +79,8 @@ class Batch:
     groups: list[RowGroup] = field(default_factory=list)
     events: list[tuple[int, Event]] = field(default_factory=list)  # (request id, event) found while scheduling
     queue_waits: list[float] = field(default_factory=list)  # seconds each admitted sentence waited
+    biases: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # row -> (ids, values) it biases
+    bias: RowBias | None = None  # `biases` as the runner takes them; None where no row has any
 
     @property
     def empty(self) -> bool:
@@ -132,3 +136,17 @@ def reorder_slots(slots: list[int], parents: list[int]) -> tuple[list[int], list
             order.append(destination)
     order.extend(reversed(spare))
     return order, copies
+
+
+def row_bias(biases: dict[int, tuple[list[int], list[float]]], rows: int) -> RowBias | None:
+    """The rows' biases as (rows, J) arrays, J the most any row has, padded with id 0 and value 0 (which changes
+    no score); None where no row has any."""
+    if not biases:
+        return None
+    width = max(1, max(len(ids) for ids, _ in biases.values()))
+    ids = np.zeros((rows, width), dtype=np.int64)
+    values = np.zeros((rows, width), dtype=np.float32)
+    for row, (row_ids, row_values) in biases.items():
+        ids[row, : len(row_ids)] = row_ids
+        values[row, : len(row_values)] = row_values
+    return RowBias(ids, values)

@@ -18,9 +18,12 @@ The caller owns the rows (slots): after `advance`, live row i continues from par
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
+
+from server.core.runner import RowBias
 
 
 @dataclass(frozen=True)
@@ -66,14 +69,32 @@ def top_1(scores: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.intp], npt.ND
     return np.asarray([best]), scores.reshape(-1)[best : best + 1]
 
 
+@overload
 def row_candidates(
-    logprobs: npt.NDArray[np.float32], row_scores: npt.ArrayLike, k: int
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    logprobs: npt.NDArray[np.float32], row_scores: npt.ArrayLike, k: int, bias: None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]: ...
+
+
+@overload
+def row_candidates(
+    logprobs: npt.NDArray[np.float32], row_scores: npt.ArrayLike, k: int, bias: RowBias
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+
+
+def row_candidates(
+    logprobs: npt.NDArray[np.float32], row_scores: npt.ArrayLike, k: int, bias: RowBias | None = None
+) -> tuple[np.ndarray, ...]:
     """The runner's ranking contract in numpy (fakes and tests): each row's k best next tokens, scored
-    row_scores[i] + log p in float32, best first, ties to the lower id. Runners rank in the graph."""
+    row_scores[i] + log p in float32, best first, ties to the lower id. Runners rank in the graph.
+
+    With a `bias` its values are added first (repeated ids add up, as the graph's scatter does), and the
+    (B, J) scores of its ids come back as a third array."""
     scores = np.asarray(row_scores, dtype=np.float32)[:, None] + logprobs.astype(np.float32)
+    if bias is not None:
+        np.add.at(scores, (np.arange(scores.shape[0])[:, None], bias.ids), bias.values)
     ids = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
-    return np.take_along_axis(scores, ids, axis=1), ids.astype(np.int64)
+    ranked = (np.take_along_axis(scores, ids, axis=1), ids.astype(np.int64))
+    return ranked if bias is None else (*ranked, np.take_along_axis(scores, bias.ids, axis=1))
 
 
 def merge_candidates(
@@ -140,6 +161,13 @@ class BeamState:
     def candidates_needed(self) -> int:
         """Candidates a step must rank: 2K (K may finish with EOS and K stay live); greedy's first decides."""
         return 1 if self.beam_size == 1 else 2 * self.beam_size
+
+    def fresh(self) -> BeamState:
+        """This beam as it was before its first step (a sentence restarted from scratch)."""
+        return BeamState(
+            self.beam_size, self.max_len, self.length_penalty, self.eos_id, self.forced_eos, patient=self.patient,
+            forced_first=self.forced_first,
+        )  # fmt: skip
 
     def live_scores(self) -> npt.NDArray[np.float32]:
         """(R,) the live rows' scores; float32, as torch adds scores to log-probs in float32 in the reference."""

@@ -43,7 +43,7 @@ def execute(runner: Runner, batch: Batch) -> tuple[Candidates, RunnerTimes]:
         runner.encode(batch.encode)
         encode_s = time.perf_counter() - encode_started
         encode_window = (encode_at, encode_at + encode_s)
-    candidates = runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k)
+    candidates = runner.step(batch.slots, batch.tokens, batch.positions, batch.row_scores, batch.top_k, batch.bias)
     times = RunnerTimes(time.perf_counter() - started - encode_s, encode_window)
     expected = batch.candidate_shape(runner.spec.vocab_size)
     if candidates.scores.shape != expected or candidates.ids.shape != expected:
@@ -62,12 +62,14 @@ def translate_ids(
     max_len: int | None,
     num_hypotheses: int = 1,
     forced_first: int | None = None,
+    terms: tuple[tuple[tuple[int, ...], ...], ...] = (),
 ) -> list[list[Hypothesis]]:
     """Each source's `num_hypotheses` best hypotheses, decoded as the server decodes them: one request
     through a Scheduler over the runner's slots, continuously batched.
 
     `max_len` caps generated tokens; None gives each source the server's default (`output_limit`).
-    `forced_first`: the first generated token of every source (DecodeOptions').
+    `forced_first`: the first generated token of every source (DecodeOptions'); `terms`: per source, the target
+    ids its output must contain (DecodeOptions').
     """
     if not sources:
         return []
@@ -75,7 +77,7 @@ def translate_ids(
     scheduler = Scheduler(runner.spec, limits)
     options = DecodeOptions(
         beam_size=beam_size, length_penalty=length_penalty, max_output_len=max_len or 0, num_hypotheses=num_hypotheses,
-        forced_first=forced_first,
+        forced_first=forced_first, terms=terms,
     )  # fmt: skip
     check_options(options, runner.max_slots, runner.spec.max_target_len)  # the rules the edge applies
     check_sources(sources, runner.spec)

@@ -6,7 +6,8 @@ fed so far (up to `max_target_len`). The scheduler decides which slot holds what
 computes. Rows at different steps share one `step` call: each row has its own position, and
 attends only to its own first `position` cache entries. A step returns each row's best few next
 tokens, ranked where the log-probabilities are computed (on the device, for CUDA), not the whole
-vocabulary.
+vocabulary. A step may take a per-row bias (`RowBias`): the seam decoding constraints act through, as host-side
+policies over the one step graph.
 
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
 Implementations: `server.backend.runtime.OnnxRunner` (onnxruntime, slot caches in host memory),
@@ -25,9 +26,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from model.directory import ModelSpec
+from model.directory import MAX_BIAS_PER_ROW, ModelSpec
 
-__all__ = ["Candidates", "EncodeItem", "ModelSpec", "Runner"]
+__all__ = ["MAX_BIAS_PER_ROW", "Candidates", "EncodeItem", "ModelSpec", "RowBias", "Runner"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,32 @@ class Candidates:
 
     scores: npt.NDArray[np.float32]  # (B, k) row score + log-probability, descending along each row
     ids: npt.NDArray[np.int64]  # (B, k) token ids
+    # (B, J) row score + log-probability + bias of each RowBias entry; None when the step took no bias
+    bias_scores: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(frozen=True)
+class RowBias:
+    """What a step adds to row i's scores before ranking: values[i, j] at token ids[i, j].
+
+    A value is 0, "report this token's score" (bias_scores[i, j] is its row score + log p), or -inf, "never
+    rank this token" (it is no candidate, and its bias score is -inf). So every candidate carries its true
+    score, and entries of one id may repeat: adding 0 or -inf gives the same sum in any order. Rows with
+    fewer entries than J are padded with id 0, value 0. A row has at most MAX_BIAS_PER_ROW entries.
+    """
+
+    ids: npt.NDArray[np.int64]  # (B, J) token ids in 0 .. V - 1, 1 <= J <= MAX_BIAS_PER_ROW
+    values: npt.NDArray[np.float32]  # (B, J) 0 or -inf
+
+    def __post_init__(self) -> None:
+        if self.ids.dtype != np.int64 or self.values.dtype != np.float32:
+            raise ValueError(
+                f"RowBias takes int64 ids and float32 values, got {self.ids.dtype} and {self.values.dtype}"
+            )
+        if self.ids.ndim != 2 or self.ids.shape != self.values.shape:
+            raise ValueError(f"RowBias ids and values are (B, J) each, got {self.ids.shape} and {self.values.shape}")
+        if not 1 <= self.ids.shape[1] <= MAX_BIAS_PER_ROW:
+            raise ValueError(f"a RowBias holds 1 to {MAX_BIAS_PER_ROW} entries per row, not {self.ids.shape[1]}")
 
 
 @dataclass(frozen=True)
@@ -57,12 +84,15 @@ class Runner(Protocol):
         ...
 
     def step(
-        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int
-    ) -> Candidates:
+        self, slots: list[int], tokens: list[int], positions: list[int], row_scores: list[float], k: int,
+        bias: RowBias | None = None,
+    ) -> Candidates:  # fmt: skip
         """Feed `tokens[i]` at `positions[i]` to `slots[i]`; return each row's k best next tokens.
 
         Row i's candidates are scored `row_scores[i] + log p(token)` in float32, best first, ties to
         the lower token id (`server.core.beam.row_candidates` is the reference); k is capped at V.
+        A `bias` (one row per stepped row) is added before ranking, and its entries' scores come back as
+        `Candidates.bias_scores`.
         The new keys/values are stored at `positions[i]` of each slot, so the next call for that
         slot passes `positions[i] + 1`. Row i attends to cache entries 0 .. positions[i].
         """

@@ -28,8 +28,9 @@ from collections import deque
 import numpy as np
 
 from model.config import default_output_limit
-from server.core.batch import Batch, RowGroup, ScheduledRequest, ScheduledSentence, reorder_slots
+from server.core.batch import Batch, RowGroup, ScheduledRequest, ScheduledSentence, reorder_slots, row_bias
 from server.core.beam import Advance, BeamState, merge_candidates_of
+from server.core.constraints import ConstrainedBeam, Constraints
 from server.core.events import (
     INTERNAL_MESSAGE,
     Abandoned,
@@ -42,8 +43,8 @@ from server.core.events import (
     SentenceDone,
     TokensEvent,
 )
-from server.core.runner import Candidates, EncodeItem, ModelSpec
-from server.core.work import DecodeOptions
+from server.core.runner import MAX_BIAS_PER_ROW, Candidates, EncodeItem, ModelSpec
+from server.core.work import TERM_BEAM_SIZE, DecodeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -117,13 +118,12 @@ class Scheduler:
             raise ValueError(f"request {request_id} is already scheduled")
         if not admitted and len(self._queue) + len(sentences) > self.limits.max_queue_sentences:
             raise QueueFullError(f"the queue holds {len(self._queue)} of {self.limits.max_queue_sentences} sentences")
+        if options.terms and len(options.terms) != len(sentences):
+            raise ValueError(f"terms for {len(options.terms)} sentences, {len(sentences)} sentences given")
         request = ScheduledRequest(request_id, options, deadline, pending=len(sentences))
         for index, ids in enumerate(sentences):
             max_len = output_limit(options.max_output_len, len(ids), self.spec.max_target_len)
-            beam = BeamState(
-                options.beam_size, max_len, options.length_penalty, self.spec.eos_id, self.spec.forced_eos,
-                patient=self.spec.patient_beam, forced_first=options.forced_first,
-            )  # fmt: skip
+            beam = self._beam(options, max_len, options.terms[index] if options.terms else ())
             request.sentences.append(ScheduledSentence(request, index, list(ids), beam, enqueued_at=now))
         self._requests[request_id] = request
         self._queue.extend(request.sentences)
@@ -133,6 +133,22 @@ class Scheduler:
             if len(self._deadlines) > 2 * len(self._requests) + 1024:  # finished requests' entries: drop them
                 self._deadlines = [entry for entry in self._deadlines if self._is_live_entry(entry)]
                 heapq.heapify(self._deadlines)
+
+    def _beam(self, options: DecodeOptions, max_len: int, terms: tuple[tuple[int, ...], ...]) -> BeamState:
+        """A sentence's beam: constrained where its source holds glossary terms (then at least TERM_BEAM_SIZE wide) or
+        the model bans words."""
+        spec = self.spec
+        if not any(terms) and not spec.banned_words:
+            return BeamState(
+                options.beam_size, max_len, options.length_penalty, spec.eos_id, spec.forced_eos,
+                patient=spec.patient_beam, forced_first=options.forced_first,
+            )  # fmt: skip
+        width = max(options.beam_size, min(TERM_BEAM_SIZE, self.limits.max_slots)) if any(terms) else options.beam_size
+        return ConstrainedBeam(
+            width, max_len, options.length_penalty, spec.eos_id, spec.forced_eos, patient=spec.patient_beam,
+            forced_first=options.forced_first, constraints=Constraints.of(terms), bias_limit=MAX_BIAS_PER_ROW,
+            banned_words=spec.banned_words,
+        )  # fmt: skip
 
     def cancel(self, request_id: int, reason: FailureReason = FailureReason.CANCELLED) -> None:
         """Mark a request cancelled; it fails with `reason` at the next `schedule` (a no-op for finished requests)."""
@@ -148,6 +164,7 @@ class Scheduler:
         self._admit(now, batch)
         for sentence in self._running.values():
             self._add_rows(sentence, batch)
+        batch.bias = row_bias(batch.biases, len(batch.slots))
         return batch
 
     def update(
@@ -178,7 +195,11 @@ class Scheduler:
         # Greedy sentences advance from their row's best candidate in plain Python, beams from their rows'
         # candidates merged for all of them in one sort: no numpy call per sentence.
         best_scores, best_ids = candidates.scores[:, 0].tolist(), ids[:, 0].tolist()
-        beams = [g for g in batch.groups if g.sentence.beam.beam_size > 1]
+        beams = [
+            g
+            for g in batch.groups
+            if g.sentence.beam.beam_size > 1 and not isinstance(g.sentence.beam, ConstrainedBeam)
+        ]
         spans = [(g.start, g.rows, g.sentence.beam.candidates_needed) for g in beams]
         ranked = merge_candidates_of(candidates.scores, ids, self.spec.vocab_size, spans)
         merged = dict(zip(map(id, beams), ranked, strict=True))
@@ -196,7 +217,9 @@ class Scheduler:
                 continue
             try:
                 beam = group.sentence.beam
-                if beam.beam_size == 1:
+                if isinstance(beam, ConstrainedBeam):
+                    move = _advance_constrained(beam, group, batch, candidates, vocab)
+                elif beam.beam_size == 1:
                     move = beam.advance_greedy(best_scores[start], best_ids[start], vocab)
                 else:
                     move = beam.advance_merged(*merged[id(group)], vocab)
@@ -244,11 +267,7 @@ class Scheduler:
 
     def _restart(self, sentence: ScheduledSentence) -> ScheduledSentence:
         self._release(sentence)
-        beam = sentence.beam
-        sentence.beam = BeamState(
-            beam.beam_size, beam.max_len, beam.length_penalty, beam.eos_id, beam.forced_eos, patient=beam.patient,
-            forced_first=beam.forced_first,
-        )  # fmt: skip
+        sentence.beam = sentence.beam.fresh()
         sentence.feed = []
         return sentence
 
@@ -339,6 +358,9 @@ class Scheduler:
             sentence.planned_copies = []
         beam, feed = sentence.beam, sentence.feed
         rows = len(feed)
+        if isinstance(beam, ConstrainedBeam):
+            for offset, bias in enumerate(beam.row_biases()):
+                batch.biases[len(batch.slots) + offset] = bias
         batch.groups.append(RowGroup(sentence, len(batch.slots), rows))
         if rows == 1:  # greedy, and every sentence's first step
             batch.slots.append(sentence.slots[0])
@@ -372,7 +394,7 @@ class Scheduler:
         if move.parents != [0]:  # one row continuing itself (greedy) keeps its slot: nothing to reorder
             sentence.slots, sentence.planned_copies = reorder_slots(sentence.slots, move.parents)
         sentence.feed = move.tokens
-        if request.options.stream_tokens and request.options.beam_size == 1:
+        if request.options.stream_tokens and sentence.beam.beam_size == 1:
             events.append((request.request_id, TokensEvent(sentence.index, sentence.beam.live[0][0])))
 
     def _release(self, sentence: ScheduledSentence) -> None:
@@ -393,6 +415,18 @@ class Scheduler:
             self._release(sentence)
         self._queue = deque(s for s in self._queue if s.request is not request)
         del self._requests[request.request_id]
+
+
+def _advance_constrained(
+    beam: ConstrainedBeam, group: RowGroup, batch: Batch, candidates: Candidates, vocab: int
+) -> Advance:
+    """A constrained sentence's move from its rows' candidates and the scores of the ids they asked for."""
+    if batch.bias is None or candidates.bias_scores is None:
+        raise RuntimeError("a constrained sentence's step returned no bias scores")
+    rows = slice(group.start, group.start + group.rows)
+    return beam.advance_constrained(
+        candidates.scores[rows], candidates.ids[rows], batch.bias.ids[rows], candidates.bias_scores[rows], vocab
+    )
 
 
 def _unfinished_of(request: ScheduledRequest, reason: FailureReason) -> Abandoned:

@@ -31,6 +31,13 @@ class DecodeOptions:
     # The first generated token, at log-probability 0, whatever the step ranks: the target language's code of a
     # model with ModelSpec.forced_bos (generate's forced_bos_token_id); None: the first token is decoded
     forced_first: int | None = None
+    # Per sentence of the request, in order, the target token ids its translation must contain, one entry per
+    # glossary term its source holds (`server.core.constraints`); empty: no sentence has any. A sentence with
+    # terms decodes with a beam of at least TERM_BEAM_SIZE, whatever beam_size says.
+    terms: tuple[tuple[tuple[int, ...], ...], ...] = ()
+
+
+TERM_BEAM_SIZE = 4  # the narrowest beam that leaves a term's banks room beside the unconstrained hypotheses
 
 
 def check_options(options: DecodeOptions, max_beam_size: int, max_target_len: int) -> None:

@@ -15,6 +15,7 @@ from server.edge.routing import LanguageRoute
 from server.text.documents import RequestLimits
 from server.text.markup import TextType
 from server.text.placeholders import Placeholders
+from server.text.terms import Term
 
 DEFAULT_BEAM_SIZE = 4
 
@@ -60,6 +61,7 @@ class TranslateJob:
     text_type: TextType = TextType.TEXT  # how the texts are read: plain, HTML or XML
     allow_partial: bool = False  # a text over a limit of its own is refused alone (TranslateRequest.allow_partial)
     placeholders: Placeholders = Placeholders.KEEP  # what becomes of the texts' placeholders
+    glossary: tuple[Term, ...] = ()  # terms the translations must use where the texts hold their sources
 
     @property
     def lang_pair(self) -> str:
@@ -94,6 +96,7 @@ def parse_request(
         options.text_type,
         allow_partial=call.allow_partial,
         placeholders=options.placeholders,
+        glossary=options.glossary,
     )
 
 

@@ -67,6 +67,14 @@ class InvalidRequest(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class ResponseTooLarge(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

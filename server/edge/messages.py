@@ -1,4 +1,5 @@
-"""Protobuf at the edge: a Translate request into its typed call (`from_pb`) and results back into messages.
+"""Protobuf at the edge: a Translate request into its typed call (`from_pb`), a CreateGlossary request into the
+glossary to store (`new_glossary_from_pb`), and results and glossaries back into messages.
 
 The servicer calls these and nothing past it sees a protobuf object; the client's message is only read.
 """
@@ -9,6 +10,8 @@ from model.directory import DEFAULT_LENGTH_PENALTY, direction_names
 from server.core.runner import ModelSpec
 from server.edge.convert import ModelDescription, TranslateJob
 from server.edge.errors import status_for
+from server.edge.glossaries import Glossary, GlossaryInfo, NewGlossary
+from server.edge.glossary_terms import inline_terms, new_glossary
 from server.edge.language_info import any_to_any_to_pb, language_codes, pairs_to_pb
 from server.edge.refusals import Refusal
 from server.edge.request import (
@@ -29,6 +32,7 @@ from server.text.tag_placement import TagPlacement
 TEXT_TYPES = {pb.TEXT_TYPE_TEXT: TextType.TEXT, pb.TEXT_TYPE_HTML: TextType.HTML, pb.TEXT_TYPE_XML: TextType.XML}
 PLACEHOLDERS = {pb.PLACEHOLDERS_KEEP: Placeholders.KEEP, pb.PLACEHOLDERS_OFF: Placeholders.OFF}
 TAG_PLACEMENTS = {TagPlacement.NONE: pb.TAG_PLACEMENT_NONE, TagPlacement.PROPORTIONAL: pb.TAG_PLACEMENT_PROPORTIONAL}
+ENTRIES_FORMATS = {pb.ENTRIES_FORMAT_TSV: "TSV", pb.ENTRIES_FORMAT_CSV: "CSV"}  # keys of glossary_terms.ENTRY_FORMATS
 
 
 def from_pb(request: pb.TranslateRequest) -> TranslateCall:
@@ -57,7 +61,37 @@ def _options_from_pb(options: pb.TranslationOptions) -> CallOptions:
         stream_tokens=options.stream_tokens,
         text_type=text_type,
         placeholders=placeholders,
+        glossary=inline_terms((entry.source, entry.target) for entry in options.glossary),
     )
+
+
+def new_glossary_from_pb(request: pb.CreateGlossaryRequest) -> NewGlossary:
+    """The glossary a CreateGlossary request asks to store, checked; InvalidRequest naming the field or entry."""
+    if (text_format := ENTRIES_FORMATS.get(request.entries_format)) is None:
+        raise Refusal.ENTRIES_FORMAT.error(value=request.entries_format)
+    listed = [(entry.source, entry.target) for entry in request.entries]
+    languages = (request.source_language, request.target_language)
+    return new_glossary(request.name, languages, listed, request.entries_text, text_format)
+
+
+def glossary_to_pb(glossary: Glossary) -> pb.Glossary:
+    """A stored glossary with its entries (GetGlossary)."""
+    message = glossary_info_to_pb(glossary.info)
+    message.entries.extend(pb.GlossaryEntry(source=term.source, target=term.target) for term in glossary.terms)
+    return message
+
+
+def glossary_info_to_pb(info: GlossaryInfo) -> pb.Glossary:
+    """A stored glossary without its entries (CreateGlossary, ListGlossaries)."""
+    message = pb.Glossary(
+        glossary_id=info.glossary_id,
+        name=info.name,
+        source_language=info.source_language,
+        target_language=info.target_language,
+        entry_count=info.entry_count,
+    )
+    message.creation_time.FromDatetime(info.created)
+    return message
 
 
 def text_result_to_pb(result: TextTranslation, job: TranslateJob, detected: DetectedSource | None) -> pb.TextResult:

@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from server.core.observer import StepStats
 from server.edge.process_metrics import Children, register_process_collectors
 from server.edge.process_reports import forget_report, read_reports
+from server.text.documents import TermsUsed
 
 __all__ = [
     "CacheMetrics",
@@ -190,6 +191,14 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.glossary_terms = Counter(
+            "translation_glossary_terms_total",
+            "Glossary terms found in the sentences of finished texts (outcome requested), and those whose target the"
+            " translation holds as often as the source held the term (outcome applied); requested minus applied is"
+            " terms the output limit cut short or the vocabulary cannot spell.",
+            ["outcome", "model"],
+            registry=registry,
+        )
         self.text_errors = Counter(
             "translation_text_errors_total",
             "Texts refused alone in calls that allow partial results (TranslateRequest.allow_partial), by status"
@@ -255,6 +264,11 @@ class Metrics:
         """A sentence over the token limit, cut into `parts`."""
         self.sentences_cut.labels(model=model).inc()
         self.sentence_parts.labels(model=model).inc(parts)
+
+    def observe_terms(self, terms: TermsUsed, model: str = "") -> None:
+        """A finished text's glossary terms: found in its source, and used by its translation."""
+        self.glossary_terms.labels(outcome="requested", model=model).inc(terms.requested)
+        self.glossary_terms.labels(outcome="applied", model=model).inc(terms.applied)
 
     def observe_text_error(self, code: str, model: str = "") -> None:
         """A text refused alone with status `code` (its name, as in translation_requests_total)."""

@@ -13,6 +13,7 @@ from server.edge.refusals import Refusal
 from server.text.documents import Refuse, RequestLimits, TextRefused
 from server.text.markup import TextType
 from server.text.placeholders import Placeholders
+from server.text.terms import Term
 
 # Longer than any language code (a BCP-47 tag with a variant and an extension stays under 40) or model name (a hub id
 # with its `@sha`): refused before routing, which caches what it sees and echoes codes in its messages.
@@ -36,6 +37,10 @@ class CallOptions:
     stream_tokens: bool = False  # partial sentences while decoding (TranslateStream only)
     text_type: TextType = TextType.TEXT  # how the texts are read: plain, HTML or XML
     placeholders: Placeholders = Placeholders.KEEP  # what becomes of the texts' placeholders
+    # Terms the translation must use: the request's inline entries, then its stored glossary's whose source no inline
+    # entry has (`server.edge.glossary_terms`), each trimmed and checked; () for none. The stored glossary's id stays
+    # at the servicer, which puts its terms here before routing.
+    glossary: tuple[Term, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from server.core.stall_watch import start_stall_watch
 from server.edge.backends import Backend
 from server.edge.config import ServerConfig
 from server.edge.detect import SourceDetector
+from server.edge.glossaries import GLOSSARY_DIR, GlossaryStore
 from server.edge.loading import (
     ConfigError,
     LoadedModel,
@@ -106,7 +107,8 @@ class TranslationServer:
         self.metrics = Metrics(self.registry)
         # Until a model is loaded, the limits of the smallest engine the config allows (sized for the CPU).
         smallest = request_limits(config, config.slots_for("cpu"), config.queue_for("cpu"))
-        self.servicer = TranslatorServicer(smallest, self.metrics, tracing)
+        glossaries = GlossaryStore(config.model_cache / GLOSSARY_DIR)  # beside the models: shared as they are
+        self.servicer = TranslatorServicer(smallest, glossaries, self.metrics, tracing)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
         self.caches: dict[str, ResponseCache] = {}  # by model name

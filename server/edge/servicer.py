@@ -34,8 +34,19 @@ from server.edge.errors import (
     stream_call,
     unary_call,
 )
+from server.edge.glossaries import GlossaryStore
+from server.edge.glossary_terms import with_glossary
 from server.edge.loop_mailbox import mailbox_of
-from server.edge.messages import from_pb, model_info_to_pb, part_result_to_pb, partial_to_pb, refusal_to_pb
+from server.edge.messages import (
+    from_pb,
+    glossary_info_to_pb,
+    glossary_to_pb,
+    model_info_to_pb,
+    new_glossary_from_pb,
+    part_result_to_pb,
+    partial_to_pb,
+    refusal_to_pb,
+)
 from server.edge.metrics import Metrics
 from server.edge.preparation import INLINE_PREPARE_CHARS, PreparationLane
 from server.edge.refusals import Refusal
@@ -57,14 +68,22 @@ from server.text.documents import (
 from server.text.markup import TextType
 from server.text.markup_documents import RequestAssembler, prepare_request
 from server.text.placeholders import Placeholders
+from server.text.terms import term_index
 
 Context = grpc.aio.ServicerContext  # the generic parameters add nothing to these signatures
 M = TypeVar("M", pb.TranslateResponse, pb.TranslateStreamResponse)
 
 
 class TranslatorServicer(pb_grpc.TranslatorServicer):
-    def __init__(self, limits: RequestLimits, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        limits: RequestLimits,
+        glossaries: GlossaryStore,
+        metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.limits = limits  # before loading: the documented limits, for refusals that need one
+        self.glossaries = glossaries  # read on every call: other server processes may share the directory
         self.metrics = metrics
         self.tracing = tracing
         self._backends = Backends([])
@@ -81,7 +100,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
 
     @unary_call("Translate")
     async def Translate(self, request: pb.TranslateRequest, context: Context, call: CallRecord) -> pb.TranslateResponse:
-        parts, refused = await self._parts(from_pb(request), context, call, stream=False)
+        parts, refused = await self._parts(await self._typed(request), context, call, stream=False)
         results = [self._refused(refusal) for refusal in refused]
         async with aclosing(self._translate_parts(parts, context, call)) as items:
             async for part, item in items:
@@ -96,7 +115,7 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     async def TranslateStream(
         self, request: pb.TranslateRequest, context: Context, call: CallRecord
     ) -> AsyncGenerator[pb.TranslateStreamResponse, None]:
-        parts, refused = await self._parts(from_pb(request), context, call, stream=True)
+        parts, refused = await self._parts(await self._typed(request), context, call, stream=True)
         for refusal in refused:
             yield pb.TranslateStreamResponse(result=self._refused(refusal))
         async with aclosing(self._translate_parts(parts, context, call)) as items:
@@ -116,6 +135,47 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
     ) -> pb.ListModelsResponse:
         models = {b.model.name: b for b in self._backends.serving()}  # a model's replicas: one entry
         return pb.ListModelsResponse(models=[model_info_to_pb(b.model, b.spec, b.limits) for b in models.values()])
+
+    # Glossary calls are refused while the server loads or drains, as every call is, so that clients retrying
+    # UNAVAILABLE go to a replica that serves. Their files are read and written on a thread: the loop stays free.
+
+    @unary_call("CreateGlossary")
+    async def CreateGlossary(
+        self, request: pb.CreateGlossaryRequest, context: Context, call: CallRecord
+    ) -> pb.Glossary:
+        self._backends.serving()
+        new = await asyncio.to_thread(new_glossary_from_pb, request)  # up to 10,000 entries to read and check
+        return glossary_info_to_pb((await asyncio.to_thread(self.glossaries.create, new)).info)
+
+    @unary_call("GetGlossary")
+    async def GetGlossary(self, request: pb.GetGlossaryRequest, context: Context, call: CallRecord) -> pb.Glossary:
+        self._backends.serving()
+        return await asyncio.to_thread(lambda: glossary_to_pb(self.glossaries.get(request.glossary_id)))
+
+    @unary_call("ListGlossaries")
+    async def ListGlossaries(
+        self, request: pb.ListGlossariesRequest, context: Context, call: CallRecord
+    ) -> pb.ListGlossariesResponse:
+        self._backends.serving()
+        infos = await asyncio.to_thread(self.glossaries.list_glossaries)
+        return pb.ListGlossariesResponse(glossaries=[glossary_info_to_pb(info) for info in infos])
+
+    @unary_call("DeleteGlossary")
+    async def DeleteGlossary(
+        self, request: pb.DeleteGlossaryRequest, context: Context, call: CallRecord
+    ) -> pb.DeleteGlossaryResponse:
+        self._backends.serving()
+        await asyncio.to_thread(self.glossaries.delete, request.glossary_id)
+        return pb.DeleteGlossaryResponse()
+
+    async def _typed(self, request: pb.TranslateRequest) -> TranslateCall:
+        """The request as its typed call, the terms of its stored glossary (if it names one) after its own: what
+        routing and the decoder see, never the id."""
+        typed = from_pb(request)
+        if not request.options.glossary_id:
+            return typed
+        glossary = await asyncio.to_thread(self.glossaries.get, request.options.glossary_id, "options.glossary_id")
+        return with_glossary(typed, glossary)
 
     def _fits(self, message: M, limits: RequestLimits) -> M:
         """The message, if grpc may send it; else a status we send and count (grpc would fail it after us)."""
@@ -193,7 +253,10 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                 yield blank
             if not assembler.sources:
                 return
-            key_of, sources = _cache_key(job, backend), assembler.sources
+            sources = assembler.sources
+            key_of: Callable[[list[int]], CacheKey] | None = _cache_key(job, backend)
+            if terms := assembler.terms():  # the cache keys sentences by their ids alone: terms decode around it
+                job, key_of = replace(job, options=replace(job.options, terms=terms)), None
             # A long document's markup (or a long text's placeholders) is put back around its translation off the
             # loop, as it was parsed: placing a page's inline tags holds the loop for a while per hypothesis
             placed = job.text_type is not TextType.TEXT or job.placeholders is Placeholders.KEEP
@@ -215,6 +278,8 @@ class TranslatorServicer(pb_grpc.TranslatorServicer):
                         done = assembler.sentence_done(*done_with)
                     if done is not None:
                         _count_text(call, done)
+                        if self.metrics is not None and done.terms.requested:
+                            self.metrics.observe_terms(done.terms, backend.model.name)
                         yield done
 
 
@@ -234,6 +299,7 @@ def _preparation(
         limits=backend.limits,
         max_tokens=backend.spec.max_source_len,
         on_cut=on_cut,
+        glossary=term_index(job.glossary) if job.glossary else None,
     )
     limits, n_best = backend.limits, job.options.num_hypotheses
     prepare = partial(prepare_request, job.texts, job.text_type, texts, backend.tokenizer, limits, n_best, positions)

@@ -22,6 +22,7 @@ scripts need to spell words correctly (in Persian, "mi\u200cxâham", I want, is 
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +32,7 @@ from server.core.beam import Hypothesis
 from server.text.clauses import Encode, Parts, UncuttableError, cut, joints
 from server.text.splitter import Split, join, split
 from server.text.tag_placement import Boundaries, TagPlacement
+from server.text.terms import Term, TermIndex, occurrences, target_ids
 
 
 class TextLimitError(ValueError):
@@ -61,6 +63,18 @@ class PreparedText:
     index: int  # position in the request
     split: Split  # sentences (one over the token limit as its parts) and the whitespace around them
     sources: list[list[int]]  # tag + pieces + EOS, one per piece of `split`
+    terms: list[tuple[Term, ...]] = field(default_factory=list)  # per piece: the glossary terms found in it; [] none
+
+
+@dataclass(frozen=True)
+class TermsUsed:
+    """A text's glossary terms: found in its source, and used by its translation."""
+
+    requested: int = 0
+    applied: int = 0
+
+    def __add__(self, other: TermsUsed) -> TermsUsed:
+        return TermsUsed(self.requested + other.requested, self.applied + other.applied)
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class TextTranslation:
     # Per hypothesis: (offset in the text, offset in the translation) where each sentence starts and ends, in
     # order; markup keeps a tag that stood at a sentence's edge at that sentence's edge. Empty for a blank text.
     boundaries: tuple[Boundaries, ...] = ()
+    terms: TermsUsed = TermsUsed()  # its glossary terms, found and used
 
     @property
     def translation(self) -> str:
@@ -119,12 +134,14 @@ def prepare_texts(
     on_cut: Callable[[int], None] | None = None,
     model_source: str | None = None,
     refuse: Refuse | None = None,
+    glossary: TermIndex | None = None,
 ) -> list[PreparedText]:
     """Split and tokenize every text, a sentence over `max_tokens` as its parts (server.text.clauses); reject (never
     truncate) anything over a limit, naming the text by `names` (a markup document's units are named by their
     document). `on_cut` is told the parts of each sentence cut, once every text is prepared. `model_source`: the
     model's code of the source language, which the tokenizer writes where its scheme does (NLLB, M2M100). `refuse`
-    takes a text over a limit, which is then left out (its sentences uncounted); without it, the limit is raised."""
+    takes a text over a limit, which is then left out (its sentences uncounted); without it, the limit is raised.
+    `glossary`: the terms each piece's translation must use, found in the text the model reads."""
     prepared: list[PreparedText] = []
     sentences = 0
     cuts: list[int] = []  # parts of each sentence cut
@@ -143,11 +160,16 @@ def prepare_texts(
             refuse(TextRefused(index, err))
             continue
         sentences, cuts = counted, cuts + fitted.cuts
-        prepared.append(PreparedText(index, fitted.split, fitted.sources))
+        terms = [] if glossary is None else [_found(glossary, piece) for piece in fitted.split.pieces]
+        prepared.append(PreparedText(index, fitted.split, fitted.sources, terms))
     if on_cut is not None:
         for count in cuts:
             on_cut(count)
     return prepared
+
+
+def _found(glossary: TermIndex, piece: str) -> tuple[Term, ...]:
+    return tuple(match.term for match in glossary.find(model_text(piece)))
 
 
 def source_ids(tokenizer: TextTokenizer, target_lang: str, model_source: str | None, text: str) -> list[int]:
@@ -229,6 +251,7 @@ class Assembler:
     num_hypotheses: int
     _where: list[tuple[int, int]] = field(default_factory=list)  # flat sentence index -> (text slot, position)
     _pending: list[_Pending] = field(default_factory=list)
+    _targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a term's target ids, by its target
 
     def __post_init__(self) -> None:
         for slot, text in enumerate(self.texts):
@@ -240,6 +263,19 @@ class Assembler:
     def sources(self) -> list[list[int]]:
         """Every sentence of the request in order: what the engine decodes."""
         return [ids for text in self.texts for ids in text.sources]
+
+    def terms(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Per sentence of `sources`, the target ids of each glossary term found in it (`DecodeOptions.terms`); empty
+        where no sentence has any."""
+        found = [terms for text in self.texts for terms in (text.terms or [()] * len(text.sources))]
+        if not any(found):
+            return ()
+        return tuple(tuple(self._target_ids(term.target) for term in terms) for terms in found)
+
+    def _target_ids(self, target: str) -> tuple[int, ...]:
+        if target not in self._targets:
+            self._targets[target] = target_ids(self.tokenizer, target)
+        return self._targets[target]
 
     def blank_texts(self) -> list[TextTranslation]:
         """Texts without sentences (nothing to translate), finished at once with their text unchanged."""
@@ -280,7 +316,22 @@ class Assembler:
             output_tokens,
             len(results),
             boundaries=tuple(boundaries for _, _, boundaries in ranked),
+            terms=self._terms_used(text, results),
         )
+
+    def _terms_used(self, text: PreparedText, results: list[list[Hypothesis]]) -> TermsUsed:
+        """How many of the text's glossary terms its sentences' best translations use as often as their sources."""
+        if not any(text.terms):
+            return TermsUsed()
+        requested = applied = 0
+        for terms, result in zip(text.terms, results, strict=True):
+            if not terms:
+                continue
+            translation = self.tokenizer.decode(list(result[0].tokens))
+            for target, needed in Counter(term.target for term in terms).items():
+                requested += needed
+                applied += min(needed, occurrences(translation, target))
+        return TermsUsed(requested, applied)
 
     def _nth(self, text: PreparedText, results: list[list[Hypothesis]], rank: int) -> tuple[str, float, Boundaries]:
         """The text's rank-th hypothesis (each sentence's rank-th best, or its last if it has fewer), its score and

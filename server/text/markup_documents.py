@@ -20,6 +20,7 @@ from server.text.documents import (
     PreparedText,
     Refuse,
     RequestLimits,
+    TermsUsed,
     TextLimitError,
     TextRefused,
     TextTranslation,
@@ -35,6 +36,8 @@ class RequestAssembler(Protocol):
 
     @property
     def sources(self) -> list[list[int]]: ...
+
+    def terms(self) -> tuple[tuple[tuple[int, ...], ...], ...]: ...  # per sentence, its glossary terms' target ids
 
     def blank_texts(self) -> list[TextTranslation]: ...
 
@@ -187,6 +190,9 @@ class MarkupAssembler:
     def sources(self) -> list[list[int]]:
         return self._units.sources
 
+    def terms(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        return self._units.terms()
+
     def blank_texts(self) -> list[TextTranslation]:
         done = [d for unit in self._units.blank_texts() if (d := self._unit_done(unit)) is not None]
         return done + [self._finish(d) for d in self._documents if not d.results]
@@ -228,4 +234,5 @@ class MarkupAssembler:
             sum(r.output_tokens for r in results),
             sum(r.sentences for r in results),
             placement,
+            terms=sum((r.terms for r in results), TermsUsed()),
         )

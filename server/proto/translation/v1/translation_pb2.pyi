@@ -21,12 +21,22 @@ TranslationOptions.source_language).
 HTML/XML texts (`text_type`): at most 100,000 characters per document, markup included, of which at
 most 10,000 are text to translate; at most 256 elements open inside one another and 512 units to
 translate (blocks and translated attributes) per request; malformed markup is never refused.
+Glossaries (TranslationOptions.glossary inline, CreateGlossary stored; fixed, not in ListModels): at most
+1,000 entries inline per request and 10,000 per stored glossary; each term 1..256 characters once the
+whitespace around it is trimmed, one line of text (no tab, line break or other control character); each
+source term once per glossary (compared exactly, case included); at most 1,000 stored glossaries per cache
+directory, each named in 1..256 characters.
 
 Status codes:
   INVALID_ARGUMENT   empty request, unknown language or pair, too many texts or sentences, a text
                      or sentence over its limit, options out of range. With
                      `TranslateRequest.allow_partial`, a refusal of one text is that text's
-                     `TextResult.error` instead, and the others are translated.
+                     `TextResult.error` instead, and the others are translated. Also: a glossary
+                     entry, name or language against the glossary rules, a glossary_id that is no id,
+                     or a request whose languages are not its glossary_id's.
+  NOT_FOUND          a glossary id (GetGlossary, DeleteGlossary, TranslationOptions.glossary_id) that names
+                     no stored glossary: never created, or deleted (by any server sharing the directory).
+  FAILED_PRECONDITION CreateGlossary while the server stores 1,000 glossaries already: delete one first.
   RESOURCE_EXHAUSTED the server's queue of waiting sentences is full; nothing of the request was
                      started. Retry with backoff (the load is transient) or on another replica.
                      Also: a Translate response would exceed the server's message size limit (each
@@ -46,6 +56,7 @@ Status codes:
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -58,6 +69,35 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _EntriesFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EntriesFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntriesFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ENTRIES_FORMAT_TSV: _EntriesFormat.ValueType  # 0
+    """`source<TAB>target`: exactly one tab per line."""
+    ENTRIES_FORMAT_CSV: _EntriesFormat.ValueType  # 1
+    """`source,target`, or `source,target,source_language,target_language` (the glossary's languages), fields as
+    RFC 4180 writes them: one holding a comma or a double quote is enclosed in double quotes, and a double quote
+    inside it doubled (`"say ""hi\"\"\",sag hallo`).
+    """
+
+class EntriesFormat(_EntriesFormat, metaclass=_EntriesFormatEnumTypeWrapper):
+    """How `CreateGlossaryRequest.entries_text` is written (DeepL's entry formats). Either way: one entry per line (LF,
+    CRLF or CR), blank lines skipped, the whitespace around each term trimmed; a line that breaks the format is
+    INVALID_ARGUMENT naming its line number.
+    """
+
+ENTRIES_FORMAT_TSV: EntriesFormat.ValueType  # 0
+"""`source<TAB>target`: exactly one tab per line."""
+ENTRIES_FORMAT_CSV: EntriesFormat.ValueType  # 1
+"""`source,target`, or `source,target,source_language,target_language` (the glossary's languages), fields as
+RFC 4180 writes them: one holding a comma or a double quote is enclosed in double quotes, and a double quote
+inside it doubled (`"say ""hi\"\"\",sag hallo`).
+"""
+Global___EntriesFormat: _TypeAlias = EntriesFormat  # noqa: Y015
 
 class _Placeholders:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -161,6 +201,8 @@ class TranslationOptions(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     TEXT_TYPE_FIELD_NUMBER: _builtins.int
     PLACEHOLDERS_FIELD_NUMBER: _builtins.int
+    GLOSSARY_FIELD_NUMBER: _builtins.int
+    GLOSSARY_ID_FIELD_NUMBER: _builtins.int
     source_language: _builtins.str
     """Language of the texts as BCP-47 ("pt-BR", "zh-Hant"), ISO 639-1 ("pt") or ISO 639-3 ("por"), or the
     model's own code (ListModels); matched to the served models' languages: the same language first (a
@@ -199,6 +241,20 @@ class TranslationOptions(_message.Message):
     """How the texts are read: plain text (default), HTML or XML (see TextType)."""
     placeholders: Global___Placeholders.ValueType
     """What becomes of the placeholders in the text to translate (see Placeholders). Default: each is kept."""
+    glossary_id: _builtins.str
+    """A stored glossary (its id from CreateGlossary) whose entries the translation must use besides `glossary`; an
+    inline entry wins over a stored one with the same source. The request must name its source_language (a
+    glossary holds terms of one language: detection cannot choose it), and its languages must be the glossary's:
+    the same language in the same script, the region aside ("de" serves "de-DE" and "de-AT", "en" serves
+    "en-US"; "zh-Hans" does not serve "zh-Hant"), in any case or spelling routing takes ("deu", "DE", "de_DE").
+    Empty: none.
+    """
+    @_builtins.property
+    def glossary(self) -> _containers.RepeatedCompositeFieldContainer[Global___GlossaryEntry]:
+        """Terms the translation must use, inline: wherever an entry's source stands in a text, its translation holds
+        the entry's target. At most 1,000 entries, each within the glossary rules (see the file comment).
+        """
+
     def __init__(
         self,
         *,
@@ -213,10 +269,12 @@ class TranslationOptions(_message.Message):
         model: _builtins.str = ...,
         text_type: Global___TextType.ValueType = ...,
         placeholders: Global___Placeholders.ValueType = ...,
+        glossary: _abc.Iterable[Global___GlossaryEntry] | None = ...,
+        glossary_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "num_hypotheses", b"num_hypotheses"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "placeholders", b"placeholders", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language", "text_type", b"text_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size", "_length_penalty", b"_length_penalty", "_num_hypotheses", b"_num_hypotheses", "beam_size", b"beam_size", "glossary", b"glossary", "glossary_id", b"glossary_id", "length_penalty", b"length_penalty", "max_output_len", b"max_output_len", "model", b"model", "num_hypotheses", b"num_hypotheses", "placeholders", b"placeholders", "return_scores", b"return_scores", "source_language", b"source_language", "stream_tokens", b"stream_tokens", "target_language", b"target_language", "text_type", b"text_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__beam_size: _TypeAlias = _typing.Literal["beam_size"]  # noqa: Y015
     _WhichOneofArgType__beam_size: _TypeAlias = _typing.Literal["_beam_size", b"_beam_size"]  # noqa: Y015
@@ -234,6 +292,32 @@ class TranslationOptions(_message.Message):
 Global___TranslationOptions: _TypeAlias = TranslationOptions  # noqa: Y015
 
 @_typing.final
+class GlossaryEntry(_message.Message):
+    """One glossary entry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """The term as it stands in the source text: whole words, case as written."""
+    target: _builtins.str
+    """What its translation must hold, verbatim."""
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GlossaryEntry: _TypeAlias = GlossaryEntry  # noqa: Y015
+
+@_typing.final
 class TranslateRequest(_message.Message):
     """Texts to translate with one set of options."""
 
@@ -248,7 +332,7 @@ class TranslateRequest(_message.Message):
     max_markup_units, a detected language no model serves toward the target, a language detection cannot
     tell) gets `TextResult.error` while the other texts are translated. Without it (default), any such
     refusal fails the whole call with INVALID_ARGUMENT. What concerns the whole request (no texts, too many
-    texts, options out of range, an unknown target language or model) fails the call either way.
+    texts, options out of range, an unknown target language or model, its glossary) fails the call either way.
     """
     @_builtins.property
     def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -828,3 +912,200 @@ class ListModelsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+
+@_typing.final
+class CreateGlossaryRequest(_message.Message):
+    """Request of CreateGlossary: a name, the languages, and the entries either as `entries` or as `entries_text`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    TARGET_LANGUAGE_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    ENTRIES_TEXT_FIELD_NUMBER: _builtins.int
+    ENTRIES_FORMAT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1..256 characters once trimmed, without control characters; need not be unique (the id is)."""
+    source_language: _builtins.str
+    """The language of the source terms, written as TranslationOptions.source_language is (not "auto"), at most 64
+    characters. Required.
+    """
+    target_language: _builtins.str
+    """The language of the target terms, written alike; another language than the source's. Required."""
+    entries_text: _builtins.str
+    """The entries as text in `entries_format`, 1..10,000 of them. Empty where `entries` holds them."""
+    entries_format: Global___EntriesFormat.ValueType
+    """How `entries_text` is written. Default: TSV."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___GlossaryEntry]:
+        """The entries, 1..10,000, each source term once. Empty where `entries_text` holds them."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        source_language: _builtins.str = ...,
+        target_language: _builtins.str = ...,
+        entries: _abc.Iterable[Global___GlossaryEntry] | None = ...,
+        entries_text: _builtins.str = ...,
+        entries_format: Global___EntriesFormat.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "entries_format", b"entries_format", "entries_text", b"entries_text", "name", b"name", "source_language", b"source_language", "target_language", b"target_language"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateGlossaryRequest: _TypeAlias = CreateGlossaryRequest  # noqa: Y015
+
+@_typing.final
+class Glossary(_message.Message):
+    """A stored glossary."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GLOSSARY_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    TARGET_LANGUAGE_FIELD_NUMBER: _builtins.int
+    ENTRY_COUNT_FIELD_NUMBER: _builtins.int
+    CREATION_TIME_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    glossary_id: _builtins.str
+    """Its id: a UUID (36 characters) the server made; TranslationOptions.glossary_id takes it."""
+    name: _builtins.str
+    """Its name, trimmed."""
+    source_language: _builtins.str
+    """Its languages as CreateGlossary was given them, trimmed."""
+    target_language: _builtins.str
+    entry_count: _builtins.int
+    """How many entries it holds."""
+    @_builtins.property
+    def creation_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was created."""
+
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___GlossaryEntry]:
+        """Its entries, in the order given, terms trimmed; only in GetGlossary's answer."""
+
+    def __init__(
+        self,
+        *,
+        glossary_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        source_language: _builtins.str = ...,
+        target_language: _builtins.str = ...,
+        entry_count: _builtins.int = ...,
+        creation_time: _timestamp_pb2.Timestamp | None = ...,
+        entries: _abc.Iterable[Global___GlossaryEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["creation_time", b"creation_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creation_time", b"creation_time", "entries", b"entries", "entry_count", b"entry_count", "glossary_id", b"glossary_id", "name", b"name", "source_language", b"source_language", "target_language", b"target_language"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Glossary: _TypeAlias = Glossary  # noqa: Y015
+
+@_typing.final
+class GetGlossaryRequest(_message.Message):
+    """Request of GetGlossary."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GLOSSARY_ID_FIELD_NUMBER: _builtins.int
+    glossary_id: _builtins.str
+    """The glossary's id, as CreateGlossary returned it."""
+    def __init__(
+        self,
+        *,
+        glossary_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["glossary_id", b"glossary_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGlossaryRequest: _TypeAlias = GetGlossaryRequest  # noqa: Y015
+
+@_typing.final
+class ListGlossariesRequest(_message.Message):
+    """Request of ListGlossaries (no fields: it lists every stored glossary)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGlossariesRequest: _TypeAlias = ListGlossariesRequest  # noqa: Y015
+
+@_typing.final
+class ListGlossariesResponse(_message.Message):
+    """Response of ListGlossaries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GLOSSARIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def glossaries(self) -> _containers.RepeatedCompositeFieldContainer[Global___Glossary]:
+        """Every stored glossary, oldest first, without its entries (entry_count says how many)."""
+
+    def __init__(
+        self,
+        *,
+        glossaries: _abc.Iterable[Global___Glossary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["glossaries", b"glossaries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGlossariesResponse: _TypeAlias = ListGlossariesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteGlossaryRequest(_message.Message):
+    """Request of DeleteGlossary."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GLOSSARY_ID_FIELD_NUMBER: _builtins.int
+    glossary_id: _builtins.str
+    """The glossary's id, as CreateGlossary returned it."""
+    def __init__(
+        self,
+        *,
+        glossary_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["glossary_id", b"glossary_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGlossaryRequest: _TypeAlias = DeleteGlossaryRequest  # noqa: Y015
+
+@_typing.final
+class DeleteGlossaryResponse(_message.Message):
+    """Response of DeleteGlossary (no fields: the glossary is gone)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGlossaryResponse: _TypeAlias = DeleteGlossaryResponse  # noqa: Y015

@@ -50,6 +50,26 @@ class TranslatorStub:
                 request_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.CreateGlossary = channel.unary_unary(
+                '/translation.v1.Translator/CreateGlossary',
+                request_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.CreateGlossaryRequest.SerializeToString,
+                response_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.FromString,
+                _registered_method=True)
+        self.GetGlossary = channel.unary_unary(
+                '/translation.v1.Translator/GetGlossary',
+                request_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.GetGlossaryRequest.SerializeToString,
+                response_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.FromString,
+                _registered_method=True)
+        self.ListGlossaries = channel.unary_unary(
+                '/translation.v1.Translator/ListGlossaries',
+                request_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesRequest.SerializeToString,
+                response_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesResponse.FromString,
+                _registered_method=True)
+        self.DeleteGlossary = channel.unary_unary(
+                '/translation.v1.Translator/DeleteGlossary',
+                request_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryRequest.SerializeToString,
+                response_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryResponse.FromString,
+                _registered_method=True)
 
 
 class TranslatorServicer:
@@ -80,6 +100,37 @@ class TranslatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateGlossary(self, request, context):
+        """Stores a glossary and returns it with its new id, without its entries. Glossaries are kept in the server's
+        cache directory (translate-server --cache-dir, in `glossaries/`): every server sharing that directory (the
+        --processes of one, replicas on one volume) serves them, and they outlive a restart. A glossary never
+        changes: to edit one, create the new one, then delete the old.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGlossary(self, request, context):
+        """Returns a stored glossary with its entries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGlossaries(self, request, context):
+        """Lists the stored glossaries, oldest first, without their entries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGlossary(self, request, context):
+        """Deletes a stored glossary; every server sharing the directory answers NOT_FOUND for it at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranslatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +148,26 @@ def add_TranslatorServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.FromString,
                     response_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'CreateGlossary': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateGlossary,
+                    request_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.CreateGlossaryRequest.FromString,
+                    response_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.SerializeToString,
+            ),
+            'GetGlossary': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGlossary,
+                    request_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.GetGlossaryRequest.FromString,
+                    response_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.SerializeToString,
+            ),
+            'ListGlossaries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGlossaries,
+                    request_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesRequest.FromString,
+                    response_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesResponse.SerializeToString,
+            ),
+            'DeleteGlossary': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGlossary,
+                    request_deserializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryRequest.FromString,
+                    response_serializer=server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +252,114 @@ class Translator:
             '/translation.v1.Translator/ListModels',
             server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsRequest.SerializeToString,
             server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateGlossary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/translation.v1.Translator/CreateGlossary',
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.CreateGlossaryRequest.SerializeToString,
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGlossary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/translation.v1.Translator/GetGlossary',
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.GetGlossaryRequest.SerializeToString,
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.Glossary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGlossaries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/translation.v1.Translator/ListGlossaries',
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesRequest.SerializeToString,
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.ListGlossariesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGlossary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/translation.v1.Translator/DeleteGlossary',
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryRequest.SerializeToString,
+            server_dot_proto_dot_translation_dot_v1_dot_translation__pb2.DeleteGlossaryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,12 +21,22 @@ TranslationOptions.source_language).
 HTML/XML texts (`text_type`): at most 100,000 characters per document, markup included, of which at
 most 10,000 are text to translate; at most 256 elements open inside one another and 512 units to
 translate (blocks and translated attributes) per request; malformed markup is never refused.
+Glossaries (TranslationOptions.glossary inline, CreateGlossary stored; fixed, not in ListModels): at most
+1,000 entries inline per request and 10,000 per stored glossary; each term 1..256 characters once the
+whitespace around it is trimmed, one line of text (no tab, line break or other control character); each
+source term once per glossary (compared exactly, case included); at most 1,000 stored glossaries per cache
+directory, each named in 1..256 characters.
 
 Status codes:
   INVALID_ARGUMENT   empty request, unknown language or pair, too many texts or sentences, a text
                      or sentence over its limit, options out of range. With
                      `TranslateRequest.allow_partial`, a refusal of one text is that text's
-                     `TextResult.error` instead, and the others are translated.
+                     `TextResult.error` instead, and the others are translated. Also: a glossary
+                     entry, name or language against the glossary rules, a glossary_id that is no id,
+                     or a request whose languages are not its glossary_id's.
+  NOT_FOUND          a glossary id (GetGlossary, DeleteGlossary, TranslationOptions.glossary_id) that names
+                     no stored glossary: never created, or deleted (by any server sharing the directory).
+  FAILED_PRECONDITION CreateGlossary while the server stores 1,000 glossaries already: delete one first.
   RESOURCE_EXHAUSTED the server's queue of waiting sentences is full; nothing of the request was
                      started. Retry with backoff (the load is transient) or on another replica.
                      Also: a Translate response would exceed the server's message size limit (each
@@ -83,6 +93,18 @@ class TranslatorStub:
     """
     ListModels: _grpc.UnaryUnaryMultiCallable[_translation_pb2.ListModelsRequest, _translation_pb2.ListModelsResponse]
     """Describes every served model: languages, pairs, limits, variant and runtime."""
+    CreateGlossary: _grpc.UnaryUnaryMultiCallable[_translation_pb2.CreateGlossaryRequest, _translation_pb2.Glossary]
+    """Stores a glossary and returns it with its new id, without its entries. Glossaries are kept in the server's
+    cache directory (translate-server --cache-dir, in `glossaries/`): every server sharing that directory (the
+    --processes of one, replicas on one volume) serves them, and they outlive a restart. A glossary never
+    changes: to edit one, create the new one, then delete the old.
+    """
+    GetGlossary: _grpc.UnaryUnaryMultiCallable[_translation_pb2.GetGlossaryRequest, _translation_pb2.Glossary]
+    """Returns a stored glossary with its entries."""
+    ListGlossaries: _grpc.UnaryUnaryMultiCallable[_translation_pb2.ListGlossariesRequest, _translation_pb2.ListGlossariesResponse]
+    """Lists the stored glossaries, oldest first, without their entries."""
+    DeleteGlossary: _grpc.UnaryUnaryMultiCallable[_translation_pb2.DeleteGlossaryRequest, _translation_pb2.DeleteGlossaryResponse]
+    """Deletes a stored glossary; every server sharing the directory answers NOT_FOUND for it at once."""
 
 @_typing.type_check_only
 class TranslatorAsyncStub(TranslatorStub):
@@ -99,6 +121,18 @@ class TranslatorAsyncStub(TranslatorStub):
     """
     ListModels: _aio.UnaryUnaryMultiCallable[_translation_pb2.ListModelsRequest, _translation_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Describes every served model: languages, pairs, limits, variant and runtime."""
+    CreateGlossary: _aio.UnaryUnaryMultiCallable[_translation_pb2.CreateGlossaryRequest, _translation_pb2.Glossary]  # type: ignore[assignment]
+    """Stores a glossary and returns it with its new id, without its entries. Glossaries are kept in the server's
+    cache directory (translate-server --cache-dir, in `glossaries/`): every server sharing that directory (the
+    --processes of one, replicas on one volume) serves them, and they outlive a restart. A glossary never
+    changes: to edit one, create the new one, then delete the old.
+    """
+    GetGlossary: _aio.UnaryUnaryMultiCallable[_translation_pb2.GetGlossaryRequest, _translation_pb2.Glossary]  # type: ignore[assignment]
+    """Returns a stored glossary with its entries."""
+    ListGlossaries: _aio.UnaryUnaryMultiCallable[_translation_pb2.ListGlossariesRequest, _translation_pb2.ListGlossariesResponse]  # type: ignore[assignment]
+    """Lists the stored glossaries, oldest first, without their entries."""
+    DeleteGlossary: _aio.UnaryUnaryMultiCallable[_translation_pb2.DeleteGlossaryRequest, _translation_pb2.DeleteGlossaryResponse]  # type: ignore[assignment]
+    """Deletes a stored glossary; every server sharing the directory answers NOT_FOUND for it at once."""
 
 class TranslatorServicer(metaclass=_abc_1.ABCMeta):
     """Translates texts with the served models, routed by language pair or by TranslationOptions.model."""
@@ -130,5 +164,41 @@ class TranslatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_translation_pb2.ListModelsResponse, _abc.Awaitable[_translation_pb2.ListModelsResponse]]:
         """Describes every served model: languages, pairs, limits, variant and runtime."""
+
+    @_abc_1.abstractmethod
+    def CreateGlossary(
+        self,
+        request: _translation_pb2.CreateGlossaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_translation_pb2.Glossary, _abc.Awaitable[_translation_pb2.Glossary]]:
+        """Stores a glossary and returns it with its new id, without its entries. Glossaries are kept in the server's
+        cache directory (translate-server --cache-dir, in `glossaries/`): every server sharing that directory (the
+        --processes of one, replicas on one volume) serves them, and they outlive a restart. A glossary never
+        changes: to edit one, create the new one, then delete the old.
+        """
+
+    @_abc_1.abstractmethod
+    def GetGlossary(
+        self,
+        request: _translation_pb2.GetGlossaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_translation_pb2.Glossary, _abc.Awaitable[_translation_pb2.Glossary]]:
+        """Returns a stored glossary with its entries."""
+
+    @_abc_1.abstractmethod
+    def ListGlossaries(
+        self,
+        request: _translation_pb2.ListGlossariesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_translation_pb2.ListGlossariesResponse, _abc.Awaitable[_translation_pb2.ListGlossariesResponse]]:
+        """Lists the stored glossaries, oldest first, without their entries."""
+
+    @_abc_1.abstractmethod
+    def DeleteGlossary(
+        self,
+        request: _translation_pb2.DeleteGlossaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_translation_pb2.DeleteGlossaryResponse, _abc.Awaitable[_translation_pb2.DeleteGlossaryResponse]]:
+        """Deletes a stored glossary; every server sharing the directory answers NOT_FOUND for it at once."""
 
 def add_TranslatorServicer_to_server(servicer: TranslatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
