@@ -85,9 +85,9 @@ GPU_ARMS = [
     "--served-arm",
     "fp16-admission-wait=fp16 --admission-wait-ms 20",
     "--served-arm",
-    "fp16-4fronts-shared=fp16 --processes 4 --shared-engines",
+    "fp16-4fronts-shared=fp16 --processes 4",
     "--served-arm",
-    "fp16-8fronts-shared=fp16 --processes 8 --shared-engines",
+    "fp16-8fronts-shared=fp16 --processes 8",
 ]
 SITECUSTOMIZE = """try:  # written by bench.gpu_check: load the CUDA libraries torch's wheels carry, before any session
     import onnxruntime

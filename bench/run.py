@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--load-s", type=float, default=0, help="seconds per loadgen run (0 = the budget's)")
     parser.add_argument("--concurrency", default="", help="closed-loop levels, e.g. 64,256 (default: the budget's)")
     parser.add_argument(
-        "--server-args", default="", help='more translate-server flags for the served path, e.g. "--engine-processes"'
+        "--server-args", default="", help='more translate-server flags for the served path, e.g. "--processes 2"'
     )
     parser.add_argument("--engines", type=_names, default=[], help="offline engines to run (default: the device's)")
     parser.add_argument("--load-fractions", type=_fractions, default=(), help="open-loop rates, e.g. 0.5,1.0")
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     )
     parser.add_argument(
         "--served-arm", action="append", type=_arm, default=[], metavar="LABEL=VARIANT FLAGS",
-        help='one more served run with its own flags, e.g. "fp16-2proc=fp16 --engines 2 --engine-processes"',
+        help='one more served run with its own flags, e.g. "fp16-4fronts=fp16 --processes 4"',
     )  # fmt: skip
     args = parser.parse_args(argv)
     unknown = set(args.engines) - set(engines.DEVICE_ENGINES[args.device])

@@ -144,12 +144,13 @@ def runner_of(model: LoadedModel) -> Runner:
 
 
 def onnx_model(model_dir: Path, max_slots: int = 8, kv_cache: str = "auto") -> LoadedModel:
-    """The real runtime (onnxruntime on CPU) over an exported model directory; the caches where the server's
-    default puts them (`auto`: the working batch on CPU) unless `kv_cache` names another place."""
+    """The real runtime (onnxruntime on CPU) over an exported model directory, in this process (the test drives
+    or wraps it); the caches where the server's default puts them (`auto`: the working batch on CPU) unless
+    `kv_cache` names another place."""
     config = ServerConfig(
         model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache
     )
-    return load_model(config, model_dir)
+    return load_model(config, model_dir, in_process=True)
 
 
 @dataclass

@@ -336,7 +336,7 @@ def test_a_run_over_several_server_processes_waits_for_each_to_serve() -> None:
 
     nobody = free_port()  # nothing listens there
     assert every_process_serving(nobody, ["--engines", "2"])  # one process: the health probe before decides
-    assert not every_process_serving(nobody, ["--processes", "2", "--shared-engines"])
+    assert not every_process_serving(nobody, ["--processes", "2"])
 
 
 def test_served_layout_is_one_single_threaded_engine_per_thread_on_cpu(tiny_model_dir: Path) -> None:
@@ -405,7 +405,7 @@ def test_opus_size_pipeline_measures_an_nllb_model_against_ctranslate2s_m2m100_c
 
 
 def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_dir: Path) -> None:
-    """`--server-args "--engine-processes"` serves through engine processes, and the results say so."""
+    """`--server-args "--engine-nice 10"` serves with that flag, and the results say so."""
     from bench.engines import EngineSettings
     from bench.plots import served_rows
     from bench.run import QUICK, bench_served_variant, load_workload
@@ -413,11 +413,11 @@ def test_the_served_path_runs_with_the_server_flags_it_is_given(tiny_exported_di
     settings = EngineSettings(tiny_exported_dir, "cpu", 2, 6, 4)
     work = load_workload(tiny_exported_dir, Path("data/test.tsv"), 4)
     budget = replace(QUICK, load_s=1.0, latency_requests=2, concurrency=(4,), load_fractions=(1.0,))
-    served = bench_served_variant(settings, work, budget, "fp32", ["--engine-processes"])
-    assert served["server_args"] == ["--engine-processes"]
+    served = bench_served_variant(settings, work, budget, "fp32", ["--engine-nice", "10"])
+    assert served["server_args"] == ["--engine-nice", "10"]
     assert served["beam1"]["saturation_tokens_per_s"] > 0 and served["beam4"]["saturation_tokens_per_s"] > 0
     assert not any(run["errors"] for beam in (1, 4) for run in served[f"beam{beam}"]["closed"])
-    assert any("--engine-processes" in row for row in served_rows({"served": {"fp32": served}}))
+    assert any("--engine-nice 10" in row for row in served_rows({"served": {"fp32": served}}))
 
 
 def test_a_burst_round_passes_when_its_refusals_p95_is_within_the_margin_of_its_floor() -> None:

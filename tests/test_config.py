@@ -29,7 +29,7 @@ def test_every_flag_parses() -> None:
     argv += " --drain-seconds 2.5 --threads 3 --no-reflection --log-level debug --host 127.0.0.1 --kv-cache device"
     argv += " --spin-threads --max-connection-age-s 60 --max-concurrent-rpcs 5 --stall-seconds 30"
     argv += " --max-connection-age-grace-s 7 --max-connection-idle-s 90 --keepalive-time-s 45 --keepalive-timeout-s 5"
-    argv += " --min-ping-interval-s 2.5 --shutdown-delay-seconds 3 --engine-processes"
+    argv += " --min-ping-interval-s 2.5 --shutdown-delay-seconds 3 --engine-nice 7"
     config = parse_config(argv.split(), {})
     assert config == ServerConfig(
         port=7,
@@ -47,7 +47,7 @@ def test_every_flag_parses() -> None:
         threads=3,
         engines=2,
         spin_threads=True,
-        engine_processes=True,
+        engine_nice=7,
         reflection=False,
         log_level="DEBUG",
         host="127.0.0.1",
@@ -80,24 +80,26 @@ def test_environment_sets_values_and_flags_win() -> None:
     assert parse_config([], {"TRANSLATE_SPIN_THREADS": "yes"}).spin_threads
     assert not parse_config([], {}).spin_threads
     assert not parse_config(["--no-spin-threads"], {"TRANSLATE_SPIN_THREADS": "1"}).spin_threads
-    assert parse_config([], {"TRANSLATE_ENGINE_PROCESSES": "on"}).engine_processes
-    assert parse_config([], {}).engine_processes is None  # by device and engine count: engine_processes_for
-    assert parse_config(["--no-engine-processes"], {"TRANSLATE_ENGINE_PROCESSES": "1"}).engine_processes is False
     assert parse_config([], {"TRANSLATE_ENGINE_NICE": "4"}).engine_nice == 4
-    assert parse_config([], {}).engine_nice is None
+    assert parse_config([], {}).engine_nice == ENGINE_PROCESS_NICE
 
 
-def test_engines_run_in_processes_of_their_own_on_cpu_wherever_there_are_two_or_more() -> None:
-    default = ServerConfig()
-    assert default.engine_processes_for(2) and default.engine_processes_for(8)
-    assert not default.engine_processes_for(1)  # one engine: nothing to share the interpreter with
-    assert not ServerConfig(engine_processes=False).engine_processes_for(4)
-    assert ServerConfig(engine_processes=True).engine_processes_for(1)
-    assert (default.engine_nice_for(in_child=True), default.engine_nice_for(in_child=False)) == (ENGINE_PROCESS_NICE, 0)
-    assert ServerConfig(engine_nice=0).engine_nice_for(in_child=True) == 0
-    assert ServerConfig(engine_nice=5).engine_nice_for(in_child=False) == 5
+def test_engine_processes_decode_at_a_niceness_of_0_to_19() -> None:
+    assert ServerConfig(engine_nice=0).engine_nice == 0
     with pytest.raises(ValueError, match="engine_nice"):
         ServerConfig(engine_nice=20)
+
+
+@pytest.mark.parametrize("flag", ["--engine-processes", "--no-engine-processes", "--shared-engines"])
+def test_the_flags_of_the_set_ups_that_lost_are_refused_as_unknown_in_one_line(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every engine is an engine process, and `--processes` fronts always share the parent's: no switch is left."""
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--processes", "2", "--port", "50051", flag], {})
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"unrecognized arguments: {flag}" in line
 
 
 CONNECTION_FLAGS = [

@@ -1,6 +1,6 @@
-"""`--engine-processes`: each engine in a child process behind the server's gRPC (server/backend/engine_process.py).
+"""Each engine in a child process behind the server's gRPC (server/backend/engine_process.py).
 
-The same answers as an engine thread, the metrics in the server's registry, the queue bound decided
+The same answers as an engine in the calling process, the metrics in the server's registry, the queue bound decided
 before anything crosses the pipe, every call answered when a child dies or the server drains, and no
 child left behind by a server that is gone.
 """
@@ -42,12 +42,9 @@ DECODING_DEADLINE_S = 8.0
 TEXTS = ["Guten Morgen.", "Das Haus ist klein. Der Hund schläft.", "Wir fahren morgen nach Berlin."]
 
 
-def loaded(model_dir: Path, engine_processes: bool) -> LoadedModel:
-    config = server_config(
-        model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1,
-        engine_processes=engine_processes,
-    )  # fmt: skip
-    return load_model(config, model_dir)
+def loaded(model_dir: Path, in_process: bool = False) -> LoadedModel:
+    config = server_config(model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1)
+    return load_model(config, model_dir, in_process=in_process)
 
 
 def settings(model_dir: Path, max_slots: int = 4) -> RunnerSettings:
@@ -66,16 +63,16 @@ def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_serve
     tiny_exported_dir: Path,
 ) -> None:
     answers = {}
-    for in_process in (False, True):
-        model = loaded(tiny_exported_dir, in_process)
-        assert isinstance(model.runner, ModelProcess) == in_process
-        with running_server(model, server_config(engine_processes=in_process)) as running:
+    for child in (False, True):
+        model = loaded(tiny_exported_dir, in_process=not child)
+        assert isinstance(model.runner, ModelProcess) == child
+        with running_server(model, server_config()) as running:
             for beam in (1, 2):
                 reply = running.stub.Translate(request(TEXTS, beam_size=beam, num_hypotheses=beam), timeout=60)
-                answers[in_process, beam] = [[h.text for h in r.hypotheses] for r in reply.results]
+                answers[child, beam] = [[h.text for h in r.hypotheses] for r in reply.results]
             steps = sample_value(running.registry, "translation_decode_step_duration_seconds_count")
             sentences = sample_value(running.registry, "translation_sentences_total")
-            if in_process:
+            if child:
                 assert all(isinstance(e, EngineProcess) for e in running.server.engines.values())
                 (pid,) = running.server.engine_pids.values()  # its process series: server.edge.process_metrics
                 assert running.server.engine_pids == {f"engine-{model.description.name}#0": pid} and pid_alive(pid)
@@ -92,9 +89,9 @@ def test_an_engine_process_answers_as_the_engine_thread_and_reports_to_the_serve
 def test_a_dead_engine_process_fails_its_calls_unavailable_and_the_server_stops_serving(
     tiny_exported_dir: Path,
 ) -> None:
-    model = loaded(tiny_exported_dir, True)
+    model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
-    with running_server(model, server_config(engine_processes=True)) as running:
+    with running_server(model, server_config()) as running:
         long = request(["Guten Morgen."] * 16, beam_size=1, max_output_len=60)  # ~2,000 steps in all
         calls = [running.stub.Translate.future(long, timeout=60) for _ in range(16)]
         wait_until(lambda: sample_value(running.registry, "translation_decode_step_duration_seconds_count") > 0)
@@ -108,10 +105,10 @@ def test_a_dead_engine_process_fails_its_calls_unavailable_and_the_server_stops_
 
 
 def test_shutdown_answers_every_call_and_the_children_exit(tiny_exported_dir: Path) -> None:
-    model = loaded(tiny_exported_dir, True)
+    model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    with running_server(model, server_config(engine_processes=True)) as running:
+    with running_server(model, server_config()) as running:
         calls = [running.stub.Translate.future(request(TEXTS, beam_size=2), timeout=60) for _ in range(6)]
 
         def held() -> float:  # calls the server has received: in flight or answered
@@ -204,10 +201,10 @@ def test_a_call_that_ends_early_frees_its_slots_in_the_engine_process(tiny_expor
 
     Ordering, not speed: once the child holds slots it is stopped (SIGSTOP) until the deadline has passed,
     so the deadline provably passes while the request decodes."""
-    model = loaded(tiny_exported_dir, True)
+    model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    with running_server(model, server_config(engine_processes=True)) as running:
+    with running_server(model, server_config()) as running:
         longer = request(["Guten Morgen."] * 128, beam_size=1, max_output_len=60)  # 16 rounds of 8 slots
         call = running.stub.Translate.future(longer, timeout=DECODING_DEADLINE_S)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -231,10 +228,10 @@ def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_una
 ) -> None:
     """A child stopped (SIGSTOP), or hung with its interpreter lock held, cannot watch itself: the server
     kills it once it has been silent past --stall-seconds while holding calls."""
-    model = loaded(tiny_exported_dir, True)
+    model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    with running_server(model, server_config(engine_processes=True, stall_seconds=1.0)) as running:
+    with running_server(model, server_config(stall_seconds=1.0)) as running:
         longer = request(["Guten Morgen."] * 128, beam_size=1, max_output_len=60)
         call = running.stub.Translate.future(longer, timeout=60)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -255,10 +252,10 @@ def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_expor
     once on purpose, submissions sent on the event loop under the proxy's lock: once the pipe was full the loop
     blocked in the send, and the watchdog, waiting for that lock, never killed the child; and once, the gauge set
     only from the child's reports: it showed the last one, 64 sentences, while thousands waited.)"""
-    model = loaded(tiny_exported_dir, True)
+    model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    config = server_config(engine_processes=True, stall_seconds=4.0, max_queue=100_000)
+    config = server_config(stall_seconds=4.0, max_queue=100_000)
     with running_server(model, config) as running:
         first = running.stub.Translate.future(request(["Guten Morgen."] * 64, max_output_len=60), timeout=60)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -296,17 +293,15 @@ def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opene
     for engines in (2, 1):  # stopped between two engines, and after the last
         opened.clear()
         config = server_config(
-            model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=engines, threads=1,
-            engine_processes=True,
-        )  # fmt: skip
+            model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=engines, threads=1
+        )
         assert load_models(config, stopped=lambda: bool(opened)) == []
         assert len(opened) == 1 and isinstance(opened[0].runner, ModelProcess)
         assert opened[0].runner.exitcode is not None
 
 
-def test_two_engines_on_cpu_run_in_processes_of_their_own_by_default(tiny_exported_dir: Path) -> None:
-    """The CPU default (server.edge.config.ServerConfig.engine_processes_for): with two engines each is a child
-    of its own; one engine alone stays in this process."""
+def test_every_engine_the_server_loads_runs_in_a_process_of_its_own(tiny_exported_dir: Path) -> None:
+    """Two engines: each a child of its own; one engine alone: a child too (the serving path has no other)."""
     config = server_config(
         model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=2, threads=1
     )
@@ -318,4 +313,7 @@ def test_two_engines_on_cpu_run_in_processes_of_their_own_by_default(tiny_export
         for model in models:
             close_model(model.runner)
     (alone,) = load_models(replace(config, engines=1))
-    assert not isinstance(alone.runner, ModelProcess)
+    try:
+        assert isinstance(alone.runner, ModelProcess)
+    finally:
+        close_model(alone.runner)

@@ -179,6 +179,6 @@ def test_every_gpu_arm_is_a_server_config_and_spreads_its_calls_over_its_server_
         variant, *flags = shlex.split(rest)
         config = parse_config(["--port", "50051", "--variant", variant, *flags], {})
         assert connections_for(flags) == (CHANNELS_PER_PROCESS * config.processes if config.processes > 1 else 1)
-    assert any(parse_config(["--port", "1", *shlex.split(a.partition("=")[2])[1:]], {}).shared_engines for a in arms)
-    assert connections_for(["--processes", "4", "--shared-engines"]) == 4 * CHANNELS_PER_PROCESS
+    assert any(parse_config(["--port", "1", *shlex.split(a.partition("=")[2])[1:]], {}).processes > 1 for a in arms)
+    assert connections_for(["--processes", "4"]) == 4 * CHANNELS_PER_PROCESS
     assert connections_for(["--engines", "1"]) == 1

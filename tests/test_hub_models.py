@@ -28,6 +28,7 @@ from export import publish
 from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
+from server.backend.engines import close_model
 from server.edge.config import ServerConfig
 from server.edge.flags import parse_config
 from server.edge.loading import StartupError, load_models
@@ -115,6 +116,7 @@ def test_served_by_id_offline_and_a_second_start_builds_nothing(
 
     monkeypatch.setattr(export.hub, "build", no_build)
     (again,) = load_models(config)
+    close_model(again.runner)  # its engine process: only what it loaded is looked at
     assert again.description.name == REPO
     assert [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in [directory, *directory.rglob("*")]] == before
 
@@ -144,6 +146,7 @@ def test_auto_builds_fp32_and_an_asked_variant_is_built_beside_it(
     assert plan_for("int8", "cpu", "plain") == BuildPlan(("fp32", "int8"), int8_7bit=True)
     assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp32", "fp16"))
     (model,) = load_models(replace(server_config(tmp_path, hub), variant="int8"))
+    close_model(model.runner)
     assert model.description.variant == "int8" and model.description.available_variants == ["fp32", "int8"]
 
 

@@ -1,4 +1,4 @@
-"""`--engine-nice`: the engines' decoding below the threads that answer calls (server/backend/priority.py)."""
+"""`--engine-nice`: the engine processes below the threads that answer calls (server/backend/priority.py)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,13 @@ from pathlib import Path
 
 from server.backend.engine_child import RunnerSettings
 from server.backend.engine_process import ModelProcess
-from server.backend.engines import start_engine
-from server.core.engine import Engine
 from server.core.events import EngineLimits
-from tests.fakes import FakeRunner
 
 NICE = 5
 
 
 def niceness(native_id: int = 0) -> int:
     return os.getpriority(os.PRIO_PROCESS, native_id)
-
-
-def test_an_engine_in_this_process_decodes_on_a_thread_nice_steps_lower_and_nothing_else_moves() -> None:
-    before = niceness()
-    engine = start_engine(FakeRunner(), EngineLimits(max_slots=8), None, lambda: None, 0.0, NICE)
-    try:
-        assert isinstance(engine, Engine) and engine.native_thread_id is not None
-        assert niceness(engine.native_thread_id) == min(before + NICE, 19)
-        assert niceness() == before  # the calling thread (the event loop's, in the server) keeps its priority
-    finally:
-        engine.stop()
 
 
 def test_an_engine_process_lowers_every_thread_it_runs(tiny_exported_dir: Path) -> None:

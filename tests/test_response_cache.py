@@ -262,16 +262,16 @@ def test_the_real_runtime_answers_the_same_from_the_cache_in_an_engine_process(t
     """fp32 onnxruntime: an engine process behind a cache answers as an in-process engine without one."""
     from server.edge.loading import load_model
 
-    def loaded(engine_processes: bool) -> LoadedModel:
+    def loaded(in_process: bool) -> LoadedModel:
         config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8,
-                               threads=1, engine_processes=engine_processes)  # fmt: skip
-        return load_model(config, tiny_exported_dir)
+                               threads=1)  # fmt: skip
+        return load_model(config, tiny_exported_dir, in_process=in_process)
 
     documents = ["<p>Das <b>Haus</b> ist groß.</p><p>Er wartete.</p>", *TEXTS[:3]]
     html = request(documents, text_type=pb.TEXT_TYPE_HTML, beam_size=2)
-    with running_server(loaded(False), server_config(cache_size=0)) as plain:
+    with running_server(loaded(True), server_config(cache_size=0)) as plain:
         expected = [plain.stub.Translate(request(TEXTS, beam_size=2)), plain.stub.Translate(html)]
-    with running_server(loaded(True), server_config(cache_size=100, engine_processes=True)) as cached:
+    with running_server(loaded(False), server_config(cache_size=100)) as cached:
         for _ in range(2):
             assert [cached.stub.Translate(request(TEXTS, beam_size=2)), cached.stub.Translate(html)] == expected
         hits = sample_value(cached.registry, "translation_cache_lookups_total", result="hit")

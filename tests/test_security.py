@@ -383,9 +383,9 @@ def test_the_model_is_read_only_from_the_configured_directory(
     root = tiny_model_dir.resolve()
     for kv_cache, graphs in (("auto", 2), ("device", 6)):  # encoder and decoder; and the four kv_* graphs
         config = ServerConfig(variant="fp32", provider="cpu", threads=1, kv_cache=kv_cache)
-        load_model(config, tiny_model_dir)  # once first: what it imports on first use is not model data
+        load_model(config, tiny_model_dir, in_process=True)  # once first: what it imports is not model data
         with files.record() as opened:
-            load_model(config, tiny_model_dir)
+            load_model(config, tiny_model_dir, in_process=True)
         assert all(path.resolve().is_relative_to(root) for path in opened), opened
         onnx = {path.name for path in opened if path.suffix == ".onnx"}
         assert len(onnx) == graphs and {"metadata.json", "tokenizer.model"} <= {path.name for path in opened}

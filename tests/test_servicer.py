@@ -891,11 +891,12 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     export_tiny_onnx(tiny_model_dir)
     base = {"variant": "fp32", "threads": 1}
     with pytest.raises(StartupError, match=r"fell back to CPUExecutionProvider.*--provider cpu"):
-        load_model(ServerConfig(provider="cuda", **base), tiny_model_dir)  # type: ignore[arg-type]
+        load_model(ServerConfig(provider="cuda", **base), tiny_model_dir, in_process=True)  # type: ignore[arg-type]
     # This onnxruntime has no CUDA provider; one that lists it but cannot load it falls back the same way.
     available = onnxruntime.get_available_providers()
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
-    runner = load_model(ServerConfig(provider="auto", **base), tiny_model_dir).runner  # type: ignore[arg-type]
+    auto = ServerConfig(provider="auto", **base)  # type: ignore[arg-type]
+    runner = load_model(auto, tiny_model_dir, in_process=True).runner
     assert type(runner) is WorkingBatchRunner  # host caches, not the device's
     assert runner.provider == "CPUExecutionProvider"
     assert "serving on the CPU" in caplog.text

@@ -1,5 +1,5 @@
-"""`--processes N --shared-engines`: engines the parent starts once and every server process uses over a Unix
-socket (server/edge/shared_engines.py, server/backend/engine_process.py `SharedModel`).
+"""`--processes N`: engines the parent starts once and every front process uses over a Unix socket
+(server/edge/shared_engines.py, server/backend/engine_process.py `SharedModel`).
 
 Two servers on one engine get the same answers as its own server would, the engine frees what a server that
 leaves held, refuses a connection without the parent's key, and fails every server's calls UNAVAILABLE when
@@ -40,6 +40,7 @@ from tests.test_replicas import (
     TEXTS,
     _children,
     _cmdline,
+    _engine_pids,
     replicas,
     translate_over,
 )
@@ -170,7 +171,7 @@ def test_a_shared_engine_that_dies_fails_every_servers_calls_unavailable(shared_
 def test_servers_share_the_parents_engines_and_drain_on_sigterm(tiny_exported_dir: Path, tmp_path: Path) -> None:
     """Served: the engines are the parent's children, not the servers'; both servers' calls reach them, the
     slots are counted once, the engines' process series are the parent's; SIGTERM answers every call held."""
-    with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
+    with replicas(tiny_exported_dir, tmp_path) as served:
         servers = served.children()
         engines = [int(pid) for pid in re.findall(r"\(pid (\d+)\) listens at", served.log.read_text())]
         assert len(servers) == 4 and len(engines) == 2 and set(engines) <= set(servers)  # all four the parent's
@@ -208,7 +209,7 @@ def test_servers_share_the_parents_engines_and_drain_on_sigterm(tiny_exported_di
 def test_a_server_process_that_dies_leaves_the_engines_and_its_restart_reconnects(
     tiny_exported_dir: Path, tmp_path: Path
 ) -> None:
-    with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
+    with replicas(tiny_exported_dir, tmp_path) as served:
         engines = {int(pid) for pid in re.findall(r"\(pid (\d+)\) listens at", served.log.read_text())}
         killed = next(pid for pid in served.children() if pid not in engines)
         held = asyncio.run(_calls_until_killed(served.address, killed))
@@ -229,18 +230,13 @@ async def _calls_until_killed(address: str, pid: int) -> list[grpc.StatusCode]:
     return await in_flight
 
 
-def _engine_pids(log: str) -> list[int]:
-    """Every shared engine started so far, in the order they were, from the parent's log."""
-    return [int(pid) for pid in re.findall(r"\(pid (\d+)\) listens at", log)]
-
-
 def test_a_shared_engine_that_dies_is_started_again_and_the_servers_attach_to_it(
     tiny_exported_dir: Path, tmp_path: Path
 ) -> None:
     """SIGKILL to a shared engine: the parent starts it again at the same socket, the server processes that ended
     with it are started again (without counting against the budget: the engine's restart counted) and attach to
     it, and every call then succeeds; none ever ends INTERNAL."""
-    with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
+    with replicas(tiny_exported_dir, tmp_path) as served:
         first, other = _engine_pids(served.log.read_text())
         servers = set(served.children()) - {first, other}
         held = asyncio.run(_calls_until_killed(served.address, first))
@@ -266,7 +262,7 @@ def test_shared_engines_that_keep_dying_stop_the_server_with_the_reason(
     parent stops every server process and exits 1 with the reason."""
     from server.edge.replicas import RESTART_LIMIT
 
-    with replicas(tiny_exported_dir, tmp_path, "--shared-engines", "--engines", "2", engines_each=2) as served:
+    with replicas(tiny_exported_dir, tmp_path) as served:
 
         def engines_started() -> int:
             return len(_engine_pids(served.log.read_text()))
@@ -287,23 +283,15 @@ def test_shared_engines_that_keep_dying_stop_the_server_with_the_reason(
         wait_until(lambda: not any(pid_alive(pid) for pid in _engine_pids(log)), 10)
 
 
-@pytest.mark.parametrize("argv", [["--shared-engines"], ["--processes", "1", "--shared-engines"]])
-def test_shared_engines_need_two_or_more_server_processes(argv: list[str]) -> None:
-    from server.edge.flags import parse_config
-
-    with pytest.raises(ValueError, match="processes 2 or more"):
-        parse_config(["--port", "50051", *argv], {})
-
-
 def test_a_hub_model_is_built_by_the_parent_and_served_by_every_server_process(tmp_path: Path) -> None:
-    """`--model ID` with shared engines: the parent resolves and builds it once (network blocked, offline cache);
+    """`--model ID` with `--processes`: the parent resolves and builds it once (network blocked, offline cache);
     the server processes attach to its engine and serve it under its id and commit."""
     hub = hub_cache(tmp_path / "hub", tiny_marian(tmp_path / "marian" / "opus-mt-de-en"))
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "server.log"
     command = [
         sys.executable, "-c", BLOCKED + "from server.edge.main import main; main()", "--processes", "2",
-        "--shared-engines", "--engines", "1", "--provider", "cpu", "--model", REPO, "--cache-dir",
+        "--engines", "1", "--provider", "cpu", "--model", REPO, "--cache-dir",
         str(tmp_path / "cache"), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
         "--shutdown-delay-seconds", "0.2",
     ]  # fmt: skip

@@ -104,9 +104,7 @@ def test_a_call_is_a_server_span_under_the_clients_traceparent_with_queue_encode
 
 
 def test_an_engine_process_times_the_encoder_call_the_call_span_contains(tiny_exported_dir: Path) -> None:
-    config = server_config(
-        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1, engine_processes=True
-    )
+    config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1)
     model = load_model(config, tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess)
     for served, exporter in traced_server(model, config):

@@ -106,17 +106,25 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: boo
             logits = b.op("Squeeze", logits, b.ints(1))  # (B, V)
             if b.elem != TensorProto.FLOAT:
                 logits = b.op("Cast", logits, to=TensorProto.FLOAT)
-        banned_ids = np.zeros(cfg.vocab_size, dtype=np.bool_)
-        banned_ids[cfg.pad_id] = True
-        banned = b.const(banned_ids, np.bool_, "banned") if cfg.ban_pad else ""
         if cfg.ban_pad and cfg.renormalize_logits:  # banned before normalising: the rest sum to one
-            minus_inf = b.const(-np.inf, np.float32, "minus_inf")
-            logits = b.op("Where", banned, minus_inf, logits, name="ban_before_softmax")
+            logits = set_column(b, logits, cfg.pad_id, -np.inf, "ban_before_softmax")
         result = b.op("LogSoftmax", logits, axis=-1)
         if cfg.ban_pad:
-            fill = b.const(BANNED_LOG_PROB, np.float32, "banned_log_prob")
-            result = b.op("Where", banned, fill, result, name="ban")
+            result = set_column(b, result, cfg.pad_id, BANNED_LOG_PROB, "ban")
     return b.rename(result, "log_probs")
+
+
+def set_column(b: GraphBuilder, scores: str, token: int, value: float, name: str) -> str:
+    """float32 scores (B, V) with column `token` set to `value` in every row: a ScatterElements of one (B, 1)
+    column, which onnxruntime runs as at most a copy of the scores (in place where they have no other reader and
+    the result is no graph output), where a Where against a vocabulary-wide mask costs more (docs/decisions.md).
+    Its (B, 1) index and values count their rows from the graph's tokens input: a capturable graph holds no Shape."""
+    with b.scope(name):
+        rows = b.op("Unsqueeze", "tokens", b.ints(1))  # (B, 1)
+        index = b.op("Add", b.op("Mul", rows, b.const(0, np.int64)), b.const(token, np.int64))  # (B, 1)
+        zeros = b.op("Mul", b.op("Cast", rows, to=TensorProto.FLOAT), b.const(0.0, np.float32))  # (B, 1)
+        values = b.op("Add", zeros, b.const(value, np.float32))  # (B, 1)
+        return b.op("ScatterElements", scores, index, values, axis=1)
 
 
 def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig) -> None:

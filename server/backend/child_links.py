@@ -49,7 +49,7 @@ class OwnedChild:
 
 
 class SharedChild:
-    """A shared engine the parent spawned (`--shared-engines`): closing the pipe leaves it to the others; a
+    """A shared engine the `--processes` parent spawned: closing the pipe leaves it to the others; a
     hung one is killed by its pid, and the parent, seeing it go, starts it again."""
 
     def __init__(self, pid: int) -> None:

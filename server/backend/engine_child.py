@@ -92,7 +92,7 @@ class RunnerSettings:
 
 def serve_model(conn: Connection, settings: RunnerSettings, parent_pid: int, listen_at: str | None = None) -> None:
     """The child: open the runner, report its facts, run an engine over it and answer the server; with
-    `listen_at` (a Unix socket path), answer every server process that connects there instead (`--shared-engines`),
+    `listen_at` (a Unix socket path), answer every front process of `--processes` that connects there instead,
     `conn` then carrying only the parent's start, warmup and stop."""
     follow_parent(parent_pid, lambda: os._exit(1))  # an engine without its server holds memory for nothing
     # Ctrl-C, and SIGTERM sent to the process group (systemd's default KillMode, `timeout`, supervisord's

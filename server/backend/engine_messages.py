@@ -5,7 +5,7 @@ at any time. The child answers `RunnerFacts` or `StartFailed` once its runner is
 `ToServer` messages, one batch per engine iteration that has something to tell. A measurement applies
 itself to the server's observer, so the server never dispatches on a name it received.
 
-A shared engine (`--shared-engines`) takes `StartEngine`, `Warmup`, `Stop` and `Close` from the parent that
+A shared engine (of the `--processes` parent) takes `StartEngine`, `Warmup`, `Stop` and `Close` from the parent that
 spawned it, and the same messages as any engine process from each server process that connects to its
 socket, which first receives `RunnerFacts`; a server's `Stop` or `Close` there means that server leaves.
 """

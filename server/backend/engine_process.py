@@ -1,4 +1,4 @@
-"""An engine in a process of its own: `translate-server --engine-processes`.
+"""An engine in a process of its own: how `translate-server` runs every engine.
 
 The server process keeps gRPC, splitting, tokenizing and the metrics; each engine (its scheduler, its
 onnxruntime sessions and its key/value caches) runs in a child process with an interpreter of its own,
@@ -15,8 +15,8 @@ that dies answers every request it held UNAVAILABLE and tells the server (`on_fa
 thread does. A stall is caught by the child's own watchdog, which abandons its engine as the server's
 would. The child exits within a second of its server. What crosses the pipe is typed: `server.backend.engine_messages`.
 
-A shared engine (`--shared-engines`) is a `ModelProcess` the `--processes` parent spawns with a socket to
-listen on; each server process reaches it with `SharedModel`, whose `EngineProcess` differs only in what
+A shared engine is a `ModelProcess` the `--processes` parent spawns with a socket to listen on; each front
+process reaches it with `SharedModel`, whose `EngineProcess` differs only in what
 stands behind the pipe (`server.backend.child_links`: leaving closes the connection, not the engine).
 """
 
@@ -87,7 +87,7 @@ class ModelProcess:
     def __init__(
         self, settings: RunnerSettings, start_timeout_s: float = START_TIMEOUT_S, listen_at: str | None = None
     ) -> None:
-        """`listen_at`: a Unix socket path where the warm engine takes server processes (`--shared-engines`)."""
+        """`listen_at`: a Unix socket path where the warm engine takes the fronts of `--processes`."""
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC's threads
         self._conn, child_end = context.Pipe()
         self._process = context.Process(
@@ -373,7 +373,7 @@ class EngineProcess:
 
 
 class SharedModel:
-    """A server process's attachment to a shared engine (`--shared-engines`): the engine's facts, then, with
+    """A front process's attachment to an engine of the `--processes` parent: the engine's facts, then, with
     `start_engine`, an `EngineProcess` over the connection. The engine is started and warm already."""
 
     def __init__(self, address: str, answer_timeout_s: float = START_TIMEOUT_S) -> None:

@@ -1,6 +1,7 @@
-"""Opened models and the engines over them: the one place that knows whether an engine runs in this process
-(`server.core.engine.Engine` over a runner) or in a child (`server.backend.engine_process`). Above this
-module everything holds an `OpenedModel` and an `EngineClient`, and never asks which."""
+"""Opened models and the engines over them: the one place that knows whether an engine runs in an engine
+process (`server.backend.engine_process`: what the server always serves with) or in this process
+(`server.core.engine.Engine` over a runner: offline tools and tests). Above this module everything holds an
+`OpenedModel` and an `EngineClient`, and never asks which."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from server.backend.engine_messages import GcCounts
 from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings, SharedModel
-from server.backend.priority import lower_thread_priority
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
 from server.core.events import EngineLimits
@@ -19,14 +19,16 @@ from server.core.runner import Runner
 if TYPE_CHECKING:
     from server.backend.runtime import OnnxRunner
 
-# A runner in this process, a child process holding one, or a shared engine the `--processes` parent holds.
-OpenedModel: TypeAlias = Runner | ModelProcess | SharedModel
-OpenedGraphs: TypeAlias = "OnnxRunner | ModelProcess"  # what `open_model` opens: onnxruntime here or in a child
+# An engine process holding the model, an engine the `--processes` parent holds, or a runner in this process
+# (offline tools and tests).
+OpenedModel: TypeAlias = ModelProcess | SharedModel | Runner
+OpenedGraphs: TypeAlias = "ModelProcess | OnnxRunner"  # what `open_model` opens: in an engine process, or here
 
 
-def open_model(settings: RunnerSettings, in_child: bool) -> OpenedGraphs:
-    """The model's graphs opened in this process, or in a child process of their own (`--engine-processes`)."""
-    return ModelProcess(settings) if in_child else settings.open()
+def open_model(settings: RunnerSettings, in_process: bool = False) -> OpenedGraphs:
+    """The model's graphs opened in an engine process of their own, as the server always serves them; or in this
+    process (`in_process`), for offline tools and tests that drive the runner."""
+    return settings.open() if in_process else ModelProcess(settings)
 
 
 def start_engine(
@@ -37,17 +39,16 @@ def start_engine(
     stall_seconds: float,
     nice: int,
 ) -> EngineClient:
-    """An engine over the model, started, its decoding `nice` steps below the calling process's priority
-    (`server.backend.priority`); in the model's child process where it has one (which then also watches
-    its engine for stalls). A shared engine runs at the niceness its parent gave it."""
+    """An engine over the model, started: in the model's engine process, the whole process `nice` steps below
+    the calling process's priority (`server.backend.priority`), which then also watches its engine for stalls.
+    A shared engine runs at the niceness its parent gave it; an engine in this process (offline tools, tests)
+    at the caller's."""
     if isinstance(model, SharedModel):
         return model.start_engine(limits, observer, on_failure)
     if isinstance(model, ModelProcess):
         return model.start_engine(limits, observer, on_failure, stall_seconds, nice)
     engine = Engine(model, limits, observer, on_failure=on_failure)
     engine.start()
-    assert engine.native_thread_id is not None, "a started engine has a thread"
-    lower_thread_priority(engine.native_thread_id, nice)
     return engine
 
 
@@ -59,8 +60,8 @@ def close_model(model: OpenedModel) -> None:
 
 
 def child_pid(model: OpenedModel) -> int | None:
-    """The pid of the child process holding the model, None for a runner in this process and for a shared
-    engine (its parent reports that process)."""
+    """The pid of the engine process holding the model, None for a shared engine (its parent reports that
+    process) and for a runner in this process."""
     return model.pid if isinstance(model, ModelProcess) else None
 
 

@@ -167,11 +167,6 @@ class Engine:
         self._die()
         return now - started
 
-    @property
-    def native_thread_id(self) -> int | None:
-        """The OS id of the decode loop's thread (None before `start`): what sets its scheduling priority."""
-        return None if self._thread is None else self._thread.native_id
-
     def start(self) -> None:
         """Run the decode loop in its own daemon thread."""
         if self._thread is not None:

@@ -39,8 +39,8 @@ class Backends:
     def __init__(self, backends: list[Backend], first_turn: int = 0) -> None:
         self._backends = list(backends)
         # Round robin among equally loaded engines, from this server process's own turn (its index among
-        # `--processes`): processes sharing engines (`--shared-engines`) see a call another has just sent only once
-        # the engine reports it, so two calls arriving together at two processes must start on different engines.
+        # `--processes`): fronts sharing the engines see a call another has just sent only once the engine
+        # reports it, so two calls arriving together at two processes must start on different engines.
         self._turn = itertools.count(first_turn)
 
     def serving(self) -> list[Backend]:

@@ -95,36 +95,25 @@ class ServerConfig:
     # kernel, a deadlock): its requests fail UNAVAILABLE and the process exits non-zero. 0 = never. A full
     # iteration takes well under a second on a GPU and a few seconds at worst on a loaded CPU.
     stall_seconds: float = 60.0
-    # Engines (replicas) per model, each with its own scheduler and onnxruntime session; a request goes to the
+    # Engines per model, each a process with its own scheduler and onnxruntime session; a request goes to the
     # least loaded. 0 = one per core on CPU (the cores split between the models), two on CUDA split between the
     # models (CUDA_ENGINES, one each at least).
     engines: int = 0
     # onnxruntime intra-op threads per engine; 0 = the cores divided among the engines (onnxruntime's default,
     # every core, where one engine serves alone)
     threads: int = 0
-    # Added to the niceness of the engines' decoding threads (an engine process: all of its threads), so the
-    # threads answering calls get a core first when both are ready: refusals and health checks stay quick
-    # while decoding takes the rest. None = by where the engines run (`engine_nice_for`): ENGINE_PROCESS_NICE
-    # for engine processes, 0 in this process, where an engine holding the interpreter lock at a low priority
-    # would only slow the event loop (docs/decisions.md).
-    engine_nice: int | None = None
-    # Server processes sharing the port (SO_REUSEPORT: the kernel spreads client connections over them), each
-    # with its engines on its share of the cores; a parent process supervises them and serves their metrics
-    # together. Engines in one process share its interpreter; processes do not (docs/decisions.md).
+    # Added to the niceness of every thread of each engine process, so the threads answering calls get a core
+    # first when both are ready: refusals and health checks stay quick while decoding takes the rest
+    # (docs/decisions.md). An engine in the calling process (offline tools, tests) keeps the caller's priority.
+    engine_nice: int = ENGINE_PROCESS_NICE
+    # Front processes (gRPC, validation, preparation) sharing the port (SO_REUSEPORT: the kernel spreads client
+    # connections over them); above one, a parent process starts the engine processes every front reaches over
+    # a Unix socket, supervises both and serves their metrics together (server/edge/replicas.py).
     processes: int = 1
     reuse_port: bool = False  # bind the port with SO_REUSEPORT; set by the parent for its server processes
     spin_threads: bool = False  # let idle intra-op threads busy-wait; only pays when the server owns its cores
-    # Each engine (scheduler, onnxruntime sessions, caches) in a process of its own, behind this one's gRPC:
-    # its Python between graph calls then never waits for this process's interpreter lock (docs/decisions.md).
-    # None = by the engine count (`engine_processes_for`): wherever a server process runs two or more
-    # engines, else in this process.
-    engine_processes: bool | None = None
-    # The engines in processes of their own, started by the `--processes` parent and shared by all its server
-    # processes, each connecting over a Unix socket: a step gathers the calls of every server process instead
-    # of each server process stepping its own thinner batches (docs/decisions.md). Off: each has its own engines.
-    shared_engines: bool = False
-    # Set by the parent for its server processes under shared_engines: what each served model's engines run
-    # and the sockets they listen on.
+    # Set by the `--processes` parent for its front processes: what each served model's engines run and the
+    # sockets they listen on.
     engine_sockets: tuple[SharedEngines, ...] = ()
     reflection: bool = True  # serve gRPC server reflection (off with --no-reflection)
     log_level: str = "INFO"
@@ -177,7 +166,7 @@ class ServerConfig:
             )
         if not (math.isfinite(self.admission_wait_ms) and 0 <= self.admission_wait_ms <= 1000 * MAX_SECONDS):
             raise ValueError(f"admission_wait_ms must be a number of milliseconds >= 0, got {self.admission_wait_ms}")
-        if self.engine_nice is not None and not 0 <= self.engine_nice <= 19:
+        if not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (a niceness), got {self.engine_nice}")
         repositories = [model.partition("@")[0].rstrip("/") for model in self.models]
         if twice := sorted({name for name in repositories if repositories.count(name) > 1}):
@@ -185,8 +174,6 @@ class ServerConfig:
                 f"--model names {twice[0]} more than once: a server serves one revision of a repository, requests "
                 "route by its id"
             )
-        if self.shared_engines and self.processes < 2:
-            raise ValueError("shared_engines shares the engines between server processes: give processes 2 or more")
         if self.processes > 1 and self.port == 0:
             raise ValueError("processes > 1 share one port: give a fixed port, not 0 (each would bind its own)")
         if self.keepalive_timeout_s <= 0:  # a zero timeout would close every connection at its first ping
@@ -199,22 +186,6 @@ class ServerConfig:
     def slots_for(self, provider: str) -> int:
         """The decoding slots per engine on `provider` ("cpu" or "cuda"): --max-slots, or the device's default."""
         return self.max_slots or DEVICE_SLOTS[provider]
-
-    def engine_processes_for(self, engines: int) -> bool:
-        """Whether the `engines` engines of a server process each run in a process of their own:
-        --engine-processes, else wherever there are two or more. They and the event loop then share no
-        interpreter lock: on CPU faster refusals in a burst and more greedy throughput (docs/decisions.md),
-        on CUDA each engine's host work overlaps the other's kernels, in a CUDA context of its own."""
-        if self.engine_processes is not None:
-            return self.engine_processes
-        return engines >= 2
-
-    def engine_nice_for(self, in_child: bool) -> int:
-        """The niceness added to an engine's decoding: --engine-nice, else ENGINE_PROCESS_NICE for an engine
-        process (`in_child`) and 0 for an engine thread."""
-        if self.engine_nice is not None:
-            return self.engine_nice
-        return ENGINE_PROCESS_NICE if in_child else 0
 
     def queue_for(self, provider: str) -> int:
         """The sentences an engine on `provider` may queue: --max-queue, or QUEUE_BATCHES of its default batches."""

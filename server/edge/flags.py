@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from server.backend import KV_CACHES
-from server.edge.config import ENGINE_PROCESS_NICE, LOG_LEVELS, PROVIDERS, VARIANTS, ServerConfig
+from server.edge.config import LOG_LEVELS, PROVIDERS, VARIANTS, ServerConfig
 from server.edge.logs import LOG_FORMATS
 
 ENV_PREFIX = "TRANSLATE_"
@@ -131,15 +131,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("drain-seconds", float, "grace period to drain in-flight requests on SIGTERM/SIGINT")
     add("shutdown-delay-seconds", float, "after SIGTERM/SIGINT keep the port open this long, refusing new calls")
     add("stall-seconds", float, "an engine iteration running longer is hung: fail its work, exit 1 (0 = never)")
-    add("engines", int, "engines per model, each with its own session (0 = one per core on CPU, two per GPU on CUDA)")
+    add("engines", int, "engine processes per model, each with its own session (0 = one per core on CPU, two per GPU)")
     add("threads", int, "onnxruntime intra-op threads per engine (0 = the cores divided among the engines)")
-    add(
-        "engine-nice",
-        int,
-        "niceness added to the engines' decoding, below the gRPC threads",
-        none=f"{ENGINE_PROCESS_NICE} for engine processes, 0 for engine threads",
-    )
-    add("processes", int, "server processes sharing the port, each on its share of the cores (metrics summed)")
+    add("engine-nice", int, "niceness added to the engine processes, below the threads answering calls")
+    add("processes", int, "front processes sharing the port and every engine (metrics summed)")
     add("log-level", str.upper, "log level", LOG_LEVELS)
     add("log-format", str.lower, "text, or json: one object per line with an access record per call", LOG_FORMATS)
     add("otlp-endpoint", str, "send OpenTelemetry traces to this OTLP/gRPC collector (needs the [tracing] extra)")
@@ -159,12 +154,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("cache-bytes", int, "most memory the cache of one model holds, in bytes (an estimate)")
     switch = partial(_add_switch, parser, environ, defaults)
     switch("spin-threads", "let idle onnxruntime threads busy-wait (off: on shared cores it starves the gRPC threads)")
-    switch("shared-engines", "one set of engine processes shared by all --processes (off: each has its own)")
-    switch(
-        "engine-processes",
-        "run each engine (scheduler, sessions, caches) in a process of its own",
-        none="on with 2 or more engines",
-    )
     env_no_reflection = environ.get(env_name("no-reflection"))
     reflection = (
         not _convert("no-reflection", env_no_reflection, _bool_env)

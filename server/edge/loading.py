@@ -62,7 +62,8 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to serve: its runner (or the process holding it), tokenizer and what ListModels reports."""
+    """A model ready to serve: the engine process holding it (a runner in this process for offline tools and
+    tests), its tokenizer and what ListModels reports."""
 
     runner: OpenedModel
     tokenizer: TextTokenizer
@@ -104,13 +105,11 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     sources = model_sources(config, stopped)
     provider = resolve_provider(config.provider)
     engines, threads = engine_plan(available_cores(), len(sources), provider, config)
-    in_children = config.engine_processes_for(engines * len(sources))
     logger.info(
-        "%d engine(s) per model, %s intra-op thread(s) each, %s",
-        engines, threads or "onnxruntime's default",
-        f"each in a process of its own at nice {config.engine_nice_for(True)}" if in_children else "in this process",
+        "%d engine process(es) per model, %s intra-op thread(s) each, at nice %d",
+        engines, threads or "onnxruntime's default", config.engine_nice,
     )  # fmt: skip
-    each = replace(config, threads=threads, engine_processes=in_children)
+    each = replace(config, threads=threads)
     models: list[LoadedModel] = []
     for source in [source for source in sources for _ in range(engines)]:
         if stopped():
@@ -165,7 +164,7 @@ def check_model_directory(model_dir: Path) -> None:
 
 
 def attach_model(shared: SharedEngines, socket: str) -> LoadedModel:
-    """A model whose engine the `--processes` parent runs (`--shared-engines`), attached over its socket."""
+    """A model whose engine the `--processes` parent runs, attached over its socket."""
     try:
         runner = SharedModel(socket)
     except (OSError, EOFError, RuntimeError) as err:  # gone, or closing as it answered
@@ -226,9 +225,8 @@ def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
     """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
     than one engine with every core (docs/decisions.md): by default the cores are
-    split between the models' engines. On CUDA two engines on the GPU (each in a process of its own,
-    `ServerConfig.engine_processes_for`), split between the models, at least one each, so that one engine's
-    host work between steps overlaps another's kernels (docs/decisions.md)."""
+    split between the models' engines. On CUDA two engines on the GPU, split between the models, at least one
+    each, so that one engine's host work between steps overlaps another's kernels (docs/decisions.md)."""
     if provider != "cpu":
         return config.engines or max(1, CUDA_ENGINES // models), config.threads
     engines = config.engines or max(1, cores // (models * (config.threads or 1)))
@@ -236,13 +234,16 @@ def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) ->
     return engines, threads
 
 
-def load_model(config: ServerConfig, model_dir: Path, name: str | None = None, revision: str = "") -> LoadedModel:
-    """Open the configured variant of the exported model, named `name` (default: the directory's name);
-    StartupError naming the cause if it cannot."""
+def load_model(
+    config: ServerConfig, model_dir: Path, name: str | None = None, revision: str = "", *, in_process: bool = False
+) -> LoadedModel:
+    """Open the configured variant of the exported model in an engine process, named `name` (default: the
+    directory's name); StartupError naming the cause if it cannot. `in_process` opens the runner in this process
+    instead, for offline tools and tests that drive it; the server never does."""
     check_model_directory(model_dir)
     build_missing_graphs(model_dir, config.variant, resolve_provider(config.provider))
     try:
-        return _open_model(config, model_dir, name or model_dir.resolve().name, revision)
+        return _open_model(config, model_dir, name or model_dir.resolve().name, revision, in_process)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
@@ -296,7 +297,7 @@ def graphs_served(model_dir: Path, variant: str, provider: str) -> list[str]:
     return ["fp32", fast] if passed else ["fp32"]
 
 
-def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str) -> LoadedModel:
+def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str, in_process: bool) -> LoadedModel:
     # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
     from model.directory import choose_variant
 
@@ -308,7 +309,7 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str)
             model_dir / "onnx" / variant, config.slots_for(provider), provider, config.threads, config.kv_cache,
             config.spin_threads,
         )  # fmt: skip
-        return variant, open_model(settings, bool(config.engine_processes))
+        return variant, open_model(settings, in_process)
 
     variant, runner = open_on(provider)
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU

@@ -1,5 +1,6 @@
-"""`translate-server`: parse the configuration once, set up logging, then serve in this process
-(`server.edge.server.run`) or as several server processes under one supervisor (`--processes`)."""
+"""`translate-server`: parse the configuration once, set up logging, then serve in this process over its own
+engine processes (`server.edge.server.run`), or as several front processes over the engine processes of one
+supervising parent (`--processes`, `server.edge.replicas`)."""
 
 from __future__ import annotations
 

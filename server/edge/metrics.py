@@ -376,16 +376,12 @@ def start_multiprocess_metrics_server(
 ) -> int:
     """Serve `/metrics` summed over the server processes that write their series under `path` (prometheus
     client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import),
-    with this process's own process series, and the process and GC series of `servers` and of the engine
-    processes their reports name (server.edge.process_metrics, server.edge.process_reports)."""
+    with this process's own process series, the process series of `servers` (the fronts and engines it started)
+    and the GC series the fronts report (server.edge.process_metrics, server.edge.process_reports)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     live: Children = servers or dict
-
-    def children() -> dict[str, int]:
-        return {**live(), **read_reports(Path(path), live()).pids}
-
-    register_process_collectors(registry, children, lambda: read_reports(Path(path), live()).gc)
+    register_process_collectors(registry, live, lambda: read_reports(Path(path), live()).gc)
     return start_metrics_server(port, registry, addr)
 
 

@@ -5,15 +5,14 @@ service's registry: `process_*`, `python_info` and `python_gc_*` describe the pr
 /metrics, unlabelled, as Prometheus's conventions (and its dashboards) expect of one target.
 
 The processes that do not serve /metrics get their process series from the one that does, through
-`ChildProcessCollector`, as `translation_child_process_*` labelled `process`: each engine process of
-`--engine-processes` (`engine-<model>#<replica>`) and each server process of `--processes`
-(`server-<index>`, read by the supervising parent, which then owns the unlabelled `process_*`; the engine
-processes of a server process as `server-<index>/engine-<model>#<replica>`, named in its report,
-`server.edge.process_reports`). Each is one process, never a sum: alerts and dashboards sum them
-(`sum without (process)`) where they want the whole. Python's GC series are per interpreter: an engine
-process sends its own through its pipe (`server.backend.engine_messages.GcCounts`), a server process of
-`--processes` writes its own and its engine processes' into its report; all are exported as
-`translation_child_python_gc_*`, labelled the same way.
+`ChildProcessCollector`, as `translation_child_process_*` labelled `process`: each engine process
+(`engine-<model>#<replica>`) and each front process of `--processes` (`server-<index>`), read by the process
+that started it (with `--processes` the supervising parent, which then owns the unlabelled `process_*`). Each
+is one process, never a sum: alerts and dashboards sum them (`sum without (process)`) where they want the
+whole. Python's GC series are per interpreter: an engine process sends its own through its pipe
+(`server.backend.engine_messages.GcCounts`); a front of `--processes` writes its own and those of the engines
+it shows into its report (`server.edge.process_reports`), the engines' as `server-<index>/engine-<model>#<k>`;
+all are exported as `translation_child_python_gc_*`.
 
 `translation_gc_pause_seconds{generation}` is how long the collector stopped the process serving /metrics
 (server.core.gc_pauses), which prometheus-client's GC series do not say; each child's pauses come with its

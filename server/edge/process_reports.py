@@ -1,14 +1,14 @@
-"""What a server process of `--processes` tells its parent about the processes behind it, for /metrics.
+"""What a front process of `--processes` tells its parent, for /metrics: the GC counts of its own interpreter and
+of the engines it shows the measurements of.
 
-The parent serves /metrics for every server process through prometheus-client's multiprocess mode, but two
-kinds of series cannot travel through that mode's files: Python's GC counts, which each interpreter reads of
-itself (`gc.get_stats()`), and the process series of the engine processes a server process starts
-(`--engine-processes`), whose pids only that server process knows. So each server process writes a small
-report into the same private directory every REPORT_S seconds: its own GC counts, and its engine processes'
-pids and last reported GC counts. At each scrape the parent reads the reports of the server processes alive
-and exports them as it exports its server processes' own series (`server.edge.process_metrics`): labelled
-`process`, the server process as `server-<n>`, each of its engine processes as
-`server-<n>/engine-<model>#<k>`. A report is at most REPORT_S old; it goes with its server process.
+The parent serves /metrics for every front through prometheus-client's multiprocess mode, and reads the process
+series of the fronts and engines it started itself; but Python's GC counts cannot travel through that mode's
+files: each interpreter reads them of itself (`gc.get_stats()`), and an engine sends its own to the one front
+that shows its measurements. So each front writes a small report into the same private directory every REPORT_S
+seconds: its own GC counts, and its engines' last reported ones. At each scrape the parent reads the reports of
+the fronts alive and exports them (`server.edge.process_metrics`): labelled `process`, the front as `server-<n>`,
+each engine it reported as `server-<n>/engine-<model>#<k>`. A report is at most REPORT_S old; it goes with its
+front.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ SELF = ""  # the label of the reporting server process itself in its report's GC
 
 @dataclass(frozen=True)
 class ProcessReport:
-    """One server process's report: its engine processes by label, and GC counts (its own under SELF)."""
+    """One front's report: GC counts by label, its own under SELF, its engines' as "engine-<model>#<k>"."""
 
-    pids: Mapping[str, int]  # "engine-<model>#<k>" -> pid
     gc: Mapping[str, GcCounts]
 
 
@@ -43,30 +42,28 @@ def write_report(directory: Path, report: ProcessReport, pid: int | None = None)
     """Replace this process's report (`pid`: the writer's, by default) in one rename: a reader sees the whole
     old report or the whole new one."""
     path = report_path(directory, os.getpid() if pid is None else pid)
-    body = {"pids": dict(report.pids), "gc": {label: asdict(counts) for label, counts in report.gc.items()}}
+    body = {"gc": {label: asdict(counts) for label, counts in report.gc.items()}}
     partial = path.with_suffix(".tmp")
     partial.write_text(json.dumps(body))
     partial.replace(path)
 
 
 def read_reports(directory: Path, servers: Mapping[str, int]) -> ProcessReport:
-    """The reports of the live `servers` (label -> pid) merged, every label under its server's; a server
-    process that has not written one yet adds nothing."""
-    pids: dict[str, int] = {}
+    """The reports of the live `servers` (label -> pid) merged, every label under its server's; a front that
+    has not written one yet adds nothing."""
     gc: dict[str, GcCounts] = {}
     for server, pid in servers.items():
         try:
             body = json.loads(report_path(directory, pid).read_text())
         except (OSError, ValueError):  # not written yet, or gone with its process
             continue
-        pids.update({f"{server}/{label}": int(child) for label, child in body["pids"].items()})
         for label, counts in body["gc"].items():
             gc[f"{server}/{label}" if label != SELF else server] = _gc_counts(counts)
-    return ProcessReport(pids, gc)
+    return ProcessReport(gc)
 
 
 def forget_report(directory: Path, pid: int) -> None:
-    """Remove an exited server process's report."""
+    """Remove an exited front's report."""
     report_path(directory, pid).unlink(missing_ok=True)
 
 

@@ -1,23 +1,22 @@
-"""`translate-server --processes N`: N server processes on one port, supervised by this parent process.
+"""`translate-server --processes N`: N front processes on one port over the engine processes this parent starts,
+supervised by it.
 
-Each server process is a whole server (health, drain, stall watchdog, its engines) whose port is bound with
-SO_REUSEPORT, so the kernel hands each new client connection to one of them. A client's calls follow its
-connection (gRPC keeps one per channel), and `--max-connection-age-s` has clients reconnect, and spread
-again, every few minutes. The parent:
+Each front process is a whole server (gRPC, validation, preparation, health, drain, stall watchdog) whose port
+is bound with SO_REUSEPORT, so the kernel hands each new client connection to one of them; every front reaches
+every engine over its Unix socket (`server.edge.shared_engines`), so that each step gathers the calls of all of
+them. A client's calls follow its connection (gRPC keeps one per channel), and `--max-connection-age-s` has
+clients reconnect, and spread again, every few minutes. The parent:
 
 - refuses, as a single server does (one line, status 2), a model directory that holds no model and a port
-  another server holds, then spawns the processes, each with the parsed config and its share of the cores
-  (`replica_config`);
+  another server holds; then starts and warms the engines (one line, status 1, where a model cannot load) and
+  spawns the fronts, each with the parsed config and the engines' sockets (`replica_config`);
 - serves /metrics for all of them: prometheus-client's multiprocess mode, every process writing its series
   to files in a private directory that the parent's collector sums (gauges over live processes only);
-- on SIGTERM/SIGINT passes SIGTERM to every process, which drains as a single server does, and exits once
-  all have: 0 if every one drained cleanly, else 1;
-- restarts a process that dies while serving (its engine died or hung, its own requests already answered
-  UNAVAILABLE) up to RESTART_LIMIT times in RESTART_WINDOW_S; more often, or a process that fails to start
-  (a bad model directory fails in every one), stops all and exits 1 for the orchestrator to act on;
-- with `--shared-engines`, first starts the engines every server process shares (`server.edge.shared_engines`),
-  stops them once the last server process has drained, and starts one that dies again at its socket (a
-  restart within the same budget), restarting the server processes that ended with it without counting them.
+- on SIGTERM/SIGINT passes SIGTERM to every front, which drains as a single server does, stops the engines once
+  the last front has drained, and exits: 0 if every one drained cleanly, else 1;
+- restarts a front that dies while serving, and an engine that dies at its socket (the fronts that ended with
+  it are started again without counting them), up to RESTART_LIMIT times in RESTART_WINDOW_S; more often, or a
+  front that fails to start, stops all and exits 1 for the orchestrator to act on.
 """
 
 from __future__ import annotations
@@ -42,15 +41,7 @@ from types import FrameType
 
 from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig, SharedEngines
-from server.edge.loading import (
-    ConfigError,
-    StartupError,
-    available_cores,
-    checked_model_directories,
-    engine_plan,
-    model_directories,
-    resolve_provider,
-)
+from server.edge.loading import ConfigError, StartupError, checked_model_directories
 from server.edge.logs import configure_logging
 from server.edge.metrics import forget_process, start_multiprocess_metrics_server
 from server.edge.process_metrics import disable_created_metrics
@@ -81,19 +72,9 @@ class ServerProcess:
 
 
 def replica_config(config: ServerConfig) -> ServerConfig:
-    """A server process's config: one process's share of the cores split among its engines as a single server
-    would split them all (every model counted, directories and hub ids), its threads explicit (0, onnxruntime's
-    every core, would oversubscribe), the port shared, and no metrics server of its own. `--models-dir` is read
-    here, once: a server process restarted after a model was added there serves what its siblings serve."""
-    shared = dict(processes=1, reuse_port=True, metrics_port=-1, shared_engines=False)
-    if config.shared_engines:  # the engines are the parent's: a server process only attaches
-        return replace(config, **shared)  # type: ignore[arg-type]
-    cores = max(1, available_cores() // config.processes)
-    directories = tuple(model_directories(config))
-    models = len(directories) + len(config.models)
-    engines, threads = engine_plan(cores, models, resolve_provider(config.provider), config)
-    listed = dict(model_dirs=directories, models_dir=None)
-    return replace(config, **shared, **listed, engines=engines, threads=threads or cores)  # type: ignore[arg-type]
+    """A front process's config: one process, the port shared, no metrics server of its own; the engines are the
+    parent's, which `Supervisor.share` adds."""
+    return replace(config, processes=1, reuse_port=True, metrics_port=-1)
 
 
 def serve_replica(config: ServerConfig, serving: ProcessEvent, engine_lost: ProcessEvent, parent: int) -> None:
@@ -116,7 +97,7 @@ class Supervisor:
 
     def __init__(self, config: ServerConfig, metrics_dir: str) -> None:
         self.config = config
-        self.engines: list[SharedEngine] = []  # shared by the server processes (`share`)
+        self.engines: list[SharedEngine] = []  # every front's (`share`)
         self.metrics_dir = metrics_dir
         self.context = multiprocessing.get_context("spawn")
         self.stopping = threading.Event()
@@ -270,12 +251,11 @@ def run_replicas(config: ServerConfig) -> int | str:
     try:
         if (failure := _serve_metrics(config, supervisor, metrics_dir)) is not None:
             return failure  # before any engine loads: a taken port costs no model load
-        if config.shared_engines:
-            try:
-                engines, sockets, socket_dir = start_shared_engines(config, supervisor.stopping.is_set)
-            except StartupError as err:
-                return _refused(err)
-            supervisor.share(engines, sockets)
+        try:
+            engines, sockets, socket_dir = start_shared_engines(config, supervisor.stopping.is_set)
+        except StartupError as err:
+            return _refused(err)
+        supervisor.share(engines, sockets)
         return _supervise(config, supervisor)
     finally:
         stop_shared_engines(supervisor.engines)
@@ -307,13 +287,6 @@ def _serve_metrics(config: ServerConfig, supervisor: Supervisor, metrics_dir: st
 
 
 def _supervise(config: ServerConfig, supervisor: Supervisor) -> int | str:
-    child = supervisor.config
-    if config.shared_engines:
-        logger.info("%d server processes on %s:%d sharing %d engine(s)",
-                    config.processes, config.host, config.port, len(supervisor.engines))  # fmt: skip
-    else:
-        logger.info(
-            "%d server processes on %s:%d, %d engine(s) of %d thread(s) per model in each",
-            config.processes, config.host, config.port, child.engines, child.threads,
-        )  # fmt: skip
+    logger.info("%d server processes on %s:%d sharing %d engine(s)",
+                config.processes, config.host, config.port, len(supervisor.engines))  # fmt: skip
     return supervisor.run(config.processes)

@@ -90,7 +90,7 @@ class EngineDiedError(RuntimeError):
 
 
 class TranslationServer:
-    """One grpc.aio server with the Translator, health and reflection services, and one engine per model."""
+    """One grpc.aio server with the Translator, health and reflection services, and the engines of its models."""
 
     def __init__(
         self, config: ServerConfig, registry: CollectorRegistry | None = None, tracing: Tracing | None = None
@@ -186,8 +186,7 @@ class TranslationServer:
         observer = self.metrics.for_model(info.name)
         config = self.config
         pid = child_pid(model.runner)
-        nice = config.engine_nice_for(in_child=pid is not None)
-        engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, nice)
+        engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, config.engine_nice)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
         self.engines[f"{info.name}#{replica}"] = engine
         if pid is not None:
@@ -383,11 +382,11 @@ async def _bind(server: TranslationServer, config: ServerConfig) -> None:
 
 
 async def report_processes(server: TranslationServer, directory: Path) -> None:
-    """Every REPORT_S, this process's GC counts and its engine processes' pids and GC counts, written to
-    `directory` for the parent of `--processes` (server.edge.process_reports)."""
+    """Every REPORT_S, this front's GC counts and those of the engines it shows, written to `directory` for the
+    parent of `--processes` (server.edge.process_reports)."""
     PAUSES.install()  # this process's collector pauses go with its GC counts
     while True:
-        report = ProcessReport(dict(server.engine_pids), {SELF: GcCounts.now(), **server.children_gc()})
+        report = ProcessReport({SELF: GcCounts.now(), **server.children_gc()})
         try:
             write_report(directory, report)
         except OSError as err:  # the parent removed the directory as it exits: nothing reads it any more

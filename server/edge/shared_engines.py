@@ -1,22 +1,20 @@
-"""`translate-server --processes N --shared-engines`: the engines started once, by the parent, for every server
-process to use.
+"""The engine processes of `translate-server --processes N`: started once, by the parent, for every front process
+to use.
 
-Without it each server process of `--processes` runs engines of its own, and a GPU shared by N of them steps
-N times as many batches, each a fraction as full. Here the parent opens each model's engines in processes of
-their own (`server.backend.engine_process.ModelProcess` with a socket), warms them, and hands their Unix
-socket paths to the server processes (`ServerConfig.engine_sockets`); each server process connects to every
-engine and uses it as it would its own engine process (`server.backend.engine_process.SharedModel`), and every
-step gathers the calls of all of them. Each server's admission counts the shared queue (every server gets the
-engine's load reports); one server, the first connected, shows the engine's measurements in the metrics.
+The parent opens each model's engines in processes of their own (`server.backend.engine_process.ModelProcess`
+with a socket), warms them, and hands their Unix socket paths to the fronts (`ServerConfig.engine_sockets`);
+each front connects to every engine and uses it as a single server uses its own engine process
+(`server.backend.engine_process.SharedModel`), and every step gathers the calls of all of them. Each front's
+admission counts the shared queue (every front gets the engine's load reports); one front, the first connected,
+shows the engine's measurements in the metrics.
 
-An engine that dies answers the requests it held UNAVAILABLE in every server process, and each server process
-then exits (a server process ends when one of its engines does); the parent starts the engine again at the
-same socket (`SharedEngine.relaunch`), then the server processes, which attach to it, counting the engine's
-restart against the same budget as a server process's (`server.edge.replicas`); past it the parent stops
-the server (exit 1) for the orchestrator to act. An engine that hangs dies the same way: the server process
-that finds it silent while holding requests kills it (`SharedChild.kill`). The sockets live in a private
-directory (mode 0700) and take only connections that prove the parent's key (`multiprocessing`'s authkey,
-which its spawned processes inherit).
+An engine that dies answers the requests it held UNAVAILABLE in every front, and each front then exits (a front
+ends when one of its engines does); the parent starts the engine again at the same socket
+(`SharedEngine.relaunch`), then the fronts, which attach to it, counting the engine's restart against the same
+budget as a front's (`server.edge.replicas`); past it the parent stops the server (exit 1) for the orchestrator
+to act. An engine that hangs dies the same way: the front that finds it silent while holding requests kills it
+(`SharedChild.kill`). The sockets live in a private directory (mode 0700) and take only connections that prove
+the parent's key (`multiprocessing`'s authkey, which its spawned processes inherit).
 """
 
 from __future__ import annotations
@@ -42,14 +40,14 @@ from server.edge.loading import (
 
 logger = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 5.0  # the server processes have drained before the engines stop: nothing is left to answer
+STOP_TIMEOUT_S = 5.0  # the fronts have drained before the engines stop: nothing is left to answer
 
 
 @dataclass
 class SharedEngine:
     """One running shared engine: its process and the parent's pipe to it."""
 
-    label: str  # "engine-<model name>#<replica>", as a server process labels its own engine processes
+    label: str  # "engine-<model name>#<replica>", as a single server labels its engine processes
     process: ModelProcess
     control: EngineProcess
     relaunch: Callable[[], SharedEngine]  # the same engine started again, at the same socket, warm
@@ -65,7 +63,7 @@ def start_shared_engines(
     config: ServerConfig, stopped: Callable[[], bool] = lambda: False
 ) -> tuple[list[SharedEngine], tuple[SharedEngines, ...], Path]:
     """Open, start and warm every model's engines (`engine_plan` over the whole node), each listening on a socket
-    in a new private directory; the engines, what the server processes attach to, and that directory."""
+    in a new private directory; the engines, what the fronts attach to, and that directory."""
     socket_dir = Path(tempfile.mkdtemp(prefix="translate-engines-"))  # mode 0700
     engines: list[SharedEngine] = []
     try:
@@ -91,7 +89,7 @@ def start_shared_engines(
         raise
     logger.info(
         "%d shared engine process(es) per model, %s intra-op thread(s) each, at nice %d",
-        per_model, threads or "onnxruntime's default", config.engine_nice_for(True),
+        per_model, threads or "onnxruntime's default", config.engine_nice,
     )  # fmt: skip
     return engines, tuple(shared), socket_dir
 
@@ -122,7 +120,7 @@ def _launch(config: ServerConfig, settings: RunnerSettings, provider: str, label
         )
     slots = min(config.max_slots or process.max_slots, process.max_slots)
     limits = config.limits_for(provider, slots)
-    control = process.start_engine(limits, None, None, config.stall_seconds, config.engine_nice_for(True))
+    control = process.start_engine(limits, None, None, config.stall_seconds, config.engine_nice)
     engine = SharedEngine(label, process, control, partial(_launch, config, settings, provider, label, socket))
     try:
         control.warmup()
@@ -134,8 +132,7 @@ def _launch(config: ServerConfig, settings: RunnerSettings, provider: str, label
 
 
 def stop_shared_engines(engines: list[SharedEngine]) -> None:
-    """Stop every engine (the server processes have left them), each killed if it does not exit; the list is
-    emptied."""
+    """Stop every engine (the fronts have left them), each killed if it does not exit; the list is emptied."""
     while engines:
         engine = engines.pop()
         with suppress(Exception):  # one engine that fails to stop must not keep the others running
