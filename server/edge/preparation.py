@@ -19,10 +19,12 @@ time the lane waited for its lull, so under an endless flood of refusals prepara
 share of the loop, and no refusal waits behind more than one slice. A long request (over
 `INLINE_PREPARE_CHARS`) is prepared in the worker threads of `PreparationPool`, in turns with the other
 long calls and only until its deadline passes or it is cancelled: it would hold the loop for a long while.
-The pool too runs only in the lane's slices (paused between them, its running call stopped at its next
-checkpoint): a thread that holds the GIL takes the loop as surely, each time the loop waits for I/O it
-waits up to the interpreter's switch interval to get the GIL back, and in a burst every call after an
-admitted long one would wait behind its preparation.
+The pool too runs only in the lane's slices, and for their length only: paused between them, and told when
+each ends, so its running call stops at its next checkpoint after that even while the loop, busy with a burst,
+comes late to pause it. A thread that holds the GIL takes the loop as surely: each time the loop waits for I/O
+it waits up to the interpreter's switch interval to get the GIL back, and in a burst every call after an
+admitted long one would wait behind its preparation. For the same reason a call admitted into the paused pool
+gets no thread until its first turn, in a slice: one woken at admission takes the GIL mid-burst only to wait.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class PreparationLane:
                 self._pool_since = time.monotonic()
             self._in_pool += 1
             if not self._in_slice:
-                self.pool.pause()  # until the lane's next slice, before the call's thread takes a turn
+                self.pool.pause()  # until the lane's next slice, before the call's first turn
             self._start()
             try:
                 return await self.pool.run(work, deadline)
@@ -134,7 +136,7 @@ class PreparationLane:
                 lull = time.monotonic()
                 slice_ends = lull + max(PREPARE_SLICE_S, (lull - since) * PREPARATION_SHARE)
                 self._in_slice = True
-                self.pool.resume()
+                self.pool.resume(slice_ends - lull)  # the pool stops at the slice's end, not when the loop gets to it
                 self._prepare_until(slice_ends)
                 if self._in_pool and (rest := slice_ends - time.monotonic()) > 0:
                     await asyncio.sleep(rest)  # the loop idle: the pool's threads have the GIL
