@@ -13,7 +13,7 @@ import pytest
 from server.edge.errors import ServiceError, status_for
 from server.edge.glossaries import (
     LOCK_FILE,
-    GlossaryFileError,
+    DamagedGlossary,
     GlossaryStore,
     NewGlossary,
     glossary_key,
@@ -159,13 +159,13 @@ def test_a_damaged_file_is_a_fault_named_in_the_log_and_left_out_of_the_list(
     kept, damaged = store.create(HAUS), store.create(HAUS)
     path = tmp_path / f"{damaged.info.glossary_id}.json"
     path.write_text('{"format": 2}')
-    with pytest.raises(GlossaryFileError, match="is of format 2; this server reads format 1"):
+    with pytest.raises(DamagedGlossary, match="is of format 2; this server reads format 1"):
         store.get(damaged.info.glossary_id)
-    assert status_for(GlossaryFileError("x"))[0] == grpc.StatusCode.INTERNAL  # the client is not told why
+    assert status_for(DamagedGlossary("x"))[0] == grpc.StatusCode.INTERNAL  # the client is not told why
     assert store.list_glossaries() == [kept.info]
     assert "is left out of the list" in caplog.text
     path.write_text("not json")
-    with pytest.raises(GlossaryFileError, match="is no glossary file"):
+    with pytest.raises(DamagedGlossary, match="is no glossary file"):
         store.get(damaged.info.glossary_id)
 
 

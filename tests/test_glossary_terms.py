@@ -5,6 +5,7 @@ and NLLB/M2M100 checkpoints; a glossary whose terms are absent changes nothing."
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,6 @@ def entries(pairs: list[tuple[str, str]]) -> list[pb.GlossaryEntry]:
 
 def expected_counts(text: str, pairs: list[tuple[str, str]]) -> dict[str, int]:
     """How often each target must appear: once per whole-word mention of its source."""
-    import re
-
     return {target: len(re.findall(rf"(?<!\w){re.escape(source)}(?!\w)", text)) for source, target in pairs}
 
 

@@ -71,7 +71,7 @@ class Glossary:
     terms: tuple[Term, ...]
 
 
-class GlossaryFileError(RuntimeError):
+class DamagedGlossary(RuntimeError):
     """A glossary file this server cannot read (damaged, or of another format): a fault, not the client's."""
 
 
@@ -144,7 +144,7 @@ class GlossaryStore:
             info = _read(path, key).info
         except NotFound:
             return None
-        except GlossaryFileError as error:
+        except DamagedGlossary as error:
             logger.warning("glossary %s is left out of the list: %s", key, error)
             return None
         with self._lock:
@@ -206,16 +206,16 @@ def _to_json(glossary: Glossary) -> bytes:
 
 
 def _read(path: Path, key: str) -> Glossary:
-    """The glossary in `path`; NotFound where it is gone, GlossaryFileError where it cannot be read as one."""
+    """The glossary in `path`; NotFound where it is gone, DamagedGlossary where it cannot be read as one."""
     try:
         document = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise Refusal.UNKNOWN_GLOSSARY.not_found(glossary_id=key) from None
     except ValueError as error:
-        raise GlossaryFileError(f"{path} is no glossary file ({error})") from None
+        raise DamagedGlossary(f"{path} is no glossary file ({error})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else None
-        raise GlossaryFileError(f"{path} is of format {found!r}; this server reads format {FORMAT}")
+        raise DamagedGlossary(f"{path} is of format {found!r}; this server reads format {FORMAT}")
     try:
         terms = tuple(Term(source, target) for source, target in document["entries"])
         info = GlossaryInfo(
@@ -227,7 +227,7 @@ def _read(path: Path, key: str) -> Glossary:
             datetime.fromisoformat(document["creation_time"]),
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise GlossaryFileError(f"{path} lacks a field or holds a wrong one ({error!r})") from None
+        raise DamagedGlossary(f"{path} lacks a field or holds a wrong one ({error!r})") from None
     return Glossary(info, terms)
 
 
