@@ -46,6 +46,7 @@ from tests.serving import (
     runner_of,
     running_server,
     sample_value,
+    server_config,
     server_loop,
     server_process,
     status_of,
@@ -64,7 +65,9 @@ TEXTS = [
 
 
 def config(**overrides: object) -> ServerConfig:
-    return ServerConfig(**{"port": 0, "host": "localhost", "metrics_port": -1, **overrides})  # type: ignore[arg-type]
+    """A test server on one loopback address: `localhost` resolves to two, and the ephemeral port grpc takes on the
+    first may be another process's on the second, which the client then reaches."""
+    return server_config(**overrides)
 
 
 @pytest.fixture()
