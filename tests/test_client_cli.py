@@ -249,8 +249,11 @@ def test_ctrl_c_exits_130_with_one_line() -> None:
         listener.settimeout(60)
         command = [*CLI, "--server", f"127.0.0.1:{listener.getsockname()[1]}", "--target", "en", "Hallo"]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
-            connection, _ = listener.accept()  # the command is in its call
-            with connection:
-                child.send_signal(signal.SIGINT)
-                out, err = child.communicate(timeout=60)
+            try:
+                connection, _ = listener.accept()  # the command is in its call
+                with connection:
+                    child.send_signal(signal.SIGINT)
+                    out, err = child.communicate(timeout=60)
+            finally:
+                child.kill()  # a command that ignored the interrupt fails the test instead of hanging it
     assert (child.returncode, out, err) == (130, "", "translate: interrupted\n")

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from types import FrameType
+from typing import IO, NoReturn, Protocol
 
 import grpc
 
@@ -322,6 +324,7 @@ def decode_text(raw: bytes, where: str, errors: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """The command, ended quietly with status 0 when its reader closes the output (`translate < file | head -1`,
     as `head`'s writers end) and with status 130 and one line on Ctrl-C, never with a traceback."""
+    previous = signal.signal(signal.SIGINT, _interrupted)
     try:
         _main(argv)
     except BrokenPipeError:
@@ -330,9 +333,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(0)
-    except KeyboardInterrupt:
-        sys.stderr.write("translate: interrupted\n")
-        sys.exit(INTERRUPTED)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> NoReturn:
+    """Ctrl-C ends the command from the handler itself: a KeyboardInterrupt raised where the handler happens to
+    run (a finalizer, a library's broad `except`) can be swallowed, and the call it interrupted then waits on a
+    silent server for ever. What was written so far is flushed first."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, RuntimeError):  # a closed pipe, a closed stream, a write the signal interrupted
+        pass
+    os.write(sys.stderr.fileno(), b"translate: interrupted\n")
+    os._exit(INTERRUPTED)
 
 
 def _main(argv: Sequence[str] | None) -> None:
