@@ -7,12 +7,14 @@ from pathlib import Path
 
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from export.int8_embeddings import quantize_embeddings
 from export.kv_ops import export_kv_ops
 from model.directory import DECODER_FILE, ENCODER_FILE, read_metadata
 
 
 def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce_range: bool = False) -> Path:
-    """Quantize MatMul weights to int8; activations stay float32 and are quantized per call.
+    """Quantize MatMul weights and embedding tables to int8 (`export.int8_embeddings`: one table per graph,
+    one scale per row); activations stay float32 and are quantized per call.
 
     The default, 8-bit weights with one scale per tensor, is what the shipped BLEU gate measured. On x86
     CPUs without VNNI onnxruntime multiplies uint8 activations by int8 weights with an instruction whose
@@ -27,6 +29,7 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
             str(fp32_dir / name), str(out_dir / name), op_types_to_quantize=["MatMul"],
             per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8,
         )  # fmt: skip
+        quantize_embeddings(out_dir / name, reduce_range)
     meta = replace(read_metadata(fp32_dir), variant="int8", recipe=int8_recipe(per_channel, reduce_range))
     meta.write(out_dir)
     export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)  # caches stay float32
@@ -45,4 +48,5 @@ def int8_recipe(per_channel: bool = False, reduce_range: bool = False) -> str:
     """How `export_int8` made a graph, as its metadata records it (the BLEU gate checks it)."""
     bits = "7-bit" if reduce_range else "8-bit"
     scales = "a scale per output channel" if per_channel else "one scale per tensor"
-    return f"int8 dynamic quantization of MatMul weights ({bits}, {scales}) from the fp32 graphs"
+    return (f"int8 dynamic quantization of MatMul weights ({bits}, {scales}) and of the embedding tables "
+            "(a scale per row, the tied output projection a scale per column) from the fp32 graphs")  # fmt: skip

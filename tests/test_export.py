@@ -12,7 +12,6 @@ import onnx
 import pytest
 
 from export.__main__ import main
-from model.artifact import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from model.directory import (
     FORMAT_VERSION,
     GATE_BEAM_SIZE,
@@ -24,6 +23,7 @@ from model.directory import (
     read_length_penalties,
     read_metadata,
 )
+from model.files import CONFIG_FILE, WEIGHTS_FILE, weights_sha256
 from tests.conftest import int8_args_for_this_cpu
 from tests.int8_check import teacher_forced_log_probs
 
@@ -67,7 +67,8 @@ def test_metadata_records_source(exported: Path) -> None:
 @pytest.mark.parametrize("seven_bit", [False, True])
 def test_int8_recipes_quantize_as_their_metadata_says(exported: Path, tmp_path: Path, seven_bit: bool) -> None:
     """8-bit per tensor (the default) or 7-bit per output channel (`--int8-7bit`, for CPUs without VNNI,
-    where full-range u8 x s8 products can saturate); the recipe is recorded for the BLEU gate."""
+    where full-range u8 x s8 products can saturate); the recipe is recorded for the BLEU gate. The embedding
+    tables and the output projection tied to the target's take a scale per row (per column) in both."""
     from onnx import numpy_helper
 
     from export.quantize import export_int8, int8_recipe
@@ -82,8 +83,14 @@ def test_int8_recipes_quantize_as_their_metadata_says(exported: Path, tmp_path: 
         for weight_name, weight in quantized.items():
             assert weight.dtype == np.int8, weight_name
             assert (max(-weight.min(), weight.max()) <= 64) == seven_bit, weight_name
+            if weight_name in ("embed.weight_quantized", "src_embed.weight_quantized"):  # a table the encoder gathers
+                assert weights[weight_name.removesuffix("_quantized") + "_row_scale"].shape == (weight.shape[0], 1)
+                continue
             scale = weights[weight_name.removesuffix("_quantized") + "_scale"]
-            assert scale.shape == ((weight.shape[1],) if seven_bit else ()), weight_name
+            per_column = seven_bit or weight_name == "embed.weight.T_quantized"
+            assert scale.shape == ((weight.shape[1],) if per_column else ()), weight_name
+        floats = [n for n, w in weights.items() if w.dtype == np.float32 and w.ndim == 2 and min(w.shape) > 1]
+        assert not [n for n in floats if "embed" in n], "no float32 embedding table is left"
 
 
 @pytest.mark.parametrize(("variant", "tolerance"), [("int8", 0.2), ("fp16", 0.01)])
