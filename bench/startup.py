@@ -19,7 +19,8 @@ starts are the cluster's and not measured here. Cases:
     python -m bench.startup --cases shipped,shipped-build,opus-dir,opus-hub --runs 3 [--out startup.json]
     python -m bench.startup --cases dir --model-dir DIR --server-flags "--provider cuda" --runs 2
 
-Prints each run's seconds to SERVING (and the graph build time the server logged) as JSON lines.
+Prints each run's seconds to SERVING, the graph build time the server logged and the resident memory of the
+server and its engine processes once SERVING (Linux's /proc) as JSON lines.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Start:
     run: int
     seconds_to_serving: float
     graph_build_seconds: float | None  # what the server logged for building graphs at start, if it did
+    resident_mb: int  # the server's and its engine processes' resident memory once SERVING, summed
     load_average: float  # the machine's 1-minute load average as the run ended: other work slows a start
 
 
@@ -67,8 +69,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def time_to_serving(flags: list[str], env: dict[str, str], log: Path) -> float:
-    """Seconds from spawning `translate-server flags` to its first SERVING answer; the server is stopped."""
+def resident_mb(pid: int) -> int:
+    """Resident memory of process `pid` and all its descendants, in MB."""
+    total_kb, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            children = [Path(f"/proc/{current}/task/{task}/children").read_text().split()
+                        for task in os.listdir(f"/proc/{current}/task")]  # fmt: skip
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+        total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        pending += [int(child) for task_children in children for child in task_children]
+    return total_kb // 1024
+
+
+def time_to_serving(flags: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
+    """Seconds from spawning `translate-server flags` to its first SERVING answer, and then its resident MB
+    (`resident_mb`); the server is stopped."""
     port = free_port()
     command = [sys.executable, "-m", "server.edge.main", "--host", "localhost", "--port", str(port)]
     started = time.monotonic()
@@ -80,7 +99,7 @@ def time_to_serving(flags: list[str], env: dict[str, str], log: Path) -> float:
                 if process.poll() is not None or time.monotonic() - started > START_TIMEOUT_S:
                     raise RuntimeError(f"the server did not become SERVING; see {log}")
                 time.sleep(POLL_S)
-        return time.monotonic() - started
+        return time.monotonic() - started, resident_mb(process.pid)
     finally:
         process.terminate()
         process.wait(60)
@@ -156,8 +175,8 @@ def main(argv: list[str] | None = None) -> None:
             for case in cases:  # the cases alternate, so a machine's drift spreads over all of them
                 flags, env = case_flags(case, work, run, opus, args.model_dir)
                 log = work / f"{case}-{run}.log"
-                seconds = time_to_serving([*flags, *shlex.split(args.server_flags)], env, log)
-                start = Start(case, run, round(seconds, 2), logged_build_seconds(log), os.getloadavg()[0])
+                seconds, resident = time_to_serving([*flags, *shlex.split(args.server_flags)], env, log)
+                start = Start(case, run, round(seconds, 2), logged_build_seconds(log), resident, os.getloadavg()[0])
                 starts.append(start)
                 print(json.dumps(asdict(start)), flush=True)
     if args.out:
