@@ -49,7 +49,8 @@ def _graph(path: Path, table_name: str, tied: bool, reduce_range: bool = False) 
 
 def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {name: value for name, value in feeds.items() if name in {i.name for i in session.get_inputs()}})
+    names = {graph_input.name for graph_input in session.get_inputs()}
+    return session.run(None, {name: value for name, value in feeds.items() if name in names})
 
 
 @pytest.mark.parametrize("qmax", [127, 63])
@@ -63,7 +64,7 @@ def test_rows_round_to_their_nearest_step_and_zero_rows_stay_zero(qmax: int) -> 
 
 
 @pytest.mark.parametrize("table_name", ["embed.weight", "src_embed.weight"])
-def test_the_encoders_lookup_reads_an_int8_table_and_gives_the_dequantized_rows(tmp_path: Path, table_name: str) -> None:
+def test_the_encoders_lookup_reads_int8_rows_and_gives_them_dequantized(tmp_path: Path, table_name: str) -> None:
     path = tmp_path / "encoder.onnx"
     table = _graph(path, table_name, tied=False)
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
