@@ -23,8 +23,8 @@ import numpy as np
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 from safetensors.numpy import load_file
 
-from model.artifact import TOKENIZER_FILE, WEIGHTS_FILE, load_config
 from model.config import ModelConfig
+from model.files import TOKENIZER_FILE, WEIGHTS_FILE, load_config
 from model.marian_tokenizer import TARGET_VOCAB_FILE, VOCAB_FILE, read_vocab
 from model.tokenizer import Tokenizer
 
@@ -33,7 +33,7 @@ Weights = dict[str, np.ndarray]
 
 
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
-    """(max_len, D) interleaved sin/cos table, the same numbers as model.transformer.sinusoidal_positions."""
+    """(max_len, D) interleaved sin/cos table, the same numbers as model.training.transformer.sinusoidal_positions."""
     position = np.arange(max_len, dtype=np.float32)[:, None]
     inv_freq = np.exp(np.arange(0, d_model, 2, dtype=np.float32) * (-np.log(10000.0) / d_model))
     table = np.zeros((max_len, d_model), dtype=np.float32)

@@ -13,10 +13,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from model.artifact import load_config
-from model.directory import FUSED_DECODER_FILE, STATIC_DECODER_FILE
+from model.directory import FUSED_DECODER_FILE
+from model.files import load_config
+
+if TYPE_CHECKING:
+    from server.backend.runtime import OnnxRunner
 
 
 class Unavailable(RuntimeError):
@@ -46,12 +49,12 @@ class EngineSettings:
 
 
 class PyTorchEngine:
-    """Our reference decoder (model/decode.py), eager PyTorch, one sentence at a time."""
+    """Our reference decoder (model/training/decode.py), eager PyTorch, one sentence at a time."""
 
     def __init__(self, settings: EngineSettings) -> None:
         import torch
 
-        from model.artifact import load_artifact
+        from model.training.artifact import load_artifact
 
         if settings.device == "cuda" and not torch.cuda.is_available():
             raise Unavailable("torch has no CUDA device")
@@ -61,7 +64,7 @@ class PyTorchEngine:
         self.max_len = settings.max_len
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
-        from model.decode import beam_search
+        from model.training.decode import beam_search
 
         # The reference decoder has no batch dimension: it is the spec, not a server.
         return [list(beam_search(self.model, src, beam_size, self.max_len)[0].tokens) for src in sources]
@@ -162,7 +165,8 @@ class CTranslate2Engine:
 
 class OnnxEngine:
     """Our ONNX decoder offline: server.core.offline.translate_ids over the runner the server would open
-    (server.backend.runners.open_runner, caches placed as `--kv-cache` places them: auto by default)."""
+    (server.backend.runners.open_runner, caches placed as `--kv-cache` places them: auto by default). `fused`
+    opens the captured runner on any device, so that a CPU rehearses the CUDA engine (uncaptured there)."""
 
     def __init__(self, settings: EngineSettings, variant: str, kv_cache: str = "auto", name: str = "") -> None:
         variant_dir = settings.model_dir / "onnx" / variant
@@ -171,14 +175,19 @@ class OnnxEngine:
                 raise Unavailable(f"{module} is not in this checkout")
         if not (variant_dir / "decoder_step.onnx").is_file():
             raise Unavailable(f"no export at {variant_dir} (python -m export --model-dir {settings.model_dir})")
-        if kv_cache in ("static", "fused") and not (variant_dir / CAPTURABLE_FILES[kv_cache]).is_file():
+        if kv_cache == "fused" and not (variant_dir / FUSED_DECODER_FILE).is_file():
             raise Unavailable(f"no capturable decoder step in {variant_dir} (its head size, or an older export)")
+        from server.backend.captured import CapturedRunner
         from server.backend.runners import open_runner
 
         self.name = name or f"onnx-{variant}" + ("" if kv_cache == "auto" else f"-{kv_cache}")
         # Beam rows take one slot each: a full batch of beams must fit.
         slots = settings.max_batch * 4
-        self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache=kv_cache)
+        self.runner: OnnxRunner
+        if kv_cache == "fused":
+            self.runner = CapturedRunner(variant_dir, slots, settings.device, settings.threads)
+        else:
+            self.runner = open_runner(variant_dir, slots, settings.device, settings.threads, kv_cache=kv_cache)
         self.settings = settings
 
     def translate(self, sources: list[list[int]], beam_size: int) -> list[list[int]]:
@@ -189,9 +198,6 @@ class OnnxEngine:
 
 
 EngineFactory = Callable[[EngineSettings, Path], OfflineEngine]
-# Where the uncaptured engines keep their caches: `--kv-cache auto` picks the captured step on CUDA.
-UNCAPTURED_CACHE = {"cuda": "device", "cpu": "auto"}
-
 # Name -> constructor; the bench runs them in this order.
 ENGINES: dict[str, EngineFactory] = {
     "ctranslate2-float32": lambda s, work: CTranslate2Engine(s, "float32", work),
@@ -201,12 +207,11 @@ ENGINES: dict[str, EngineFactory] = {
     "ctranslate2-float32-workers": lambda s, work: CTranslate2Engine(s, "float32", work, workers=max(2, s.threads)),
     "ctranslate2-int8-workers": lambda s, work: CTranslate2Engine(s, "int8", work, workers=max(2, s.threads)),
     "pytorch-eager": lambda s, work: PyTorchEngine(s),
-    # the uncaptured step (device caches on CUDA, the working batch on CPU); the captured one is -static
-    "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32", kv_cache=UNCAPTURED_CACHE[s.device], name="onnx-fp32"),
+    # the uncaptured step, the working batch on every device; the captured one is -fused
+    "onnx-fp32": lambda s, work: OnnxEngine(s, "fp32", kv_cache="working", name="onnx-fp32"),
     "onnx-int8": lambda s, work: OnnxEngine(s, "int8"),
-    "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16", kv_cache=UNCAPTURED_CACHE[s.device], name="onnx-fp16"),
-    "onnx-fp16-static": lambda s, work: OnnxEngine(s, "fp16", kv_cache="static"),  # CUDA graphs on CUDA
-    "onnx-fp16-fused": lambda s, work: OnnxEngine(s, "fp16", kv_cache="fused"),  # the same, from fused ops
+    "onnx-fp16": lambda s, work: OnnxEngine(s, "fp16", kv_cache="working", name="onnx-fp16"),
+    "onnx-fp16-fused": lambda s, work: OnnxEngine(s, "fp16", kv_cache="fused"),  # CUDA graphs on CUDA
     "transformers-generate": lambda s, work: TransformersEngine(s),
 }
 # int8 is the CPU quantization, fp16 the GPU one (as in the export variants).
@@ -217,12 +222,11 @@ DEVICE_ENGINES: dict[str, list[str]] = {
     ],
     "cuda": [
         *("ctranslate2-float32", "ctranslate2-float16", "pytorch-eager", "onnx-fp32", "onnx-fp16"),
-        *("onnx-fp16-static", "onnx-fp16-fused", "transformers-generate"),
+        *("onnx-fp16-fused", "transformers-generate"),
     ],
 }
 # An engine and the uncaptured engine whose ids it must reproduce exactly (the benchmark reports their agreement).
-UNCAPTURED = {"onnx-fp16-static": "onnx-fp16", "onnx-fp16-fused": "onnx-fp16"}
-CAPTURABLE_FILES = {"static": STATIC_DECODER_FILE, "fused": FUSED_DECODER_FILE}  # by --kv-cache
+UNCAPTURED = {"onnx-fp16-fused": "onnx-fp16"}
 
 
 def create(name: str, settings: EngineSettings, work_dir: Path | None = None) -> OfflineEngine:

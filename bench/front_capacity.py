@@ -31,11 +31,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from bench.run import free_port
-from model.artifact import load_config
 from model.directory import ModelSpec, read_metadata
+from model.files import load_config
 from model.tokenizer import open_tokenizer
 from server.core.runner import Candidates, EncodeItem, RowBias
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, ObservabilityConfig, ServerConfig, ServingConfig
 from server.edge.convert import ModelDescription
 from server.edge.loading import LoadedModel
 from server.edge.server import create_server
@@ -89,9 +89,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     step_s, encode_s = args.step_ms / 1000, args.encode_ms / 1000
     runners = [SleepingRunner(spec, args.slots, step_s, encode_s) for _ in range(args.engines)]
     config = ServerConfig(
-        port=free_port(), host="127.0.0.1", metrics_port=-1, max_slots=args.slots, max_queue=100_000,
-        engines=args.engines, log_level="WARNING", admission_wait_ms=args.admission_wait_ms,
-    )  # fmt: skip
+        serving=ServingConfig(port=free_port(), host="127.0.0.1"),
+        engines=EnginesConfig(
+            max_slots=args.slots, max_queue=100_000, engines=args.engines, admission_wait_ms=args.admission_wait_ms
+        ),
+        observability=ObservabilityConfig(metrics_port=-1, log_level="WARNING"),
+    )
     models = [LoadedModel(r, tokenizer, description) for r in runners]
     server, port = await create_server(config, models, CollectorRegistry())
     command = [
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--max-len", type=int, default=16)
-    parser.add_argument("--admission-wait-ms", type=float, default=ServerConfig.admission_wait_ms)
+    parser.add_argument("--admission-wait-ms", type=float, default=EnginesConfig.admission_wait_ms)
     parser.add_argument(
         "--texts-per-request", type=int, default=1, help="sentences per call (the front's cost is per call)"
     )

@@ -12,18 +12,17 @@ The CUDA path verified end to end on a GPU node, in one command:
    in every step's interpreter.
 2. export: the fp32 and fp16 graphs of the model.
 3. parity on CUDA: `python -m bench.parity --provider cuda` (the fp32 graphs against PyTorch).
-4. the capturable step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`):
-   `--kv-cache static` and its fused build `--kv-cache fused`, one CUDA graph per row bucket, against the
-   uncaptured device caches, greedy and beam 4: identical ids (the fused build: FUSED_FP16_AGREEMENT).
+4. the captured step on CUDA (`python -m bench.static_parity --provider cuda --variants fp16`): the served
+   default `--kv-cache fused`, one CUDA graph per row bucket, against the uncaptured working batch, greedy and
+   beam 4: at least FUSED_FP16_AGREEMENT of the ids identical.
 5. the BLEU gate measured with the CUDA provider (`python -m server.gates.variants --provider cuda`): the record
    that lets `--variant auto` serve fp16 there.
 6. the benchmark on CUDA (`python -m bench.run --device cuda`), served and offline, against CTranslate2 and
-   PyTorch: the captured step's fused build (`onnx-fp16-fused` offline; the served default) beside its plain
-   build (`onnx-fp16-static`) and the uncaptured device caches (`onnx-fp16`, served `fp16-device`), and the
-   served levers (GPU_ARMS: the plain captured step; the encoder batched across arrivals, `--admission-wait-ms
-   20`; four and eight server processes sharing the two engines), each closed-loop run with the engines' own
-   step time, rows per step and busy share read from the server's metrics. The served path runs the server's
-   CUDA default of 256 slots per engine.
+   PyTorch: the captured step (`onnx-fp16-fused` offline; the served default) beside the uncaptured working
+   batch (`onnx-fp16`), and the served levers (GPU_ARMS: the encoder batched across arrivals,
+   `--admission-wait-ms 20`; four and eight server processes sharing the two engines), each closed-loop run
+   with the engines' own step time, rows per step and busy share read from the server's metrics. The served
+   path runs the server's CUDA default of 256 slots per engine.
 7. a replica's start to SERVING on CUDA (`python -m bench.startup --cases dir`, fp16, twice): the CUDA
    context, the sessions and the captured graphs, on the graphs built above (startup.json).
 
@@ -61,27 +60,24 @@ SHAPE_STEPS = ("onnxruntime", "model", "parity", "static", "fp16gate", "bench", 
 # The captured step is checked in fp16 on CUDA, the precision it serves there; on CPU in both float variants.
 STATIC_VARIANTS = {"cuda": "fp16", "cpu": "fp32,fp16"}
 # At a shape: 16 tokens per sentence (a random model never stops sooner), the generate baseline and our
-# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight. On an H100 the model, static and
-# bench steps took 4 min 7 s with three served arms beside the default, three offline engines and no device-cache
-# arm; the whole default command, an estimated 7 (within one `run` call's 10).
+# engines offline, fp16 served (what GPU nodes serve) at 64 and 256 in flight: sized so that the whole default
+# command fits one `run` call.
 SHAPE_BENCH_ARGS = [
     *("--max-len", "16", "--concurrency", "64,256", "--latency-requests", "40", "--sentences", "512"),
     *("--offline-s", "3", "--load-s", "3", "--load-fractions", "0.5,1.0", "--served-variants", "fp16"),
 ]
 # Offline at a shape on CUDA: PyTorch eager (one sentence at a time) is left out, the parity step compares
 # the graphs with it; generate on the same weights is the baseline.
-SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-static,onnx-fp16-fused"]}
+SHAPE_ENGINES = {"cuda": ["--engines", "transformers-generate,onnx-fp32,onnx-fp16,onnx-fp16-fused"]}
 # A replica's start to SERVING on the model's built graphs, serving what GPU nodes serve (the CPU: how tests
 # check the step): the CUDA context, the sessions, and the captured step's graphs at warm-up
 STARTUP_FLAGS = {"cuda": "--provider cuda --variant fp16", "cpu": "--provider cpu --variant fp32"}
 STARTUP_RUNS = 2
 # The served levers on CUDA one at a time against the default (the fused captured step, two engine processes):
-# the plain captured step it replaced, and four and eight server processes in front of the same two engines
-# (four served 1.57x one's greedy tokens/s: how far more fronts go). The others measured (one engine, four,
-# device caches, several processes of their own engines) are in bench/results/.
+# the encoder batched across arrivals, and four and eight server processes in front of the same two engines (how
+# far more fronts go). The others measured (one engine, four, the removed cache placements, several processes
+# of their own engines) are in bench/results/ and docs/decisions.md.
 GPU_ARMS = [
-    "--served-arm",
-    "fp16-static=fp16 --kv-cache static",
     "--served-arm",
     "fp16-admission-wait=fp16 --admission-wait-ms 20",
     "--served-arm",

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from model.artifact import load_artifact
-from model.decode import beam_search
 from model.marian_tokenizer import MarianTokenizer
-from model.transformer import Transformer
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search
+from model.training.transformer import Transformer
 
 LOGIT_TOLERANCE = 1e-4
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.artifact import load_artifact
 from model.data import read_tsv
-from model.decode import beam_search, normalize
 from model.tokenizer import TextTokenizer
-from model.transformer import Transformer
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search, normalize
+from model.training.transformer import Transformer
 from server.backend.runtime import PROVIDERS, OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
 from server.core.scheduler import output_limit
@@ -77,7 +78,7 @@ class DecodingReport:
 def compare_decoding(
     model: Transformer, runner: OnnxRunner, sources: list[list[int]], beam_size: int, max_len: int | None
 ) -> DecodingReport:
-    """Best-hypothesis ids of the ONNX offline decoder vs model/decode.py.
+    """Best-hypothesis ids of the ONNX offline decoder vs model/training/decode.py.
 
     Both decoders get the server's output limit: `max_len` capped at the model's, or when None
     the source-relative default.
@@ -121,7 +122,7 @@ def teacher_forced(model: Transformer, src: list[int], tokens: list[int]) -> tor
 
 @torch.no_grad()
 def normalized_score(model: Transformer, src: list[int], tokens: list[int], limit: int) -> float:
-    """A hypothesis's ranking key as model/decode.py defines it: summed log-probs, EOS included unless
+    """A hypothesis's ranking key as model/training/decode.py defines it: summed log-probs, EOS included unless
     the hypothesis ran to `limit`, over its length to the power of the length penalty."""
     ended = len(tokens) < limit or limit == 0
     scored = [*tokens, model.cfg.eos_id] if ended else list(tokens)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="where the fp32 graphs run")
     args = parser.parse_args(argv)
     model = load_artifact(args.model_dir)
-    runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64, provider=args.provider)
+    runner = WorkingBatchRunner(args.model_dir / "onnx" / "fp32", max_slots=64, provider=args.provider)
     if runner.provider != PROVIDERS[args.provider]:  # onnxruntime falls back to CPU with a warning only
         raise SystemExit(f"asked for the {args.provider} provider, onnxruntime gave {runner.provider}")
     every = parity_cases(model_tokenizer(args.model_dir), args.limit)

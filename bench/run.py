@@ -40,9 +40,8 @@ from typing import Any
 
 from bench import engines, loadgen
 from bench.loadgen import Query, p99, percentile
-from model.artifact import load_config, weights_sha256
 from model.directions import Directions
-from model.directory import STATIC_DECODER_FILE
+from model.files import load_config, weights_sha256
 from model.languages import match
 from model.tokenizer import open_tokenizer
 
@@ -420,16 +419,6 @@ def connections_for(server_args: Sequence[str]) -> int:
     return CHANNELS_PER_PROCESS * processes if processes > 1 else 1
 
 
-def bench_served_cache(
-    settings: engines.EngineSettings, work: Workload, budget: Budget, extra: Sequence[str], kv_cache: str
-) -> dict[str, Any]:
-    """The served fp16 path with its caches placed by `--kv-cache kv_cache`; the captured step (`static`) only
-    where the export has its graph."""
-    if kv_cache == "static" and not (settings.model_dir / "onnx" / "fp16" / STATIC_DECODER_FILE).is_file():
-        return {"skipped": f"no {STATIC_DECODER_FILE} in the fp16 export"}
-    return bench_served_variant(settings, work, budget, "fp16", [*extra, "--kv-cache", kv_cache])
-
-
 def machine() -> dict[str, Any]:
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
@@ -579,11 +568,6 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     parser.add_argument("--engines", type=_names, default=[], help="offline engines to run (default: the device's)")
     parser.add_argument("--load-fractions", type=_fractions, default=(), help="open-loop rates, e.g. 0.5,1.0")
     parser.add_argument(
-        "--no-device-arm",
-        action="store_true",
-        help="on CUDA, leave out the served run of the uncaptured device caches beside the captured default",
-    )
-    parser.add_argument(
         "--served-arm", action="append", type=_arm, default=[], metavar="LABEL=VARIANT FLAGS",
         help='one more served run with its own flags, e.g. "fp16-4fronts=fp16 --processes 4"',
     )  # fmt: skip
@@ -643,9 +627,6 @@ def main(argv: list[str] | None = None, command: str = "") -> None:
     for label, variant, flags in args.served_arm:
         served[label] = bench_served_variant(settings, work, budget, variant, [*shlex.split(args.server_args), *flags])
         write_partial(gathered(), args.out)
-    if args.device == "cuda" and "fp16" in variants and not args.no_device_arm:
-        # the uncaptured device caches beside the captured default
-        served["fp16-device"] = bench_served_cache(settings, work, budget, shlex.split(args.server_args), "device")
     write_results(gathered(), args.out)
 
 

@@ -1,13 +1,14 @@
 """python -m bench.static_parity --model-dir DIR [--provider cuda] [--variants fp32,fp16] [--limit N]: the
-capturable decoder step, plain (`--kv-cache static`) and fused (`--kv-cache fused`; CUDA graphs on CUDA), against
-the uncaptured step over device caches (`--kv-cache device`), on the same provider and graphs' weights.
+captured runner (`--kv-cache fused`: the fused capturable step over static buffers, CUDA graphs on CUDA) against
+the uncaptured step of the working batch (`--kv-cache working`), on the same provider and graphs' weights.
 
 For each variant, the test set's sources (both directions the model translates) decoded offline through
 `server.core.offline.translate_ids` by both runners, greedy and beam 4, with fewer slots than rows so rows
 join and leave at different lengths: the token ids must be identical (the fused build in float16: at least
 FUSED_FP16_AGREEMENT of them, below); the largest score difference is reported beside them. A model whose
 head size GroupQueryAttention does not take has no capturable step and is skipped, said so; exits 1 if ids
-differ beyond that or a capturable model's variant lacks the step.
+differ beyond that or a capturable model's variant lacks the step. Both runners are opened by class, on any
+provider, so that a CPU rehearses the command (the captured runner runs uncaptured there).
 """
 
 from __future__ import annotations
@@ -20,18 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from bench.parity import fits, parity_cases
-from model.directory import STATIC_DECODER_FILE, MetadataError, capturable_head_dim, read_metadata
-from server.backend.runners import open_runner
+from model.directory import FUSED_DECODER_FILE, MetadataError, capturable_head_dim, read_metadata
+from server.backend.captured import CapturedRunner
 from server.backend.runtime import PROVIDERS, OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.beam import Hypothesis
 from server.core.offline import translate_ids
 from server.gates.variants import model_tokenizer
 
 BEAMS = (1, 4)
-CAPTURED = ("static", "fused")  # the capturable step's plain and fused builds (`--kv-cache`)
-# What they are checked against, on every provider: named, never `auto`, which on CUDA picks a captured step.
-REFERENCE = "device"
-# The fused build in float16 runs other kernels than the uncaptured step (fp32 sums inside SkipLayerNormalization
+# The fused step in float16 runs other kernels than the uncaptured step (fp32 sums inside SkipLayerNormalization
 # and MultiHeadAttention, each rounded once), so float16's near-ties may break the other way: at least this share
 # of its ids must agree, where every other comparison must agree exactly.
 FUSED_FP16_AGREEMENT = 0.9
@@ -45,26 +44,25 @@ def decode(runner: OnnxRunner, sources: list[list[int]], beam: int, max_len: int
 
 
 def compare(variant_dir: Path, provider: str, sources: list[list[int]], slots: int, max_len: int) -> bool:
-    """The plain and the fused capturable steps each against the uncaptured runner on one variant; prints one
-    line per step and beam; whether every id agreed."""
-    uncaptured = open_runner(variant_dir, slots, provider, kv_cache=REFERENCE)
+    """The captured runner against the working batch on one variant; prints one line per beam; whether every id
+    agreed."""
+    uncaptured = WorkingBatchRunner(variant_dir, slots, provider)
     expected = {beam: decode(uncaptured, sources, beam, max_len) for beam in BEAMS}
+    del uncaptured  # its sessions go before the captured runner's buffers come
+    captured = CapturedRunner(variant_dir, slots, provider)
+    if captured.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
+        raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {captured.provider}")
     ok = True
-    for place in CAPTURED:
-        captured = open_runner(variant_dir, slots, provider, kv_cache=place)
-        if captured.provider != PROVIDERS[provider]:  # onnxruntime falls back to CPU with a warning only
-            raise SystemExit(f"asked for the {provider} provider, onnxruntime gave {captured.provider}")
-        for beam in BEAMS:
-            (want, want_s), (got, got_s) = expected[beam], decode(captured, sources, beam, max_len)
-            same = sum(a.tokens == b.tokens for a, b in zip(got, want, strict=True))
-            gap = max(abs(a.score - b.score) for a, b in zip(got, want, strict=True))
-            inexact = place == "fused" and captured.dtype == np.float16
-            ok &= same >= FUSED_FP16_AGREEMENT * len(sources) if inexact else same == len(sources)
-            print(
-                f"{variant_dir.name} {place} beam {beam}: identical token ids {same}/{len(sources)}, max score"
-                f" difference {gap:.2e}; {uncaptured.kv_cache} {want_s:.2f} s, {place} {got_s:.2f} s"
-            )
-        del captured  # its buffers go before the next runner's
+    for beam in BEAMS:
+        (want, want_s), (got, got_s) = expected[beam], decode(captured, sources, beam, max_len)
+        same = sum(a.tokens == b.tokens for a, b in zip(got, want, strict=True))
+        gap = max(abs(a.score - b.score) for a, b in zip(got, want, strict=True))
+        inexact = captured.dtype == np.float16
+        ok &= same >= FUSED_FP16_AGREEMENT * len(sources) if inexact else same == len(sources)
+        print(
+            f"{variant_dir.name} {captured.kv_cache} beam {beam}: identical token ids {same}/{len(sources)}, max score"
+            f" difference {gap:.2e}; working {want_s:.2f} s, {captured.kv_cache} {got_s:.2f} s"
+        )
     return ok
 
 
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if not capturable_head_dim(meta.head_dim):
             print(f"{variant}: skipped, head size {meta.head_dim} has no capturable step")
             continue
-        if not (variant_dir / STATIC_DECODER_FILE).is_file():  # fp32 builds it only when asked
+        if not (variant_dir / FUSED_DECODER_FILE).is_file():  # fp32 builds it only when asked
             print(f"{variant}: skipped, no capturable step exported (python -m export --capturable-fp32 builds it)")
             continue
         spec = meta.spec()

@@ -187,7 +187,7 @@ class _Graphs:
 
 class _FusedGraphs(_Graphs):
     """The fused encoder and the capturable fused step over static buffers of the model's whole target length,
-    each buffer bound as both past and present as the server binds it (server/backend/static_cache.py)."""
+    each buffer bound as both past and present as the server binds it (server/backend/captured.py)."""
 
     encoder_file, step_file = FUSED_ENCODER_FILE, FUSED_DECODER_FILE
 

@@ -1,18 +1,15 @@
-"""Small weightless graphs that keep the key/value caches on the device (CUDA IO binding).
+"""Small weightless graphs that move rows of the key/value caches where they live (CUDA IO binding).
 
-The decoder step graph takes the rows' past keys/values and returns only the new row. With the
-caches in host memory (`server.backend.runtime.OnnxRunner`) every step copies them to the GPU and back; these
-graphs instead gather, append and move cache rows where the caches live, so a step moves only
-token ids in and ranked candidates out. Every graph works on all 2L caches of one kind at once
-(one session run, not 2L), in the decoder's own layout: cache (slots, H, T, Dh).
+The captured runner (`server.backend.captured`) keeps its caches in static device buffers, which its step
+writes in place; these graphs write the encoder's output into them and move rows between slots there, so
+no cache crosses to the host. Every graph works on all 2L caches of one kind at once (one session run, not
+2L), in the decoder's own layout: cache (slots, H, T, Dh).
 
-- kv_gather:  out_i = cache_i[rows, :, :length]                      (B, H, length, Dh)
-- kv_append:  cache_i[rows[b], :, positions[b]] = new_i[b, :, 0]      in place
 - kv_move:    cache_i[dst, :, :length] = cache_i[src, :, :length]     in place (beam reorder)
-- kv_write:   cache_i[slots, :, :S] = encoded_i[items]                in place (after encoding)
+- kv_write:   cache_i[slots, :, :S] = encoded_i[items]                in place (after encoding; zeroing)
 
 "In place" means the server binds the output to the input's own buffer: onnxruntime's ScatterND
-skips its copy when input and output share memory, so an append writes B x H x Dh values, not the
+skips its copy when input and output share memory, so a move writes only the rows it updates, not the
 whole cache. Indices are built inside the graphs from row ids and lengths, so only a few int64s
 cross to the device per call.
 """
@@ -24,7 +21,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from model.directory import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
+from model.directory import KV_MOVE_FILE, KV_WRITE_FILE
 
 KV_OPS_OPSET = 18
 # The IR version opset 18 came with: a newer onnx package would stamp its own (IR 14 with onnx 1.23), which
@@ -93,29 +90,6 @@ def _model(b: _Builder, name: str, inputs: list, outputs: list) -> onnx.ModelPro
     return model
 
 
-def gather_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
-    b = _Builder(n_heads)
-    idx = b.index("rows", b.prefix_columns("length"))
-    for i in range(n_caches):
-        b.op_to("GatherND", f"out_{i}", f"cache_{i}", idx)
-    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
-    inputs += [_int_info("rows", ["N"]), _int_info("length", [])]
-    outputs = [helper.make_tensor_value_info(f"out_{i}", elem, ["N", "H", "L", "Dh"]) for i in range(n_caches)]
-    return _model(b, "kv_gather", inputs, outputs)
-
-
-def append_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
-    b = _Builder(n_heads)
-    idx = b.index("rows", b.op("Unsqueeze", "positions", b.const("column_axis", [1])))  # (B, H, 1, 3)
-    for i in range(n_caches):
-        b.op_to("ScatterND", f"out_{i}", f"cache_{i}", idx, f"new_{i}")
-    inputs = [_cache_info(f"cache_{i}", elem) for i in range(n_caches)]
-    inputs += [helper.make_tensor_value_info(f"new_{i}", elem, ["B", "H", 1, "Dh"]) for i in range(n_caches)]
-    inputs += [_int_info("rows", ["B"]), _int_info("positions", ["B"])]
-    outputs = [_cache_info(f"out_{i}", elem) for i in range(n_caches)]
-    return _model(b, "kv_append", inputs, outputs)
-
-
 def move_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
     b = _Builder(n_heads)
     columns = b.prefix_columns("length")
@@ -144,11 +118,9 @@ def write_graph(n_caches: int, n_heads: int, elem: int) -> onnx.ModelProto:
 
 
 def export_kv_ops(out_dir: Path, n_layers: int, n_heads: int, dtype: str) -> None:
-    """Write the four cache graphs for 2 x `n_layers` caches of `dtype` into `out_dir`."""
+    """Write the cache graphs for 2 x `n_layers` caches of `dtype` into `out_dir`."""
     elem, n = FLOAT_TYPES[dtype], 2 * n_layers
     graphs = {
-        KV_GATHER_FILE: gather_graph(n, n_heads, elem),
-        KV_APPEND_FILE: append_graph(n, n_heads, elem),
         KV_MOVE_FILE: move_graph(n, n_heads, elem),
         KV_WRITE_FILE: write_graph(n, n_heads, elem),
     }

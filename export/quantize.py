@@ -8,7 +8,6 @@ from pathlib import Path
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from export.int8_embeddings import quantize_embeddings
-from export.kv_ops import export_kv_ops
 from model.directory import DECODER_FILE, ENCODER_FILE, read_metadata
 
 
@@ -32,7 +31,6 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
         quantize_embeddings(out_dir / name, reduce_range)
     meta = replace(read_metadata(fp32_dir), variant="int8", recipe=int8_recipe(per_channel, reduce_range))
     meta.write(out_dir)
-    export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)  # caches stay float32
     return out_dir
 
 

@@ -45,7 +45,7 @@ class ModelConfig:
     # modeling_m2m_100.py).
     # "pre": x + f(LayerNorm(x)) and a final LayerNorm per stack; "post": LayerNorm(x + f(x)) and none
     norm_placement: str = "pre"
-    activation: str = "relu"  # feed-forward nonlinearity: one of model.transformer.ACTIVATIONS
+    activation: str = "relu"  # feed-forward nonlinearity: one of model.training.transformer.ACTIVATIONS
     # Sinusoid columns: "interleaved" (sin, cos per pair) | "halves" (sin | cos) | "fairseq" (sin | cos, frequencies
     # spread over D/2 - 1 steps: transformers' M2M100SinusoidalPositionalEmbedding)
     position_layout: str = "interleaved"

@@ -21,29 +21,25 @@ log = logging.getLogger(__name__)
 METADATA_FILE = "metadata.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder_step.onnx"
-# The capturable decoder step (export/builder/static_step.py), beside the ordinary one in the fp32 and fp16
-# variants of models whose head size GroupQueryAttention takes; read only by the static-cache runner.
-STATIC_DECODER_FILE = "decoder_step_static.onnx"
-# The same step built from onnxruntime's fused contrib ops (export/builder/fused_step.py), beside it; read only
-# by the fused runner (`--kv-cache fused`).
+# The decoder step built from onnxruntime's fused contrib ops with fixed shapes, so that CUDA can capture it
+# (export/builder/fused_step.py), beside the ordinary one in the fp16 variant (and fp32 when asked) of models whose
+# head size GroupQueryAttention takes; read only by the captured runner (`--kv-cache fused`).
 FUSED_DECODER_FILE = "decoder_step_fused.onnx"
 FUSED_ENCODER_FILE = "encoder_fused.onnx"  # the encoder from fused ops (export/builder/fused_encoder.py), beside it
-STATIC_TOP_K = 16  # candidates the static step ranks per row: 2 x the widest beam a request may ask for
+STATIC_TOP_K = 16  # candidates the captured step ranks per row: 2 x the widest beam a request may ask for
 # Most bias entries (token id, value) a decoder step takes per row, in every runner: the fixed width of the
-# capturable step's bias inputs, which a captured graph cannot widen.
+# captured step's bias inputs, which a captured graph cannot widen.
 MAX_BIAS_PER_ROW = 32
-# The capturable step's self-attention is onnxruntime's GroupQueryAttention, whose kernels take head sizes in
+# The captured step's self-attention is onnxruntime's GroupQueryAttention, whose kernels take head sizes in
 # multiples of this: a model of another head size has no capturable step, whatever the export is asked.
 HEAD_DIM_MULTIPLE = 8
-# Weightless graphs that gather/append/move cache rows on the device (export/kv_ops.py)
-KV_GATHER_FILE = "kv_gather.onnx"
-KV_APPEND_FILE = "kv_append.onnx"
+# Weightless graphs that move cache rows on the device (export/kv_ops.py), beside the fused graphs
 KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
 FORMAT_VERSION = 3
-VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE, KV_GATHER_FILE, KV_APPEND_FILE, KV_MOVE_FILE, KV_WRITE_FILE)
+VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE)  # what every variant holds
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
 AGREEMENT_GATE = "fp16 agreement"  # a variants.json record of export/fp16_gate.py (imported models), not BLEU
@@ -77,7 +73,7 @@ class ModelSpec:
 
 
 def capturable_head_dim(head_dim: int) -> bool:
-    """Whether a model of this head size can have the capturable step (and so static and fused caches)."""
+    """Whether a model of this head size can have the capturable step (and so the captured runner)."""
     return head_dim % HEAD_DIM_MULTIPLE == 0
 
 

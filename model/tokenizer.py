@@ -2,7 +2,7 @@
 
 The source of every example is `<2xx> pieces... </s>`: the tag tells the one model which way to
 translate. The target is `<s> pieces... </s>` (BOS fed to the decoder, EOS predicted at the end).
-Training one is model.train_tokenizer's job.
+Training one is model.training.train_tokenizer's job.
 """
 
 from __future__ import annotations

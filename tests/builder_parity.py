@@ -8,17 +8,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.transformer import Transformer
+from model.training.transformer import Transformer
 from server.backend.runtime import OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.runner import EncodeItem
 
 
 def teacher_forced_gap(
     model: Transformer, variant_dir: Path, sources: list[list[int]], target: list[int],
-    runner_class: type[OnnxRunner] = OnnxRunner,
+    runner_class: type[OnnxRunner] = WorkingBatchRunner,
 ) -> float:  # fmt: skip
     """Largest |log-prob difference| over every step of `target` (bos first) fed to every source's row, through
-    a runner of `runner_class` (the slot cache, or a capturable step's)."""
+    a runner of `runner_class` (the working batch, or the captured runner over the fused graphs)."""
     runner = runner_class(variant_dir, max_slots=len(sources), intra_op_threads=1)
     runner.encode([EncodeItem(source, [row]) for row, source in enumerate(sources)])
     rows = list(range(len(sources)))

@@ -14,7 +14,7 @@ from model.files import SHIPPED_DIR, WEIGHTS_FILE
 # The light loop (`-m light`, docs/testing.md): the server's tests that need no torch, but for those that start
 # the server as a process (marked `process`)
 LIGHT_MODULES = frozenset({
-    "test_bad_input.py", "test_beam.py", "test_config.py", "test_connections.py", "test_cross_lanes.py",
+    "test_bad_input.py", "test_beam.py", "test_config.py", "test_connections.py",
     "test_engine.py", "test_languages.py", "test_logs.py", "test_markup_serving.py", "test_metrics.py",
     "test_preparation.py", "test_process_reports.py", "test_scheduler.py", "test_servicer.py",
     "test_working_batch.py",

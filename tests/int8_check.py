@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.backend.runtime import OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.runner import EncodeItem
 
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3]]
@@ -21,7 +21,7 @@ TARGETS = [2, 40, 41, 42, 43]
 
 def teacher_forced_log_probs(variant_dir: Path) -> np.ndarray:
     """(steps, rows, V) log-probabilities of two rows fed the same target tokens."""
-    runner = OnnxRunner(variant_dir, max_slots=2, intra_op_threads=1)
+    runner = WorkingBatchRunner(variant_dir, max_slots=2, intra_op_threads=1)
     runner.encode([EncodeItem(source, [row]) for row, source in enumerate(SOURCES)])
     return np.stack([runner.step_log_probs([0, 1], [t, t], [i, i]) for i, t in enumerate(TARGETS)])
 

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.backend.engine_process import ModelProcess, SharedModel
 from server.core.runner import Candidates, EncodeItem, ModelSpec, RowBias, Runner
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, ModelsConfig, ObservabilityConfig, ServerConfig, ServingConfig
 from server.edge.convert import ModelDescription
 from server.edge.loading import LoadedModel, load_model
 from server.edge.server import TranslationServer, create_server
@@ -42,6 +42,8 @@ START_TIMEOUT_S = 120.0
 # Test servers bind the IPv4 loopback alone: "localhost" binds ::1 and 127.0.0.1 on one ephemeral port, and
 # where another socket holds that port on 127.0.0.1 grpc binds ::1 only, so a client could reach the other.
 TEST_HOST = "127.0.0.1"
+# The engines of a test that loads a tiny export: fp32 graphs on the CPU, eight slots, one intra-op thread each.
+FP32_ON_CPU = EnginesConfig(variant="fp32", provider="cpu", max_slots=8, threads=1)
 FAKE_DESCRIPTION = ModelDescription(
     name="fake", variant="fp32", available_variants=["fp32"], provider="fake", opset=18, model_sha256="0" * 64,
     dtype="float32",
@@ -148,7 +150,8 @@ def onnx_model(model_dir: Path, max_slots: int = 8, kv_cache: str = "auto") -> L
     or wraps it); the caches where the server's default puts them (`auto`: the working batch on CPU) unless
     `kv_cache` names another place."""
     config = ServerConfig(
-        model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache
+        models=ModelsConfig(model_dirs=(model_dir,)),
+        engines=EnginesConfig(variant="fp32", provider="cpu", max_slots=max_slots, threads=1, kv_cache=kv_cache),
     )
     return load_model(config, model_dir, in_process=True)
 
@@ -210,7 +213,7 @@ def running_server(
 ) -> Iterator[RunningServer]:
     """A loaded, SERVING server (of one model or several) on an ephemeral port; shut down (no grace) when the
     context exits."""
-    config = config or ServerConfig(port=0, host=TEST_HOST, metrics_port=-1)
+    config = config or server_config()
     with server_loop() as loop:
         future = asyncio.run_coroutine_threadsafe(create_server(config, model, CollectorRegistry()), loop)
         server, port = future.result(START_TIMEOUT_S)
@@ -225,9 +228,16 @@ def running_server(
             running.run(server.shutdown(0.0))
 
 
-def server_config(**overrides: Any) -> ServerConfig:
-    """A test server's config: ephemeral loopback port, no metrics HTTP server."""
-    return ServerConfig(**{"port": 0, "host": TEST_HOST, "metrics_port": -1, **overrides})
+def loopback(**overrides: Any) -> ServingConfig:
+    """A test server's serving: an ephemeral port on the IPv4 loopback, with `overrides`."""
+    return ServingConfig(**{"port": 0, "host": TEST_HOST, **overrides})
+
+
+def server_config(**groups: Any) -> ServerConfig:
+    """A test server's config: `loopback()` serving, no metrics HTTP server; each group given replaces its
+    default (a `serving` given should start from `loopback`)."""
+    defaults = {"serving": loopback(), "observability": ObservabilityConfig(metrics_port=-1)}
+    return ServerConfig(**{**defaults, **groups})
 
 
 def request(texts: list[str], source: str = "de", target: str = "en", **options: Any) -> pb.TranslateRequest:
@@ -325,7 +335,7 @@ def main() -> None:
     defaults = ["--port", "0", "--host", TEST_HOST, "--metrics-port", "-1", "--drain-seconds", "30"]
     defaults += ["--shutdown-delay-seconds", "1"]
     config = parse_config([*defaults, *server_flags], {})  # the later flag wins
-    run(replace(config, reuse_port=args.reuse_port), model)
+    run(replace(config, serving=replace(config.serving, reuse_port=args.reuse_port)), model)
 
 
 if __name__ == "__main__":

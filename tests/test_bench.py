@@ -22,10 +22,10 @@ from bench.burst import FLOOR_MARGIN_MS, judge_round
 from bench.ct2_convert import convert, piece_list, translate_ids
 from bench.engines import Unavailable
 from bench.loadgen import Query, Record, closed_loop, open_loop, percentile, send_times, summarize
-from model.artifact import load_artifact
 from model.data import Pair, write_tsv
-from model.decode import beam_search
 from model.tokenizer import Tokenizer
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search
 from tests.tiny import TINY_PAIRS
 
 
@@ -250,7 +250,7 @@ def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
             assert engine["queue_wait_ms"] >= 0 and engine["server_call_ms"] > 0
     assert "Engines during each closed-loop run" in (out / "results.md").read_text()
     with pytest.raises(SystemExit):
-        main(["--model-dir", str(tiny_exported_dir), "--engines", "onnx-fp16-static"])  # a CUDA engine on CPU
+        main(["--model-dir", str(tiny_exported_dir), "--engines", "onnx-fp16-fused"])  # a CUDA engine on CPU
     with pytest.raises(SystemExit):
         main(["--model-dir", str(tiny_exported_dir), "--served-arm", "no-variant="])
 

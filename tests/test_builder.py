@@ -17,12 +17,12 @@ from safetensors.torch import save_file
 from bench.parity import compare_decoding
 from export.__main__ import main as export_main
 from export.builder.weights import WeightsError, load_weights
-from model.artifact import TOKENIZER_FILE, WEIGHTS_FILE, load_artifact, save_artifact
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer, file_sha256
-from model.transformer import Transformer, make_model
-from server.backend.runtime import OnnxRunner
-from server.backend.static_cache import FusedStaticRunner, StaticCacheRunner
+from model.training.artifact import TOKENIZER_FILE, WEIGHTS_FILE, load_artifact, save_artifact
+from model.training.transformer import Transformer, make_model
+from server.backend.captured import CapturedRunner
+from server.backend.working_batch import WorkingBatchRunner
 from tests.builder_parity import teacher_forced_gap
 from tests.tiny import TINY_CONFIG, TINY_PAIRS, build_tiny_tokenizer
 
@@ -103,14 +103,13 @@ def test_log_probs_equal_pytorch(option_model: tuple[Path, Transformer]) -> None
     assert gap <= LOG_PROB_TOLERANCE
 
 
-@pytest.mark.parametrize("runner_class", [StaticCacheRunner, FusedStaticRunner], ids=["static", "fused"])
-def test_the_capturable_steps_equal_pytorch(option_model: tuple[Path, Transformer], runner_class: type) -> None:
-    """The plain and the fused capturable steps (GroupQueryAttention over static buffers; the fused one with
-    packed QKV, MultiHeadAttention, SkipLayerNormalization and fused activations) under every option: pre- and
-    post-norm, ReLU, SiLU and GELU, banned pad, logits bias, separate vocabularies."""
+def test_the_fused_capturable_step_equals_pytorch(option_model: tuple[Path, Transformer]) -> None:
+    """The fused encoder and capturable step (GroupQueryAttention over static buffers, packed QKV,
+    MultiHeadAttention, SkipLayerNormalization and fused activations) under every option: pre- and post-norm,
+    ReLU, SiLU and GELU, banned pad, logits bias, separate vocabularies."""
     model_dir, model = option_model
     target = [model.cfg.bos_id, 7, 9, 11, 13, 8, 6]
-    gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target, runner_class)
+    gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target, CapturedRunner)
     assert gap <= LOG_PROB_TOLERANCE
 
 
@@ -124,10 +123,12 @@ def test_a_wrong_option_shows_in_the_log_probs(option_model: tuple[Path, Transfo
     assert teacher_forced_gap(other.eval(), model_dir / "onnx" / "fp32", tiny_sources(model_dir), target) > 0.01
 
 
+@pytest.mark.parametrize("runner_class", [WorkingBatchRunner, CapturedRunner], ids=["working", "fused"])
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_ids_equal_pytorch(option_model: tuple[Path, Transformer], beam_size: int) -> None:
+def test_ids_equal_pytorch(option_model: tuple[Path, Transformer], beam_size: int, runner_class: type) -> None:
+    """Both runners' graphs (the CPU step; the fused encoder and captured step, on the CPU provider here)."""
     model_dir, model = option_model
-    runner = OnnxRunner(model_dir / "onnx" / "fp32", max_slots=32, intra_op_threads=1)
+    runner = runner_class(model_dir / "onnx" / "fp32", max_slots=32, intra_op_threads=1)
     report = compare_decoding(model, runner, tiny_sources(model_dir), beam_size=beam_size, max_len=20)
     assert report.identical == report.total, report
 
@@ -200,7 +201,7 @@ def test_marian_log_probs_and_ids_equal_pytorch(marian_model: Path) -> None:
     sources = [tok.encode_source(de, "en") for de, _ in TINY_PAIRS[:6]]
     target = [model.cfg.bos_id, *tok.encode_target(TINY_PAIRS[0][1])[:8]]
     assert teacher_forced_gap(model, marian_model / "onnx" / "fp32", sources, target) <= LOG_PROB_TOLERANCE
-    runner = OnnxRunner(marian_model / "onnx" / "fp32", max_slots=24, intra_op_threads=1)
+    runner = WorkingBatchRunner(marian_model / "onnx" / "fp32", max_slots=24, intra_op_threads=1)
     for beam_size in (1, 4):
         report = compare_decoding(model, runner, sources, beam_size=beam_size, max_len=16)
         assert report.identical == report.total, (beam_size, report)

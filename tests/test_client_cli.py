@@ -14,10 +14,9 @@ import pytest
 
 from server.client import cli as client_cli
 from server.client.cli import PROGRESS_MIN_TEXTS, InputError, build_parser, main, make_progress, read_texts, run
-from server.edge.config import ServerConfig
 from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import RunningServer, fake_model, request, running_server
+from tests.serving import RunningServer, fake_model, loopback, request, running_server, server_config
 from tests.tiny import TINY_PAIRS
 
 CLI = [sys.executable, "-m", "server.client.cli"]
@@ -34,7 +33,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def served(model: LoadedModel) -> Iterator[RunningServer]:
-    with running_server(model, ServerConfig(port=0, host="localhost", metrics_port=-1)) as running:
+    with running_server(model, server_config(serving=loopback(host="localhost"))) as running:
         yield running
 
 

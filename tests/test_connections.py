@@ -20,6 +20,7 @@ from tests.serving import (
     GatedRunner,
     RunningServer,
     fake_model,
+    loopback,
     request,
     runner_of,
     running_server,
@@ -30,7 +31,7 @@ from tests.serving import (
 
 
 def options_of(**timers: float) -> dict[str, int]:
-    return dict(connection_options(server_config(**timers)))
+    return dict(connection_options(loopback(**timers)))
 
 
 def test_the_options_are_built_from_the_config_and_zero_turns_a_timer_off() -> None:
@@ -61,7 +62,7 @@ def test_the_options_reach_the_grpc_server(tiny_model_dir: Path, monkeypatch: py
 
     monkeypatch.setattr(grpc.aio, "server", spy)
     timers = {"max_connection_age_s": 60, "max_connection_idle_s": 90, "keepalive_time_s": 45, "min_ping_interval_s": 5}
-    with running_server(fake_model(tiny_model_dir), server_config(**timers)) as served:
+    with running_server(fake_model(tiny_model_dir), server_config(serving=loopback(**timers))) as served:
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
     (options,) = seen
     assert options.items() >= options_of(**timers).items()
@@ -72,7 +73,7 @@ def test_a_connection_past_its_idle_time_or_age_is_closed_and_the_next_call_dial
     tiny_model_dir: Path, timer: str
 ) -> None:
     """GOAWAY: the channel goes IDLE and dials again, re-resolving the service's replicas."""
-    with running_server(fake_model(tiny_model_dir), server_config(**{timer: 0.5})) as served:
+    with running_server(fake_model(tiny_model_dir), server_config(serving=loopback(**{timer: 0.5}))) as served:
         states: list[grpc.ChannelConnectivity] = []
         served.channel.subscribe(states.append, try_to_connect=False)
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
@@ -91,13 +92,13 @@ def test_a_client_already_connected_reaches_a_replica_that_took_over_its_servers
     Deliberate break: the first server without --max-connection-age (0) fails it: every call stays on the
     first server and the second never gets one (the wait for its first call times out)."""
     name = tmp_path / "translator"  # the server binds "unix:PATH:0", a socket file named "translator:0"
-    first_config = server_config(host=f"unix:{name}", max_connection_age_s=0.5)
+    first_config = server_config(serving=loopback(host=f"unix:{name}", max_connection_age_s=0.5))
     with running_server(fake_model(tiny_model_dir), first_config) as first:
         socket_path = Path(f"{name}:0")
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             stub = pb_grpc.TranslatorStub(channel)
             assert stub.Translate(request(["Hallo."])).results[0].sentences == 1
-            second_config = server_config(host=f"unix:{tmp_path / 'replica'}")
+            second_config = server_config(serving=loopback(host=f"unix:{tmp_path / 'replica'}"))
             with running_server(fake_model(tiny_model_dir), second_config) as second:
                 (tmp_path / "replica:0").replace(socket_path)  # the name now leads to the second server
 
@@ -115,7 +116,7 @@ def test_a_client_already_connected_reaches_a_replica_that_took_over_its_servers
 def test_a_call_in_flight_when_its_connection_ages_out_finishes_within_the_grace(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
-    config = server_config(max_connection_age_s=0.3, max_connection_age_grace_s=30)
+    config = server_config(serving=loopback(max_connection_age_s=0.3, max_connection_age_grace_s=30))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config) as served:
         states: list[grpc.ChannelConnectivity] = []
         served.channel.subscribe(states.append, try_to_connect=False)
@@ -173,7 +174,7 @@ def test_keepalive_finds_a_client_gone_silent_and_cancels_its_call(tiny_model_di
     """The server's ping goes unanswered: it closes the connection and cancels the call, freeing its slots."""
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
-    config = server_config(keepalive_time_s=0.3, keepalive_timeout_s=0.5)
+    config = server_config(serving=loopback(keepalive_time_s=0.3, keepalive_timeout_s=0.5))
     with running_server(LoadedModel(gated, base.tokenizer, base.description), config) as served:
         engine = served.server.engine
         assert engine is not None

@@ -180,11 +180,11 @@ def test_dockerfile_stages(dockerfile: Path, variants: str, onnxruntime: str, pr
 def test_documented_docker_run_outwaits_the_drain() -> None:
     """`docker stop` SIGKILLs after 10 s unless told otherwise; the image drains for TRANSLATE_DRAIN_SECONDS
     while its port stays open for the shutdown delay (the config's default: the images do not set it)."""
-    from server.edge.config import ServerConfig
+    from server.edge.config import ServingConfig
 
     drain = max(int(d) for f in DOCKERFILES for d in re.findall(r"TRANSLATE_DRAIN_SECONDS=(\d+)", f.read_text()))
     assert not any("TRANSLATE_SHUTDOWN_DELAY_SECONDS" in f.read_text() for f in DOCKERFILES)
-    drain = max(drain, int(ServerConfig().shutdown_delay_seconds))
+    drain = max(drain, int(ServingConfig().shutdown_delay_seconds))
     runs = [
         line for f in (*DOCKERFILES, ROOT / "README.md") for line in f.read_text().splitlines() if "docker run " in line
     ]
@@ -628,13 +628,13 @@ def test_the_deployments_serve_opus_mt_by_id_from_a_shared_cache_beside_the_ship
 
     ids = ("Helsinki-NLP/opus-mt-de-en", "Helsinki-NLP/opus-mt-en-de")
     translate = _compose_config("compose.yaml")["services"]["translate"]
-    assert parse_config([], {"TRANSLATE_MODEL": translate["environment"]["TRANSLATE_MODEL"]}).models == ids
+    assert parse_config([], {"TRANSLATE_MODEL": translate["environment"]["TRANSLATE_MODEL"]}).models.models == ids
     volume = next(v for v in translate["volumes"] if v["target"] == "/models")
     assert volume["type"] == "volume" and not volume.get("read_only")
     deployment = _manifests()["Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert parse_config([], {"TRANSLATE_MODEL": env["TRANSLATE_MODEL"]}).models == ids
+    assert parse_config([], {"TRANSLATE_MODEL": env["TRANSLATE_MODEL"]}).models.models == ids
     assert {"name": "models", "mountPath": "/models"} in container["volumeMounts"]
     claim = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
     pvc = _manifests()["PersistentVolumeClaim"]

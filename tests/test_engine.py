@@ -512,10 +512,10 @@ def exported_tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_engine_equals_offline_decoding_on_the_onnx_runner(exported_tiny: Path) -> None:
-    from server.backend.runtime import OnnxRunner
+    from server.backend.working_batch import WorkingBatchRunner
     from server.core.offline import translate_ids
 
-    runner = OnnxRunner(exported_tiny, max_slots=6, intra_op_threads=1)
+    runner = WorkingBatchRunner(exported_tiny, max_slots=6, intra_op_threads=1)
     spec = runner.spec
     rng = np.random.default_rng(0)
     jobs = []
@@ -533,7 +533,7 @@ def test_engine_equals_offline_decoding_on_the_onnx_runner(exported_tiny: Path) 
         results = [(c.wait(), c.hypotheses()) for c in collectors]
     finally:
         engine.stop()
-    alone = OnnxRunner(exported_tiny, max_slots=4, intra_op_threads=1)
+    alone = WorkingBatchRunner(exported_tiny, max_slots=4, intra_op_threads=1)
     for (sentences, options), (final, got) in zip(jobs, results, strict=True):
         assert final == RequestDone()
         want = translate_ids(

@@ -1,5 +1,5 @@
 """The engine's beams, reordering and slot copies against the PyTorch tiny model: the same tokens and scores as
-model/decode.py's beam search, the specification."""
+model/training/decode.py's beam search, the specification."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from tests.fakes import Collector, ranked
 
 class TorchSlotRunner:
     """The PyTorch tiny model behind the Runner protocol (a slot cache, as the ONNX runner keeps one),
-    so the engine's beams and reordering are checked against model/decode.py, the specification."""
+    so the engine's beams and reordering are checked against model/training/decode.py, the specification."""
 
     def __init__(self, model_dir: Path, max_slots: int) -> None:
         import torch
 
-        from model.artifact import load_artifact
         from model.directions import Directions
+        from model.training.artifact import load_artifact
         from server.core.runner import ModelSpec
 
         self.torch = torch
@@ -99,7 +99,7 @@ class TorchSlotRunner:
 
 
 def test_engine_equals_the_pytorch_reference_beam_search(tiny_model_dir: Path) -> None:
-    from model.decode import beam_search
+    from model.training.decode import beam_search
 
     runner = TorchSlotRunner(tiny_model_dir, max_slots=7)
     rng = np.random.default_rng(1)

@@ -23,9 +23,11 @@ from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSet
 from server.backend.engines import close_model
 from server.core.events import EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
 from server.core.work import DecodeOptions
+from server.edge.config import EnginesConfig, ModelsConfig
 from server.edge.loading import LoadedModel, load_model, load_models
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
+    FP32_ON_CPU,
     ROOT,
     health_status,
     request,
@@ -43,12 +45,12 @@ TEXTS = ["Guten Morgen.", "Das Haus ist klein. Der Hund schläft.", "Wir fahren 
 
 
 def loaded(model_dir: Path, in_process: bool = False) -> LoadedModel:
-    config = server_config(model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1)
+    config = server_config(models=ModelsConfig(model_dirs=(model_dir,)), engines=FP32_ON_CPU)
     return load_model(config, model_dir, in_process=in_process)
 
 
 def settings(model_dir: Path, max_slots: int = 4) -> RunnerSettings:
-    return RunnerSettings(model_dir / "onnx" / "fp32", max_slots, "cpu", 1, "host", False)
+    return RunnerSettings(model_dir / "onnx" / "fp32", max_slots, "cpu", 1, "working", False)
 
 
 def pid_alive(pid: int) -> bool:
@@ -231,7 +233,7 @@ def test_an_engine_process_that_stops_answering_is_killed_and_its_calls_fail_una
     model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    with running_server(model, server_config(stall_seconds=1.0)) as running:
+    with running_server(model, server_config(engines=EnginesConfig(stall_seconds=1.0))) as running:
         longer = request(["Guten Morgen."] * 128, beam_size=1, max_output_len=60)
         call = running.stub.Translate.future(longer, timeout=60)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -255,7 +257,7 @@ def test_an_engine_process_that_reads_nothing_never_blocks_the_server(tiny_expor
     model = loaded(tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess) and model.runner.pid is not None
     pid = model.runner.pid
-    config = server_config(stall_seconds=4.0, max_queue=100_000)
+    config = server_config(engines=EnginesConfig(stall_seconds=4.0, max_queue=100_000))
     with running_server(model, config) as running:
         first = running.stub.Translate.future(request(["Guten Morgen."] * 64, max_output_len=60), timeout=60)
         wait_until(lambda: sample_value(running.registry, "translation_active_slots") > 0)
@@ -292,9 +294,8 @@ def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opene
     monkeypatch.setattr(loading, "load_model", recording)
     for engines in (2, 1):  # stopped between two engines, and after the last
         opened.clear()
-        config = server_config(
-            model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=engines, threads=1
-        )
+        models = ModelsConfig(model_dirs=(tiny_exported_dir,))
+        config = server_config(models=models, engines=replace(FP32_ON_CPU, engines=engines))
         assert load_models(config, stopped=lambda: bool(opened)) == []
         assert len(opened) == 1 and isinstance(opened[0].runner, ModelProcess)
         assert opened[0].runner.exitcode is not None
@@ -303,7 +304,7 @@ def test_loading_asked_to_stop_opens_no_further_engine_and_closes_those_it_opene
 def test_every_engine_the_server_loads_runs_in_a_process_of_its_own(tiny_exported_dir: Path) -> None:
     """Two engines: each a child of its own; one engine alone: a child too (the serving path has no other)."""
     config = server_config(
-        model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, engines=2, threads=1
+        models=ModelsConfig(model_dirs=(tiny_exported_dir,)), engines=replace(FP32_ON_CPU, engines=2)
     )
     models = load_models(config)
     try:
@@ -312,7 +313,7 @@ def test_every_engine_the_server_loads_runs_in_a_process_of_its_own(tiny_exporte
     finally:
         for model in models:
             close_model(model.runner)
-    (alone,) = load_models(replace(config, engines=1))
+    (alone,) = load_models(replace(config, engines=replace(FP32_ON_CPU, engines=1)))
     try:
         assert isinstance(alone.runner, ModelProcess)
     finally:

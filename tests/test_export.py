@@ -51,7 +51,7 @@ def test_every_graph_loads_in_the_oldest_onnxruntime_we_support(exported: Path) 
     """A newer onnx package stamps its own IR version on graphs it builds (IR 14 with onnx 1.23), which
     older onnxruntime releases refuse: every exported graph keeps to the IR that the floor reads."""
     graphs = sorted((exported / "onnx").glob("*/*.onnx"))
-    assert len(graphs) >= 18  # 3 variants x (encoder, decoder step, 4 cache graphs)
+    assert len(graphs) >= 10  # 3 variants x (encoder, decoder step); fp16's fused step, encoder, 2 cache graphs
     for path in graphs:
         assert onnx.load(str(path), load_external_data=False).ir_version <= ORT_FLOOR_IR_VERSION, path
 
@@ -450,6 +450,6 @@ def test_an_export_of_another_format_version_is_refused_naming_the_command(
 def test_an_export_missing_a_graph_is_refused(exported: Path, tmp_path: Path) -> None:
     variant = tmp_path / "model" / "onnx" / "fp32"
     shutil.copytree(exported / "onnx" / "fp32", variant)
-    (variant / "kv_gather.onnx").unlink()
-    with pytest.raises(MetadataError, match=r"missing kv_gather\.onnx"):
+    (variant / "encoder.onnx").unlink()
+    with pytest.raises(MetadataError, match=r"missing encoder\.onnx"):
         read_metadata(variant)

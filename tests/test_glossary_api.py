@@ -14,7 +14,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from server.edge.config import ServerConfig
+from server.edge.config import ModelsConfig, ServerConfig
 from server.edge.glossaries import GLOSSARY_DIR
 from server.edge.loading import LoadedModel
 from server.edge.request import TranslateCall
@@ -44,7 +44,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 def config_on(cache: Path) -> ServerConfig:
-    return server_config(cache_dir=cache)
+    return server_config(models=ModelsConfig(cache_dir=cache))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from server.client.cli import build_parser, run
+from server.edge.config import ModelsConfig
 from server.edge.loading import LoadedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.text.terms import Term
@@ -33,7 +34,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 @pytest.fixture
 def served(model: LoadedModel, tmp_path: Path) -> Iterator[RunningServer]:
-    with running_server(model, server_config(cache_dir=tmp_path / "cache")) as running:
+    with running_server(model, server_config(models=ModelsConfig(cache_dir=tmp_path / "cache"))) as running:
         yield running
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.artifact import TOKENIZER_FILE
+from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.core.offline import translate_ids
 from server.proto.translation.v1 import translation_pb2 as pb

@@ -15,10 +15,10 @@ import torch
 
 from bench.hf_parity import LOGIT_TOLERANCE, compare, logit_diffs, transformers_ids
 from export.hf import main as import_main
-from model.artifact import load_artifact
 from model.directions import Directions
 from model.marian_tokenizer import MarianTokenizer
-from model.transformer import Transformer
+from model.training.artifact import load_artifact
+from model.training.transformer import Transformer
 from tests.marian_tiny import build_marian_dir, marian_tokenizer
 from tests.serving import export_tiny_onnx, onnx_model, request, running_server
 from tests.tiny import TINY_PAIRS
@@ -219,7 +219,7 @@ def test_beam_search_goes_on_past_k_finished_as_generate_does_by_default(layout:
     in the importers' `ending`) fails it for "separate"."""
     from transformers import MarianMTModel
 
-    from model.decode import beam_search
+    from model.training.decode import beam_search
 
     hf_dir = build_marian_dir(tmp_path / "hf", separate_vocabs=layout == "separate", seed=PATIENCE_SEEDS[layout])
     ours_dir = tmp_path / "ours"
@@ -255,7 +255,7 @@ def test_beam_search_that_stops_at_k_finished_keeps_the_k_best_as_generate_does(
     ones if the pool was full: other n-best lists, and other best outputs where the limit binds.)"""
     from transformers import MarianMTModel
 
-    from model.decode import beam_search
+    from model.training.decode import beam_search
 
     hf_dir = build_marian_dir(tmp_path / "hf")
     config = json.loads((hf_dir / "generation_config.json").read_text())
@@ -328,7 +328,7 @@ def test_ctranslate2_converter_on_the_same_directory_yields_the_same_ids(
 
     import ctranslate2
 
-    from model.decode import beam_search
+    from model.training.decode import beam_search
 
     hf_dir, ours_dir = imported
     if (hf_dir / "target_vocab.json").is_file():

@@ -29,7 +29,7 @@ from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
 from server.backend.engines import close_model
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, ModelsConfig, ObservabilityConfig, ServerConfig, ServingConfig
 from server.edge.flags import parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
@@ -63,11 +63,13 @@ def leftovers(cache: Path) -> list[Path]:
     return [p for p in cache.rglob(".*") if p.name.startswith((publish.STAGING_PREFIX, publish.TRASH_PREFIX))]
 
 
-def server_config(tmp_path: Path, hub: Path, *models: str) -> ServerConfig:
+def server_config(tmp_path: Path, hub: Path, *models: str, variant: str = "auto") -> ServerConfig:
     return ServerConfig(
-        port=0, host="localhost", metrics_port=-1, provider="cpu", engines=1, models=models or (REPO,),
-        cache_dir=tmp_path / "cache", hf_hub_cache=hub, hf_offline=True,
-    )  # fmt: skip
+        serving=ServingConfig(port=0, host="localhost"),
+        models=ModelsConfig(models=models or (REPO,), cache_dir=tmp_path / "cache", hf_hub_cache=hub, hf_offline=True),
+        engines=EnginesConfig(variant=variant, provider="cpu", engines=1),
+        observability=ObservabilityConfig(metrics_port=-1),
+    )
 
 
 def hub_env(hub: Path, **extra: str) -> dict[str, str]:
@@ -77,16 +79,18 @@ def hub_env(hub: Path, **extra: str) -> dict[str, str]:
 
 def test_model_flags_and_hub_variables_are_parsed_once() -> None:
     env = {"TRANSLATE_MODEL": f"a/b{os.pathsep}c/d@v1", "HF_HOME": "/h", "HF_HUB_OFFLINE": "1"}
-    config = parse_config([], env)
-    assert config.models == ("a/b", "c/d@v1") and config.hf_offline
-    assert config.hf_hub_cache == Path("/h/hub") and config.model_cache == Path("/h/translate-service")
-    config = parse_config(["--model", "x/y", "--model", "z/w", "--cache-dir", "/c"], {**env, "HF_HUB_CACHE": "/x/hub"})
-    assert config.models == ("x/y", "z/w") and config.model_cache == Path("/c")
-    assert config.hf_hub_cache == Path("/x/hub")
-    beside = parse_config([], {"HF_HUB_CACHE": "/x/hub", "HF_HUB_OFFLINE": "0"})
+    models = parse_config([], env).models
+    assert models.models == ("a/b", "c/d@v1") and models.hf_offline
+    assert models.hf_hub_cache == Path("/h/hub") and models.model_cache == Path("/h/translate-service")
+    argv = ["--model", "x/y", "--model", "z/w", "--cache-dir", "/c"]
+    models = parse_config(argv, {**env, "HF_HUB_CACHE": "/x/hub"}).models
+    assert models.models == ("x/y", "z/w") and models.model_cache == Path("/c")
+    assert models.hf_hub_cache == Path("/x/hub")
+    beside = parse_config([], {"HF_HUB_CACHE": "/x/hub", "HF_HUB_OFFLINE": "0"}).models
     assert beside.model_cache == Path("/x/translate-service") and not beside.hf_offline
-    assert parse_config([], {"XDG_CACHE_HOME": "/x"}).model_cache == Path("/x/huggingface/translate-service")
-    default = parse_config([], {})
+    xdg = parse_config([], {"XDG_CACHE_HOME": "/x"}).models
+    assert xdg.model_cache == Path("/x/huggingface/translate-service")
+    default = parse_config([], {}).models
     assert not default.hf_offline and default.model_cache == Path.home() / ".cache/huggingface/translate-service"
 
 
@@ -145,7 +149,7 @@ def test_auto_builds_fp32_and_an_asked_variant_is_built_beside_it(
     assert plan_for("auto", "cuda", "plain") == BuildPlan(("fp32", "fp16"), fp16_gate="cuda")
     assert plan_for("int8", "cpu", "plain") == BuildPlan(("fp32", "int8"), int8_7bit=True)
     assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp32", "fp16"))
-    (model,) = load_models(replace(server_config(tmp_path, hub), variant="int8"))
+    (model,) = load_models(server_config(tmp_path, hub, variant="int8"))
     close_model(model.runner)
     assert model.description.variant == "int8" and model.description.available_variants == ["fp32", "int8"]
 

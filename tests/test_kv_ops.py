@@ -1,4 +1,4 @@
-"""The weightless kv_* graphs equal their numpy definitions, and append/move really run in place."""
+"""The weightless kv_* graphs equal their numpy definitions, and really run in place."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from export.kv_ops import export_kv_ops
-from model.directory import KV_APPEND_FILE, KV_GATHER_FILE, KV_MOVE_FILE, KV_WRITE_FILE
+from model.directory import KV_MOVE_FILE, KV_WRITE_FILE
 
 N_CACHES, HEADS, DH = 4, 3, 5  # two layers' keys and values
 
@@ -34,27 +34,6 @@ def named(prefix: str, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
     return {f"{prefix}_{i}": a for i, a in enumerate(arrays)}
 
 
-def test_gather_takes_rows_up_to_a_length(graphs: tuple[Path, type]) -> None:
-    directory, dtype = graphs
-    kv, rows = caches(dtype), np.array([3, 1, 3])
-    for length in (0, 6):
-        out = session(directory / KV_GATHER_FILE).run(
-            None, named("cache", kv) | {"rows": rows, "length": np.array(length)}
-        )
-        for got, cache in zip(out, kv, strict=True):
-            np.testing.assert_array_equal(got, cache[rows, :, :length])
-
-
-def test_append_writes_each_row_at_its_own_position(graphs: tuple[Path, type]) -> None:
-    directory, dtype = graphs
-    kv, new = caches(dtype), caches(dtype, slots=2, length=1, seed=1)
-    feeds = named("cache", kv) | named("new", new) | {"rows": np.array([2, 5]), "positions": np.array([0, 7])}
-    for got, cache, row in zip(session(directory / KV_APPEND_FILE).run(None, feeds), kv, new, strict=True):
-        want = cache.copy()
-        want[2, :, 0], want[5, :, 7] = row[0, :, 0], row[1, :, 0]
-        np.testing.assert_array_equal(got, want)
-
-
 def test_move_is_a_gather_of_the_state_before_the_call(graphs: tuple[Path, type]) -> None:
     directory, dtype = graphs
     kv = caches(dtype)
@@ -77,21 +56,23 @@ def test_write_puts_each_encoded_source_into_its_slots(graphs: tuple[Path, type]
         np.testing.assert_array_equal(got, want)
 
 
-def test_append_bound_in_place_updates_the_callers_buffer(graphs: tuple[Path, type]) -> None:
-    """What DeviceCacheRunner relies on: output bound to the input's OrtValue writes into it."""
+def test_move_bound_in_place_updates_the_callers_buffer(graphs: tuple[Path, type]) -> None:
+    """What the captured runner relies on: output bound to the input's OrtValue writes into it, so the buffers
+    keep the addresses its captured step is bound at."""
     directory, dtype = graphs
     kv = [ort.OrtValue.ortvalue_from_numpy(c) for c in caches(dtype)]
     before = [c.numpy().copy() for c in kv]
-    new = caches(dtype, slots=1, length=1, seed=3)
-    sess = session(directory / KV_APPEND_FILE)
+    addresses = [c.data_ptr() for c in kv]
+    sess = session(directory / KV_MOVE_FILE)
     binding = sess.io_binding()
     for i, cache in enumerate(kv):
         binding.bind_ortvalue_input(f"cache_{i}", cache)
         binding.bind_ortvalue_output(f"out_{i}", cache)
-        binding.bind_cpu_input(f"new_{i}", new[i])
-    binding.bind_cpu_input("rows", np.array([4]))
-    binding.bind_cpu_input("positions", np.array([9]))
+    binding.bind_cpu_input("src", np.array([4]))
+    binding.bind_cpu_input("dst", np.array([2]))
+    binding.bind_cpu_input("length", np.array(9))
     sess.run_with_iobinding(binding)
-    for cache, old, row in zip(kv, before, new, strict=True):
-        old[4, :, 9] = row[0, :, 0]
+    for cache, old, address in zip(kv, before, addresses, strict=True):
+        old[2, :, :9] = old[4, :, :9]
         np.testing.assert_array_equal(cache.numpy(), old)
+        assert cache.data_ptr() == address

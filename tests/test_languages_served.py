@@ -15,9 +15,9 @@ import pytest
 from bench.hf_parity import transformers_ids
 from bench.marian_random import Languages, build_marian_dir
 from export.hf import main as import_main
-from model.artifact import load_artifact
-from model.decode import beam_search
 from model.marian_tokenizer import MarianTokenizer
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.text.splitter import PUNCTUATION, rule_for, split
 from tests.serving import export_tiny_onnx, onnx_model, request, running_server

@@ -72,7 +72,7 @@ def test_no_light_test_imports_torch() -> None:
 
 def test_the_check_sees_torch_behind_a_helper_and_inside_a_function(tmp_path: Path) -> None:
     """The check above would pass on any module if it found nothing."""
-    assert needs_torch("tests.tiny_torch") and needs_torch("model.artifact")
+    assert needs_torch("tests.tiny_torch") and needs_torch("model.training.artifact")
     assert not needs_torch("tests.tiny") and not needs_torch("server.edge.servicer")
     assert "tests.tiny_torch" in used_by("tests.test_tiny")  # imported inside the test function
 

@@ -1,8 +1,8 @@
 """The logits seam of the decoder step: a per-row bias (`RowBias`) added before the graph's TopK.
 
-Checked on the ranking graph alone against the numpy reference (`row_candidates`), then through every runner that
-steps on CPU against its own unbiased log-probabilities: a banned token (-inf) is never a candidate, even where it
-was the best; an asked token (0) reports row score + log p wherever it ranks; no bias, or a bias of asks only,
+Checked on the ranking graph alone against the numpy reference (`row_candidates`), then through both runners (on
+the CPU provider), each against its own unbiased log-probabilities: a banned token (-inf) is never a candidate, even
+where it was the best; an asked token (0) reports row score + log p wherever it ranks; no bias, or a bias of asks only,
 ranks exactly as before; rows padded to one width rank as each row alone.
 """
 
@@ -19,8 +19,9 @@ from onnx import TensorProto
 from export.builder.graph import GraphBuilder
 from export.builder.ranking import add_candidate_selection
 from model.directory import MAX_BIAS_PER_ROW
-from server.backend.runners import open_runner
+from server.backend.captured import CapturedRunner
 from server.backend.runtime import OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.core.beam import row_candidates
 from server.core.runner import EncodeItem, RowBias
 from tests.fakes import FakeRunner, fake_logprobs
@@ -28,7 +29,7 @@ from tests.fakes import FakeRunner, fake_logprobs
 SOURCES = [[4, 10, 11, 12, 3], [5, 20, 21, 3], [4, 30, 31, 32, 33, 34, 3]]
 BAN = -np.inf
 ASK = 0.0
-PLACES = ["host", "working", "device", "static", "fused"]  # every runner that steps on CPU
+RUNNERS = [WorkingBatchRunner, CapturedRunner]  # every runner, each on the CPU provider
 
 
 def bias(rows: list[dict[int, float]], width: int | None = None) -> RowBias:
@@ -140,15 +141,15 @@ def test_a_capturable_graph_takes_a_bias_of_fixed_width() -> None:
     assert not {node.op_type for node in graph.node} & {"If", "Loop"}
 
 
-# -- every runner that steps on CPU --------------------------------------------------------------
+# -- both runners, on the CPU provider ---------------------------------------------------------------
 
 
-@pytest.fixture(params=PLACES)
+@pytest.fixture(params=RUNNERS, ids=["working", "fused"])
 def runner(tiny_exported_dir: Path, request: pytest.FixtureRequest) -> OnnxRunner:
-    """A runner over the tiny model's fp32 graphs (the static and fused ones: its capturable fp32 builds), with
-    three sentences encoded into slots 0, 2 and 3 and stepped once in slot order: the runner's own row order
-    (the working batch's rows, the host runner's cross lanes), which STEP then permutes."""
-    runner = open_runner(tiny_exported_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache=request.param)
+    """A runner over the tiny model's fp32 graphs (the captured one: its capturable fp32 builds), with three
+    sentences encoded into slots 0, 2 and 3 and stepped once in slot order: the runner's own row order (the
+    working batch's rows), which STEP then permutes."""
+    runner = request.param(tiny_exported_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
     runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [2]), EncodeItem(SOURCES[2], [3])])
     runner.step([0, 2, 3], [2, 2, 2], [0, 0, 0], [0.0] * 3, 1)
     return runner

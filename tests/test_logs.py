@@ -179,9 +179,9 @@ def test_a_model_on_two_engines_is_logged_as_served_once(
 
 
 def test_the_log_format_is_text_unless_json_is_asked_for() -> None:
-    assert parse_config([], {}).log_format == "text"
-    assert parse_config(["--log-format", "json"], {}).log_format == "json"
-    assert parse_config([], {"TRANSLATE_LOG_FORMAT": "JSON"}).log_format == "json"
+    assert parse_config([], {}).observability.log_format == "text"
+    assert parse_config(["--log-format", "json"], {}).observability.log_format == "json"
+    assert parse_config([], {"TRANSLATE_LOG_FORMAT": "JSON"}).observability.log_format == "json"
     with pytest.raises(SystemExit):
         parse_config(["--log-format", "xml"], {})
 

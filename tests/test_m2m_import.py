@@ -14,9 +14,9 @@ import torch
 from bench.hf_parity import LOGIT_TOLERANCE, logit_diffs
 from export.fetch import FetchError, HubSettings, download, parse_name, resolve_commit
 from export.hf import main as import_main
-from model.artifact import load_artifact
-from model.decode import beam_search
 from model.m2m_tokenizer import M2MTokenizer
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search
 from tests.hub_cache import block_network, hub_cache
 from tests.m2m_tiny import build_m2m100_dir, build_nllb_dir, m2m100_tokenizer, nllb_tokenizer
 from tests.test_hf_import import varied_texts

@@ -133,7 +133,7 @@ def test_a_model_whose_engine_dies_fails_only_its_own_requests(model_dirs: dict[
 
 
 def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    from server.edge.config import DEFAULT_MODEL_DIR, ServerConfig
+    from server.edge.config import DEFAULT_MODEL_DIR, EnginesConfig, ModelsConfig, ServerConfig
     from server.edge.loading import StartupError, load_models, model_directories
 
     both = tmp_path / "models"
@@ -141,19 +141,20 @@ def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Pa
     for name, directory in model_dirs.items():
         (both / name).symlink_to(directory)
     (both / "notes").mkdir()  # no onnx/: not a model
-    assert model_directories(ServerConfig()) == [DEFAULT_MODEL_DIR]
-    assert model_directories(ServerConfig(models_dir=both)) == [both / MARIAN, both / OURS]
-    assert model_directories(ServerConfig(model_dirs=(DEFAULT_MODEL_DIR,), models_dir=both / "notes")) == [
+    assert model_directories(ModelsConfig()) == [DEFAULT_MODEL_DIR]
+    assert model_directories(ModelsConfig(models_dir=both)) == [both / MARIAN, both / OURS]
+    assert model_directories(ModelsConfig(model_dirs=(DEFAULT_MODEL_DIR,), models_dir=both / "notes")) == [
         DEFAULT_MODEL_DIR
     ]  # an empty mount point beside a model: no error
     with pytest.raises(StartupError, match="nothing to serve"):
-        model_directories(ServerConfig(models_dir=both / "notes"))
-    config = ServerConfig(model_dirs=(model_dirs[OURS],), models_dir=both, variant="fp32", provider="cpu", threads=1)
+        model_directories(ModelsConfig(models_dir=both / "notes"))
+    cpu = EnginesConfig(variant="fp32", provider="cpu", threads=1)
+    config = ServerConfig(models=ModelsConfig(model_dirs=(model_dirs[OURS],), models_dir=both), engines=cpu)
     with pytest.raises(StartupError, match=r"share the name \['ours'\]"):
         load_models(config)
     # A directory that is not there is named before any model loads (broken once on purpose, found only when its
     # turn came: after every model before it had loaded and warmed)
-    typo = ServerConfig(model_dirs=(model_dirs[OURS], tmp_path / "modles"), variant="fp32", provider="cpu")
+    typo = ServerConfig(models=ModelsConfig(model_dirs=(model_dirs[OURS], tmp_path / "modles")), engines=cpu)
     with pytest.raises(StartupError, match="modles does not exist"):
         load_models(typo, stopped=lambda: pytest.fail("the models began to load before the check"))
 
@@ -175,10 +176,10 @@ def test_model_directories_come_from_the_flags_in_order(model_dirs: dict[str, Pa
 def test_the_engine_plan_splits_the_cores(
     cores: int, models: int, provider: str, flags: dict[str, Any], plan: tuple[int, int]
 ) -> None:
-    from server.edge.config import ServerConfig
+    from server.edge.config import EnginesConfig
     from server.edge.loading import engine_plan
 
-    assert engine_plan(cores, models, provider, ServerConfig(**flags)) == plan
+    assert engine_plan(cores, models, provider, EnginesConfig(**flags)) == plan
 
 
 class CountingRunner(KillableRunner):
@@ -252,7 +253,7 @@ def test_server_processes_sharing_engines_send_calls_that_arrive_together_to_dif
         return next(i for i, engine in enumerate(engines) if engine is chosen)
 
     assert sorted(engine_of(Backends(replicas, first_turn=index)) for index in (0, 1)) == [0, 1]
-    assert parse_config([], {}).process_index == 0  # set by the supervisor for each server process, no flag
+    assert parse_config([], {}).serving.process_index == 0  # set by the supervisor for each server process, no flag
     one = Backends(replicas)  # this process: one engine after the other while both stay idle
     assert {engine_of(one) for _ in range(2)} == {0, 1}
 

@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto
 
 from export.builder.decoder import BANNED_LOG_PROB, set_column
+from export.builder.fused_step import HOST_READ_OPS
 from export.builder.graph import GraphBuilder
-from export.builder.static_step import HOST_READ_OPS
 
 VOCAB = 11
 

@@ -1,4 +1,4 @@
-"""Token ids of ONNX greedy and beam-4 decoding equal the PyTorch reference (model/decode.py)."""
+"""Token ids of ONNX greedy and beam-4 decoding equal the PyTorch reference (model/training/decode.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.parity import compare_decoding
-from model.artifact import load_artifact
-from server.backend.runtime import OnnxRunner
+from model.training.artifact import load_artifact
+from server.backend.working_batch import WorkingBatchRunner
 from tests.tiny import TINY_PAIRS
 
 
@@ -25,7 +25,7 @@ def test_decoding_ids_identical(model_dir: Path, beam_size: int) -> None:
     sources = [tok.encode_source(de, "en") for de, _ in TINY_PAIRS[:6]] + [
         tok.encode_source(en, "de") for _, en in TINY_PAIRS[:6]
     ]
-    runner = OnnxRunner(model_dir / "onnx" / "fp32", max_slots=12, intra_op_threads=1)
+    runner = WorkingBatchRunner(model_dir / "onnx" / "fp32", max_slots=12, intra_op_threads=1)
     report = compare_decoding(load_artifact(model_dir), runner, sources, beam_size=beam_size, max_len=20)
     assert report.identical == report.total == len(sources)
 
@@ -77,7 +77,7 @@ def test_beam_divergences_compare_whole_hypotheses_as_the_reference_ranks_them(m
     """Beam hypotheses can part at their first token with a wide token gap and still be a tie: the
     margin is the gap between normalised scores, which must equal what the reference search computed."""
     from bench.parity import first_divergence
-    from model.decode import beam_search
+    from model.training.decode import beam_search
 
     model = load_artifact(model_dir)
     src, limit = [5, 6, 7, 8, 3], 12
@@ -101,6 +101,6 @@ def test_the_logit_check_covers_both_directions_to_the_end_of_the_reference(mode
     checked = logit_cases(cases, per_direction=2)
     assert [source[0] for source, _ in checked] == [tok.tag_ids["en"]] * 2 + [tok.tag_ids["de"]] * 2
     model = load_artifact(model_dir)
-    runner = OnnxRunner(model_dir / "onnx" / "fp32", max_slots=1, intra_op_threads=1)
+    runner = WorkingBatchRunner(model_dir / "onnx" / "fp32", max_slots=1, intra_op_threads=1)
     assert max(len(target) for _, target in checked) > 8  # past the first eight steps the old check stopped at
     assert max(max_logit_difference(model, runner, source, target) for source, target in checked) <= TOLERANCE

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.artifact import TOKENIZER_FILE
+from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.client.cli import build_parser, make_options
 from server.core.offline import translate_ids

@@ -18,7 +18,7 @@ def niceness(native_id: int = 0) -> int:
 
 def test_an_engine_process_lowers_every_thread_it_runs(tiny_exported_dir: Path) -> None:
     before = niceness()
-    settings = RunnerSettings(tiny_exported_dir / "onnx" / "fp32", 4, "cpu", 2, "host", False)  # a thread pool too
+    settings = RunnerSettings(tiny_exported_dir / "onnx" / "fp32", 4, "cpu", 2, "working", False)  # a thread pool too
     process = ModelProcess(settings)
     engine = process.start_engine(EngineLimits(max_slots=4), None, None, 0.0, NICE)
     try:

@@ -1,4 +1,5 @@
-"""The shipped model's training recipe parses, and each of its commands is valid for model.train (no training)."""
+"""The shipped model's training recipe parses, and each of its commands is valid for model.training.train (no
+training)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model.train import TrainConfig, build_parser, load_recipe, main, train_config
+from model.training.train import TrainConfig, build_parser, load_recipe, main, train_config
 
 RECIPE = Path(__file__).resolve().parents[1] / "model" / "shipped" / "recipe.json"
 
@@ -21,7 +22,7 @@ def test_every_command_of_the_recipe_parses_with_model_trains_flags() -> None:
             try:
                 args = parser.parse_args(argv)
             except SystemExit:
-                pytest.fail(f"{stage.name}: model.train refuses {argv}")
+                pytest.fail(f"{stage.name}: model.training.train refuses {argv}")
             assert not (args.init_from and args.resume), stage.name
 
 
@@ -55,8 +56,8 @@ def test_a_dry_run_lists_the_commands_and_trains_nothing(
     caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the recipe's run directories are relative: none exists here
-    with caplog.at_level(logging.INFO, logger="model.train"):
+    with caplog.at_level(logging.INFO, logger="model.training.train"):
         main(["--recipe", str(RECIPE), "--dry-run"])
-    commands = [r.getMessage() for r in caplog.records if "python -m model.train" in r.getMessage()]
+    commands = [r.getMessage() for r in caplog.records if "python -m model.training.train" in r.getMessage()]
     assert len(commands) == sum(len(stage.commands()) for stage in load_recipe(RECIPE))
     assert not any(tmp_path.iterdir())

@@ -39,7 +39,7 @@ from server.core.runner import Candidates, RowBias
 from server.core.scheduler import Scheduler
 from server.core.work import DecodeOptions
 from server.edge import servicer as servicer_module
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE
 from server.edge.loading import LoadedModel, StartupError
 from server.edge.server import MIN_STOP_GRACE_S, SERVICE_NAME, create_server
@@ -53,6 +53,7 @@ from tests.serving import (
     export_tiny_onnx,
     fake_model,
     health_status,
+    loopback,
     request,
     runner_of,
     running_server,
@@ -98,7 +99,7 @@ def count(served: RunningServer, code: str, method: str = "Translate", lang_pair
 def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny_model_dir: Path) -> None:
     max_queue, excess = 4, 5
     model, gate = gated(tiny_model_dir, max_slots=1)
-    with running_server(model, config(max_slots=1, max_queue=max_queue)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_slots=1, max_queue=max_queue))) as served:
         engine = engine_of(served)
         gate.close_gate()
         admitted = [served.stub.Translate.future(request([HOUSE], beam_size=1))]
@@ -124,7 +125,7 @@ def test_overload_refuses_exactly_the_excess_at_once_and_health_stays_quick(tiny
 BURST = 400  # calls sent at once
 
 
-@pytest.mark.parametrize("max_queue", [64, ServerConfig().queue_for("cpu")], ids=["small-queue", "default-queue"])
+@pytest.mark.parametrize("max_queue", [64, EnginesConfig().queue_for("cpu")], ids=["small-queue", "default-queue"])
 def test_a_burst_prepares_no_refused_call_and_no_call_twice(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, max_queue: int
 ) -> None:
@@ -149,7 +150,7 @@ def test_a_burst_prepares_no_refused_call_and_no_call_twice(
     assert isinstance(inner, FakeRunner)
     gated_runner = GatedRunner(inner, delay=0.05)
     slow = LoadedModel(gated_runner, model.tokenizer, model.description)
-    with running_server(slow, config(max_slots=2, max_queue=max_queue)) as served:
+    with running_server(slow, config(engines=EnginesConfig(max_slots=2, max_queue=max_queue))) as served:
         warm = len(inner.encode_calls)
         gated_runner.close_gate()  # the queue frees no place while the burst arrives
         texts = [f"Das Haus {i} ist groß. Er wartete lange. Sie schrieben ein Buch. Es regnet." for i in range(BURST)]
@@ -189,7 +190,7 @@ unary.result(); list(stream)
 
 def test_a_client_killed_mid_request_leaves_nothing_behind(tiny_model_dir: Path) -> None:
     model, gate = gated(tiny_model_dir, max_slots=1)
-    with running_server(model, config(max_slots=1)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_slots=1))) as served:
         engine = engine_of(served)
         gate.close_gate()
         client = subprocess.Popen(
@@ -390,7 +391,7 @@ def test_a_dead_engine_loop_turns_not_serving_and_fails_waiting_requests_unavail
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, gate = gated(tiny_model_dir, max_slots=1)
-    with running_server(model, config(max_slots=1)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_slots=1))) as served:
         engine = engine_of(served)
         gate.close_gate()
         decoding = served.stub.Translate.future(request([HOUSE], beam_size=1))  # no deadline: it would wait forever
@@ -416,7 +417,7 @@ def test_a_dead_engine_loop_turns_not_serving_and_fails_waiting_requests_unavail
 
 def test_a_hung_runner_call_fails_its_requests_and_turns_not_serving(tiny_model_dir: Path) -> None:
     model, gate = gated(tiny_model_dir, max_slots=1)
-    with running_server(model, config(max_slots=1, stall_seconds=0.5)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_slots=1, stall_seconds=0.5))) as served:
         gate.close_gate()
         try:
             hung = served.stub.Translate.future(request([HOUSE], beam_size=1))  # no deadline: it would wait forever
@@ -460,9 +461,9 @@ def test_startup_without_a_usable_model_fails_loudly(broken_model_dirs: dict[str
 
 def test_a_second_instance_on_the_same_port_fails_loudly(tiny_model_dir: Path) -> None:
     # the first binds as the second will, both loopbacks of "localhost": the second finds each taken
-    with running_server(fake_model(tiny_model_dir), config(host="localhost")) as first:
+    with running_server(fake_model(tiny_model_dir), config(serving=loopback(host="localhost"))) as first:
         with server_loop() as loop:
-            taken = config(port=first.port)
+            taken = config(serving=loopback(port=first.port))
             second = asyncio.run_coroutine_threadsafe(create_server(taken, fake_model(tiny_model_dir)), loop)
             with pytest.raises(StartupError, match="could not bind"):
                 second.result(60)

@@ -16,11 +16,13 @@ from server.core.beam import Hypothesis
 from server.core.events import Event, RequestDone, SentenceDone, TokensEvent
 from server.core.response_cache import CachedSentence, CacheKey, ResponseCache, entry_bytes, submit_through
 from server.core.work import DecodeOptions
+from server.edge.config import LimitsConfig, ModelsConfig
 from server.edge.flags import parse_config
 from server.edge.loading import LoadedModel
 from server.edge.metrics import Metrics
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
+    FP32_ON_CPU,
     GatedRunner,
     RunningServer,
     fake_model,
@@ -163,13 +165,13 @@ def model(tiny_model_dir: Path) -> LoadedModel:
 
 @pytest.fixture()
 def cached(model: LoadedModel) -> Iterator[RunningServer]:
-    with running_server(model, server_config(cache_size=1000)) as running:
+    with running_server(model, server_config(limits=LimitsConfig(cache_size=1000))) as running:
         yield running
 
 
 @pytest.fixture()
 def uncached(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    with running_server(fake_model(tiny_model_dir), server_config(cache_size=0)) as running:
+    with running_server(fake_model(tiny_model_dir), server_config(limits=LimitsConfig(cache_size=0))) as running:
         yield running
 
 
@@ -232,7 +234,9 @@ def test_streaming_on_hits_sends_what_an_uncached_stream_does(cached: RunningSer
 def test_hits_answer_while_the_engine_is_held_and_misses_keep_their_deadline(tiny_model_dir: Path) -> None:
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
-    with running_server(LoadedModel(gated, base.tokenizer, base.description), server_config(cache_size=100)) as served:
+    with running_server(
+        LoadedModel(gated, base.tokenizer, base.description), server_config(limits=LimitsConfig(cache_size=100))
+    ) as served:
         warm = served.stub.Translate(request(UI_STRINGS, beam_size=1))
         gated.close_gate()
         assert served.stub.Translate(request(UI_STRINGS, beam_size=1), timeout=5) == warm
@@ -243,10 +247,10 @@ def test_hits_answer_while_the_engine_is_held_and_misses_keep_their_deadline(tin
 
 
 def test_the_cache_flags_and_their_default() -> None:
-    assert parse_config([], {}).cache_size == 0  # off unless asked for: the images ask for 10,000
-    config = parse_config(["--cache-size", "0", "--cache-bytes", "1024"], {})
-    assert (config.cache_size, config.cache_bytes) == (0, 1024)
-    assert parse_config([], {"TRANSLATE_CACHE_SIZE": "5"}).cache_size == 5
+    assert parse_config([], {}).limits.cache_size == 0  # off unless asked for: the images ask for 10,000
+    limits = parse_config(["--cache-size", "0", "--cache-bytes", "1024"], {}).limits
+    assert (limits.cache_size, limits.cache_bytes) == (0, 1024)
+    assert parse_config([], {"TRANSLATE_CACHE_SIZE": "5"}).limits.cache_size == 5
     with pytest.raises(ValueError, match="cache_size"):
         parse_config(["--cache-size", "-1"], {})
     Metrics(CollectorRegistry()).for_cache("m").observe_lookups(1, 2)  # the observer the cache is given
@@ -263,15 +267,14 @@ def test_the_real_runtime_answers_the_same_from_the_cache_in_an_engine_process(t
     from server.edge.loading import load_model
 
     def loaded(in_process: bool) -> LoadedModel:
-        config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8,
-                               threads=1)  # fmt: skip
+        config = server_config(models=ModelsConfig(model_dirs=(tiny_exported_dir,)), engines=FP32_ON_CPU)
         return load_model(config, tiny_exported_dir, in_process=in_process)
 
     documents = ["<p>Das <b>Haus</b> ist groß.</p><p>Er wartete.</p>", *TEXTS[:3]]
     html = request(documents, text_type=pb.TEXT_TYPE_HTML, beam_size=2)
-    with running_server(loaded(True), server_config(cache_size=0)) as plain:
+    with running_server(loaded(True), server_config(limits=LimitsConfig(cache_size=0))) as plain:
         expected = [plain.stub.Translate(request(TEXTS, beam_size=2)), plain.stub.Translate(html)]
-    with running_server(loaded(False), server_config(cache_size=100)) as cached:
+    with running_server(loaded(False), server_config(limits=LimitsConfig(cache_size=100))) as cached:
         for _ in range(2):
             assert [cached.stub.Translate(request(TEXTS, beam_size=2)), cached.stub.Translate(html)] == expected
         hits = sample_value(cached.registry, "translation_cache_lookups_total", result="hit")

@@ -1,6 +1,6 @@
-"""The runners (host, working-batch and device caches) against PyTorch on the tiny model: encoder, per-step
-logits, cache semantics, int8; and the device runner equal to the host one step for step
-(tests/test_working_batch.py does the same for the working batch)."""
+"""Both runners (the working batch, and the captured runner on the CPU provider over the capturable fp32 graphs)
+against PyTorch on the tiny model: encoder, per-step logits, cache semantics, int8; and how `open_runner`
+chooses between them (tests/test_captured.py steps one against the other)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.artifact import load_artifact
-from model.directory import FUSED_ENCODER_FILE, METADATA_FILE, STATIC_DECODER_FILE, MetadataError
-from server.backend.device_cache import DeviceCacheRunner
+from model.directory import FUSED_DECODER_FILE, FUSED_ENCODER_FILE, METADATA_FILE, MetadataError
+from model.training.artifact import load_artifact
+from server.backend.captured import CapturedRunner
 from server.backend.runners import auto_cache_place, open_runner
 from server.backend.runtime import OnnxRunner, make_session
 from server.backend.working_batch import WorkingBatchRunner
@@ -31,9 +31,12 @@ def model_dir(tiny_exported_dir: Path) -> Path:
     return tiny_exported_dir
 
 
-@pytest.fixture(params=["host", "working", "device"])
+RUNNERS = {"working": WorkingBatchRunner, "fused": CapturedRunner}  # by --kv-cache, each on the CPU provider
+
+
+@pytest.fixture(params=list(RUNNERS))
 def runner(model_dir: Path, request: pytest.FixtureRequest) -> OnnxRunner:
-    return open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache=request.param)
+    return RUNNERS[request.param](model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
 
 
 def host(cache: object) -> np.ndarray:
@@ -95,8 +98,8 @@ def poison(runner: OnnxRunner, slot: int, self_len: int, cross_len: int) -> None
 
 def test_a_slot_left_with_nan_is_clean_for_its_next_sentence(model_dir: Path) -> None:
     """Masked entries are multiplied by a weight of 0, and 0 x NaN = NaN: a freed slot must be zeroed. The
-    device runner zeroes every slot a new sentence takes, whatever it holds."""
-    runner = open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache="device")
+    captured runner zeroes every slot a new sentence takes, whatever it holds."""
+    runner = CapturedRunner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
     long_source, short_source, neighbour = SOURCES[2], SOURCES[1], SOURCES[0]  # 7, 4 and 5 tokens
     runner.encode([EncodeItem(long_source, [0]), EncodeItem(neighbour, [1])])
     for i in range(6):
@@ -121,13 +124,14 @@ class NaNOutputs:
         return getattr(self.session, name)
 
 
-def test_the_host_runner_zeroes_a_slot_only_after_a_nan_went_into_it(
+def test_the_working_batch_zeroes_a_slot_only_after_a_nan_went_into_it(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The host runner checks every block it writes into its caches: a slot that got a NaN is zeroed for
-    its next sentence, which then decodes exactly; a slot that held a healthy sentence is not zeroed
-    (stale finite values are masked to exactly 0)."""
-    runner = open_runner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1, kv_cache="host")
+    """The working batch checks every block it writes into its slot caches: a slot that got a NaN is zeroed for
+    its next sentence, which then decodes exactly; a slot that held a healthy sentence is not zeroed (stale
+    finite values are masked to exactly 0). Its self-attention rows are zeroed whenever a slot takes one
+    (tests/test_working_batch.py), so here the NaN comes from the encoder."""
+    runner = WorkingBatchRunner(model_dir / "onnx" / "fp32", max_slots=8, intra_op_threads=1)
     zeroed: list[tuple[str, list[int]]] = []
     real_zero = runner._zero
 
@@ -136,23 +140,22 @@ def test_the_host_runner_zeroes_a_slot_only_after_a_nan_went_into_it(
         real_zero(kind, slots, length)
 
     monkeypatch.setattr(runner, "_zero", zero)
-    encoder, decoder = NaNOutputs(runner.encoder), NaNOutputs(runner.decoder)
+    encoder = NaNOutputs(runner.encoder)
     monkeypatch.setattr(runner, "encoder", encoder)
-    monkeypatch.setattr(runner, "decoder", decoder)
     long_source, short_source, neighbour = SOURCES[2], SOURCES[1], SOURCES[0]  # 7, 4 and 5 tokens
     runner.encode([EncodeItem(neighbour, [1]), EncodeItem(long_source, [2])])
     for i in range(6):
         runner.step_log_probs([1, 2], [50 + i, 40 + i], [i, i])
     runner.encode([EncodeItem(short_source, [2])])  # a healthy sentence's slot: nothing to zero
     assert zeroed == []
-    encoder.on = decoder.on = True  # slot 0's sentence overflows: NaN in its cross and self caches
+    encoder.on = True  # slot 0's sentence overflows: NaN in its cross cache
     runner.encode([EncodeItem(long_source, [0])])
     for i in range(6):
         runner.step_log_probs([0], [40 + i], [i])
-    encoder.on = decoder.on = False
+    encoder.on = False
     assert runner.non_finite.tolist() == [True] + [False] * 7
     runner.encode([EncodeItem(short_source, [0])])  # a new sentence takes the failed one's slot
-    assert zeroed == [("self", [0]), ("cross", [0])]
+    assert zeroed == [("cross", [0])]
     assert_exact_beside_a_row_further_on(model_dir, runner, short_source)
 
 
@@ -193,7 +196,7 @@ def test_copy_slots_is_a_gather(runner: OnnxRunner) -> None:
 
 
 def test_int8_runs_and_stays_close(model_dir: Path) -> None:
-    runner = OnnxRunner(model_dir / "onnx" / "int8", max_slots=2, intra_op_threads=1)
+    runner = WorkingBatchRunner(model_dir / "onnx" / "int8", max_slots=2, intra_op_threads=1)
     assert runner.provider == "CPUExecutionProvider" and runner.metadata.variant == "int8"
     runner.encode([EncodeItem(SOURCES[0], [0])])
     logp = runner.step_log_probs([0], [2], [0])
@@ -202,76 +205,51 @@ def test_int8_runs_and_stays_close(model_dir: Path) -> None:
     assert np.abs(logp - reference).max() < 0.2  # this CPU's recipe (tests/test_export.py checks it step by step)
 
 
-def test_device_caches_step_for_step_equal_host_caches(model_dir: Path) -> None:
-    """A beam-like schedule: rows join at different steps, reorder across sources, and leave."""
-    variant = model_dir / "onnx" / "fp32"
-    runners = [OnnxRunner(variant, 6, intra_op_threads=1), DeviceCacheRunner(variant, 6, intra_op_threads=1)]
-    rng = np.random.default_rng(0)
-    for r in runners:
-        r.encode([EncodeItem(SOURCES[0], [0, 1]), EncodeItem(SOURCES[2], [2])])
-    for step in range(6):
-        if step == 2:
-            for r in runners:
-                r.encode([EncodeItem(SOURCES[1], [4, 5])])
-        slots = [0, 1, 2] + ([4, 5] if step >= 2 else [])
-        positions = [step] * 3 + ([step - 2] * 2 if step >= 2 else [])
-        tokens = [int(t) for t in rng.integers(4, 60, len(slots))]
-        host_out, device_out = (r.step_log_probs(slots, tokens, positions) for r in runners)
-        np.testing.assert_allclose(device_out, host_out, rtol=0, atol=1e-5)
-        encoded = [0, 1, 2, 4] if step >= 2 else [0, 1, 2]  # every stepped row has a source, as in serving
-        parents = [int(p) for p in rng.choice(encoded, size=3)]  # copies within and across sources
-        for r in runners:
-            r.copy_slots(parents, [0, 1, 2])
-    host_runner, device_runner = runners
-    for mine, theirs in zip(
-        device_runner.self_kv + device_runner.cross_kv, host_runner.self_kv + host_runner.cross_kv, strict=True
-    ):
-        np.testing.assert_allclose(host(mine), theirs, rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(runners[1].src_mask, runners[0].src_mask)
-
-
-@pytest.mark.parametrize("runner_class", [OnnxRunner, DeviceCacheRunner])
-def test_runners_refuse_an_export_without_kv_graphs_naming_the_command(
-    model_dir: Path, tmp_path: Path, runner_class: type[OnnxRunner]
+def test_the_captured_runner_refuses_an_export_without_kv_graphs_naming_the_command(
+    model_dir: Path, tmp_path: Path
 ) -> None:
     variant = tmp_path / "onnx" / "fp32"
     shutil.copytree(model_dir / "onnx" / "fp32", variant)
     (variant / "kv_move.onnx").unlink()
-    with pytest.raises(MetadataError, match=r"missing kv_move\.onnx.*export it again with python -m export"):
-        runner_class(variant, 2)
+    with pytest.raises(MetadataError, match=r"no kv_move\.onnx .*export again with python -m export --capturable-fp32"):
+        CapturedRunner(variant, 2)
+    WorkingBatchRunner(variant, 2, intra_op_threads=1)  # the working batch does not need them
 
 
 def test_open_runner_places_caches(model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="unknown kv_cache"):
-        open_runner(Path("/nonexistent"), 2, kv_cache="gpu")
+    for gone in ("gpu", "host", "device", "static"):
+        with pytest.raises(ValueError, match="unknown kv_cache"):
+            open_runner(Path("/nonexistent"), 2, kv_cache=gone)
     variant = model_dir / "onnx" / "fp32"
     assert type(open_runner(variant, 2, kv_cache="auto", intra_op_threads=1)) is WorkingBatchRunner
-    assert type(open_runner(variant, 2, kv_cache="host", intra_op_threads=1)) is OnnxRunner
-    assert type(open_runner(variant, 2, kv_cache="device", intra_op_threads=1)) is DeviceCacheRunner
     assert type(open_runner(variant, 2, kv_cache="working", intra_op_threads=1)) is WorkingBatchRunner
+    with pytest.raises(MetadataError, match=r"--kv-cache fused is the CUDA path.*--kv-cache working or auto"):
+        open_runner(variant, 2, kv_cache="fused", intra_op_threads=1)
 
 
-def test_auto_places_caches_on_cuda_only_where_they_can_live(
+def test_auto_places_caches_on_cuda_only_where_they_can_be_captured(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """On CUDA the fused captured step where the variant can take it; the working batch, with a warning saying
+    why, everywhere else."""
     variant = model_dir / "onnx" / "fp32"
-    assert (variant / STATIC_DECODER_FILE).is_file()
+    assert (variant / FUSED_DECODER_FILE).is_file()
     assert auto_cache_place(variant, "cpu") == "working"
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     # float32: onnxruntime's CUDA GroupQueryAttention takes float16 only, so its step cannot be captured there
-    assert auto_cache_place(variant, "cuda") == "device"
+    assert auto_cache_place(variant, "cuda") == "working"
+    assert "takes a float16 variant: fp32 is float32" in caplog.text
     with pytest.raises(MetadataError, match=r"takes a float16 variant: fp32 is float32.*--variant fp16"):
-        open_runner(variant, 2, "cuda", kv_cache="static")
+        open_runner(variant, 2, "cuda", kv_cache="fused")
     half = tmp_path / "fp16"  # the metadata of a float16 variant over the same files
     shutil.copytree(variant, half)
     metadata = json.loads((half / METADATA_FILE).read_text())
     (half / METADATA_FILE).write_text(json.dumps({**metadata, "dtype": "float16", "variant": "fp16"}))
-    # the captured step where the variant can take it, from fused ops where the export built them
     assert auto_cache_place(half, "cuda") == "fused"
     (half / FUSED_ENCODER_FILE).unlink()
-    assert auto_cache_place(half, "cuda") == "static"  # an export without the whole fused build
-    (half / STATIC_DECODER_FILE).unlink()
-    assert auto_cache_place(half, "cuda") == "device"
+    caplog.clear()
+    assert auto_cache_place(half, "cuda") == "working"  # an export without the whole fused build
+    assert f"the export has no {FUSED_ENCODER_FILE}" in caplog.text
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert auto_cache_place(variant, "cuda") == "working"
     assert "no CUDA provider" in caplog.text
@@ -279,9 +257,10 @@ def test_auto_places_caches_on_cuda_only_where_they_can_live(
 
 @pytest.mark.parametrize("spin", [True, False])
 def test_spin_setting_reaches_every_session(model_dir: Path, spin: bool) -> None:
-    runner = open_runner(model_dir / "onnx" / "fp32", 2, intra_op_threads=1, kv_cache="device", spin_threads=spin)
-    assert isinstance(runner, DeviceCacheRunner)
-    sessions = [runner.encoder, runner.decoder, runner.kv_gather, runner.kv_append, runner.kv_move, runner.kv_write]
+    working = WorkingBatchRunner(model_dir / "onnx" / "fp32", 2, intra_op_threads=1, spin_threads=spin)
+    captured = CapturedRunner(model_dir / "onnx" / "fp32", 2, intra_op_threads=1, spin_threads=spin)
+    sessions = [working.encoder, working.decoder, captured.encoder, captured.decoder]
+    sessions += [captured.caches.kv_move, captured.caches.kv_write]
     for session in sessions:
         entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if spin else "0")
@@ -305,14 +284,16 @@ def test_cuda_sessions_compute_float32_without_tf32(model_dir: Path, monkeypatch
 def test_the_graph_ranks_candidates_as_the_reference_does(runner: OnnxRunner) -> None:
     """The decoder's TopK equals `row_candidates` on its own log-probabilities, for mixed k and row scores.
 
-    A step is idempotent (it rewrites the same cache entry), so both outputs come from one runner.
+    A step is idempotent (it rewrites the same cache entry), so both outputs come from one runner. The captured
+    step ranks at most its graph's fixed number of candidates.
     """
+    widest = runner.graph_k if isinstance(runner, CapturedRunner) else runner.spec.vocab_size + 5
     runner.encode([EncodeItem(SOURCES[0], [0, 1]), EncodeItem(SOURCES[1], [2])])
     row_scores = [0.0, -1.25, -3.5]
     for position, token in enumerate([2, 40, 41]):
         args = ([0, 1, 2], [token, token + 1, token + 2], [position] * 3)
         log_probs = runner.step_log_probs(*args)
-        for k in (1, 8, runner.spec.vocab_size + 5):
+        for k in (1, 8, widest):
             ranked = runner.step(*args, row_scores, k)
             scores, ids = row_candidates(log_probs, np.asarray(row_scores, dtype=np.float32), k)
             np.testing.assert_array_equal(ranked.ids, ids)
@@ -333,29 +314,4 @@ def test_an_export_without_candidate_ranking_is_refused_with_the_fix(model_dir: 
         graph.node.remove(node)
     onnx.save(model, str(graph_path))
     with pytest.raises(MetadataError, match="export again with python -m export"):
-        OnnxRunner(variant, 2, intra_op_threads=1)
-
-
-def test_a_cross_gather_that_raised_is_not_taken_for_a_good_one(model_dir: Path) -> None:
-    """The device runner reuses its last cross gather while the rows' sources stay the same; a gather
-    that raised (a CUDA out-of-memory, say) must not leave the previous rows' feeds standing in."""
-    variant = model_dir / "onnx" / "fp32"
-    fresh = DeviceCacheRunner(variant, max_slots=2, intra_op_threads=1)
-    fresh.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
-    want = fresh.step_log_probs([1], [2], [0])
-
-    runner = DeviceCacheRunner(variant, max_slots=2, intra_op_threads=1)
-    runner.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
-    runner.step_log_probs([0], [2], [0])  # gathers slot 0's cross keys/values
-    gather = runner._gather
-    failures = iter([RuntimeError("out of memory")])
-
-    def failing_once(caches: list[ort.OrtValue], rows: np.ndarray, length: int) -> list[ort.OrtValue]:
-        if caches is runner.cross_kv and (failure := next(failures, None)):
-            raise failure
-        return gather(caches, rows, length)
-
-    runner._gather = failing_once  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="out of memory"):
-        runner.step_log_probs([1], [2], [0])
-    assert np.abs(runner.step_log_probs([1], [2], [0]) - want).max() <= 1e-5
+        WorkingBatchRunner(variant, 2, intra_op_threads=1)

@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 from server.client.channels import auth_metadata, open_channel
 from server.client.cli import build_parser, run
 from server.edge import interceptors
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, SecurityConfig, ServerConfig
 from server.edge.errors import UNAUTHENTICATED_MESSAGE
 from server.edge.flags import parse_config
 from server.edge.healthcheck import check
@@ -134,7 +134,7 @@ def model(tiny_model_dir: Path) -> LoadedModel:
 
 
 def test_tls_serves_tls_clients_only(model: LoadedModel, pki: Pki) -> None:
-    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key)
+    config = server_config(security=SecurityConfig(tls_cert=pki.server_cert, tls_key=pki.server_key))
     with running_server(model, config) as served:
         with open_channel(served.address, tls_ca=pki.ca) as channel:
             assert translate(channel) == 1
@@ -146,7 +146,9 @@ def test_tls_serves_tls_clients_only(model: LoadedModel, pki: Pki) -> None:
 
 
 def test_mutual_tls_requires_a_client_certificate_from_the_configured_ca(model: LoadedModel, pki: Pki) -> None:
-    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca)
+    config = server_config(
+        security=SecurityConfig(tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca)
+    )
     with running_server(model, config) as served:
         with open_channel(served.address, pki.ca, pki.client_cert, pki.client_key) as channel:
             assert translate(channel) == 1
@@ -166,7 +168,7 @@ def test_the_image_healthcheck_reaches_a_tls_server_from_its_environment(
     ca, _ = _write(tmp_path, "ca", _certificate("deploy CA", ca_key), ca_key)
     public_only = _certificate("translate.internal", key, ("deploy CA", ca_key), [x509.DNSName("translate.internal")])
     cert, key_path = _write(tmp_path, "server", public_only, key)
-    with running_server(model, server_config(tls_cert=cert, tls_key=key_path)) as served:
+    with running_server(model, server_config(security=SecurityConfig(tls_cert=cert, tls_key=key_path))) as served:
         command = [sys.executable, "-m", "server.edge.healthcheck", "--address", f"127.0.0.1:{served.port}"]
 
         def healthcheck(**variables: str) -> int:
@@ -187,7 +189,7 @@ def token_file(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def guarded(model: LoadedModel, token_file: Path) -> Iterator[RunningServer]:
-    with running_server(model, server_config(auth_token_file=token_file)) as served:
+    with running_server(model, server_config(security=SecurityConfig(auth_token_file=token_file))) as served:
         yield served
 
 
@@ -258,7 +260,9 @@ def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_client_cli_speaks_tls_and_sends_the_token(model: LoadedModel, pki: Pki, token_file: Path) -> None:
-    config = server_config(tls_cert=pki.server_cert, tls_key=pki.server_key, auth_token_file=token_file)
+    config = server_config(
+        security=SecurityConfig(tls_cert=pki.server_cert, tls_key=pki.server_key, auth_token_file=token_file)
+    )
     with running_server(model, config) as served:
         base = ["--server", served.address, "--source", "de", "--target", "en", "--tls-ca", str(pki.ca)]
         out, err = io.StringIO(), io.StringIO()
@@ -273,15 +277,16 @@ def test_the_client_cli_speaks_tls_and_sends_the_token(model: LoadedModel, pki: 
 
 def test_security_flags_parse_from_flags_and_environment() -> None:
     env = {"TRANSLATE_TLS_CERT": "/tls/crt", "TRANSLATE_TLS_KEY": "/tls/key", "TRANSLATE_AUTH_TOKEN_FILE": "/run/tok"}
-    config = parse_config(["--tls-client-ca", "/tls/ca"], env)
-    assert (config.tls_cert, config.tls_key) == (Path("/tls/crt"), Path("/tls/key"))
-    assert config.tls_client_ca == Path("/tls/ca")
-    assert config.auth_token_file == Path("/run/tok")
-    assert parse_config([], {}).tls_cert is None and parse_config([], {}).auth_token_file is None
+    security = parse_config(["--tls-client-ca", "/tls/ca"], env).security
+    assert (security.tls_cert, security.tls_key) == (Path("/tls/crt"), Path("/tls/key"))
+    assert security.tls_client_ca == Path("/tls/ca")
+    assert security.auth_token_file == Path("/run/tok")
+    assert parse_config([], {}).security == SecurityConfig()
+    assert SecurityConfig().tls_cert is None and SecurityConfig().auth_token_file is None
     with pytest.raises(ValueError, match="go together"):
-        ServerConfig(tls_cert=Path("/tls/crt"))
+        SecurityConfig(tls_cert=Path("/tls/crt"))
     with pytest.raises(ValueError, match="needs tls_cert"):
-        ServerConfig(tls_client_ca=Path("/tls/ca"))
+        SecurityConfig(tls_client_ca=Path("/tls/ca"))
 
 
 @pytest.mark.parametrize("problem", ["missing token file", "empty token file", "missing certificate"])
@@ -289,12 +294,12 @@ def test_unusable_security_files_stop_startup_with_a_clear_message(tmp_path: Pat
     empty = tmp_path / "empty"
     empty.write_text(" \n")
     configs = {
-        "missing token file": server_config(auth_token_file=tmp_path / "absent"),
-        "empty token file": server_config(auth_token_file=empty),
-        "missing certificate": server_config(tls_cert=tmp_path / "absent.crt", tls_key=tmp_path / "absent.key"),
+        "missing token file": SecurityConfig(auth_token_file=tmp_path / "absent"),
+        "empty token file": SecurityConfig(auth_token_file=empty),
+        "missing certificate": SecurityConfig(tls_cert=tmp_path / "absent.crt", tls_key=tmp_path / "absent.key"),
     }
     with pytest.raises(StartupError, match=r"token file|TLS"):
-        TranslationServer(configs[problem])
+        TranslationServer(server_config(security=configs[problem]))
 
 
 FORBIDDEN_MODULES = {"pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
@@ -381,16 +386,15 @@ def test_the_model_is_read_only_from_the_configured_directory(
     export_tiny_onnx(tiny_model_dir)
     files = OpenedFiles(monkeypatch)
     root = tiny_model_dir.resolve()
-    for kv_cache, graphs in (("auto", 2), ("device", 6)):  # encoder and decoder; and the four kv_* graphs
-        config = ServerConfig(variant="fp32", provider="cpu", threads=1, kv_cache=kv_cache)
-        load_model(config, tiny_model_dir, in_process=True)  # once first: what it imports is not model data
-        with files.record() as opened:
-            load_model(config, tiny_model_dir, in_process=True)
-        assert all(path.resolve().is_relative_to(root) for path in opened), opened
-        onnx = {path.name for path in opened if path.suffix == ".onnx"}
-        assert len(onnx) == graphs and {"metadata.json", "tokenizer.model"} <= {path.name for path in opened}
+    config = ServerConfig(engines=EnginesConfig(variant="fp32", provider="cpu", threads=1))
+    load_model(config, tiny_model_dir, in_process=True)  # once first: what it imports is not model data
+    with files.record() as opened:
+        load_model(config, tiny_model_dir, in_process=True)
+    assert all(path.resolve().is_relative_to(root) for path in opened), opened
+    onnx = {path.name for path in opened if path.suffix == ".onnx"}
+    assert len(onnx) == 2 and {"metadata.json", "tokenizer.model"} <= {path.name for path in opened}  # encoder, step
     with pytest.raises(ValueError, match="variant must be one of"):
-        ServerConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path
+        EnginesConfig(variant="../../elsewhere")  # the variant names a subdirectory; it is never a path
 
 
 def test_a_call_refused_before_the_servicer_is_written_to_the_access_log(

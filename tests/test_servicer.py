@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
 from server.core.events import SHUTDOWN_MESSAGE, RequestDone, SentenceDone, TokensEvent
 from server.edge import interceptors, preparation
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, LimitsConfig, ServerConfig
 from server.edge.errors import DRAINING_MESSAGE, QUEUE_FULL_MESSAGE, deadline_passed
 from server.edge.loading import LoadedModel, StartupError
 from server.edge.server import SERVICE_NAME, TranslationServer
@@ -41,6 +41,7 @@ from tests.serving import (
     export_tiny_onnx,
     fake_model,
     health_status,
+    loopback,
     onnx_model,
     request,
     runner_of,
@@ -64,10 +65,10 @@ TEXTS = [
 ]
 
 
-def config(**overrides: object) -> ServerConfig:
+def config(**groups: object) -> ServerConfig:
     """A test server on one loopback address: `localhost` resolves to two, and the ephemeral port grpc takes on the
     first may be another process's on the second, which the client then reaches."""
-    return server_config(**overrides)
+    return server_config(**groups)
 
 
 @pytest.fixture()
@@ -214,7 +215,7 @@ def test_list_models_reports_languages_pairs_limits_and_runtime(served: RunningS
     assert info.limits.max_source_tokens == model.runner.spec.max_source_len
     assert info.limits.max_output_len == model.runner.spec.max_target_len
     assert info.limits.max_beam_size == 8
-    assert info.limits.max_message_bytes == ServerConfig().max_message_bytes
+    assert info.limits.max_message_bytes == LimitsConfig().max_message_bytes
     assert (info.variant, info.provider, info.opset) == ("fp32", "fake", 18)
 
 
@@ -302,7 +303,8 @@ def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path
     base = fake_model(tiny_model_dir, max_slots=1)
     gated = GatedRunner(runner_of(base))
     with running_server(
-        LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1, max_queue=max_queue)
+        LoadedModel(gated, base.tokenizer, base.description),
+        config(engines=EnginesConfig(max_slots=1, max_queue=max_queue)),
     ) as served:
         engine = served.server.engine
         assert engine is not None
@@ -346,7 +348,9 @@ def test_queue_full_is_resource_exhausted_and_loses_nothing(tiny_model_dir: Path
 def test_deadline_exceeded_frees_the_work(tiny_model_dir: Path, where: str) -> None:
     base = fake_model(tiny_model_dir, max_slots=1)
     gated = GatedRunner(runner_of(base))
-    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=1)) as served:
+    with running_server(
+        LoadedModel(gated, base.tokenizer, base.description), config(engines=EnginesConfig(max_slots=1))
+    ) as served:
         engine = served.server.engine
         assert engine is not None
         gated.close_gate()
@@ -398,7 +402,9 @@ def test_a_cancellation_at_the_deadline_is_the_deadline(remaining: float | None,
 def test_client_cancel_is_counted_and_frees_the_slots(tiny_model_dir: Path, timeout: float | None) -> None:
     base = fake_model(tiny_model_dir, max_slots=4)
     gated = GatedRunner(runner_of(base))
-    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_slots=4)) as served:
+    with running_server(
+        LoadedModel(gated, base.tokenizer, base.description), config(engines=EnginesConfig(max_slots=4))
+    ) as served:
         engine = served.server.engine
         assert engine is not None
         gated.close_gate()
@@ -506,7 +512,9 @@ def test_a_call_the_queue_cannot_take_is_refused_before_it_is_split_or_tokenized
     monkeypatch.setattr(preparation, "INLINE_PREPARE_CHARS", 0)  # every preparation in a worker, as a long one
     base = fake_model(tiny_model_dir)
     held = HeldTokenizer(tiny_model_dir / TOKENIZER_FILE)
-    with running_server(LoadedModel(base.runner, held, base.description), config(max_queue=2)) as served:
+    with running_server(
+        LoadedModel(base.runner, held, base.description), config(engines=EnginesConfig(max_queue=2))
+    ) as served:
         first = served.stub.Translate.future(request(["Das Haus ist groß.", "Er wartete."]))  # holds both places
         assert held.entered.wait(30)  # admitted, and held while its texts are tokenized
         # Were the next call split and tokenized, it would wait at the held tokenizer, past the timeout.
@@ -561,7 +569,9 @@ def test_calls_past_the_concurrency_limit_are_refused_before_they_are_read(
     monkeypatch.setattr(interceptors.ParseInterceptor, "_parsing", spying)
     base = fake_model(tiny_model_dir)
     gated = GatedRunner(runner_of(base))
-    with running_server(LoadedModel(gated, base.tokenizer, base.description), config(max_concurrent_rpcs=1)) as served:
+    with running_server(
+        LoadedModel(gated, base.tokenizer, base.description), config(limits=LimitsConfig(max_concurrent_rpcs=1))
+    ) as served:
         gated.close_gate()
         in_flight = served.stub.Translate.future(request(["Das Haus ist groß."]))
         gated.wait_for_step()
@@ -645,7 +655,7 @@ def test_when_the_drain_grace_runs_out_the_rest_fails_unavailable_and_is_counted
 
 def test_a_response_over_the_send_limit_is_refused_with_advice_and_counted_so(model: LoadedModel) -> None:
     text = "Ja." + "\n" * 1500 + "Nein."  # every hypothesis repeats the whitespace between the sentences
-    with running_server(model, config(max_message_bytes=4096)) as served:
+    with running_server(model, config(limits=LimitsConfig(max_message_bytes=4096))) as served:
         error = status_of(lambda: served.stub.Translate(request([text], num_hypotheses=4)))
         streamed = list(served.stub.TranslateStream(request([text, text], num_hypotheses=1)))
         counted = sample_value(
@@ -661,7 +671,7 @@ def test_a_response_over_the_send_limit_is_refused_with_advice_and_counted_so(mo
     assert counted == 1
     assert reasons == {"queue_full": 0, "response_too_large": 1}  # not an overload: the queue-full alert stays quiet
     assert [m.result.translation.count("\n") for m in streamed] == [1500, 1500]  # one text per message fits
-    with running_server(model, config(max_message_bytes=4096)) as served:
+    with running_server(model, config(limits=LimitsConfig(max_message_bytes=4096))) as served:
         too_big = status_of(lambda: list(served.stub.TranslateStream(request([text], num_hypotheses=4))))
     assert too_big.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "TranslateStream" not in too_big.details
     assert "split the text across requests or ask for fewer hypotheses" in too_big.details  # advice that can work
@@ -673,14 +683,14 @@ def test_reflection_lists_the_service_and_can_be_turned_off(model: LoadedModel) 
     with running_server(model, config()) as served:
         services = ProtoReflectionDescriptorDatabase(served.channel).get_services()
         assert SERVICE_NAME in services and "grpc.health.v1.Health" in services
-    with running_server(model, config(reflection=False)) as served:
+    with running_server(model, config(serving=loopback(reflection=False))) as served:
         with pytest.raises(grpc.RpcError) as info:
             ProtoReflectionDescriptorDatabase(served.channel).get_services()
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
-    with running_server(model, config(max_message_bytes=4096)) as served:
+    with running_server(model, config(limits=LimitsConfig(max_message_bytes=4096))) as served:
         error = status_of(lambda: served.stub.Translate(request(["Hallo. " * 1000])))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert served.stub.Translate(request(["Hallo."])).results[0].sentences == 1
@@ -690,7 +700,7 @@ def test_messages_over_the_size_limit_are_refused(model: LoadedModel) -> None:
 
 def test_a_queue_smaller_than_a_request_limits_the_request_not_retries_it(model: LoadedModel) -> None:
     """Broken once on purpose (the sentence limit left at 512 over a queue of 4), ListModels reported 512."""
-    with running_server(model, config(max_queue=4)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_queue=4))) as served:
         (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
         error = status_of(lambda: served.stub.Translate(request(["Ja. Nein. Gut. Schön. Aus."], beam_size=1)))
         four = served.stub.Translate(request(["Ja. Nein. Gut. Schön."], beam_size=1))
@@ -706,7 +716,7 @@ def test_a_server_with_fewer_slots_than_the_default_beam_decodes_unset_beams_nar
     """Fewer slots (the runner's or the flag's) than the default beam of 4: a request that sets no beam
     is served with the widest beam that fits, and ListModels reports the slots the engine really has."""
     model = fake_model(tiny_model_dir, max_slots=runner_slots)
-    with running_server(model, config(max_slots=flag_slots)) as served:
+    with running_server(model, config(engines=EnginesConfig(max_slots=flag_slots))) as served:
         (info,) = served.stub.ListModels(pb.ListModelsRequest()).models
         unset = served.stub.Translate(request([TEXTS[0]], num_hypotheses=2))
         error = status_of(lambda: served.stub.Translate(request([TEXTS[0]], beam_size=4)))
@@ -797,12 +807,12 @@ def test_stream_sends_a_text_as_soon_as_it_is_done_not_in_request_order(
     assert [m.result.index for m in messages] == [1, 0]  # both start together; the short one finishes first
 
 
-@pytest.fixture(scope="module", params=["auto", "host", "device"])
-def onnx_served(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[tuple[RunningServer, LoadedModel]]:
-    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, with each cache placement (auto, the
-    default, is the working batch)."""
+@pytest.fixture(scope="module")
+def onnx_served(tiny_model_dir: Path) -> Iterator[tuple[RunningServer, LoadedModel]]:
+    """The real runtime: the tiny model exported to ONNX (fp32) on CPU, its caches where the default puts them
+    (the working batch)."""
     export_tiny_onnx(tiny_model_dir)
-    model = onnx_model(tiny_model_dir, kv_cache=request.param)
+    model = onnx_model(tiny_model_dir)
     with running_server(model, config()) as running:
         yield running, model
 
@@ -811,13 +821,13 @@ def onnx_served(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterato
 def test_served_output_equals_the_offline_onnx_decoder(
     onnx_served: tuple[RunningServer, LoadedModel], tiny_model_dir: Path, beam: int, n_best: int
 ) -> None:
-    from server.backend.runtime import OnnxRunner
+    from server.backend.working_batch import WorkingBatchRunner
     from server.core.offline import translate_ids
 
     served, model = onnx_served
     texts = ["Das Haus ist groß. Er wartete.", "Geheimpolizei", "", "Sie schrieben gemeinsam ein Buch."]
     reply = served.stub.Translate(request(texts, beam_size=beam, num_hypotheses=n_best, return_scores=True))
-    runner = OnnxRunner(tiny_model_dir / "onnx" / "fp32", max_slots=8)  # a runner of its own: no shared state
+    runner = WorkingBatchRunner(tiny_model_dir / "onnx" / "fp32", max_slots=8)  # a runner of its own: no shared state
     tokenizer = model.tokenizer
     for text, result in zip(texts, reply.results, strict=True):
         parts = split(text, "de")
@@ -892,13 +902,13 @@ def test_cuda_asked_for_but_fallen_back_to_cpu_stops_startup_and_auto_serves_on_
     from server.edge.loading import load_model
 
     export_tiny_onnx(tiny_model_dir)
-    base = {"variant": "fp32", "threads": 1}
+    cuda = ServerConfig(engines=EnginesConfig(variant="fp32", provider="cuda", threads=1))
     with pytest.raises(StartupError, match=r"fell back to CPUExecutionProvider.*--provider cpu"):
-        load_model(ServerConfig(provider="cuda", **base), tiny_model_dir, in_process=True)  # type: ignore[arg-type]
+        load_model(cuda, tiny_model_dir, in_process=True)
     # This onnxruntime has no CUDA provider; one that lists it but cannot load it falls back the same way.
     available = onnxruntime.get_available_providers()
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
-    auto = ServerConfig(provider="auto", **base)  # type: ignore[arg-type]
+    auto = ServerConfig(engines=EnginesConfig(variant="fp32", provider="auto", threads=1))
     runner = load_model(auto, tiny_model_dir, in_process=True).runner
     assert type(runner) is WorkingBatchRunner  # host caches, not the device's
     assert runner.provider == "CPUExecutionProvider"
@@ -1027,7 +1037,7 @@ def test_what_is_alive_once_serving_is_frozen_out_of_the_collectors_sight(model:
 
     gc.unfreeze()
     before = gc.get_freeze_count()
-    config = ServerConfig(port=0, host="127.0.0.1", metrics_port=-1, drain_seconds=1.0, shutdown_delay_seconds=0.0)
+    config = server_config(serving=loopback(drain_seconds=1.0, shutdown_delay_seconds=0.0))
     try:
         asyncio.run(serve(config, model, on_serving))
         frozen = gc.get_freeze_count()

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from model.artifact import TOKENIZER_FILE
 from model.data import read_tsv
 from model.directory import VARIANTS_FILE, read_metadata
+from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
 from server.core.offline import translate_ids
 from server.gates.variants import translate_pairs

@@ -35,6 +35,7 @@ import pytest
 
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.scheduler import Scheduler
+from server.edge.config import EnginesConfig
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.serving import (
     ROOT,
@@ -211,7 +212,7 @@ def test_sustained_load_loses_nothing_counts_everything_and_does_not_leak(
         inject_leak(monkeypatch, INJECT_LEAK_BYTES)
     tracemalloc.start(TRACE_FRAMES)
     try:
-        with running_server(model, server_config(max_slots=MAX_SLOTS, max_queue=4096)) as served:
+        with running_server(model, server_config(engines=EnginesConfig(max_slots=MAX_SLOTS, max_queue=4096))) as served:
             load = run_load(served, SOAK_SECONDS, SOAK_CLIENTS)
             engine = served.server.engine
             assert engine is not None

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from model.files import CONFIG_FILE
-from server.edge.config import ServerConfig
+from server.edge.config import EnginesConfig, ModelsConfig, ServerConfig
 from server.edge.loading import StartupError, graphs_served, load_model
 
 
-def config_for(model_dir: Path) -> ServerConfig:
-    return ServerConfig(model_dirs=(model_dir,), variant="fp32", provider="cpu", max_slots=4, threads=1)
+def config_for(model_dir: Path, variant: str = "fp32") -> ServerConfig:
+    return ServerConfig(
+        models=ModelsConfig(model_dirs=(model_dir,)),
+        engines=EnginesConfig(variant=variant, provider="cpu", max_slots=4, threads=1),
+    )
 
 
 def weights_only(tiny_model_dir: Path, tmp_path: Path) -> Path:
@@ -73,7 +75,7 @@ def test_a_first_start_on_cpu_builds_what_the_cpu_serves_and_no_fp16(tiny_model_
     only CUDA serves. Broken before: every variant was built, fp16 too (the shipped model's cost 128 MB)."""
     model_dir = weights_only(tiny_model_dir, tmp_path)
     gate_record(model_dir, "cpu", "int8")
-    load_model(replace(config_for(model_dir), variant="auto"), model_dir)
+    load_model(config_for(model_dir, variant="auto"), model_dir)
     assert sorted(p.name for p in (model_dir / "onnx").iterdir()) == ["fp32", "int8"]
 
 

@@ -15,7 +15,7 @@ from tests.tiny import build_tiny_artifact
 
 
 def test_the_torch_free_tiny_model_is_the_artifact_pytorch_saves(tmp_path: Path) -> None:
-    from model.artifact import load_artifact
+    from model.training.artifact import load_artifact
     from tests.tiny_torch import build_torch_artifact
 
     ours, theirs = build_tiny_artifact(tmp_path / "numpy"), build_torch_artifact(tmp_path / "torch")

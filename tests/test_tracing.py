@@ -18,13 +18,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from server.backend.engine_process import ModelProcess
-from server.edge.config import ServerConfig
+from server.edge.config import ModelsConfig, ServerConfig
 from server.edge.loading import LoadedModel, load_model
 from server.edge.logs import ACCESS_LOGGER
 from server.edge.server import create_server
 from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
 from server.proto.translation.v1 import translation_pb2 as pb
-from tests.serving import FAKE_DESCRIPTION, RunningServer, fake_model, request, server_config, server_loop
+from tests.serving import FAKE_DESCRIPTION, FP32_ON_CPU, RunningServer, fake_model, request, server_config, server_loop
 
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
@@ -104,7 +104,7 @@ def test_a_call_is_a_server_span_under_the_clients_traceparent_with_queue_encode
 
 
 def test_an_engine_process_times_the_encoder_call_the_call_span_contains(tiny_exported_dir: Path) -> None:
-    config = server_config(model_dirs=(tiny_exported_dir,), variant="fp32", provider="cpu", max_slots=8, threads=1)
+    config = server_config(models=ModelsConfig(model_dirs=(tiny_exported_dir,)), engines=FP32_ON_CPU)
     model = load_model(config, tiny_exported_dir)
     assert isinstance(model.runner, ModelProcess)
     for served, exporter in traced_server(model, config):

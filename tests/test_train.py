@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import train as train_module
-from model.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
-from model.batching import Example, Resegmenter, collate, epoch_examples, make_examples, pad, token_batches
 from model.config import ModelConfig
 from model.data import Pair, is_sentence, write_tsv
-from model.decode import greedy
-from model.overfit import memorisation_gap
 from model.tokenizer import Tokenizer, file_sha256
-from model.train import (
+from model.training import train as train_module
+from model.training.artifact import TOKENIZER_FILE, load_artifact, load_config, save_artifact
+from model.training.batching import Example, Resegmenter, collate, epoch_examples, make_examples, pad, token_batches
+from model.training.decode import greedy
+from model.training.overfit import memorisation_gap
+from model.training.train import (
     TrainConfig,
     Trainer,
     average_checkpoints,
@@ -34,7 +34,7 @@ from model.train import (
     save_checkpoint,
     train_config,
 )
-from model.transformer import make_model
+from model.training.transformer import make_model
 from tests.tiny import TINY_PAIRS
 
 PAIRS = [((4, 10, 11, 3), (20, 21, 3)), ((4, 12, 13, 14, 3), (22, 23, 24, 3)), ((5, 15, 3), (25, 3))]
@@ -93,7 +93,7 @@ def test_resegmenter_samples_other_source_pieces_of_the_same_text_and_repeats_it
 
 RESEGMENT_SCRIPT = """
 import hashlib, sys
-from model.batching import Resegmenter
+from model.training.batching import Resegmenter
 from model.data import Pair
 from model.tokenizer import Tokenizer
 from tests.tiny import TINY_PAIRS
@@ -191,7 +191,7 @@ def test_a_budget_run_trains_under_bf16_and_ends_on_its_fitted_schedule(
     assert 3 < trainer.step <= fitted.max_steps  # the step cap, or the wall-time cap just before it
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
-    (args.run / "model_config.json").write_text(load_config(tiny_model_dir).to_json())  # as model.train's run() does
+    (args.run / "model_config.json").write_text(load_config(tiny_model_dir).to_json())  # as train_module.run() does
     shipped = tmp_path / "shipped"
     train_module.ship(args.run, shipped, n_average=2, tokenizer=args.tokenizer)
     assert (shipped / TOKENIZER_FILE).read_bytes() == args.tokenizer.read_bytes()
@@ -306,7 +306,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(
 
 
 def test_loss_plot_chains_a_resumed_run(tmp_path: Path) -> None:
-    from model.plot import chain, plot
+    from model.training.plot import chain, plot
 
     base = [{"step": s, "train_loss": 5.0 - s / 100, "valid_loss": 4.0 - s / 100} for s in (100, 200, 300)]
     finish = [{"step": s, "train_loss": 2.0, "valid_loss": 1.5} for s in (250, 350)]  # resumed from step 200

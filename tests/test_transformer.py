@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.decode import CachedDecoder, beam_search, greedy
-from model.transformer import count_parameters, make_model
+from model.training.decode import CachedDecoder, beam_search, greedy
+from model.training.transformer import count_parameters, make_model
 
 CFG = ModelConfig(
     vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=32

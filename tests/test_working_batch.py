@@ -1,6 +1,6 @@
-"""The working-batch cache (`--kv-cache working`) against the slot cache on the tiny model: step for step
-through joins, beam copies, re-encoded slots, compactions and parked slots; whole decodes; NaN left by
-a former occupant; and the export it needs."""
+"""The working-batch cache (`--kv-cache working`) against the captured runner's static slot buffers (on the CPU
+provider, over the tiny model's capturable fp32 graphs): step for step through joins, beam copies, re-encoded
+slots, compactions and parked slots; whole decodes; NaN left by a former occupant; and the export it needs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from model.directory import MetadataError
-from server.backend.runtime import OnnxRunner
+from server.backend.captured import CapturedRunner
 from server.backend.working_batch import TRIM_COLUMNS, WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
@@ -25,20 +25,21 @@ def variant(tiny_exported_dir: Path) -> Path:
     return tiny_exported_dir / "onnx" / "fp32"
 
 
-def pair(variant: Path, max_slots: int) -> tuple[OnnxRunner, WorkingBatchRunner]:
-    return OnnxRunner(variant, max_slots, intra_op_threads=1), WorkingBatchRunner(
+def pair(variant: Path, max_slots: int) -> tuple[CapturedRunner, WorkingBatchRunner]:
+    """The reference, whose slots each keep their keys/values where they are, and the working batch."""
+    return CapturedRunner(variant, max_slots, intra_op_threads=1), WorkingBatchRunner(
         variant, max_slots, intra_op_threads=1
     )
 
 
 def step_both(
-    runners: tuple[OnnxRunner, WorkingBatchRunner], slots: list[int], tokens: list[int], positions: list[int]
+    runners: tuple[CapturedRunner, WorkingBatchRunner], slots: list[int], tokens: list[int], positions: list[int]
 ) -> None:
     slot_out, working_out = (r.step_log_probs(slots, tokens, positions) for r in runners)
     np.testing.assert_allclose(working_out, slot_out, rtol=0, atol=1e-5)
 
 
-def test_step_for_step_equal_to_the_slot_cache_through_joins_copies_and_compactions(variant: Path) -> None:
+def test_step_for_step_equal_to_the_slot_buffers_through_joins_copies_and_compactions(variant: Path) -> None:
     """Rows join at different steps, beams reorder within and across sources, sentences leave and their
     slots take new sources, and the batch compacts (most rows sit idle) and trims its leading columns."""
     runners = pair(variant, 12)
@@ -109,18 +110,18 @@ def test_a_slot_restepped_at_an_earlier_position_forgets_later_tokens(variant: P
         r.encode([EncodeItem(SOURCES[1], [0])])
     for i in range(4):
         step_both(runners, [0], [40 + i], [i])
-    step_both(runners, [0], [70], [2])  # again from position 2, as the slot cache allows
+    step_both(runners, [0], [70], [2])  # again from position 2, as the slot buffers allow
     step_both(runners, [0], [71], [3])
     with pytest.raises(RuntimeError, match="slot 0 stepped at position 9 holds 4 tokens"):
         runners[1].step_log_probs([0], [72], [9])
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_whole_decodes_equal_the_slot_cache(variant: Path, beam: int) -> None:
+def test_whole_decodes_equal_the_slot_buffers(variant: Path, beam: int) -> None:
     """Few slots for many sentences: rows are reused, parked and compacted all along."""
     sources = [[*SOURCES[i % 4][:-1], 7 + i % 5, 3] for i in range(24)]
-    slot_runner, working = pair(variant, 4 * beam)
-    expected = translate_ids(slot_runner, sources, beam, 1.0, None)
+    slots, working = pair(variant, 4 * beam)
+    expected = translate_ids(slots, sources, beam, 1.0, None)
     got = translate_ids(working, sources, beam, 1.0, None)
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
     for mine, theirs in zip(got, expected, strict=True):
@@ -168,7 +169,7 @@ def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> No
 
 def test_present_is_the_past_then_the_new_row(variant: Path) -> None:
     """The export's present_* outputs are what the working batch feeds back: past + new along the past axis."""
-    runner = OnnxRunner(variant, 2, intra_op_threads=1)
+    runner = WorkingBatchRunner(variant, 2, intra_op_threads=1)
     rng = np.random.default_rng(1)
     heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
     past = [rng.standard_normal((2, heads, 3, head_dim)).astype(np.float32) for _ in range(2 * n)]
@@ -192,6 +193,6 @@ def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path
     del model.graph.output[:]
     model.graph.output.extend(kept)
     onnx.save(model, str(old / "decoder_step.onnx"))
-    OnnxRunner(old, 2)  # the slot cache does not need them
+    CapturedRunner(old, 2)  # the captured runner steps its own graph
     with pytest.raises(MetadataError, match=r"predates the present_\* outputs.*python -m export"):
         WorkingBatchRunner(old, 2)

@@ -1,6 +1,7 @@
 """The CPU default served end to end: `--kv-cache auto` on CPU serves the working batch, and over gRPC it
-answers exactly what the slot cache (`--kv-cache host`) and PyTorch (`model/decode.py`) decode, greedy
-and beam, while sentences join a running batch, calls are cancelled mid-decoding and the batch compacts."""
+answers exactly what a working batch of its own decodes offline, one text at a time, and what PyTorch
+(`model/training/decode.py`) decodes, greedy and beam, while sentences join a running batch, calls are
+cancelled mid-decoding and the batch compacts."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from model.artifact import load_artifact
-from model.decode import beam_search
 from model.tokenizer import TextTokenizer
-from server.backend.runtime import OnnxRunner
+from model.training.artifact import load_artifact
+from model.training.decode import beam_search
 from server.backend.working_batch import WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.scheduler import output_limit
+from server.edge.config import EnginesConfig
 from server.edge.loading import LoadedModel
 from server.text.splitter import join, split
 from tests.serving import (
@@ -66,7 +67,7 @@ def served(tiny_exported_dir: Path) -> Iterator[tuple[RunningServer, LoadedModel
     spies.wrap(runner, "encode", lambda: bool(runner.stepped_last.any()))  # a source joining a running batch
     spies.wrap(runner, "_compact")
     spies.wrap(runner, "_park")
-    with running_server(model, server_config(max_slots=MAX_SLOTS, max_queue=512)) as running:
+    with running_server(model, server_config(engines=EnginesConfig(max_slots=MAX_SLOTS, max_queue=512))) as running:
         yield running, model, spies
 
 
@@ -87,16 +88,16 @@ def expected_translation(asked: Asked, tokenizer: TextTokenizer, decode: Callabl
     return join(pieces, parts.separators)
 
 
-def test_the_working_batch_serves_what_the_slot_cache_and_pytorch_decode(
+def test_the_working_batch_serves_what_it_and_pytorch_decode_offline(
     served: tuple[RunningServer, LoadedModel, Spies], tiny_exported_dir: Path
 ) -> None:
     """Three clients send unary and streaming calls (greedy and beam 3, both directions) while a fourth
-    starts long streams and cancels each after its first result; every answer equals the slot cache's and
-    PyTorch's, and the run went through joins, cancels, parked rows and compactions.
+    starts long streams and cancels each after its first result; every answer equals an offline working
+    batch's and PyTorch's, and the run went through joins, cancels, parked rows and compactions.
 
     Deliberate break: compaction dropping one column too many (`_dead_columns(used) + 1` in
     `WorkingBatchRunner._compact`) fails this test on the first answer compared (the served text differs
-    from the slot cache's)."""
+    from the offline decode's)."""
     running, model, spies = served
     answers: dict[Asked, set[str]] = {}
     lock = threading.Lock()
@@ -141,15 +142,15 @@ def test_the_working_batch_serves_what_the_slot_cache_and_pytorch_decode(
     assert cancelled == 3
 
     tokenizer = model.tokenizer
-    slot_cache = OnnxRunner(tiny_exported_dir / "onnx" / "fp32", MAX_SLOTS, intra_op_threads=1)
+    offline = WorkingBatchRunner(tiny_exported_dir / "onnx" / "fp32", MAX_SLOTS, intra_op_threads=1)
     torch_model = load_artifact(tiny_exported_dir)
 
-    def by_slot_cache(beam: int) -> Callable[[list[int]], list[int]]:
-        return lambda ids: list(translate_ids(slot_cache, [ids], beam, 1.0, MAX_OUTPUT)[0][0].tokens)
+    def by_offline(beam: int) -> Callable[[list[int]], list[int]]:
+        return lambda ids: list(translate_ids(offline, [ids], beam, 1.0, MAX_OUTPUT)[0][0].tokens)
 
     def by_pytorch(beam: int) -> Callable[[list[int]], list[int]]:
         def decode(ids: list[int]) -> list[int]:
-            limit = output_limit(MAX_OUTPUT, len(ids), slot_cache.spec.max_target_len)  # the server's limit
+            limit = output_limit(MAX_OUTPUT, len(ids), offline.spec.max_target_len)  # the server's limit
             return list(beam_search(torch_model, ids, beam, limit, 1.0)[0].tokens)
 
         return decode
@@ -157,7 +158,7 @@ def test_the_working_batch_serves_what_the_slot_cache_and_pytorch_decode(
     assert len(answers) >= 10, "too few distinct texts were asked"
     for asked, got in answers.items():
         assert len(got) == 1, f"one text, several answers: {asked} {got}"
-        want = expected_translation(asked, tokenizer, by_slot_cache(asked.beam))
+        want = expected_translation(asked, tokenizer, by_offline(asked.beam))
         assert got == {want}, asked
         assert expected_translation(asked, tokenizer, by_pytorch(asked.beam)) == want, asked
     assert spies.counts["encode"] > 0, "no source joined a running batch"

@@ -13,7 +13,7 @@ from model.config import ModelConfig
 from model.data import read_tsv
 from model.files import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from model.tokenizer import Tokenizer, file_sha256
-from model.train_tokenizer import train_tokenizer
+from model.training.train_tokenizer import train_tokenizer
 
 # The random Marian models' sample text (bench/marian_random.py), for our tiny models too
 TINY_PAIRS = [(p.de, p.en) for p in read_tsv(Path(__file__).resolve().parent.parent / "data" / "sample_pairs.tsv")]
@@ -44,7 +44,7 @@ def tiny_config(out_dir: Path, config: ModelConfig = TINY_CONFIG) -> ModelConfig
 
 
 def random_weights(cfg: ModelConfig, seed: int) -> Weights:
-    """Every tensor the model has (export/builder's names and shapes), initialised as model.transformer does:
+    """Every tensor the model has (export/builder's names and shapes), initialised as model.training.transformer does:
     Xavier-uniform matrices, N(0, d_model^-0.5) embeddings, unit LayerNorm scales, zero biases."""
     rng = np.random.default_rng(seed)
     weights: Weights = {}

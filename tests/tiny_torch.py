@@ -1,4 +1,4 @@
-"""The tiny test model written from the PyTorch model (model.artifact.save_artifact), for the tests that check
+"""The tiny test model written from the PyTorch model (model.training.artifact.save_artifact), for the tests that check
 the torch-free tests/tiny.py writes the same artifact."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from model.artifact import save_artifact
 from model.config import ModelConfig
-from model.transformer import make_model
+from model.training.artifact import save_artifact
+from model.training.transformer import make_model
 from tests.tiny import TINY_CONFIG, build_tiny_tokenizer, tiny_config
 
 

@@ -1,5 +1,5 @@
 """A float variant (fp32 or fp16) of a model directory: the graphs built from its weights, checked, with
-their metadata and the weightless cache graphs beside them."""
+their metadata, and beside the fused graphs the weightless cache graphs their runner moves rows with."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import onnx
 from export.builder.decoder import decoder_step_graph
 from export.builder.encoder import encoder_graph
 from export.builder.fused_encoder import fused_encoder_graph
-from export.builder.fused_step import fused_step_graph
-from export.builder.static_step import capturable, check_capturable, static_step_graph
+from export.builder.fused_step import capturable, check_capturable, fused_step_graph
 from export.builder.weights import Weights, load_weights
 from export.kv_ops import export_kv_ops
 from model.config import ModelConfig
@@ -25,7 +24,6 @@ from model.directory import (
     FORMAT_VERSION,
     FUSED_DECODER_FILE,
     FUSED_ENCODER_FILE,
-    STATIC_DECODER_FILE,
     ExportMetadata,
 )
 from model.files import load_config, weights_sha256
@@ -68,9 +66,10 @@ def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
 def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, capturable_fp32: bool = False) -> Path:
     """Build fp32, or fp16 (weights rounded to float16, mask constants finite in half precision).
 
-    The capturable step and the fused encoder are built in float16, the one type CUDA captures them in
-    (onnxruntime's GroupQueryAttention takes no float32 there); in float32 only when asked (`capturable_fp32`:
-    the CPU tests of their arithmetic), since each is another full copy of the weights that nothing serves."""
+    The fused capturable step and the fused encoder (the CUDA path's graphs, with the kv_* graphs that move
+    its cache rows) are built in float16, the one type CUDA captures them in (onnxruntime's GroupQueryAttention
+    takes no float32 there); in float32 only when asked (`capturable_fp32`: the CPU tests of their arithmetic),
+    since each is another full copy of the weights that nothing serves."""
     started = time.perf_counter()
     cfg = load_config(model_dir)
     weights = load_weights(model_dir, cfg)
@@ -79,16 +78,16 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, captu
         ENCODER_FILE: encoder_graph,
         DECODER_FILE: decoder_step_graph,
     }
+    fused = capturable(cfg) and (variant == "fp16" or capturable_fp32)
     if not capturable(cfg):
-        log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", STATIC_DECODER_FILE, cfg.head_dim)
-    elif variant == "fp16" or capturable_fp32:
-        graphs[STATIC_DECODER_FILE] = static_step_graph
+        log.info("no %s: head_dim %d is not a size GroupQueryAttention takes", FUSED_DECODER_FILE, cfg.head_dim)
+    if fused:
         graphs[FUSED_DECODER_FILE] = fused_step_graph
         graphs[FUSED_ENCODER_FILE] = fused_encoder_graph
     for name, build in graphs.items():
         model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
         check_graph(model, out_dir / name)
-        if name in (STATIC_DECODER_FILE, FUSED_DECODER_FILE):
+        if name == FUSED_DECODER_FILE:
             check_capturable(model, out_dir / name)
         # past protobuf's 2 GiB (NLLB-600M's fp32 step) the weights go to a side file that onnxruntime reads
         large = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
@@ -97,6 +96,7 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, captu
         onnx.checker.check_model(str(out_dir / name))
     meta = build_metadata(model_dir, variant, opset)
     meta.write(out_dir)
-    export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)
+    if fused:
+        export_kv_ops(out_dir, meta.n_decoder_layers, meta.n_heads, meta.dtype)
     log.info("built %s graphs in %s in %.1f s", variant, out_dir, time.perf_counter() - started)
     return out_dir

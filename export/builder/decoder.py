@@ -21,7 +21,8 @@ from export.builder.ranking import add_candidate_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
 
-BANNED_LOG_PROB = -1e9  # model.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
+# model.training.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
+BANNED_LOG_PROB = -1e9
 
 SelfAttention = Callable[[int, str], str]  # (layer i, its normed input h (B, 1, D)) -> attended (B, 1, D)
 

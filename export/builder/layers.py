@@ -1,4 +1,4 @@
-"""The Transformer's sublayers written as ONNX nodes, one small function each, mirroring model/transformer.py.
+"""The Transformer's sublayers written as ONNX nodes, one small function each, mirroring model/training/transformer.py.
 
 Every function takes the builder, the checkpoint prefix of its weights and value names, and returns the name
 of its output. Dimensions as everywhere: B rows, T query positions, S key positions, D, H heads, Dh head dim.
@@ -13,7 +13,7 @@ from export.builder.positions import sinusoid_table
 from export.builder.weights import Weights
 from model.config import ModelConfig
 
-MASK_VALUE = -1e4  # model.transformer.MASK_VALUE: finite, so float16 neither overflows nor yields NaN rows
+MASK_VALUE = -1e4  # model.training.transformer.MASK_VALUE: finite, so float16 neither overflows nor yields NaN rows
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
 
 

@@ -1,4 +1,4 @@
-"""The sinusoid position table in numpy, the same numbers as model.transformer.sinusoidal_positions."""
+"""The sinusoid position table in numpy, the same numbers as model.training.transformer.sinusoidal_positions."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def _block(prefix: str, cfg: ModelConfig, attentions: tuple[str, ...], norms: in
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape, as model.transformer.Transformer's state dict holds them."""
+    """Tensor name -> shape, as model.training.transformer.Transformer's state dict holds them."""
     d = cfg.d_model
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (cfg.vocab_size, d)}
     if cfg.src_vocab_size:

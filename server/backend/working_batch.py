@@ -1,10 +1,10 @@
-"""The self-attention cache kept as the decoder's working batch: no gather of past keys/values per step.
+"""`WorkingBatchRunner`: the caches in host memory, the self-attention keys/values kept as the decoder's working
+batch (`--kv-cache working`: the CPU path, and the fallback wherever the captured step cannot run).
 
-`OnnxRunner` keeps one slot cache per layer and, at every step, gathers the stepped rows' slots up to
-the longest position into a fresh (B, H, P, Dh) feed; the graph then copies that feed again into its
-past + new `Concat`. `WorkingBatchRunner` instead feeds that Concat's output (the graph's `present_*`,
-(W, H, C + 1, Dh)) back as the next step's past, untouched: a step whose rows stay where they are
-copies no keys or values at all.
+A slot cache would gather, at every step, the stepped rows' slots up to the longest position into a fresh
+(B, H, P, Dh) feed, which the graph then copies again into its past + new `Concat`. This runner instead
+feeds that Concat's output (the graph's `present_*`, (W, H, C + 1, Dh)) back as the next step's past,
+untouched: a step whose rows stay where they are copies no keys or values at all.
 
 The working batch has W rows and C columns. Row r holds one slot's keys/values, column c one step of
 the batch; `keep[r, c]` says whether column c is one of row r's own tokens (a row that joined late, or
@@ -21,7 +21,9 @@ sat out a step, has columns that are not). Under continuous batching rows come a
 - Keys/values of a slot whose row was reclaimed are parked per slot and put back into a row if the
   slot is stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
 The cross-attention feed is kept in row order the same way: a row's source keys/values are copied
-from the slot caches only when the row's source changes.
+from the slot caches (numpy, (max_slots, H, max_source_len, Dh) per cache) only when the row's source changes;
+along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP. Every block written into
+the caches is checked, so a slot is zeroed for its next sentence only if a NaN or inf went in.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import numpy as np
 import numpy.typing as npt
 
 from model.directory import DECODER_FILE, MetadataError
-from server.backend.cross_lanes import SHRINK_SLACK, working_length
 from server.backend.runtime import Feeds, OnnxRunner, kv_names
 from server.core.runner import EncodeItem
 
@@ -41,12 +42,14 @@ STALE = -2  # a row whose cross keys/values must be fetched again
 IDLE_SHARE = 4  # compact once more than 1 / IDLE_SHARE of the rows sit idle ...
 MIN_IDLE = 4  # ... and at least this many
 TRIM_COLUMNS = 16  # compact once this many leading columns belong to no stepped row
+LENGTH_STEP = 16  # the cross feed's source axis grows and shrinks in steps of this many entries
+SHRINK_SLACK = 2 * LENGTH_STEP  # shrink once this many entries past the longest source go unused
 
 Ids = npt.NDArray[np.int64]
 
 
 class WorkingBatchRunner(OnnxRunner):
-    """`OnnxRunner` with the self-attention keys/values kept in the decoder's own row order (see above)."""
+    """Host caches, the self-attention keys/values kept in the decoder's own row order (see above)."""
 
     kv_cache = "working"
 
@@ -81,6 +84,35 @@ class WorkingBatchRunner(OnnxRunner):
     @property
     def width(self) -> int:
         return int(self.row_slot.size)
+
+    # -- the slot caches: the cross keys/values in host memory ---------------------------------
+
+    def _encode_into(self, ids: np.ndarray, mask: np.ndarray, item_of_slot: np.ndarray, slots: np.ndarray) -> None:
+        feeds = {"src_ids": ids, "src_mask": mask}
+        outputs = self.memory.run(self.encoder, None, feeds, ids.size)  # 2L x (N, H, S, Dh)
+        for cache, out in zip(self.cross_kv, outputs, strict=True):
+            cache[slots, :, : ids.shape[1]] = out[item_of_slot]
+        self._mark_non_finite(slots, outputs, item_of_slot)
+
+    def _mark_non_finite(self, slots: np.ndarray, blocks: list[np.ndarray], row_of_slot: np.ndarray) -> None:
+        """Flag each slot whose written rows hold a NaN or inf: slots[i] got row row_of_slot[i] of every block."""
+        for block in blocks:
+            if np.isfinite(block).all():
+                continue
+            bad_rows = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)  # rare: find the rows only now
+            self.non_finite[slots[bad_rows[row_of_slot]]] = True
+
+    def _slots_to_zero(self, slots: Ids) -> Ids:
+        """Only slots a NaN or inf went into (every write is checked)."""
+        return slots[self.non_finite[slots]]
+
+    def _move(self, kind: str, src: np.ndarray, dst: np.ndarray, length: int) -> None:
+        for cache in self.self_kv if kind == "self" else self.cross_kv:
+            cache[dst, :, :length] = cache[src, :, :length]
+
+    def _zero(self, kind: str, slots: np.ndarray, length: int) -> None:
+        for cache in self.self_kv if kind == "self" else self.cross_kv:
+            cache[slots, :, :length] = 0
 
     # -- the Runner protocol --------------------------------------------------------------------
 
@@ -301,6 +333,11 @@ class WorkingBatchRunner(OnnxRunner):
         else:
             self.row_source[:] = STALE
         self.cross_mask = mask
+
+
+def working_length(needed: int, limit: int) -> int:
+    """The cross feed's source length for a longest source of `needed`: a multiple of LENGTH_STEP, at most `limit`."""
+    return min(limit, max(LENGTH_STEP, -(-needed // LENGTH_STEP) * LENGTH_STEP))
 
 
 def _rows_then_spare(rows: np.ndarray, spare: int, fill: object = 0) -> np.ndarray:

@@ -29,6 +29,7 @@ requires a bearer token pass `--token`, or set TRANSLATE_TOKEN to keep it out of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -341,10 +342,8 @@ def _interrupted(signum: int, frame: FrameType | None) -> NoReturn:
     """Ctrl-C ends the command from the handler itself: a KeyboardInterrupt raised where the handler happens to
     run (a finalizer, a library's broad `except`) can be swallowed, and the call it interrupted then waits on a
     silent server for ever. What was written so far is flushed first."""
-    try:
+    with contextlib.suppress(OSError, ValueError, RuntimeError):  # a closed pipe or stream, an interrupted write
         sys.stdout.flush()
-    except (OSError, ValueError, RuntimeError):  # a closed pipe, a closed stream, a write the signal interrupted
-        pass
     os.write(sys.stderr.fileno(), b"translate: interrupted\n")
     os._exit(INTERRUPTED)
 

@@ -4,7 +4,7 @@ The server advances from each row's k best tokens, which the runner ranks where 
 (`advance_candidates` after `merge_candidates`); `advance` takes whole log-probability rows, for the
 references in tests. Both pick the same candidates.
 
-It follows the specification in `model/decode.py` token for token: 2K candidates in descending score
+It follows the specification in `model/training/decode.py` token for token: 2K candidates in descending score
 order (ties: lower flat index first), EOS candidates among the K best finish with
 score / length ** length_penalty (EOS ranked lower is passed over), the rest stay live until K are
 live; stop at K finished (every EOS among a step's K best counting; a patient search: once no live row could
@@ -147,7 +147,7 @@ class BeamState:
     length_penalty: float
     eos_id: int
     forced_eos: bool = False  # the step at max_len ends every live row with EOS, score unchanged (generate's ending)
-    patient: bool = False  # go on past K finished while the best live row could beat the K-th (model/decode.py)
+    patient: bool = False  # go on past K finished while the best live row could beat the K-th (model.training.decode)
     forced_first: int | None = None  # the first step's only candidate, at log-probability 0 (DecodeOptions')
     live: list[tuple[tuple[int, ...], float]] = field(default_factory=lambda: [((), 0.0)])
     finished: list[Hypothesis] = field(default_factory=list)

@@ -10,11 +10,10 @@ vocabulary. A step may take a per-row bias (`RowBias`): the seam decoding constr
 policies over the one step graph.
 
 Beam search uses `copy_slots` to reorder rows after a step; greedy never copies.
-Implementations: `server.backend.runtime.OnnxRunner` (onnxruntime, slot caches in host memory),
-`server.backend.working_batch.WorkingBatchRunner` (host memory, the decoder's working batch),
-`server.backend.device_cache.DeviceCacheRunner` (caches on the session's device, for CUDA),
-`server.backend.static_cache.StaticCacheRunner` (static device buffers, a CUDA graph per row bucket) and the
-fakes in tests.
+Implementations: one per device, `server.backend.working_batch.WorkingBatchRunner` (host memory, the decoder's
+working batch: CPU) and `server.backend.captured.CapturedRunner` (static device buffers, the fused step captured
+as a CUDA graph per row bucket: CUDA), both over `server.backend.runtime.OnnxRunner`'s sessions; and the fakes in
+tests.
 This module imports numpy only, so the scheduler and its tests stay free of onnxruntime.
 """
 

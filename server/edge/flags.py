@@ -1,6 +1,6 @@
 """The server's flags: every `--some-flag` also read from the environment as `TRANSLATE_SOME_FLAG`, a flag on
 the command line winning over the environment, which wins over the config's default; parsed once, at the
-entrypoint, into a `ServerConfig`."""
+entrypoint, into a `ServerConfig` and its groups (each flag's value goes to the group with the field of its name)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from server.backend import KV_CACHES
-from server.edge.config import LOG_LEVELS, PROVIDERS, VARIANTS, ServerConfig
+from server.edge.config import CONFIG_GROUPS, LOG_LEVELS, PROVIDERS, VARIANTS, ServerConfig
 from server.edge.logs import LOG_FORMATS
 
 ENV_PREFIX = "TRANSLATE_"
@@ -56,7 +56,7 @@ def described(text: str, flag: str, default: object, none: str = "none") -> str:
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """Flags with defaults taken from `environ` where set, so flags win over the environment; each one's help
     ends with its default and its variable."""
-    defaults = {f.name: f.default for f in fields(ServerConfig)}
+    defaults = field_defaults()
     parser = _Parser(
         prog="translate-server",
         description="Serve translation models (the shipped demonstration model or OPUS-MT imports) over gRPC. "
@@ -112,8 +112,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add(
         "kv-cache",
         str,
-        "where the key/value caches live (auto: on CUDA the captured step from fused ops for fp16, device memory for "
-        "fp32; the working batch on CPU; static: the captured step from plain ops)",
+        "where the key/value caches live, one placement per device (auto: the working batch on CPU; on CUDA the "
+        "captured step from fused ops for fp16, the working batch where it cannot run)",
         KV_CACHES,
     )
     add("max-slots", int, "decoding slots (beam rows) per step of each engine (0 = by device: 64 on CPU, 256 on CUDA)")
@@ -207,7 +207,24 @@ def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Serv
     values["models"] = tuple(values["models"])
     values["hf_hub_cache"] = hf_hub_cache(environ)
     values["hf_offline"] = environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-    return ServerConfig(**values)
+    return grouped(values)
+
+
+def field_defaults() -> dict[str, object]:
+    """The default of every field of every group of the config, by its name (one name, one field)."""
+    return {f.name: f.default for group in CONFIG_GROUPS.values() for f in fields(group)}
+
+
+def grouped(values: Mapping[str, object]) -> ServerConfig:
+    """The config from values named as the fields of its groups; a field not given keeps its default."""
+    names = field_defaults().keys()
+    assert values.keys() <= names, f"not a config field: {sorted(values.keys() - names)}"
+    return ServerConfig(
+        **{
+            name: group(**{f.name: values[f.name] for f in fields(group) if f.name in values})
+            for name, group in CONFIG_GROUPS.items()
+        }
+    )
 
 
 def hf_hub_cache(environ: Mapping[str, str]) -> Path | None:

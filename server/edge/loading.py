@@ -29,7 +29,7 @@ from server.backend.engines import (
     open_model,
 )
 from server.core.runner import ModelSpec
-from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, ServerConfig, SharedEngines
+from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, EnginesConfig, ModelsConfig, ServerConfig, SharedEngines
 from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription
 from server.text.documents import RequestLimits
 from server.text.splitter import PUNCTUATION, rule_for
@@ -79,20 +79,20 @@ def resolve_provider(requested: str) -> str:
     return "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
 
 
-def model_directories(config: ServerConfig) -> list[Path]:
+def model_directories(models: ModelsConfig) -> list[Path]:
     """The directories to serve, in load order: each --model-dir, then every directory inside --models-dir
     that holds an export (onnx/), by name; none of these nor a --model given: the shipped model. An empty
     --models-dir beside another model is no error (an image's mount point with nothing mounted yet); with
     nothing to serve it is."""
-    directories = list(config.model_dirs)
-    if config.models_dir is None:
-        return directories or ([] if config.models else [DEFAULT_MODEL_DIR])
-    check_is_directory(config.models_dir, "models directory")
-    found = sorted(d for d in config.models_dir.iterdir() if (d / "onnx").is_dir())
-    if not found and not directories and not config.models:
-        raise ConfigError(f"no model directory (one with onnx/) in {config.models_dir}: nothing to serve")
+    directories = list(models.model_dirs)
+    if models.models_dir is None:
+        return directories or ([] if models.models else [DEFAULT_MODEL_DIR])
+    check_is_directory(models.models_dir, "models directory")
+    found = sorted(d for d in models.models_dir.iterdir() if (d / "onnx").is_dir())
+    if not found and not directories and not models.models:
+        raise ConfigError(f"no model directory (one with onnx/) in {models.models_dir}: nothing to serve")
     if not found:
-        logger.warning("no model directory (one with onnx/) in %s", config.models_dir)
+        logger.warning("no model directory (one with onnx/) in %s", models.models_dir)
     return directories + found
 
 
@@ -100,16 +100,16 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
     """Every configured model, each under its name (a directory's, or the hub id of a --model), which must be
     unique, loaded once per engine (`engine_plan`): replicas of a model share its name and are listed one after
     the other. A --model still building or waiting for another replica's build gives up once `stopped()`."""
-    if config.engine_sockets:
-        return [attach_model(shared, socket) for shared in config.engine_sockets for socket in shared.sockets]
+    if shared_engines := config.serving.engine_sockets:
+        return [attach_model(shared, socket) for shared in shared_engines for socket in shared.sockets]
     sources = model_sources(config, stopped)
-    provider = resolve_provider(config.provider)
-    engines, threads = engine_plan(available_cores(), len(sources), provider, config)
+    provider = resolve_provider(config.engines.provider)
+    engines, threads = engine_plan(available_cores(), len(sources), provider, config.engines)
     logger.info(
         "%d engine process(es) per model, %s intra-op thread(s) each, at nice %d",
-        engines, threads or "onnxruntime's default", config.engine_nice,
+        engines, threads or "onnxruntime's default", config.engines.engine_nice,
     )  # fmt: skip
-    each = replace(config, threads=threads)
+    each = replace(config, engines=replace(config.engines, threads=threads))
     models: list[LoadedModel] = []
     for source in [source for source in sources for _ in range(engines)]:
         if stopped():
@@ -125,7 +125,7 @@ def load_models(config: ServerConfig, stopped: Callable[[], bool] = lambda: Fals
 def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
     """Every model to serve (directories, then each --model fetched and built), their names unique; a directory
     that is not there is named before any model loads or builds."""
-    directories = checked_model_directories(config)
+    directories = checked_model_directories(config.models)
     sources = [ModelSource(d, d.resolve().name) for d in directories] + fetch_models(config, stopped)
     names = [source.name for source in sources]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
@@ -133,10 +133,10 @@ def model_sources(config: ServerConfig, stopped: Callable[[], bool]) -> list[Mod
     return sources
 
 
-def checked_model_directories(config: ServerConfig) -> list[Path]:
+def checked_model_directories(models: ModelsConfig) -> list[Path]:
     """`model_directories`, each checked to hold a model (`check_model_directory`): a mistake in any is named
     before a port is bound or a model loads or builds."""
-    directories = model_directories(config)
+    directories = model_directories(models)
     for directory in directories:
         check_model_directory(directory)
     return directories
@@ -178,7 +178,7 @@ def attach_model(shared: SharedEngines, socket: str) -> LoadedModel:
 
 def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[ModelSource]:
     """Each --model fetched, imported and built for the served variant, or found built in the cache."""
-    if not config.models:
+    if not config.models.models:
         return []
     try:  # the [import] extra: huggingface_hub and the graph builder
         from export.fetch import FetchError, HubSettings
@@ -191,11 +191,11 @@ def fetch_models(config: ServerConfig, stopped: Callable[[], bool]) -> list[Mode
 
     adopt_library_loggers("huggingface_hub")
 
-    plan = plan_for(config.variant, resolve_provider(config.provider), int8_kernels())
-    cache = config.model_cache
-    hub = HubSettings(config.hf_hub_cache, config.hf_offline)
+    plan = plan_for(config.engines.variant, resolve_provider(config.engines.provider), int8_kernels())
+    cache = config.models.model_cache
+    hub = HubSettings(config.models.hf_hub_cache, config.models.hf_offline)
     sources = []
-    for model in config.models:
+    for model in config.models.models:
         try:
             built = ensure_model(model, plan, cache, hub, stopped)
         except (FetchError, BuildError) as err:
@@ -222,7 +222,7 @@ def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return cores if quota == "max" else max(1, min(cores, -(-int(quota) // int(period))))
 
 
-def engine_plan(cores: int, models: int, provider: str, config: ServerConfig) -> tuple[int, int]:
+def engine_plan(cores: int, models: int, provider: str, config: EnginesConfig) -> tuple[int, int]:
     """(engines per model, intra-op threads per engine). On CPU one single-threaded engine per core serves more
     than one engine with every core (docs/decisions.md): by default the cores are
     split between the models' engines. On CUDA two engines on the GPU, split between the models, at least one
@@ -241,7 +241,7 @@ def load_model(
     directory's name); StartupError naming the cause if it cannot. `in_process` opens the runner in this process
     instead, for offline tools and tests that drive it; the server never does."""
     check_model_directory(model_dir)
-    build_missing_graphs(model_dir, config.variant, resolve_provider(config.provider))
+    build_missing_graphs(model_dir, config.engines.variant, resolve_provider(config.engines.provider))
     try:
         return _open_model(config, model_dir, name or model_dir.resolve().name, revision, in_process)
     except Exception as err:  # missing files, bad metadata, corrupt graphs, a tokenizer that does not match
@@ -301,13 +301,14 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str,
     # Every file comes from model_dir: the variant is one of a fixed set of names, never a path.
     from model.directory import choose_variant
 
-    provider = resolve_provider(config.provider)
+    engines = config.engines
+    provider = resolve_provider(engines.provider)
 
     def open_on(provider: str) -> tuple[str, OpenedGraphs]:
-        variant = choose_variant(model_dir, config.variant, provider)
+        variant = choose_variant(model_dir, engines.variant, provider)
         settings = RunnerSettings(
-            model_dir / "onnx" / variant, config.slots_for(provider), provider, config.threads, config.kv_cache,
-            config.spin_threads,
+            model_dir / "onnx" / variant, engines.slots_for(provider), provider, engines.threads, engines.kv_cache,
+            engines.spin_threads,
         )  # fmt: skip
         return variant, open_model(settings, in_process)
 
@@ -315,7 +316,7 @@ def _open_model(config: ServerConfig, model_dir: Path, name: str, revision: str,
     if provider == "cuda" and runner.provider != "CUDAExecutionProvider":  # onnxruntime fell back to CPU
         why = f"onnxruntime could not run {variant} on CUDA and fell back to {runner.provider} (its log says why)"
         close_model(runner)  # a child holding the fallback session is not kept
-        if config.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
+        if engines.provider == "cuda":  # asked for explicitly: never hold a GPU while computing on the CPU
             raise StartupError(f"{why}; fix the CUDA libraries or serve with --provider cpu")
         logger.warning("%s; --provider auto: serving on the CPU", why)
         provider = "cpu"
@@ -389,5 +390,5 @@ def request_limits(config: ServerConfig, slots: int, queue: int) -> RequestLimit
         documented,
         max_beam_size=min(documented.max_beam_size, slots),
         max_sentences=min(documented.max_sentences, queue),
-        max_response_bytes=config.max_message_bytes,
+        max_response_bytes=config.limits.max_message_bytes,
     )

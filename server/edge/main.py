@@ -21,9 +21,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:  # a bad value, as argparse's bad flag: status 2
         print(f"translate-server: {err}", file=sys.stderr)
         sys.exit(2)
-    configure_logging(config.log_level, config.log_format)
+    configure_logging(config.observability.log_level, config.observability.log_format)
     disable_created_metrics()
-    if config.processes > 1:
+    if config.serving.processes > 1:
         sys.exit(run_replicas(config))
     run(config)
 

@@ -74,12 +74,13 @@ class ServerProcess:
 def replica_config(config: ServerConfig) -> ServerConfig:
     """A front process's config: one process, the port shared, no metrics server of its own; the engines are the
     parent's, which `Supervisor.share` adds."""
-    return replace(config, processes=1, reuse_port=True, metrics_port=-1)
+    serving = replace(config.serving, processes=1, reuse_port=True)
+    return replace(config, serving=serving, observability=replace(config.observability, metrics_port=-1))
 
 
 def serve_replica(config: ServerConfig, serving: ProcessEvent, engine_lost: ProcessEvent, parent: int) -> None:
     """A server process's entry point (spawned: a fresh interpreter that reads MULTIPROC_ENV at import)."""
-    configure_logging(config.log_level, config.log_format)
+    configure_logging(config.observability.log_level, config.observability.log_format)
     disable_created_metrics()
     stop_with_parent(parent)
     run(config, on_serving=serving.set, report_to=Path(os.environ[MULTIPROC_ENV]), on_engine_died=engine_lost.set)
@@ -111,14 +112,15 @@ class Supervisor:
     def share(self, engines: list[SharedEngine], sockets: tuple[SharedEngines, ...]) -> None:
         """Have every server process use these engines, reached at these sockets."""
         self.engines = engines
-        self.config = replace(self.config, engine_sockets=sockets)
+        self.config = replace(self.config, serving=replace(self.config.serving, engine_sockets=sockets))
         self.pids.update({e.label: e.process.pid for e in engines if e.process.pid is not None})
 
     def start(self, index: int) -> ServerProcess:
         serving, engine_lost = self.context.Event(), self.context.Event()
+        config = replace(self.config, serving=replace(self.config.serving, process_index=index))
         process = self.context.Process(
             target=serve_replica,
-            args=(replace(self.config, process_index=index), serving, engine_lost, os.getpid()),
+            args=(config, serving, engine_lost, os.getpid()),
             name=f"translate-server-{index}",
         )
         process.start()
@@ -235,10 +237,10 @@ class Supervisor:
 
 
 def run_replicas(config: ServerConfig) -> int | str:
-    """Serve with `config.processes` server processes until stopped; the exit status, or a one-line reason."""
+    """Serve with `--processes` server processes until stopped; the exit status, or a one-line reason."""
     try:
-        checked_model_directories(config)
-        check_port_free(config.host, config.port)
+        checked_model_directories(config.models)
+        check_port_free(config.serving.host, config.serving.port)
         child = replica_config(config)
     except StartupError as err:
         return _refused(err)
@@ -275,18 +277,20 @@ def _refused(err: StartupError) -> int | str:
 
 def _serve_metrics(config: ServerConfig, supervisor: Supervisor, metrics_dir: str) -> str | None:
     """The parent's /metrics, summing every server process's; the one-line reason where it cannot be served."""
-    if config.metrics_port < 0:
+    metrics_port = config.observability.metrics_port
+    if metrics_port < 0:
         return None
     try:
-        address = metrics_address(config.host)
-        port = start_multiprocess_metrics_server(config.metrics_port, metrics_dir, address, supervisor.pids.copy)
+        address = metrics_address(config.serving.host)
+        port = start_multiprocess_metrics_server(metrics_port, metrics_dir, address, supervisor.pids.copy)
     except OSError as err:
-        return f"translate-server: could not serve metrics on port {config.metrics_port}: {err.strerror}"
+        return f"translate-server: could not serve metrics on port {metrics_port}: {err.strerror}"
     logger.info("metrics of all server processes on :%d/metrics", port)
     return None
 
 
 def _supervise(config: ServerConfig, supervisor: Supervisor) -> int | str:
+    serving = config.serving
     logger.info("%d server processes on %s:%d sharing %d engine(s)",
-                config.processes, config.host, config.port, len(supervisor.engines))  # fmt: skip
-    return supervisor.run(config.processes)
+                serving.processes, serving.host, serving.port, len(supervisor.engines))  # fmt: skip
+    return supervisor.run(serving.processes)

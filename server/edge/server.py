@@ -1,6 +1,6 @@
 """The server's lifecycle: warm up the loaded models, serve gRPC with health, reflection and metrics, drain.
 
-`create_server(config)` builds and starts a server on `config.port` (0 = ephemeral, for tests) and
+`create_server(config)` builds and starts a server on `config.serving.port` (0 = ephemeral, for tests) and
 returns it with its bound port; `serve(config)` adds the metrics endpoint and SIGTERM/SIGINT
 handling: health turns NOT_SERVING, in-flight requests get up to `drain_seconds` to finish, new
 ones are answered UNAVAILABLE while the port stays open for `shutdown_delay_seconds`, then grpc stops
@@ -106,8 +106,8 @@ class TranslationServer:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         # Until a model is loaded, the limits of the smallest engine the config allows (sized for the CPU).
-        smallest = request_limits(config, config.slots_for("cpu"), config.queue_for("cpu"))
-        glossaries = GlossaryStore(config.model_cache / GLOSSARY_DIR)  # beside the models: shared as they are
+        smallest = request_limits(config, config.engines.slots_for("cpu"), config.engines.queue_for("cpu"))
+        glossaries = GlossaryStore(config.models.model_cache / GLOSSARY_DIR)  # beside the models: shared as they are
         self.servicer = TranslatorServicer(smallest, glossaries, self.metrics, tracing)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs lacks the aio module
         self.engines: dict[str, EngineClient] = {}  # by "<model name>#<replica>", in load order
@@ -116,29 +116,29 @@ class TranslationServer:
         self.engine_children: dict[str, EngineClient] = {}  # the same labels -> every engine, for their GC counts
         self.engine_died = asyncio.Event()  # set when an engine's loop dies or hangs; `serve` then exits
         self._stop_watching = threading.Event()  # ends every engine's stall watch
-        self.credentials = server_credentials(config)
+        self.credentials = server_credentials(config.security)
         self.server = grpc.aio.server(
-            interceptors=interceptors(config, self.metrics),
+            interceptors=interceptors(config.security, self.metrics),
             options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+                ("grpc.max_send_message_length", config.limits.max_message_bytes),
                 # Off, a second instance on the same port fails to start instead of sharing the traffic; on only
                 # for the server processes of one `--processes` parent (server/edge/replicas.py).
-                ("grpc.so_reuseport", int(config.reuse_port)),
-                *connection_options(config),
+                ("grpc.so_reuseport", int(config.serving.reuse_port)),
+                *connection_options(config.serving),
             ],
-            maximum_concurrent_rpcs=max_concurrent_rpcs(config),
+            maximum_concurrent_rpcs=max_concurrent_rpcs(config.limits),
         )
         pb_grpc.add_TranslatorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if config.reflection:
+        if config.serving.reflection:
             enable_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), self.server)
 
     async def start(self) -> int:
         """Bind and start answering (health says NOT_SERVING until `load` finishes); return the port."""
         if not self.engines:  # bound before loading: nothing served yet
             await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = f"{self.config.host}:{self.config.port}"
+        address = f"{self.config.serving.host}:{self.config.serving.port}"
         try:
             if self.credentials is None:
                 port = self.server.add_insecure_port(address)
@@ -169,14 +169,15 @@ class TranslationServer:
         backends = [await self._start_engine(model) for model in loaded]
         _log_serving(backends)
         sources = [source for model in loaded for source in model.runner.spec.directions.sources]
-        self.servicer.attach(backends, SourceDetector(sources), first_turn=self.config.process_index)
+        self.servicer.attach(backends, SourceDetector(sources), first_turn=self.config.serving.process_index)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _start_engine(self, model: LoadedModel) -> Backend:
         info = model.description
+        config = self.config.engines
         # The runner was opened with the configured slots or its device's; a test's injected runner may have fewer.
-        slots = min(self.config.max_slots or model.runner.max_slots, model.runner.max_slots)
-        limits = self.config.limits_for("cuda" if info.provider == "CUDAExecutionProvider" else "cpu", slots)
+        slots = min(config.max_slots or model.runner.max_slots, model.runner.max_slots)
+        limits = config.limits_for("cuda" if info.provider == "CUDAExecutionProvider" else "cpu", slots)
         loop = asyncio.get_running_loop()
 
         def engine_failed() -> None:  # on the dying engine thread, or the one that abandoned it
@@ -184,7 +185,6 @@ class TranslationServer:
             loop.call_soon_threadsafe(self.engine_died.set)
 
         observer = self.metrics.for_model(info.name)
-        config = self.config
         pid = child_pid(model.runner)
         engine = start_engine(model.runner, limits, observer, engine_failed, config.stall_seconds, config.engine_nice)
         replica = sum(1 for key in self.engines if key.rpartition("#")[0] == info.name)
@@ -198,8 +198,8 @@ class TranslationServer:
         except RuntimeError as err:
             raise StartupError(f"the model {info.name} does not run: {err}") from err
         # After warmup: a first call that builds kernels is not a hang. An engine process also watches its own.
-        if self.config.stall_seconds > 0:
-            start_stall_watch(engine, self.config.stall_seconds, self._stop_watching)
+        if config.stall_seconds > 0:
+            start_stall_watch(engine, config.stall_seconds, self._stop_watching)
         self.metrics.set_model_info(info.name, info.variant, info.provider, info.opset)
         # The engine's slots, not the flag's: a runner with fewer caps the beam a request may ask for.
         limits_in_force = request_limits(self.config, slots, limits.max_queue_sentences)
@@ -207,11 +207,12 @@ class TranslationServer:
 
     def _cache_of(self, model: str) -> ResponseCache | None:
         """The model's response cache, one for all its engines; None when --cache-size is 0."""
-        if self.config.cache_size == 0:
+        limits = self.config.limits
+        if limits.cache_size == 0:
             return None
         if model not in self.caches:
             observer = self.metrics.for_cache(model)
-            self.caches[model] = ResponseCache(self.config.cache_size, self.config.cache_bytes, observer)
+            self.caches[model] = ResponseCache(limits.cache_size, limits.cache_bytes, observer)
         return self.caches[model]
 
     async def shutdown(self, grace: float, delay: float = 0.0) -> bool:
@@ -236,7 +237,7 @@ class TranslationServer:
         # Calls that never end on their own (a client's open Health.Watch stream) do not hold the exit for the
         # rest of the grace: every answer is out, so gRPC stops after its short flush.
         await self.server.stop(MIN_STOP_GRACE_S)
-        join_timeout = self.config.stall_seconds or None  # a runner call hung past it is abandoned, not joined
+        join_timeout = self.config.engines.stall_seconds or None  # a runner call hung past it is abandoned, not joined
         await asyncio.gather(*(self._off_loop(e.stop, join_timeout) for e in engines))  # joins the loop threads
         self._stop_watching.set()
         if not drained:
@@ -248,7 +249,7 @@ class TranslationServer:
         UNAVAILABLE through its handlers, sent and counted as such, before grpc's stop could cancel them."""
         drained = await self._off_loop(engine.drain, grace)
         if not drained:
-            await self._off_loop(engine.stop, self.config.stall_seconds or None)
+            await self._off_loop(engine.stop, self.config.engines.stall_seconds or None)
         return drained
 
     async def _off_loop(self, function: Callable[..., T], *args: object) -> T:
@@ -302,29 +303,31 @@ async def serve(
     stopping the server either way.
     """
     if model is None:  # a configuration mistake is named before anything starts
-        checked_model_directories(config)
-    if not config.reuse_port:  # a server process of --processes shares the port its siblings hold
-        check_port_free(config.host, config.port)
+        checked_model_directories(config.models)
+    serving, observability = config.serving, config.observability
+    if not serving.reuse_port:  # a server process of --processes shares the port its siblings hold
+        check_port_free(serving.host, serving.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        tracing = open_tracing(config.otlp_endpoint)
+        tracing = open_tracing(observability.otlp_endpoint)
     except RuntimeError as err:
         raise StartupError(str(err)) from err
     server = TranslationServer(config, tracing=tracing)
-    if config.metrics_port >= 0:
+    if observability.metrics_port >= 0:
         register_process_collectors(server.registry, lambda: server.engine_pids, server.children_gc)
+        address = metrics_address(serving.host)
         try:
-            metrics_port = start_metrics_server(config.metrics_port, server.registry, metrics_address(config.host))
+            metrics_port = start_metrics_server(observability.metrics_port, server.registry, address)
         except OSError as err:
-            raise ConfigError(f"could not serve metrics on port {config.metrics_port}: {err.strerror}") from err
+            raise ConfigError(f"could not serve metrics on port {observability.metrics_port}: {err.strerror}") from err
         logger.info("metrics on :%d/metrics", metrics_port)
     # A server process of --processes binds its shared port once it can serve: the kernel hands new connections
     # to the bound sockets alone, so its siblings take them while it loads (bound first, a restarted process
     # answered its share of new connections "still loading" for as long as its models took)
-    bind_when_loaded = config.reuse_port
+    bind_when_loaded = serving.reuse_port
     if not bind_when_loaded:  # after the metrics port: a refusal there leaves no started gRPC server behind
         await _bind(server, config)
     reporting = None if report_to is None else asyncio.create_task(report_processes(server, report_to))
@@ -350,9 +353,9 @@ async def serve(
             if on_engine_died is not None:
                 on_engine_died()
     # A dead engine has answered its own requests UNAVAILABLE; the other models' engines drain theirs.
-    grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else config.drain_seconds
+    grace = 0.0 if failure is not None and not isinstance(failure, EngineDiedError) else serving.drain_seconds
     # The port stays open past the drain only where balancers may still send: never to a server that never served
-    delay = config.shutdown_delay_seconds if served and failure is None else 0.0
+    delay = serving.shutdown_delay_seconds if served and failure is None else 0.0
     if failure is None:
         loading.cancel()  # a stop during loading: serve nothing; the loader stops before its next engine
         logger.info(
@@ -373,11 +376,11 @@ async def _bind(server: TranslationServer, config: ServerConfig) -> None:
     port = await server.start()
     logger.info(
         "gRPC on %s:%d (reflection %s, %s, bearer token %s)",
-        config.host,
+        config.serving.host,
         port,
-        "on" if config.reflection else "off",
-        "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext",
-        "required" if config.auth_token_file else "not required",
+        "on" if config.serving.reflection else "off",
+        "mutual TLS" if config.security.tls_client_ca else "TLS" if config.security.tls_cert else "plaintext",
+        "required" if config.security.auth_token_file else "not required",
     )
 
 

@@ -2,7 +2,7 @@
 to use.
 
 The parent opens each model's engines in processes of their own (`server.backend.engine_process.ModelProcess`
-with a socket), warms them, and hands their Unix socket paths to the fronts (`ServerConfig.engine_sockets`);
+with a socket), warms them, and hands their Unix socket paths to the fronts (`ServingConfig.engine_sockets`);
 each front connects to every engine and uses it as a single server uses its own engine process
 (`server.backend.engine_process.SharedModel`), and every step gathers the calls of all of them. Each front's
 admission counts the shared queue (every front gets the engine's load reports); one front, the first connected,
@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from server.backend.engines import EngineProcess, ModelProcess, RunnerSettings
-from server.edge.config import ServerConfig, SharedEngines
+from server.edge.config import EnginesConfig, ServerConfig, SharedEngines
 from server.edge.loading import (
     StartupError,
     available_cores,
@@ -68,20 +68,22 @@ def start_shared_engines(
     engines: list[SharedEngine] = []
     try:
         sources = model_sources(config, stopped)
-        provider = resolve_provider(config.provider)
-        per_model, threads = engine_plan(available_cores(), len(sources), provider, config)
+        engine_config = config.engines
+        provider = resolve_provider(engine_config.provider)
+        per_model, threads = engine_plan(available_cores(), len(sources), provider, engine_config)
         shared = []
         for source in sources:
-            build_missing_graphs(source.directory, config.variant, provider)
-            variant = _variant(source.directory, config.variant, provider)
+            build_missing_graphs(source.directory, engine_config.variant, provider)
+            variant = _variant(source.directory, engine_config.variant, provider)
+            slots = engine_config.slots_for(provider)
             settings = RunnerSettings(
-                source.directory / "onnx" / variant, config.slots_for(provider), provider, threads, config.kv_cache,
-                config.spin_threads,
+                source.directory / "onnx" / variant, slots, provider, threads, engine_config.kv_cache,
+                engine_config.spin_threads,
             )  # fmt: skip
             sockets = []
             for replica in range(per_model):
                 socket = str(socket_dir / f"engine-{len(engines)}.sock")
-                engines.append(_launch(config, settings, provider, f"engine-{source.name}#{replica}", socket))
+                engines.append(_launch(engine_config, settings, provider, f"engine-{source.name}#{replica}", socket))
                 sockets.append(socket)
             shared.append(SharedEngines(source.directory, source.name, source.revision, variant, tuple(sockets)))
     except BaseException:
@@ -89,7 +91,7 @@ def start_shared_engines(
         raise
     logger.info(
         "%d shared engine process(es) per model, %s intra-op thread(s) each, at nice %d",
-        per_model, threads or "onnxruntime's default", config.engine_nice,
+        per_model, threads or "onnxruntime's default", engine_config.engine_nice,
     )  # fmt: skip
     return engines, tuple(shared), socket_dir
 
@@ -103,7 +105,7 @@ def _variant(model_dir: Path, requested: str, provider: str) -> str:
         raise StartupError(f"cannot load the model from {model_dir}: {type(err).__name__}: {err}") from err
 
 
-def _launch(config: ServerConfig, settings: RunnerSettings, provider: str, label: str, socket: str) -> SharedEngine:
+def _launch(config: EnginesConfig, settings: RunnerSettings, provider: str, label: str, socket: str) -> SharedEngine:
     """Start, warm and open one engine at `socket`: a dead engine's socket file is removed first (its listener
     cannot bind over it)."""
     with suppress(FileNotFoundError):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from server.edge.config import ServerConfig
+from server.edge.config import LimitsConfig, SecurityConfig, ServingConfig
 from server.edge.interceptors import AuthInterceptor, Interceptor, ParseInterceptor
 from server.edge.loading import ConfigError
 from server.edge.metrics import Metrics
@@ -17,7 +17,7 @@ from server.edge.metrics import Metrics
 NEVER_MS = 2**31 - 1  # the largest duration grpc takes (24.8 days), for a timer that is off
 
 
-def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
+def connection_options(serving: ServingConfig) -> list[tuple[str, int]]:
     """grpc's HTTP/2 connection timers from the config (docs/reliability.md, "Connections", says why each default).
 
     Age: GOAWAY after it (gRPC adds +-10% jitter), calls in flight get the grace; clients dial again and
@@ -28,17 +28,17 @@ def connection_options(config: ServerConfig) -> list[tuple[str, int]]:
     least `min_ping_interval_s` keep their connections (gRPC's default answers such pings with GOAWAY).
     """
     options = [
-        ("grpc.keepalive_time_ms", _ms(config.keepalive_time_s) or NEVER_MS),
-        ("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)),
+        ("grpc.keepalive_time_ms", _ms(serving.keepalive_time_s) or NEVER_MS),
+        ("grpc.keepalive_timeout_ms", _ms(serving.keepalive_timeout_s)),
         # grpc closes on an unanswered ping only once this one (default 1 min) has passed too
-        ("grpc.http2.ping_timeout_ms", _ms(config.keepalive_timeout_s)),
+        ("grpc.http2.ping_timeout_ms", _ms(serving.keepalive_timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.min_ping_interval_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(serving.min_ping_interval_s)),
     ]
     optional = [  # 0 = never: left to grpc, whose default is no limit
-        ("grpc.max_connection_age_ms", config.max_connection_age_s),
-        ("grpc.max_connection_age_grace_ms", config.max_connection_age_grace_s),
-        ("grpc.max_connection_idle_ms", config.max_connection_idle_s),
+        ("grpc.max_connection_age_ms", serving.max_connection_age_s),
+        ("grpc.max_connection_age_grace_ms", serving.max_connection_age_grace_s),
+        ("grpc.max_connection_idle_ms", serving.max_connection_idle_s),
     ]
     return options + [(name, _ms(seconds)) for name, seconds in optional if seconds > 0]
 
@@ -47,32 +47,32 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def max_concurrent_rpcs(config: ServerConfig) -> int | None:
+def max_concurrent_rpcs(limits: LimitsConfig) -> int | None:
     """gRPC's own cap on calls in progress (None: no cap). Off by default: it counts health checks too,
     so a cap near what the queue holds would fail readiness probes under load, and its refusals come
     from gRPC, not the service, so they are neither counted in the metrics nor say "queue is full"."""
-    return config.max_concurrent_rpcs or None
+    return limits.max_concurrent_rpcs or None
 
 
-def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials | None:
     """TLS credentials from the configured PEM files (client certificates required with a client CA)."""
-    if config.tls_cert is None or config.tls_key is None:
+    if security.tls_cert is None or security.tls_key is None:
         return None
-    client_ca = _read_pem(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
+    client_ca = _read_pem(security.tls_client_ca, "TLS client CA") if security.tls_client_ca else None
     return grpc.ssl_server_credentials(
-        [(_read_pem(config.tls_key, "TLS key"), _read_pem(config.tls_cert, "TLS certificate"))],
+        [(_read_pem(security.tls_key, "TLS key"), _read_pem(security.tls_cert, "TLS certificate"))],
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
 
 
-def interceptors(config: ServerConfig, metrics: Metrics) -> list[Interceptor]:
+def interceptors(security: SecurityConfig, metrics: Metrics) -> list[Interceptor]:
     """Authentication first (a refused call's request is never parsed), then request parsing."""
     chain: list[Interceptor] = [ParseInterceptor(metrics)]
-    if config.auth_token_file is not None:
-        token = _read_file(config.auth_token_file, "auth token file").decode().strip()
+    if security.auth_token_file is not None:
+        token = _read_file(security.auth_token_file, "auth token file").decode().strip()
         if not token:
-            raise ConfigError(f"the auth token file {config.auth_token_file} is empty")
+            raise ConfigError(f"the auth token file {security.auth_token_file} is empty")
         chain.insert(0, AuthInterceptor(token, metrics))
     return chain
 

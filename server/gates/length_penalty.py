@@ -36,7 +36,7 @@ from model.directory import (
 )
 from model.files import TOKENIZER_FILE
 from model.tokenizer import Tokenizer
-from server.backend.runtime import OnnxRunner
+from server.backend.working_batch import WorkingBatchRunner
 from server.gates.variants import DIRECTIONS, TEST_FILE, translate_pairs
 
 SIGNIFICANCE = 0.05  # a default other than 1.0 must beat 1.0 at this p-value
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     tokenizer = Tokenizer(args.model_dir / TOKENIZER_FILE)
-    runner = OnnxRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
+    runner = WorkingBatchRunner(args.model_dir / "onnx" / "fp32", max_slots=64)
     pairs = read_tsv(args.data)
     outputs: dict[str, Hypotheses] = {direction_name(s, t): {} for s, t in DIRECTIONS}
     for penalty in values:

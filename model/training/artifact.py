@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.files import CONFIG_FILE, SHIPPED_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_config, weights_sha256
-from model.transformer import Transformer
+from model.training.transformer import Transformer
 
 __all__ = [
     "CONFIG_FILE", "SHIPPED_DIR", "TOKENIZER_FILE", "WEIGHTS_FILE",

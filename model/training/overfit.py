@@ -4,7 +4,7 @@ The test set holds full sentences only, and the training data's 19,388 sentences
 epoch: a wide gap says the model learns those sentences by heart rather than how to translate, and
 that regularisation (not more of the same steps) is what it lacks.
 
-Usage: python -m model.overfit --model-dir model/shipped --data data
+Usage: python -m model.training.overfit --model-dir model/shipped --data data
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from model.artifact import TOKENIZER_FILE, load_artifact
-from model.batching import evaluation_batches, make_examples
 from model.data import Pair, is_sentence, read_tsv
 from model.tokenizer import Tokenizer
-from model.train import validation_loss
-from model.transformer import Transformer
+from model.training.artifact import TOKENIZER_FILE, load_artifact
+from model.training.batching import evaluation_batches, make_examples
+from model.training.train import validation_loss
+from model.training.transformer import Transformer
 
 
 @dataclass(frozen=True)

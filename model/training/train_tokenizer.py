@@ -1,6 +1,6 @@
 """Train the shared German/English SentencePiece tokenizer (model.tokenizer) on the training split.
 
-Usage: python -m model.train_tokenizer --data data/ --out model/shipped/ --vocab-size 8000
+Usage: python -m model.training.train_tokenizer --data data/ --out model/shipped/ --vocab-size 8000
 """
 
 from __future__ import annotations

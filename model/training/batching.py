@@ -95,7 +95,7 @@ class Resegmenter:
     probability proportional to P(segmentation)^alpha, so the model cannot learn a sentence by its one
     piece sequence. Sentences are the test set's kind and the only examples repeated within an epoch;
     the training loss on them fell far below the validation loss (1.37 against 2.43 nats after 105,500
-    steps, `python -m model.overfit`). Targets keep the best segmentation, the one the decoder emits
+    steps, `python -m model.training.overfit`). Targets keep the best segmentation, the one the decoder emits
     when serving: sampled targets teach it to spread a word's probability over its spellings in pieces,
     which beam search then splits (and the validation loss, on best segmentations, can no longer tell
     whether the model got better: it rose 0.08 nats in 1,800 steps of a run that sampled both sides).

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.transformer import Transformer
+from model.training.transformer import Transformer
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """BLEU and chrF (sacreBLEU) of a model artifact on the held-out test sentences, both directions.
 
-Usage: python -m model.evaluate --model-dir model/shipped --test data/test.tsv --beam 1,4 --json scores.json
+Usage: python -m model.training.evaluate --model-dir model/shipped --test data/test.tsv --beam 1,4 --json scores.json
 
 References are the dictionary's text with annotations stripped: no held-out sentence holds a slash
 alternative (see model/data.py), so the slash rule never rewrites one.
@@ -18,12 +18,12 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from model.artifact import TOKENIZER_FILE, load_artifact
 from model.config import default_output_limit
 from model.data import Pair, read_tsv
-from model.decode import beam_search
 from model.tokenizer import Tokenizer
-from model.transformer import Transformer
+from model.training.artifact import TOKENIZER_FILE, load_artifact
+from model.training.decode import beam_search
+from model.training.transformer import Transformer
 
 DIRECTIONS = {"de-en": ("de", "en"), "en-de": ("en", "de")}
 

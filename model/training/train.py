@@ -7,11 +7,11 @@ state). `--ship` averages the last `--average` checkpoints into a model director
 sequence of such commands in order (the shipped model's is `model/shipped/recipe.json`).
 
 Usage:
-    python -m model.train --data data --run runs/base --resume   # start, or continue where it stopped
-    python -m model.train --run runs/base --ship model/shipped --average 4   # average and export only
-    python -m model.train ... --init-from model/shipped --start-step 105500  # warm start, fresh optimiser
-    python -m model.train ... --resume --cooldown-start 99500 --cooldown-steps 6000   # anneal to zero
-    python -m model.train --recipe model/shipped/recipe.json [--dry-run]     # the shipped model's schedule
+    python -m model.training.train --data data --run runs/base --resume   # start, or continue where it stopped
+    python -m model.training.train --run runs/base --ship model/shipped --average 4   # average and export only
+    python -m model.training.train ... --init-from model/shipped --start-step 105500  # warm start, fresh optimiser
+    python -m model.training.train ... --resume --cooldown-start 99500 --cooldown-steps 6000   # anneal to zero
+    python -m model.training.train --recipe model/shipped/recipe.json [--dry-run]     # the shipped model's schedule
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ from torch import Tensor
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from model.artifact import CONFIG_FILE, TOKENIZER_FILE, load_artifact, load_config, save_artifact
-from model.batching import (
+from model.config import PAD_ID, ModelConfig
+from model.data import read_tsv
+from model.tokenizer import Tokenizer, check_tokenizer, file_sha256
+from model.training.artifact import CONFIG_FILE, TOKENIZER_FILE, load_artifact, load_config, save_artifact
+from model.training.batching import (
     Batch,
     Mixture,
     Resegmenter,
@@ -44,10 +47,7 @@ from model.batching import (
     make_examples,
     token_batches,
 )
-from model.config import PAD_ID, ModelConfig
-from model.data import read_tsv
-from model.tokenizer import Tokenizer, check_tokenizer, file_sha256
-from model.transformer import Transformer, count_parameters
+from model.training.transformer import Transformer, count_parameters
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +368,7 @@ class Trainer:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m model.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m model.training.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--recipe", type=Path, help="run this recipe's commands in order (see Recipe); no other flag")
     p.add_argument("--dry-run", action="store_true", help="with --recipe: log each command and run none")
@@ -457,10 +457,10 @@ def run(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True)
 class Stage:
-    """One named step of a recipe: model.train flags, optionally stopped at `save_at` steps on the way."""
+    """One named step of a recipe: model.training.train flags, optionally stopped at `save_at` steps on the way."""
 
     name: str
-    args: tuple[str, ...]  # model.train flags, the recipe's common ones first (of a repeated flag the last wins)
+    args: tuple[str, ...]  # the command's flags, the recipe's common ones first (of a repeated flag the last wins)
     save_at: tuple[int, ...] = ()  # steps to stop and checkpoint at before the stage's end, for --average
 
     def commands(self) -> list[list[str]]:
@@ -495,7 +495,7 @@ def run_recipe(path: Path, dry_run: bool) -> None:
                 continue
             if args.init_from and done:
                 args.init_from, args.resume = None, True
-            log.info("%s: python -m model.train %s", stage.name, " ".join(argv))
+            log.info("%s: python -m model.training.train %s", stage.name, " ".join(argv))
             if not dry_run:
                 run(args)
 

@@ -1,7 +1,7 @@
 """Plot the training and validation loss curves of a run as a PNG.
 
-Usage: python -m model.plot --run runs/base --out model/shipped/loss.png
-       python -m model.plot --run runs/base --run runs/finish ...   # a run resumed from another's checkpoint
+Usage: python -m model.training.plot --run runs/base --out model/shipped/loss.png
+       python -m model.training.plot --run runs/base --run runs/finish ...   # a run resumed from another's checkpoint
 
 Each later run continues the one before it from a checkpoint: its curve replaces the earlier run's
 records from its first step on, and a dashed line marks where it took over.
