@@ -26,12 +26,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from model.tokenizer import TOKENIZER_FILE, Tokenizer
-from server.backend.engine_process import ModelProcess, SharedModel
 from server.core.runner import Candidates, EncodeItem, ModelSpec, RowBias, Runner
 from server.edge.config import EnginesConfig, ModelsConfig, ObservabilityConfig, ServerConfig, ServingConfig
 from server.edge.convert import ModelDescription
 from server.edge.loading import LoadedModel, load_model
 from server.edge.server import TranslationServer, create_server
+from server.processes.engine_process import ModelProcess, SharedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.fakes import FAKE_SPEC, FakeRunner

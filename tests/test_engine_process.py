@@ -1,4 +1,4 @@
-"""Each engine in a child process behind the server's gRPC (server/backend/engine_process.py).
+"""Each engine in a child process behind the server's gRPC (server/processes/engine_process.py).
 
 The same answers as an engine in the calling process, the metrics in the server's registry, the queue bound decided
 before anything crosses the pipe, every call answered when a child dies or the server drains, and no
@@ -19,12 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings
-from server.backend.engines import close_model
 from server.core.events import EngineLimits, Event, QueueFullError, RequestDone, RequestFailed
 from server.core.work import DecodeOptions
 from server.edge.config import EnginesConfig, ModelsConfig
 from server.edge.loading import LoadedModel, load_model, load_models
+from server.processes.engine_process import EngineProcess, ModelProcess, RunnerSettings
+from server.processes.engines import close_model
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import (
     FP32_ON_CPU,
@@ -158,7 +158,7 @@ def test_an_engine_process_exits_with_its_server(tiny_exported_dir: Path) -> Non
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from server.backend.engine_process import ModelProcess\n"
+        "from server.processes.engine_process import ModelProcess\n"
         "from tests.test_engine_process import settings\n"
         "p = ModelProcess(settings(Path(sys.argv[1])))\n"
         "print(p.pid, flush=True)\n"
@@ -186,7 +186,7 @@ def test_a_server_leaving_an_engine_unstopped_still_exits(tiny_exported_dir: Pat
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from server.backend.engine_process import ModelProcess\n"
+        "from server.processes.engine_process import ModelProcess\n"
         "from tests.test_engine_process import settings\n"
         "p = ModelProcess(settings(Path(sys.argv[1])))\n"
         "print(p.pid, flush=True)\n"

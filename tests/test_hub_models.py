@@ -28,11 +28,11 @@ from export import publish
 from export.fetch import FetchError, HubSettings
 from export.hub import BuildPlan, ensure_model, plan_for
 from model.directory import FORMAT_VERSION
-from server.backend.engines import close_model
 from server.edge.config import EnginesConfig, ModelsConfig, ObservabilityConfig, ServerConfig, ServingConfig
 from server.edge.flags import parse_config
 from server.edge.loading import StartupError, load_models
 from server.edge.server import TranslationServer
+from server.processes.engines import close_model
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.hub_cache import (
     REPO,

@@ -51,6 +51,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "server.text",
         "server.edge",
         "server.backend",
+        "server.processes",
         "server.client",
     ),
     # text processing before and after decoding (markup, splitting, documents): above the decoding core, which
@@ -59,11 +60,42 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         *RUNTIME,
         "server.edge",
         "server.backend",
+        "server.processes",
         "server.client",
     ),
-    "server/backend": ("export", "grpc", "prometheus_client", "torch", "server.text", "server.edge", "server.client"),
+    # the onnxruntime runners: below the engine processes that open them, never reaching up into them
+    "server/backend": (
+        "export",
+        "grpc",
+        "prometheus_client",
+        "torch",
+        "server.text",
+        "server.processes",
+        "server.edge",
+        "server.client",
+    ),
+    # engine processes and their links: above the runners, whose modules alone load onnxruntime, and below the
+    # edge, as free of the transport and the metrics
+    "server/processes": (
+        "export",
+        "grpc",
+        "onnxruntime",
+        "prometheus_client",
+        "torch",
+        "server.text",
+        "server.edge",
+        "server.client",
+    ),
     "server/edge": ("torch", "server.client.cli"),  # the health check dials in as clients do: client.channels
-    "server/client": ("torch", "onnxruntime", "prometheus_client", "server.core", "server.backend", "server.edge"),
+    "server/client": (
+        "torch",
+        "onnxruntime",
+        "prometheus_client",
+        "server.core",
+        "server.backend",
+        "server.processes",
+        "server.edge",
+    ),
 }
 
 
@@ -105,7 +137,7 @@ def test_no_torch_to_build_or_serve(tiny_model_dir: Path, tmp_path: Path) -> Non
     hf_dir = build_marian_dir(tmp_path / "hf")
     code = f"""
 import export.__main__, export.hf, model.directory, server.edge.main, server.backend.runtime
-import server.backend.working_batch, server.backend.engine_process
+import server.backend.working_batch, server.processes.engine_process
 assert export.__main__.main(["--model-dir", {str(model_dir)!r}, "--variants", "fp32,int8,fp16"]) == 0
 assert export.hf.main(["--model", {str(hf_dir)!r}, "--out", {str(tmp_path / "marian")!r}]) == 0
 assert export.__main__.main(["--model-dir", {str(tmp_path / "marian")!r}, "--variants", "fp32"]) == 0

@@ -13,7 +13,6 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, enable_created_metrics, generate_latest
 
-from server.backend.engine_messages import GcCounts
 from server.core import engine as engine_module
 from server.core import offline
 from server.core.engine import Engine
@@ -21,6 +20,7 @@ from server.core.events import EngineLimits, Event, RequestDone, RequestFailed, 
 from server.core.work import DecodeOptions
 from server.edge.metrics import Metrics, StepStats, start_metrics_server
 from server.edge.process_metrics import disable_created_metrics, register_process_collectors
+from server.processes.engine_messages import GcCounts
 from tests.fakes import Collector, FakeRunner, reference_decode
 from tests.serving import ROOT, sample_value, wait_until
 

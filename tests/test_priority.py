@@ -1,13 +1,13 @@
-"""`--engine-nice`: the engine processes below the threads that answer calls (server/backend/priority.py)."""
+"""`--engine-nice`: the engine processes below the threads that answer calls (server/processes/priority.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from server.backend.engine_child import RunnerSettings
-from server.backend.engine_process import ModelProcess
 from server.core.events import EngineLimits
+from server.processes.engine_child import RunnerSettings
+from server.processes.engine_process import ModelProcess
 
 NICE = 5
 

@@ -1,4 +1,4 @@
-"""A front process's report to its `--processes` parent (server/edge/process_reports.py): what it writes is
+"""A front process's report to its `--processes` parent (server/processes/process_reports.py): what it writes is
 what the parent reads, under the server's label, and only the live servers' reports count."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from server.backend.engine_messages import GcCounts
 from server.core.gc_pauses import BUCKETS, PauseCounts
 from server.edge.metrics import forget_process
 from server.edge.process_metrics import register_process_collectors
-from server.edge.process_reports import SELF, ProcessReport, forget_report, read_reports, report_path, write_report
+from server.processes.engine_messages import GcCounts
+from server.processes.process_reports import SELF, ProcessReport, forget_report, read_reports, report_path, write_report
 
 OWN = GcCounts((10, 2, 1), (300, 40, 5), (0, 0, 0))
 TIMED = PauseCounts(tuple((n,) + (0,) * len(BUCKETS) for n in (7, 1, 0)), (0.0007, 0.0001, 0.0))  # all under 0.1 ms

@@ -1,5 +1,5 @@
 """`--processes N`: engines the parent starts once and every front process uses over a Unix socket
-(server/edge/shared_engines.py, server/backend/engine_process.py `SharedModel`).
+(server/edge/shared_engines.py, server/processes/engine_process.py `SharedModel`).
 
 Two servers on one engine get the same answers as its own server would, the engine frees what a server that
 leaves held, refuses a connection without the parent's key, and fails every server's calls UNAVAILABLE when
@@ -24,9 +24,9 @@ import grpc
 import pytest
 
 from bench.run import free_port
-from server.backend.engine_process import EngineProcess, ModelProcess, SharedModel
 from server.core.events import EngineLimits, Event, FailureReason, RequestDone, RequestFailed, SentenceDone
 from server.core.work import DecodeOptions
+from server.processes.engine_process import EngineProcess, ModelProcess, SharedModel
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 from tests.hub_cache import REPO, SHA, hub_cache, tiny_marian

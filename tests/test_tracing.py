@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
-from server.backend.engine_process import ModelProcess
 from server.edge.config import ModelsConfig, ServerConfig
 from server.edge.loading import LoadedModel, load_model
 from server.edge.logs import ACCESS_LOGGER
 from server.edge.server import create_server
 from server.edge.tracing import SERVICE_NAME, Tracing, open_tracing
+from server.processes.engine_process import ModelProcess
 from server.proto.translation.v1 import translation_pb2 as pb
 from tests.serving import FAKE_DESCRIPTION, FP32_ON_CPU, RunningServer, fake_model, request, server_config, server_loop
 

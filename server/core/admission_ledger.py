@@ -1,5 +1,5 @@
 """The queue places admitted calls hold before they submit: `Engine` and the server's side of an engine process
-(`server.backend.engine_process`) both keep an `AdmissionLedger` and admit and accept work by its rules."""
+(`server.processes.engine_process`) both keep an `AdmissionLedger` and admit and accept work by its rules."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Admission:
 
 class AdmissionLedger:
     """The queue places admitted calls hold before they submit, and the rules an engine admits and accepts
-    work by: `Engine` and the server's side of an engine process (`server.backend.engine_process`) both keep
+    work by: `Engine` and the server's side of an engine process (`server.processes.engine_process`) both keep
     one. Every method runs under its owner's lock; `queued` is the owner's count of sentences waiting."""
 
     def __init__(self, limit: int) -> None:

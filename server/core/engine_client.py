@@ -1,5 +1,5 @@
 """The one engine interface the edge sees, whatever runs the engine: `server.core.engine.Engine` in this
-process, or `server.backend.engine_process.EngineProcess` for an engine in a child process. The edge holds
+process, or `server.processes.engine_process.EngineProcess` for an engine in a child process. The edge holds
 engines through it and never asks which it has."""
 
 from __future__ import annotations

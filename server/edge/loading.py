@@ -20,7 +20,10 @@ from model.config import LANG_TAGS, ModelConfig
 from model.files import CONFIG_FILE, WEIGHTS_FILE
 from model.languages import bcp47, parse
 from model.tokenizer import TextTokenizer, open_tokenizer
-from server.backend.engines import (
+from server.core.runner import ModelSpec
+from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, EnginesConfig, ModelsConfig, ServerConfig, SharedEngines
+from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription
+from server.processes.engines import (
     OpenedGraphs,
     OpenedModel,
     RunnerSettings,
@@ -28,9 +31,6 @@ from server.backend.engines import (
     close_model,
     open_model,
 )
-from server.core.runner import ModelSpec
-from server.edge.config import CUDA_ENGINES, DEFAULT_MODEL_DIR, EnginesConfig, ModelsConfig, ServerConfig, SharedEngines
-from server.edge.convert import DEFAULT_BEAM_SIZE, ModelDescription
 from server.text.documents import RequestLimits
 from server.text.splitter import PUNCTUATION, rule_for
 

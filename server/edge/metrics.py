@@ -16,7 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from server.core.observer import StepStats
 from server.edge.process_metrics import Children, register_process_collectors
-from server.edge.process_reports import forget_report, read_reports
+from server.processes.process_reports import forget_report, read_reports
 from server.text.documents import TermsUsed
 
 __all__ = [
@@ -377,7 +377,7 @@ def start_multiprocess_metrics_server(
     """Serve `/metrics` summed over the server processes that write their series under `path` (prometheus
     client's multiprocess mode, which each process enters by finding PROMETHEUS_MULTIPROC_DIR at import),
     with this process's own process series, the process series of `servers` (the fronts and engines it started)
-    and the GC series the fronts report (server.edge.process_metrics, server.edge.process_reports)."""
+    and the GC series the fronts report (server.edge.process_metrics, server.processes.process_reports)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     live: Children = servers or dict

@@ -10,8 +10,8 @@ The processes that do not serve /metrics get their process series from the one t
 that started it (with `--processes` the supervising parent, which then owns the unlabelled `process_*`). Each
 is one process, never a sum: alerts and dashboards sum them (`sum without (process)`) where they want the
 whole. Python's GC series are per interpreter: an engine process sends its own through its pipe
-(`server.backend.engine_messages.GcCounts`); a front of `--processes` writes its own and those of the engines
-it shows into its report (`server.edge.process_reports`), the engines' as `server-<index>/engine-<model>#<k>`;
+(`server.processes.engine_messages.GcCounts`); a front of `--processes` writes its own and those of the engines
+it shows into its report (`server.processes.process_reports`), the engines' as `server-<index>/engine-<model>#<k>`;
 all are exported as `translation_child_python_gc_*`.
 
 `translation_gc_pause_seconds{generation}` is how long the collector stopped the process serving /metrics
@@ -32,8 +32,8 @@ from prometheus_client import disable_created_metrics as _disable_created_metric
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from server.backend.engine_messages import GcCounts
 from server.core.gc_pauses import BUCKETS, GENERATIONS, PAUSES, PauseCounts
+from server.processes.engine_messages import GcCounts
 
 CHILD_PREFIX = "translation_child_"
 LABELS = ("generation", "process")

@@ -39,7 +39,6 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from types import FrameType
 
-from server.backend.parent_watch import follow_parent
 from server.edge.config import ServerConfig, SharedEngines
 from server.edge.loading import ConfigError, StartupError, checked_model_directories
 from server.edge.logs import configure_logging
@@ -48,6 +47,7 @@ from server.edge.process_metrics import disable_created_metrics
 from server.edge.server import run
 from server.edge.shared_engines import SharedEngine, start_shared_engines, stop_shared_engines
 from server.edge.transport import check_port_free, metrics_address
+from server.processes.parent_watch import follow_parent
 
 logger = logging.getLogger(__name__)
 

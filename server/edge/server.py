@@ -33,13 +33,6 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from server.backend.engine_messages import GcCounts
-from server.backend.engines import (
-    child_gc_counts,
-    child_pid,
-    in_this_process,
-    start_engine,
-)
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
 from server.core.gc_pauses import PAUSES, freeze_startup_objects
@@ -59,7 +52,6 @@ from server.edge.loading import (
 )
 from server.edge.metrics import Metrics, start_metrics_server
 from server.edge.process_metrics import register_process_collectors
-from server.edge.process_reports import REPORT_S, SELF, ProcessReport, write_report
 from server.edge.reflection import enable_reflection
 from server.edge.routing import describe_directions
 from server.edge.servicer import TranslatorServicer
@@ -72,6 +64,14 @@ from server.edge.transport import (
     metrics_address,
     server_credentials,
 )
+from server.processes.engine_messages import GcCounts
+from server.processes.engines import (
+    child_gc_counts,
+    child_pid,
+    in_this_process,
+    start_engine,
+)
+from server.processes.process_reports import REPORT_S, SELF, ProcessReport, write_report
 from server.proto.translation.v1 import translation_pb2 as pb
 from server.proto.translation.v1 import translation_pb2_grpc as pb_grpc
 
@@ -386,7 +386,7 @@ async def _bind(server: TranslationServer, config: ServerConfig) -> None:
 
 async def report_processes(server: TranslationServer, directory: Path) -> None:
     """Every REPORT_S, this front's GC counts and those of the engines it shows, written to `directory` for the
-    parent of `--processes` (server.edge.process_reports)."""
+    parent of `--processes` (server.processes.process_reports)."""
     PAUSES.install()  # this process's collector pauses go with its GC counts
     while True:
         report = ProcessReport({SELF: GcCounts.now(), **server.children_gc()})

@@ -1,10 +1,10 @@
 """The engine processes of `translate-server --processes N`: started once, by the parent, for every front process
 to use.
 
-The parent opens each model's engines in processes of their own (`server.backend.engine_process.ModelProcess`
+The parent opens each model's engines in processes of their own (`server.processes.engine_process.ModelProcess`
 with a socket), warms them, and hands their Unix socket paths to the fronts (`ServingConfig.engine_sockets`);
 each front connects to every engine and uses it as a single server uses its own engine process
-(`server.backend.engine_process.SharedModel`), and every step gathers the calls of all of them. Each front's
+(`server.processes.engine_process.SharedModel`), and every step gathers the calls of all of them. Each front's
 admission counts the shared queue (every front gets the engine's load reports); one front, the first connected,
 shows the engine's measurements in the metrics.
 
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from server.backend.engines import EngineProcess, ModelProcess, RunnerSettings
 from server.edge.config import EnginesConfig, ServerConfig, SharedEngines
 from server.edge.loading import (
     StartupError,
@@ -37,6 +36,7 @@ from server.edge.loading import (
     model_sources,
     resolve_provider,
 )
+from server.processes.engines import EngineProcess, ModelProcess, RunnerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from server.backend.engine_messages import GcCounts
 from server.core.gc_pauses import PauseCounts
+from server.processes.engine_messages import GcCounts
 
 REPORT_S = 2.0  # how often a server process rewrites its report: the staleness of the series it feeds
 SELF = ""  # the label of the reporting server process itself in its report's GC counts

@@ -1,5 +1,5 @@
 """Opened models and the engines over them: the one place that knows whether an engine runs in an engine
-process (`server.backend.engine_process`: what the server always serves with) or in this process
+process (`server.processes.engine_process`: what the server always serves with) or in this process
 (`server.core.engine.Engine` over a runner: offline tools and tests). Above this module everything holds an
 `OpenedModel` and an `EngineClient`, and never asks which."""
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
-from server.backend.engine_messages import GcCounts
-from server.backend.engine_process import EngineProcess, ModelProcess, RunnerSettings, SharedModel
 from server.core.engine import Engine
 from server.core.engine_client import EngineClient
 from server.core.events import EngineLimits
 from server.core.observer import EngineObserver
 from server.core.runner import Runner
+from server.processes.engine_messages import GcCounts
+from server.processes.engine_process import EngineProcess, ModelProcess, RunnerSettings, SharedModel
 
 if TYPE_CHECKING:
     from server.backend.runtime import OnnxRunner
@@ -40,7 +40,7 @@ def start_engine(
     nice: int,
 ) -> EngineClient:
     """An engine over the model, started: in the model's engine process, the whole process `nice` steps below
-    the calling process's priority (`server.backend.priority`), which then also watches its engine for stalls.
+    the calling process's priority (`server.processes.priority`), which then also watches its engine for stalls.
     A shared engine runs at the niceness its parent gave it; an engine in this process (offline tools, tests)
     at the caller's."""
     if isinstance(model, SharedModel):

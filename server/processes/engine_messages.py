@@ -29,7 +29,7 @@ from server.core.work import DecodeOptions
 class StartEngine:
     limits: EngineLimits
     stall_seconds: float  # the child's own stall watch (0 = none)
-    nice: int  # added to the niceness of every thread of the child (server.backend.priority)
+    nice: int  # added to the niceness of every thread of the child (server.processes.priority)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import Protocol
 
-from server.backend.engine_child import CLOSE_TIMEOUT_S
-from server.backend.engine_messages import Close
+from server.processes.engine_child import CLOSE_TIMEOUT_S
+from server.processes.engine_messages import Close
 
 
 class ChildLink(Protocol):

@@ -1,6 +1,6 @@
 """The child's side of an engine process: open the runner, run an `Engine` over it, answer the server.
 
-`serve_model` is the process's entry point. Messages are `server.backend.engine_messages`; the engine's
+`serve_model` is the process's entry point. Messages are `server.processes.engine_messages`; the engine's
 events and measurements leave in one pipe message per engine iteration that has something to tell
 (`_Outbox`). The child watches its own engine for stalls and exits within a second of its server (for a shared
 engine, its parent). A shared engine answers each server process connected to its socket over that connection
@@ -22,7 +22,21 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.backend.engine_messages import (
+from server.core.engine import Engine
+from server.core.events import (
+    ENGINE_FAILED_MESSAGE,
+    SHUTDOWN_MESSAGE,
+    DrainingError,
+    EngineLimits,
+    Event,
+    FailureReason,
+    RequestDone,
+    RequestFailed,
+)
+from server.core.gc_pauses import PAUSES, freeze_startup_objects
+from server.core.observer import StepStats
+from server.core.stall_watch import start_stall_watch
+from server.processes.engine_messages import (
     AbandonedObserved,
     Cancel,
     CapacitySet,
@@ -44,22 +58,8 @@ from server.backend.engine_messages import (
     Warm,
     Warmup,
 )
-from server.backend.parent_watch import follow_parent
-from server.backend.priority import lower_process_priority
-from server.core.engine import Engine
-from server.core.events import (
-    ENGINE_FAILED_MESSAGE,
-    SHUTDOWN_MESSAGE,
-    DrainingError,
-    EngineLimits,
-    Event,
-    FailureReason,
-    RequestDone,
-    RequestFailed,
-)
-from server.core.gc_pauses import PAUSES, freeze_startup_objects
-from server.core.observer import StepStats
-from server.core.stall_watch import start_stall_watch
+from server.processes.parent_watch import follow_parent
+from server.processes.priority import lower_process_priority
 
 if TYPE_CHECKING:
     from server.backend.runtime import OnnxRunner

@@ -7,17 +7,18 @@ engines'. A request crosses the pipe once (token ids out, sent by a writer threa
 events come back in the one message an engine iteration sends when it has something to tell (`_Outbox`),
 with the child's measurements for the server's metrics.
 
-`ModelProcess` spawns the child (`server.backend.engine_child`), which opens the runner and reports what
+`ModelProcess` spawns the child (`server.processes.engine_child`), which opens the runner and reports what
 the server shows and routes by (`RunnerFacts`); `ModelProcess.start_engine` then starts the child's
 `Engine` and returns an `EngineProcess`, which the servicer uses as it uses an `Engine`: admission and
 the queue bound are decided here, before anything crosses; drain waits here for every answer; a child
 that dies answers every request it held UNAVAILABLE and tells the server (`on_failure`), as a dead engine
 thread does. A stall is caught by the child's own watchdog, which abandons its engine as the server's
-would. The child exits within a second of its server. What crosses the pipe is typed: `server.backend.engine_messages`.
+would. The child exits within a second of its server. What crosses the pipe is typed:
+`server.processes.engine_messages`.
 
 A shared engine is a `ModelProcess` the `--processes` parent spawns with a socket to listen on; each front
 process reaches it with `SharedModel`, whose `EngineProcess` differs only in what
-stands behind the pipe (`server.backend.child_links`: leaving closes the connection, not the engine).
+stands behind the pipe (`server.processes.child_links`: leaving closes the connection, not the engine).
 """
 
 from __future__ import annotations
@@ -35,9 +36,22 @@ from multiprocessing import current_process
 from multiprocessing.connection import Client, Connection
 
 from model.directory import ModelSpec
-from server.backend.child_links import ChildLink, OwnedChild, SharedChild, close_child, exit_description
-from server.backend.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, RunnerSettings, serve_model
-from server.backend.engine_messages import (
+from server.core.admission_ledger import Admission, AdmissionLedger
+from server.core.events import (
+    ENGINE_FAILED_MESSAGE,
+    SHUTDOWN_MESSAGE,
+    EngineFailedError,
+    EngineLimits,
+    Event,
+    FailureReason,
+    RequestDone,
+    RequestFailed,
+)
+from server.core.observer import EngineObserver
+from server.core.work import DecodeOptions
+from server.processes.child_links import ChildLink, OwnedChild, SharedChild, close_child, exit_description
+from server.processes.engine_child import CLOSE_TIMEOUT_S, HEARTBEAT_S, RunnerSettings, serve_model
+from server.processes.engine_messages import (
     Cancel,
     Failed,
     GcCounts,
@@ -53,20 +67,7 @@ from server.backend.engine_messages import (
     Warm,
     Warmup,
 )
-from server.backend.pipe_writer import PipeWriter
-from server.core.admission_ledger import Admission, AdmissionLedger
-from server.core.events import (
-    ENGINE_FAILED_MESSAGE,
-    SHUTDOWN_MESSAGE,
-    EngineFailedError,
-    EngineLimits,
-    Event,
-    FailureReason,
-    RequestDone,
-    RequestFailed,
-)
-from server.core.observer import EngineObserver
-from server.core.work import DecodeOptions
+from server.processes.pipe_writer import PipeWriter
 
 __all__ = ["EngineProcess", "ModelProcess", "RunnerSettings", "SharedModel"]
 

@@ -15,7 +15,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 
-from server.backend.engine_messages import ToChild
+from server.processes.engine_messages import ToChild
 
 
 class PipeWriter:
