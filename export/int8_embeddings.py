@@ -1,15 +1,15 @@
-"""The embedding tables of the int8 graphs held as int8, once per graph.
+"""The embedding tables of the int8 graphs held as int8.
 
-`quantize_dynamic` quantizes MatMul weights only: each graph keeps its float32 embedding table for the Gather,
-and the decoder step holds the target table twice (float32 for the Gather, int8 transposed for the output
-projection tied to it). At a 256k vocabulary those float32 tables are most of the int8 variant's memory.
-Here every table a Gather reads becomes int8 with one scale per row (symmetric, as the MatMul weights are):
+`quantize_dynamic` quantizes MatMul weights only: each graph keeps its float32 embedding table for the Gather
+(the decoder step beside the int8 copy its output projection, tied to the table, multiplies by). At a 256k
+vocabulary those float32 tables are most of the int8 variant's memory. Here every table a Gather reads becomes
+int8 with one scale per row (symmetric, as the MatMul weights are):
 
-    encoder: Gather(table int8 (V, D), ids) -> Cast -> Mul(Gather(row scales (V, 1), ids))
-    step:    Gather(projection int8 (D, V), ids, axis=1) -> Transpose -> Cast -> Mul(row scales ...)
+    Gather(table int8 (V, D), ids) -> Cast -> Mul(Gather(row scales (V, 1), ids))
 
-In the step the Gather reads the projection's own int8 weight (a column of it is a row of the table), so the
-table is held once; the projection is then quantized with one scale per output column, the same scales.
+The output projection keeps the recipe `quantize_dynamic` gave it. Gathering the step's rows from the
+projection's own (D, V) weight instead saves no resident memory (onnxruntime packs that weight for its kernel
+and frees the original) and costs a strided Gather and a scale per column (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 EMBEDDING_TABLES = ("embed.weight", "src_embed.weight")  # the builder's names (export/builder/weights.py)
-PROJECTION = "embed.weight.T"  # the output projection's weight, the target table transposed (builder/decoder.py)
-SCALE_SUFFIX, QUANTIZED_SUFFIX, ZERO_POINT_SUFFIX = "_scale", "_quantized", "_zero_point"  # quantize_dynamic's
+QUANTIZED_SUFFIX = "_quantized"  # quantize_dynamic's, for its int8 weights
 
 
 def quantize_embeddings(graph_path: Path, reduce_range: bool = False) -> None:
@@ -32,7 +31,6 @@ def quantize_embeddings(graph_path: Path, reduce_range: bool = False) -> None:
     model = onnx.load(str(graph_path))
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    qmax = 63 if reduce_range else 127
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         table_name = node.input[0] if node.op_type == "Gather" else ""
@@ -40,16 +38,13 @@ def quantize_embeddings(graph_path: Path, reduce_range: bool = False) -> None:
             nodes.append(node)
             continue
         table = numpy_helper.to_array(initializers[table_name]).astype(np.float32)  # (V, D)
-        quantized, scales = per_row_int8(table, qmax)
-        if table_name == "embed.weight" and PROJECTION + QUANTIZED_SUFFIX in initializers:
-            _tie_to_projection(graph, initializers, quantized, scales)
-            nodes += _gather_columns(node, PROJECTION + QUANTIZED_SUFFIX)
-        else:
-            _add(graph, initializers, f"{table_name}{QUANTIZED_SUFFIX}", quantized)
-            nodes.append(helper.make_node("Gather", [f"{table_name}{QUANTIZED_SUFFIX}", node.input[1]], [_int8(node)]))
-        _add(graph, initializers, f"{table_name}_row{SCALE_SUFFIX}", scales[:, None])  # (V, 1)
-        nodes += _dequantize(node, f"{table_name}_row{SCALE_SUFFIX}")
+        quantized, scales = per_row_int8(table, 63 if reduce_range else 127)
+        int8_name, scale_name = f"{table_name}{QUANTIZED_SUFFIX}", f"{table_name}_row_scale"
         graph.initializer.remove(initializers.pop(table_name))
+        graph.initializer.extend(
+            [numpy_helper.from_array(quantized, int8_name), numpy_helper.from_array(scales[:, None], scale_name)]
+        )
+        nodes += _lookup(node, int8_name, scale_name)
     del graph.node[:]
     graph.node.extend(nodes)
     onnx.save(model, str(graph_path))
@@ -64,44 +59,12 @@ def per_row_int8(table: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.nda
     return quantized, scales
 
 
-def _tie_to_projection(
-    graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto], quantized: np.ndarray, scales: np.ndarray
-) -> None:  # fmt: skip
-    """The output projection's int8 weight (D, V) replaced by the table's rows as columns, with one scale and
-    zero point per column: MatMulInteger takes per-column zero points, and the Mul after it broadcasts (V,)."""
-    for suffix, value in (
-        (QUANTIZED_SUFFIX, np.ascontiguousarray(quantized.T)),
-        (SCALE_SUFFIX, scales),
-        (ZERO_POINT_SUFFIX, np.zeros(scales.shape, np.int8)),
-    ):
-        graph.initializer.remove(initializers.pop(PROJECTION + suffix))
-        _add(graph, initializers, PROJECTION + suffix, value)
-
-
-def _add(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto], name: str, value: np.ndarray) -> None:
-    initializers[name] = numpy_helper.from_array(value, name)
-    graph.initializer.append(initializers[name])
-
-
-def _int8(node: onnx.NodeProto) -> str:
-    return f"{node.output[0]}_int8"
-
-
-def _gather_columns(node: onnx.NodeProto, projection: str) -> list[onnx.NodeProto]:
-    """int8 columns of the projection (D, V) at the node's ids (B, T), as the builder's `embed` takes them,
-    moved last: (B, T, D)."""
-    columns = f"{node.output[0]}_columns"
+def _lookup(node: onnx.NodeProto, int8_table: str, scale_name: str) -> list[onnx.NodeProto]:
+    """The node's output (..., D), float32 as before: the int8 rows at its ids times their scales."""
+    ids, out = node.input[1], node.output[0]
     return [
-        helper.make_node("Gather", [projection, node.input[1]], [columns], axis=1),  # (D, B, T)
-        helper.make_node("Transpose", [columns], [_int8(node)], perm=[1, 2, 0]),
-    ]
-
-
-def _dequantize(node: onnx.NodeProto, scale_name: str) -> list[onnx.NodeProto]:
-    """The node's output, float32 again: its int8 rows times their scales."""
-    out = node.output[0]
-    return [
-        helper.make_node("Cast", [_int8(node)], [f"{out}_float"], to=onnx.TensorProto.FLOAT),
-        helper.make_node("Gather", [scale_name, node.input[1]], [f"{out}_scales"], axis=0),  # (B, T, 1)
+        helper.make_node("Gather", [int8_table, ids], [f"{out}_int8"], axis=0),
+        helper.make_node("Cast", [f"{out}_int8"], [f"{out}_float"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Gather", [scale_name, ids], [f"{out}_scales"], axis=0),  # (..., 1)
         helper.make_node("Mul", [f"{out}_float", f"{out}_scales"], [out]),
     ]

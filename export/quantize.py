@@ -12,8 +12,8 @@ from model.directory import DECODER_FILE, ENCODER_FILE, read_metadata
 
 
 def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce_range: bool = False) -> Path:
-    """Quantize MatMul weights and embedding tables to int8 (`export.int8_embeddings`: one table per graph,
-    one scale per row); activations stay float32 and are quantized per call.
+    """Quantize MatMul weights and embedding tables to int8 (`export.int8_embeddings`: one scale per row);
+    activations stay float32 and are quantized per call.
 
     The default, 8-bit weights with one scale per tensor, is what the shipped BLEU gate measured. On x86
     CPUs without VNNI onnxruntime multiplies uint8 activations by int8 weights with an instruction whose
@@ -47,4 +47,4 @@ def int8_recipe(per_channel: bool = False, reduce_range: bool = False) -> str:
     bits = "7-bit" if reduce_range else "8-bit"
     scales = "a scale per output channel" if per_channel else "one scale per tensor"
     return (f"int8 dynamic quantization of MatMul weights ({bits}, {scales}) and of the embedding tables "
-            "(a scale per row, the tied output projection a scale per column) from the fp32 graphs")  # fmt: skip
+            "(a scale per row) from the fp32 graphs")  # fmt: skip
