@@ -44,6 +44,7 @@ from model.directory import (
     MAX_BIAS_PER_ROW,
     VARIANTS_FILE,
     ExportMetadata,
+    log_probs_from_ranking,
     read_metadata,
 )
 from model.files import load_config
@@ -178,11 +179,12 @@ class _Graphs:
             "tokens": tokens, "positions": positions, "src_mask": self.mask,
             "past_keep": np.ones((rows, position), dtype=bool), "row_scores": np.zeros(rows, np.float32),
             "bias_ids": np.zeros((rows, 1), np.int64), "bias_values": np.zeros((rows, 1), np.float32),
-            "top_k": np.asarray([1], np.int64), **self.cross, **dict(zip(self.past_names, self.past, strict=True)),
+            "top_k": np.asarray([self.meta.vocab_size], np.int64), **self.cross,
+            **dict(zip(self.past_names, self.past, strict=True)),
         }  # fmt: skip
-        log_probs, *new = self.decoder.run(["log_probs", *self.new_names], feeds)
+        scores, ids, *new = self.decoder.run(["top_scores", "top_ids", *self.new_names], feeds)
         self.past = [np.concatenate([cache, step], axis=2) for cache, step in zip(self.past, new, strict=True)]
-        return np.asarray(log_probs)
+        return log_probs_from_ranking(scores, ids, self.meta.vocab_size)
 
 
 class _FusedGraphs(_Graphs):

@@ -30,6 +30,18 @@ STATIC_TOP_K = 16  # candidates the captured step ranks per row: 2 x the widest 
 # Most bias entries (token id, value) a decoder step takes per row, in every runner: the fixed width of the
 # captured step's bias inputs, which a captured graph cannot widen.
 MAX_BIAS_PER_ROW = 32
+
+
+def log_probs_from_ranking(scores: np.ndarray, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """(B, V) float32 log-probabilities from a decoder step that ranked every id (`top_k` = V, row scores 0, no
+    bias): each score back in its id's column. The ordinary step outputs no (B, V) distribution; parity checks
+    read it this way. A column no candidate fills stays NaN: a row of NaN ranks the graph's padding columns."""
+    log_probs = np.full((len(ids), vocab), np.nan, np.float32)
+    rows, ranks = np.nonzero(ids < vocab)
+    log_probs[rows, ids[rows, ranks]] = scores[rows, ranks]
+    return log_probs
+
+
 # The captured step's self-attention is onnxruntime's GroupQueryAttention, whose kernels take head sizes in
 # multiples of this: a model of another head size has no capturable step, whatever the export is asked.
 HEAD_DIM_MULTIPLE = 8
@@ -38,7 +50,7 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE)  # what every variant holds
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model

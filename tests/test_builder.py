@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -101,6 +102,26 @@ def test_log_probs_equal_pytorch(option_model: tuple[Path, Transformer]) -> None
     target = [model.cfg.bos_id, 7, 9, 11, 13, 8, 6]
     gap = teacher_forced_gap(model, model_dir / "onnx" / "fp32", tiny_sources(model_dir), target)
     assert gap <= LOG_PROB_TOLERANCE
+
+
+def test_a_source_encodes_the_same_alone_and_beside_longer_ones(option_model: tuple[Path, Transformer]) -> None:
+    """The encoder runs its per-token layers on the real tokens only: a sentence's cross keys and values at its own
+    positions are bit for bit the same whatever padding its batch needs."""
+    model_dir, _ = option_model
+    session = ort.InferenceSession(
+        str(model_dir / "onnx" / "fp32" / "encoder.onnx"), providers=["CPUExecutionProvider"]
+    )
+    sources = sorted(tiny_sources(model_dir), key=len)
+    longest = len(sources[-1])
+    batch = np.full((len(sources), longest), 0, np.int64)
+    for row, source in enumerate(sources):
+        batch[row, : len(source)] = source
+    mask = np.arange(longest)[None, :] < np.asarray([len(s) for s in sources])[:, None]
+    together = session.run(None, {"src_ids": batch, "src_mask": mask})
+    for row, source in enumerate(sources):
+        alone = session.run(None, {"src_ids": np.asarray([source]), "src_mask": np.ones((1, len(source)), bool)})
+        for mine, theirs in zip(alone, together, strict=True):
+            np.testing.assert_array_equal(mine[0], theirs[row, :, : len(source)])
 
 
 def test_the_fused_capturable_step_equals_pytorch(option_model: tuple[Path, Transformer]) -> None:

@@ -373,34 +373,46 @@ def test_a_penalty_replaces_one_only_when_it_wins_significantly() -> None:
     assert (noise.length_penalty, noise.best) == (1.0, 1.4) and noise.p_value >= 0.05
 
 
-def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path) -> None:
-    """The TopK appended to every decoder graph, on inputs full of ties: exact ties within and across
-    rows, and ties that only the float32 add of a large row score creates (values an ulp apart). Broken once on purpose
-    (the add and TopK in float64), the values one ulp apart no longer tied and the ids came out in
-    another order."""
+@pytest.mark.parametrize(("form", "vocab"), [("plain", 40), ("chunked", 40), ("chunked", 600)])
+def test_graph_ranking_breaks_ties_as_the_reference(tmp_path: Path, form: str, vocab: int) -> None:
+    """Both rankings appended to the decoder graphs, on inputs full of ties: exact ties within and across rows,
+    and ties that only the float32 add of a large row score creates (values an ulp apart), within one chunk and
+    across several. Broken once on purpose (the add and TopK in float64), the values one ulp apart no longer tied
+    and the ids came out in another order; ranking the chunks before adding the row score failed the same way."""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto
 
     from export.builder.graph import GraphBuilder
-    from export.builder.ranking import add_candidate_selection
+    from export.builder.ranking import RANKING_CHUNK, add_candidate_selection, add_chunked_selection
     from server.core.beam import row_candidates
 
     b = GraphBuilder("ranking", np.dtype(np.float32))
-    add_candidate_selection(b, b.add_input("x", TensorProto.FLOAT, ["B", "V"]))
+    scores_in = b.add_input("x", TensorProto.FLOAT, ["B", "V"])
+    if form == "plain":
+        add_candidate_selection(b, scores_in)
+    else:
+        add_chunked_selection(b, scores_in, 18)
     path = tmp_path / "ranking.onnx"
     onnx.save(b.model(18), str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    width = vocab if form == "plain" else -(-vocab // RANKING_CHUNK) * RANKING_CHUNK
     rng = np.random.default_rng(0)
     tiny = np.float32(-2.0) + np.arange(4, dtype=np.float32) * np.spacing(np.float32(2.0))  # 4 values, 1 ulp apart
     for trial in range(50):
-        logprobs = rng.choice(np.concatenate([np.linspace(-5, 0, 3, dtype=np.float32), tiny]), size=(4, 40))
+        logprobs = rng.choice(np.concatenate([np.linspace(-5, 0, 3, dtype=np.float32), tiny]), size=(4, vocab))
+        if trial % 2:  # a few near-ties over a floor: the best entries in different chunks
+            logprobs = np.full((4, vocab), -5.0, np.float32)
+            for row in logprobs:
+                row[rng.integers(0, vocab, 6)] = rng.choice(tiny, 6)
         row_scores = rng.choice(np.asarray([0.0, -1.5, -1000.0], dtype=np.float32), size=4)
-        k = int(rng.integers(1, 41))  # the runner caps k at V
-        feeds = {"x": logprobs.astype(np.float32), "row_scores": row_scores, "top_k": np.asarray([k], np.int64),
+        k = int(rng.integers(1, min(vocab, 40) + 1))  # the runner caps k at V
+        padded = np.full((4, width), -np.inf, np.float32)
+        padded[:, :vocab] = logprobs
+        feeds = {"x": padded, "row_scores": row_scores, "top_k": np.asarray([k], np.int64),
                  "bias_ids": np.zeros((4, 1), np.int64), "bias_values": np.zeros((4, 1), np.float32)}  # fmt: skip
         scores, ids = session.run(["top_scores", "top_ids"], feeds)
-        want_scores, want_ids = row_candidates(feeds["x"], row_scores, k)
+        want_scores, want_ids = row_candidates(logprobs.astype(np.float32), row_scores, k)
         np.testing.assert_array_equal(ids, want_ids, err_msg=f"trial {trial}")
         np.testing.assert_array_equal(scores, want_scores, err_msg=f"trial {trial}")
 

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto
 
 from export.builder.graph import GraphBuilder
-from export.builder.ranking import add_candidate_selection
+from export.builder.ranking import RANKING_CHUNK, add_candidate_selection, add_chunked_selection
 from model.directory import MAX_BIAS_PER_ROW
 from server.backend.captured import CapturedRunner
 from server.backend.runtime import OnnxRunner
@@ -94,22 +94,40 @@ def test_the_fake_runner_keeps_the_contract() -> None:
 # -- the ranking graph --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ranking(tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
-    """The ranking alone over a (B, V) input, as every decoder graph ends."""
+RANKINGS = ["plain", "chunked", "chunked-opset-17"]  # the captured step's form, the ordinary step's (two opsets)
+
+
+@pytest.fixture(scope="module", params=RANKINGS)
+def ranking(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[ort.InferenceSession, int]:
+    """The ranking alone over a (B, V) input, as every decoder graph ends, and the multiple its input width is
+    padded to (with -inf, as the ordinary step pads its log-probabilities)."""
     b = GraphBuilder("ranking", np.dtype(np.float32))
-    add_candidate_selection(b, b.add_input("x", TensorProto.FLOAT, ["B", "V"]))
+    scores = b.add_input("x", TensorProto.FLOAT, ["B", "V"])
+    opset = 17 if request.param.endswith("17") else 18
+    if request.param == "plain":
+        add_candidate_selection(b, scores)
+    else:
+        add_chunked_selection(b, scores, opset)
     path = tmp_path_factory.mktemp("ranking") / "ranking.onnx"
-    onnx.save(b.model(18), str(path))
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    onnx.save(b.model(opset), str(path))
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), (
+        1 if request.param == "plain" else RANKING_CHUNK
+    )
 
 
-def test_the_graph_ranks_the_biased_scores_as_the_reference(ranking: ort.InferenceSession) -> None:
-    """Random bans and asks, repeated ids and padding, rows of different widths: bit for bit the reference."""
+def test_the_graph_ranks_the_biased_scores_as_the_reference(ranking: tuple[ort.InferenceSession, int]) -> None:
+    """Random bans and asks, repeated ids and padding, rows of different widths, vocabularies of one to several
+    chunks, log-probabilities with many exact ties and some -inf, k up to the whole vocabulary: bit for bit the
+    reference."""
+    session, multiple = ranking
     rng = np.random.default_rng(0)
-    for trial in range(40):
-        rows, vocab, width = int(rng.integers(1, 6)), int(rng.integers(8, 50)), int(rng.integers(1, 9))
-        logprobs = rng.normal(-4.0, 2.0, (rows, vocab)).astype(np.float32)
+    for trial in range(60):
+        rows, vocab, width = int(rng.integers(1, 6)), int(rng.integers(8, 700)), int(rng.integers(1, 9))
+        # quarter steps: ties everywhere, and row scores add to them exactly
+        logprobs = np.round(rng.normal(-4.0, 2.0, (rows, vocab)) * 4).astype(np.float32) / 4
+        logprobs[rng.random((rows, vocab)) < 0.05] = -np.inf
         row_scores = rng.choice(np.asarray([0.0, -1.5, -30.0], np.float32), size=rows)
         entries = [
             dict.fromkeys(rng.integers(0, vocab, int(rng.integers(0, width + 1))).tolist(), ASK) for _ in range(rows)
@@ -117,16 +135,19 @@ def test_the_graph_ranks_the_biased_scores_as_the_reference(ranking: ort.Inferen
         for row in entries:
             row.update({token: BAN for token in list(row)[::2]})
         row_bias = bias(entries, width)
-        k = int(rng.integers(1, vocab - width))  # fewer than the tokens left unbanned
-        feeds = {"x": logprobs, "row_scores": row_scores, "top_k": np.asarray([k], np.int64),
+        k = int(rng.choice([1, 2, 8, int(rng.integers(1, vocab + 1)), vocab]))
+        padded = np.full((rows, -(-vocab // multiple) * multiple), -np.inf, np.float32)
+        padded[:, :vocab] = logprobs
+        feeds = {"x": padded, "row_scores": row_scores, "top_k": np.asarray([k], np.int64),
                  "bias_ids": row_bias.ids, "bias_values": row_bias.values}  # fmt: skip
-        got = ranking.run(["top_scores", "top_ids", "bias_scores"], feeds)
+        got = session.run(["top_scores", "top_ids", "bias_scores"], feeds)
         for name, have, want in zip(
             ("scores", "ids", "bias scores"), got, row_candidates(logprobs, row_scores, k, row_bias), strict=True
         ):
             np.testing.assert_array_equal(have, want, err_msg=f"trial {trial}: {name}")
         for i, row in enumerate(entries):
-            assert not {t for t, v in row.items() if v == BAN} & set(got[1][i].tolist()), f"trial {trial}: a ban ranked"
+            banned = {t for t, v in row.items() if v == BAN}
+            assert not banned & set(got[1][i][np.isfinite(got[0][i])].tolist()), f"trial {trial}: a ban ranked"
 
 
 def test_a_capturable_graph_takes_a_bias_of_fixed_width() -> None:

@@ -268,17 +268,22 @@ def test_spin_setting_reaches_every_session(model_dir: Path, spin: bool) -> None
 
 def test_cuda_sessions_compute_float32_without_tf32(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TF32 (onnxruntime's CUDA default) moves fp32 log-probs by ~4e-3, beyond parity: a CUDA session turns
-    it off, and keeps the CPU provider behind it."""
+    it off, and keeps the CPU provider behind it. A CPU session leaves out the fusions that run slower there."""
     asked: dict[str, object] = {}
 
-    def capture(path: str, sess_options: ort.SessionOptions, providers: list[object]) -> None:
-        asked["providers"] = providers
+    def capture(
+        path: str, sess_options: ort.SessionOptions, providers: list[object], disabled_optimizers: list[str]
+    ) -> None:
+        asked["providers"], asked["disabled"] = providers, disabled_optimizers
 
     monkeypatch.setattr(ort, "InferenceSession", capture)
     make_session(model_dir / "onnx" / "fp32" / "encoder.onnx", "cuda", 1)
-    assert asked["providers"] == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert asked == {
+        "providers": [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"],
+        "disabled": [],
+    }
     make_session(model_dir / "onnx" / "fp32" / "encoder.onnx", "cpu", 1)
-    assert asked["providers"] == ["CPUExecutionProvider"]
+    assert asked == {"providers": ["CPUExecutionProvider"], "disabled": ["SkipLayerNormFusion"]}
 
 
 def test_the_graph_ranks_candidates_as_the_reference_does(runner: OnnxRunner) -> None:

@@ -2,9 +2,10 @@
 
 In: tokens (B,), positions (B,), src_mask (B, S), past_keep (B, P), cross_k_i / cross_v_i (B, H, S, Dh),
 past_k_i / past_v_i (B, H, P, Dh), then the ranking's row_scores (B,), bias_ids / bias_values (B, J) and top_k (1,).
-Out: log_probs (B, V) float32, new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), bias_scores (B, J), and
+Out: new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), bias_scores (B, J), and
 present_k_i / present_v_i (B, H, P + 1, Dh), the past with this step appended, which the working batch feeds
-back as the next past. No `If` node: every row runs the same nodes.
+back as the next past. No `If` node: every row runs the same nodes. The whole (B, V) distribution is no output:
+the ranking works on it in place, and a parity check that wants it ranks all V ids.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from onnx import TensorProto
 
 from export.builder import layers
 from export.builder.graph import GraphBuilder
-from export.builder.ranking import add_candidate_selection
+from export.builder.ranking import RANKING_CHUNK, add_chunked_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
 
@@ -92,19 +93,27 @@ def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str
         return x, self_keep, src_keep
 
 
-def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: bool = False) -> str:
+def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: bool = False, chunk: int = 0) -> str:
     """(B, 1, D) -> float32 log-probabilities (B, V): the final norm under pre-norm (unless x is `normed`
     already), the output projection tied to the target embedding, the logits bias if any, log-softmax in
     float32, and banned ids (pad, under `ban_pad`) set after normalising (and also excluded before it under
-    `renormalize_logits`)."""
+    `renormalize_logits`).
+
+    With `chunk`, the rows are (B, V') instead, V' = V rounded up to a multiple of `chunk`, for a ranking that
+    reshapes them into chunks (`export.builder.ranking.add_chunked_selection`): the projection gains zero columns
+    and the bias -inf there, so the extra columns hold -inf and change no other log-probability. The projection
+    then runs on (B, D), where onnxruntime folds the bias into the matrix product."""
     with b.scope("decoder"):
         if cfg.norm_placement == "pre" and not normed:
             x = layers.layer_norm(b, w, "decoder_norm", x, "decoder_norm")
         with b.scope("logits"):
-            logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)
-            if cfg.final_logits_bias:
-                logits = b.op("Add", logits, b.weight("logits_bias", w["logits_bias"]))
-            logits = b.op("Squeeze", logits, b.ints(1))  # (B, V)
+            if chunk:
+                logits = padded_projection(b, w, b.op("Squeeze", x, b.ints(1)), cfg, chunk)  # (B, V')
+            else:
+                logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)
+                if cfg.final_logits_bias:
+                    logits = b.op("Add", logits, b.weight("logits_bias", w["logits_bias"]))
+                logits = b.op("Squeeze", logits, b.ints(1))  # (B, V)
             if b.elem != TensorProto.FLOAT:
                 logits = b.op("Cast", logits, to=TensorProto.FLOAT)
         if cfg.ban_pad and cfg.renormalize_logits:  # banned before normalising: the rest sum to one
@@ -113,6 +122,18 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: boo
         if cfg.ban_pad:
             result = set_column(b, result, cfg.pad_id, BANNED_LOG_PROB, "ban")
     return b.rename(result, "log_probs")
+
+
+def padded_projection(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, chunk: int) -> str:
+    """(B, D) -> logits (B, V') with V' = V rounded up to a multiple of `chunk`, -inf past V."""
+    extra = -cfg.vocab_size % chunk
+    weight = np.pad(w["embed.weight"].T, ((0, 0), (0, extra)))  # (D, V')
+    bias = w["logits_bias"] if cfg.final_logits_bias else np.zeros(cfg.vocab_size, np.float32)
+    bias = np.concatenate([bias, np.full(extra, -np.inf, np.float32)])
+    logits = b.op("MatMul", x, b.weight("embed.weight.T", weight))
+    if cfg.final_logits_bias or extra:
+        logits = b.op("Add", logits, b.weight("logits_bias", bias))
+    return logits
 
 
 def set_column(b: GraphBuilder, scores: str, token: int, value: float, name: str) -> str:
@@ -128,21 +149,22 @@ def set_column(b: GraphBuilder, scores: str, token: int, value: float, name: str
         return b.op("ScatterElements", scores, index, values, axis=1)
 
 
-def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig) -> None:
-    """Every decoder layer over x (B, 1, D), then the graph's log_probs output (B, V)."""
+def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig) -> str:
+    """Every decoder layer over x (B, 1, D), then the ranking's (B, V') log-probabilities (`log_probs` by
+    RANKING_CHUNK)."""
     for i in range(cfg.n_decoder_layers):
         x = decoder_layer(b, w, i, x, attend, src_keep, cfg)
-    b.add_output(log_probs(b, w, x, cfg), TensorProto.FLOAT, ["B", cfg.vocab_size])
+    return log_probs(b, w, x, cfg, chunk=RANKING_CHUNK)
 
 
 def decoder_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
     b = GraphBuilder("decoder_step", dtype)
     x, self_keep, src_keep = step_inputs(b, w, cfg)
-    decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, self_keep, cfg), src_keep, cfg)
+    scores = decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, self_keep, cfg), src_keep, cfg)
     layers = [(kind, i) for i in range(cfg.n_decoder_layers) for kind in "kv"]
     for kind, i in layers:
         b.add_output(f"new_{kind}_{i}", b.elem, ["B", cfg.n_heads, 1, cfg.head_dim])
-    add_candidate_selection(b, "log_probs")
+    add_chunked_selection(b, scores, opset)
     for kind, i in layers:
         b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, "P1", cfg.head_dim])
     return b.model(opset)

@@ -7,6 +7,10 @@ of its output. Dimensions as everywhere: B rows, T query positions, S key positi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
 
 from export.builder.graph import GraphBuilder
 from export.builder.positions import sinusoid_table
@@ -35,6 +39,37 @@ def layer_norm(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> 
         return b.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=LAYER_NORM_EPS)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a padded (B, S) batch sit, so that the encoder's per-token work (projections,
+    norms, feed-forward) runs on those T tokens only, (T, D), and attention alone on the padded (B, S) layout."""
+
+    kept: str  # (T,) each real token's position in the flattened B * S
+    row_of: str  # (B * S,) the packed row each position reads back: its own token's, any real row at padding
+    padded: str  # (3,) the padded shape [B, S, D]
+
+
+def pack_tokens(b: GraphBuilder, mask: str, cfg: ModelConfig) -> Packing:
+    """The packing of a (B, S) bool mask. Padding reads back a real row, not zeros: attention masks those keys
+    (weight exactly 0 times a finite value) and the padded queries' outputs are packed away unread."""
+    flat = b.op("Reshape", mask, b.ints(-1))  # (B * S,)
+    kept = b.op("Squeeze", b.op("NonZero", flat), b.ints(0))  # (T,)
+    count = b.op("CumSum", b.op("Cast", flat, to=TensorProto.INT64), b.const(0, np.int64))  # (B * S,)
+    row_of = b.op("Where", flat, b.op("Sub", count, b.const(1, np.int64)), b.const(0, np.int64))
+    padded = b.op("Concat", b.op("Shape", mask), b.ints(cfg.d_model), axis=0)
+    return Packing(kept, row_of, padded)
+
+
+def unpack(b: GraphBuilder, packing: Packing, x: str) -> str:
+    """(T, D) -> (B, S, D)."""
+    return b.op("Reshape", b.op("Gather", x, packing.row_of, axis=0), packing.padded)
+
+
+def pack(b: GraphBuilder, packing: Packing, x: str, cfg: ModelConfig) -> str:
+    """(B, S, D) -> (T, D)."""
+    return b.op("Gather", b.op("Reshape", x, b.ints(-1, cfg.d_model)), packing.kept, axis=0)
+
+
 def split_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
     """(B, T, D) -> (B, H, T, Dh)."""
     heads = b.op("Reshape", x, b.ints(0, -1, cfg.n_heads, cfg.head_dim))  # (B, T, H, Dh)
@@ -47,11 +82,14 @@ def merge_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
     return b.op("Reshape", rows, b.ints(0, -1, cfg.d_model))
 
 
-def project_kv(b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig) -> tuple[str, str]:
-    """Keys and values of x (B, S, D), each (B, H, S, Dh)."""
-    k = split_heads(b, linear(b, w, f"{prefix}.k_proj", x, "k_proj"), cfg)
-    v = split_heads(b, linear(b, w, f"{prefix}.v_proj", x, "v_proj"), cfg)
-    return k, v
+def project_kv(
+    b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig, packing: Packing | None = None
+) -> tuple[str, str]:
+    """Keys and values of x (B, S, D), or of packed tokens x (T, D) with their `packing`, each (B, H, S, Dh)."""
+    k, v = (linear(b, w, f"{prefix}.{name}", x, name) for name in ("k_proj", "v_proj"))
+    if packing is not None:
+        k, v = unpack(b, packing, k), unpack(b, packing, v)
+    return split_heads(b, k, cfg), split_heads(b, v, cfg)
 
 
 def attention(b: GraphBuilder, q: str, k: str, v: str, keep: str, cfg: ModelConfig) -> str:
@@ -64,12 +102,15 @@ def attention(b: GraphBuilder, q: str, k: str, v: str, keep: str, cfg: ModelConf
 
 
 def multi_head_attention(
-    b: GraphBuilder, w: Weights, prefix: str, x: str, kv: tuple[str, str], keep: str, cfg: ModelConfig
-) -> str:
-    """Queries of x (B, T, D) against precomputed heads kv (B, H, S, Dh) -> (B, T, D)."""
-    q = split_heads(b, linear(b, w, f"{prefix}.q_proj", x, "q_proj"), cfg)
-    heads = attention(b, q, kv[0], kv[1], keep, cfg)
-    return linear(b, w, f"{prefix}.out_proj", merge_heads(b, heads, cfg), "out_proj")
+    b: GraphBuilder, w: Weights, prefix: str, x: str, kv: tuple[str, str], keep: str, cfg: ModelConfig,
+    packing: Packing | None = None,
+) -> str:  # fmt: skip
+    """Queries of x (B, T, D) against precomputed heads kv (B, H, S, Dh) -> (B, T, D); with a `packing`, of the
+    packed tokens x (T, D) against their own batch's heads -> (T, D)."""
+    q = linear(b, w, f"{prefix}.q_proj", x, "q_proj")
+    heads = attention(b, split_heads(b, q if packing is None else unpack(b, packing, q), cfg), kv[0], kv[1], keep, cfg)
+    merged = merge_heads(b, heads, cfg)
+    return linear(b, w, f"{prefix}.out_proj", merged if packing is None else pack(b, packing, merged, cfg), "out_proj")
 
 
 def activation(b: GraphBuilder, x: str, kind: str) -> str:

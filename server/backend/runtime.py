@@ -38,6 +38,7 @@ from model.directory import (
     ENCODER_FILE,
     ExportMetadata,
     MetadataError,
+    log_probs_from_ranking,
     read_metadata,
 )
 from server.backend.arena_release import ArenaRelease
@@ -181,10 +182,15 @@ class OnnxRunner(ABC):
         return Candidates(scores, ids, bias_scores)
 
     def step_log_probs(self, slots: list[int], tokens: list[int], positions: list[int]) -> npt.NDArray[np.float32]:
-        """`step`, returning the whole (B, V) log-probabilities instead: for parity checks, not serving."""
-        ranking = ranking_feeds([0.0] * len(slots), 1, None)
-        (log_probs,) = self._step(slots, tokens, positions, ranking, (LOG_PROBS_OUTPUT,))
-        return log_probs
+        """`step`, returning the whole (B, V) log-probabilities instead: for parity checks, not serving. A step
+        graph without a log_probs output ranks all V ids (`model.directory.log_probs_from_ranking`)."""
+        rows, vocab = len(slots), self.spec.vocab_size
+        if LOG_PROBS_OUTPUT in {output.name for output in self.decoder.get_outputs()}:
+            ranking = ranking_feeds([0.0] * rows, 1, None)
+            (log_probs,) = self._step(slots, tokens, positions, ranking, (LOG_PROBS_OUTPUT,))
+            return log_probs
+        scores, ids = self._step(slots, tokens, positions, ranking_feeds([0.0] * rows, vocab, None), CANDIDATE_OUTPUTS)
+        return log_probs_from_ranking(scores, ids, vocab)
 
     @abstractmethod
     def _step(

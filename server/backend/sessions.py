@@ -10,6 +10,9 @@ import onnxruntime as ort
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0"}
+# onnxruntime fusions a CPU session leaves out: its SkipLayerNormalization kernel runs slower on a CPU than the
+# Add and LayerNormalization it replaces (docs/decisions.md).
+CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 Feeds = dict[str, npt.NDArray[np.generic]]
 
@@ -30,13 +33,14 @@ def make_session(
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_threads else "0")
     wanted = PROVIDERS[provider]
     providers: list[str | tuple[str, dict[str, str]]] = [wanted]
+    disabled = CPU_DISABLED_OPTIMIZERS if wanted == "CPUExecutionProvider" else []
     if wanted == "CUDAExecutionProvider":
         # float32 graphs compute in float32: TF32 tensor cores (onnxruntime's CUDA default) round matmul
         # inputs to 10 mantissa bits and move log-probs by ~4e-3, beyond parity with PyTorch; fp16 is the
         # fast variant there.
         options_cuda = CUDA_OPTIONS | ({"enable_cuda_graph": "1"} if cuda_graph else {})
         providers = [(wanted, options_cuda), "CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    return ort.InferenceSession(str(path), sess_options=options, providers=providers, disabled_optimizers=disabled)
 
 
 def kv_names(prefix_k: str, prefix_v: str, n_layers: int) -> list[str]:
