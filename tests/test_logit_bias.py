@@ -126,7 +126,7 @@ def test_the_graph_ranks_the_biased_scores_as_the_reference(ranking: tuple[ort.I
     for trial in range(60):
         rows, vocab, width = int(rng.integers(1, 6)), int(rng.integers(8, 700)), int(rng.integers(1, 9))
         # quarter steps: ties everywhere, and row scores add to them exactly
-        logprobs = np.round(rng.normal(-4.0, 2.0, (rows, vocab)) * 4).astype(np.float32) / 4
+        logprobs = (np.round(rng.normal(-4.0, 2.0, (rows, vocab)) * 4) / 4).astype(np.float32)
         logprobs[rng.random((rows, vocab)) < 0.05] = -np.inf
         row_scores = rng.choice(np.asarray([0.0, -1.5, -30.0], np.float32), size=rows)
         entries = [
