@@ -106,7 +106,8 @@ def test_log_probs_equal_pytorch(option_model: tuple[Path, Transformer]) -> None
 
 def test_a_source_encodes_the_same_alone_and_beside_longer_ones(option_model: tuple[Path, Transformer]) -> None:
     """The encoder runs its per-token layers on the real tokens only: a sentence's cross keys and values at its own
-    positions are bit for bit the same whatever padding its batch needs."""
+    positions are bit for bit the same whatever padding its batch needs. Broken once on purpose (the packed tokens'
+    positions counted over S + 1 columns), every later row's keys and values moved."""
     model_dir, _ = option_model
     session = ort.InferenceSession(
         str(model_dir / "onnx" / "fp32" / "encoder.onnx"), providers=["CPUExecutionProvider"]
