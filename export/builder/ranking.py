@@ -27,6 +27,8 @@ sums are k distinct entries at least as good (equal ones at lower ids). A bias o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from onnx import TensorProto
 
@@ -36,6 +38,39 @@ from model.directory import MAX_BIAS_PER_ROW
 RANKING_CHUNK = 128  # columns per chunk of the ordinary step's ranking
 
 
+@dataclass(frozen=True)
+class RankingInputs:
+    """The ranking's graph inputs, and the widths of its outputs."""
+
+    row_scores: str  # (B,)
+    bias_ids: str  # (B, J) int64
+    bias_values: str  # (B, J)
+    top_k: str  # (1,) int64: the top_k input, or a constant
+    k_dim: int | str
+    j_dim: int | str
+
+
+def ranking_inputs(b: GraphBuilder, fixed_k: int | None) -> RankingInputs:
+    """row_scores, bias_ids, bias_values and top_k; under `fixed_k` top_k is that constant and the bias
+    MAX_BIAS_PER_ROW wide."""
+    j_dim: int | str = "J" if fixed_k is None else MAX_BIAS_PER_ROW
+    return RankingInputs(
+        b.add_input("row_scores", TensorProto.FLOAT, ["B"]),
+        b.add_input("bias_ids", TensorProto.INT64, ["B", j_dim]),
+        b.add_input("bias_values", TensorProto.FLOAT, ["B", j_dim]),
+        b.add_input("top_k", TensorProto.INT64, [1]) if fixed_k is None else b.ints(fixed_k),
+        "K" if fixed_k is None else fixed_k,
+        j_dim,
+    )
+
+
+def ranking_outputs(b: GraphBuilder, io: RankingInputs, top_scores: str, top_ids: str, asked: str) -> None:
+    """The graph's top_scores, top_ids (B, k) and bias_scores (B, J)."""
+    b.add_output(b.rename(top_scores, "top_scores"), TensorProto.FLOAT, ["B", io.k_dim])
+    b.add_output(b.rename(top_ids, "top_ids"), TensorProto.INT64, ["B", io.k_dim])
+    b.add_output(b.rename(asked, "bias_scores"), TensorProto.FLOAT, ["B", io.j_dim])
+
+
 def add_candidate_selection(b: GraphBuilder, log_probs: str, fixed_k: int | None = None) -> None:
     """Ranks the (B, V) float32 `log_probs` of the graph being built; adds the inputs and outputs above.
 
@@ -43,12 +78,8 @@ def add_candidate_selection(b: GraphBuilder, log_probs: str, fixed_k: int | None
     the host, which a captured graph would freeze, so a capturable graph fixes it (its callers take the
     first k of them: the order is total, score then lower id). Such a graph's bias is MAX_BIAS_PER_ROW wide,
     since a captured graph's inputs keep their shapes."""
-    row_scores = b.add_input("row_scores", TensorProto.FLOAT, ["B"])
-    j_dim: int | str = "J" if fixed_k is None else MAX_BIAS_PER_ROW
-    bias_ids = b.add_input("bias_ids", TensorProto.INT64, ["B", j_dim])
-    bias_values = b.add_input("bias_values", TensorProto.FLOAT, ["B", j_dim])
-    top_k = b.add_input("top_k", TensorProto.INT64, [1]) if fixed_k is None else b.ints(fixed_k)
-    k_dim: int | str = "K" if fixed_k is None else fixed_k
+    io = ranking_inputs(b, fixed_k)
+    row_scores, bias_ids, bias_values, top_k = io.row_scores, io.bias_ids, io.bias_values, io.top_k
     with b.scope("ranking"):
         column = b.op("Unsqueeze", row_scores, b.ints(1))  # (B, 1)
         scores = b.op("Add", log_probs, column)  # (B, V)
@@ -56,18 +87,14 @@ def add_candidate_selection(b: GraphBuilder, log_probs: str, fixed_k: int | None
         biased = b.op("ScatterElements", scores, bias_ids, bias_values, axis=1, reduction="add")  # (B, V)
         top = b.op_n("TopK", biased, top_k, outputs=2, axis=-1, largest=1, sorted=1)
         asked = b.op("GatherElements", biased, bias_ids, axis=1)  # (B, J)
-    b.add_output(b.rename(top[0], "top_scores"), TensorProto.FLOAT, ["B", k_dim])
-    b.add_output(b.rename(top[1], "top_ids"), TensorProto.INT64, ["B", k_dim])
-    b.add_output(b.rename(asked, "bias_scores"), TensorProto.FLOAT, ["B", j_dim])
+    ranking_outputs(b, io, top[0], top[1], asked)
 
 
 def add_chunked_selection(b: GraphBuilder, log_probs: str, opset: int) -> None:
     """Ranks the (B, V') float32 `log_probs` (V' a multiple of RANKING_CHUNK, -inf past V, no other reader) as the
     module docstring says; adds the inputs and outputs of `add_candidate_selection` with a top_k input."""
-    row_scores = b.add_input("row_scores", TensorProto.FLOAT, ["B"])
-    bias_ids = b.add_input("bias_ids", TensorProto.INT64, ["B", "J"])
-    bias_values = b.add_input("bias_values", TensorProto.FLOAT, ["B", "J"])
-    top_k = b.add_input("top_k", TensorProto.INT64, [1])
+    io = ranking_inputs(b, None)
+    row_scores, bias_ids, bias_values, top_k = io.row_scores, io.bias_ids, io.bias_values, io.top_k
     with b.scope("ranking"):
         # log_probs has no other reader, so onnxruntime's CPU kernel adds the bias in place.
         biased = b.op("ScatterElements", log_probs, bias_ids, bias_values, axis=1, reduction="add")  # (B, V')
@@ -86,6 +113,4 @@ def add_chunked_selection(b: GraphBuilder, log_probs: str, opset: int) -> None:
         top = b.op_n("TopK", found, top_k, outputs=2, axis=-1, largest=1, sorted=1)
         top_scores, top_ids = top[0], b.op("GatherElements", columns, top[1], axis=1)  # (B, k)
         asked = b.op("Add", b.op("GatherElements", biased, bias_ids, axis=1), column)  # (B, J)
-    b.add_output(b.rename(top_scores, "top_scores"), TensorProto.FLOAT, ["B", "K"])
-    b.add_output(b.rename(top_ids, "top_ids"), TensorProto.INT64, ["B", "K"])
-    b.add_output(b.rename(asked, "bias_scores"), TensorProto.FLOAT, ["B", "J"])
+    ranking_outputs(b, io, top_scores, top_ids, asked)
