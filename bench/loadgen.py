@@ -8,6 +8,9 @@ responses, on cores it shares with the server) must not hide the delay a real cl
 Closed loop: N workers each send their next request when the previous one returns, which finds the
 saturation throughput.
 
+The test set holds German-English pairs; the CLI sends the directions the server lists (ListModels) and
+stops with a message when it serves neither.
+
 Usage:
   python -m bench.loadgen --address localhost:50051 --rate 20 --duration 10
   python -m bench.loadgen --address localhost:50051 --concurrency 8 --duration 10
@@ -253,6 +256,32 @@ def load_queries(tsv: Path, texts_per_request: int = 1, glossary: Path | None = 
     return queries
 
 
+def served_directions(models: Sequence[translation_pb2.ModelInfo]) -> set[tuple[str, str]]:
+    """Every (source, target) the listed models translate, by the model's codes and by BCP-47; any-to-any
+    models as every source beside every target."""
+    served: set[tuple[str, str]] = set()
+    for model in models:
+        for pair in model.pairs:
+            served |= {(s, t) for s in (pair.source, pair.source_bcp47) for t in (pair.target, pair.target_bcp47)}
+        sources = {code for lang in model.any_to_any.sources for code in (lang.code, lang.bcp47)}
+        targets = {code for lang in model.any_to_any.targets for code in (lang.code, lang.bcp47)}
+        served |= {(s, t) for s in sources for t in targets}
+    return served
+
+
+def servable(address: str, queries: Sequence[Query]) -> list[Query]:
+    """The queries whose direction the server at `address` translates; SystemExit naming what it serves if none."""
+    with grpc.insecure_channel(address) as channel:
+        reply = translation_pb2_grpc.TranslatorStub(channel).ListModels(translation_pb2.ListModelsRequest(), timeout=30)
+    served = served_directions(reply.models)
+    kept = [q for q in queries if (q.source_language, q.target_language) in served]
+    if not kept:
+        offered = sorted({f"{q.source_language}-{q.target_language}" for q in queries})
+        names = ", ".join(m.name for m in reply.models) or "no model"
+        raise SystemExit(f"the server ({names}) translates none of the test set's directions {offered}")
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", default="localhost:50051")
@@ -267,7 +296,7 @@ def main() -> None:
     mode.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
     mode.add_argument("--concurrency", type=int, default=0, help="closed loop: concurrent workers")
     args = parser.parse_args()
-    queries = load_queries(args.data, args.texts_per_request, args.glossary)
+    queries = servable(args.address, load_queries(args.data, args.texts_per_request, args.glossary))
     summary = asyncio.run(
         run_grpc(
             args.address, queries, args.beam_size, args.duration, args.rate, args.concurrency, args.max_output_len,

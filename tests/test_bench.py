@@ -257,7 +257,7 @@ def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
 
 def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> None:
     """Closed and open loop through real gRPC on loopback (fake runner): every request OK, tokens counted."""
-    from bench.loadgen import run_grpc
+    from bench.loadgen import run_grpc, servable
     from tests.serving import fake_model, running_server
 
     queries = [Query((de,), "de", "en") for de, _ in TINY_PAIRS[:6]]
@@ -268,6 +268,10 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
         one_by_one = partial(run_grpc, server.address, beam_size=1, duration_s=60, concurrency=1)
         alone = asyncio.run(one_by_one(queries, max_requests=6))
         together = asyncio.run(one_by_one(batched, max_requests=2))
+        french = Query(("Bonjour.",), "fr", "de")
+        assert servable(server.address, [*queries[:2], french]) == queries[:2]  # the CLI's filter
+        with pytest.raises(SystemExit, match="translates none of the test set's directions"):
+            servable(server.address, [french])
     assert closed.ok == closed.requests > 4 and not closed.errors and closed.tokens_per_s > 0
     # the same six sentences, one or three per request: every text of a request is translated and counted
     assert (alone.ok, together.ok) == (6, 2)
@@ -276,6 +280,18 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
     offered = len(send_times(rate=20, duration_s=0.5))  # Poisson arrivals: about 10
     assert (opened.requests, opened.ok, opened.errors) == (offered, offered, {})
     assert opened.p50_ms <= opened.p95_ms
+
+
+def test_served_directions_cover_pairs_and_any_to_any_models_by_either_code() -> None:
+    from bench.loadgen import served_directions
+    from server.proto.translation.v1 import translation_pb2 as pb
+
+    pairwise = pb.ModelInfo(pairs=[pb.LanguagePair(source="deu", target="eng", source_bcp47="de", target_bcp47="en")])
+    languages = [pb.Language(code="deu_Latn", bcp47="de"), pb.Language(code="fra_Latn", bcp47="fr")]
+    many = pb.ModelInfo(any_to_any=pb.AnyToAny(sources=languages, targets=languages))
+    assert {("de", "en"), ("deu", "eng")} <= served_directions([pairwise])
+    assert ("en", "de") not in served_directions([pairwise])
+    assert {("de", "fr"), ("fr", "de"), ("deu_Latn", "fra_Latn")} <= served_directions([many])
 
 
 def _offline(tps: float, p50: float) -> dict[str, Any]:

@@ -22,7 +22,10 @@ sat out a step, has columns that are not). Under continuous batching rows come a
   slot is stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
 The cross-attention feed is kept in row order the same way: a row's source keys/values are copied
 from the slot caches (numpy, (max_slots, H, max_source_len, Dh) per cache) only when the row's source changes;
-along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP. Every block written into
+along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP. It lives in arrays of
+max_slots rows (the feed is their first W), kept from one source length to the next: a batch that grows
+copies no source keys/values, a compaction moves only the rows whose place changes, and no step writes
+into freshly mapped memory. Every block written into
 the caches is checked, so a slot is zeroed for its next sentence only if a NaN or inf went in.
 """
 
@@ -44,6 +47,7 @@ MIN_IDLE = 4  # ... and at least this many
 TRIM_COLUMNS = 16  # compact once this many leading columns belong to no stepped row
 LENGTH_STEP = 16  # the cross feed's source axis grows and shrinks in steps of this many entries
 SHRINK_SLACK = 2 * LENGTH_STEP  # shrink once this many entries past the longest source go unused
+CROSS_SLACK = 4  # the cross feed's buffers are given back once a layout would use under a quarter of them
 
 Ids = npt.NDArray[np.int64]
 
@@ -72,8 +76,11 @@ class WorkingBatchRunner(OnnxRunner):
         self.row_slot = np.zeros(0, dtype=np.int64)  # (W,) the slot each row holds, or FREE
         self.row_of_slot = np.full(max_slots, FREE, dtype=np.int64)
         self.parked: dict[int, list[np.ndarray]] = {}  # slot -> its kept (H, n, Dh) per cache
-        self.cross: list[np.ndarray] = [empty] * (2 * self.n_layers)  # (W, H, S, Dh) per cache, row order
-        self.cross_mask = np.zeros((0, 0), dtype=bool)  # (W, S)
+        self.cross_buffers: list[np.ndarray] = []  # flat, one per cache: the cross feed's memory
+        self.cross_store: list[np.ndarray] = []  # (max_slots, H, S, Dh) views of them, the first W rows fed
+        length = working_length(1, self.spec.max_source_len)
+        self._lay_out_cross(length, max_slots)
+        self.cross_mask = np.zeros((0, length), dtype=bool)  # (W, S)
         self.row_source = np.zeros(0, dtype=np.int64)  # (W,) the source key whose cross rows a row holds
         self.stepped_last = np.zeros(0, dtype=bool)  # (W,) the rows the last step used
 
@@ -161,9 +168,10 @@ class WorkingBatchRunner(OnnxRunner):
             "bias_values": _scatter(width, rows, ranking["bias_values"], 0, np.float32),
             "top_k": ranking["top_k"], "past_keep": self.keep, "src_mask": self.cross_mask,
         }  # fmt: skip
-        feeds |= dict(zip(self.cross_names, self.cross, strict=True))
+        cross = [array[:width] for array in self.cross_store]
+        feeds |= dict(zip(self.cross_names, cross, strict=True))
         feeds |= dict(zip(self.past_names, self.present, strict=True))
-        size = self.present[0].size + self.cross[0].size  # what the step's memory grows with
+        size = self.present[0].size + cross[0].size  # what the step's memory grows with
         outputs = self.memory.run(self.decoder, [*wanted, *self.present_names], feeds, size)
         self.stepped_last = np.zeros(width, dtype=bool)
         self.stepped_last[rows] = True
@@ -270,11 +278,11 @@ class WorkingBatchRunner(OnnxRunner):
         return int(kept[0]) if kept.size else self.keep.shape[1]
 
     def _compact(self, used: Ids, spare: int) -> None:
-        """Keep only rows `used` (in that order) and the columns they keep, then `spare` free rows; park
-        other slots' rows."""
+        """Keep only rows `used` (those already among the first len(used) stay where they are) and the columns
+        they keep, then `spare` free rows; park other slots' rows."""
         for row in np.setdiff1d(np.flatnonzero(self.row_slot != FREE), used).tolist():
             self._park(row)
-        self._select_rows(used, self._dead_columns(used), spare)
+        self._select_rows(_fill_holes(used), self._dead_columns(used), spare)
         self.row_of_slot[:] = FREE
         self.row_of_slot[self.row_slot[: used.size]] = np.arange(used.size)
 
@@ -285,15 +293,32 @@ class WorkingBatchRunner(OnnxRunner):
         return np.arange(start, start + count)
 
     def _select_rows(self, rows: Ids | slice, first: int, spare: int) -> None:
-        """Keep `rows` and the columns from `first` on, then `spare` free rows, in new arrays."""
-        self.present = [_rows_then_spare(array[rows, :, first:], spare) for array in self.present]
-        self.keep = _rows_then_spare(self.keep[rows, first:], spare)
-        self.cross = [_rows_then_spare(array[rows], spare) for array in self.cross]
-        self.cross_mask = _rows_then_spare(self.cross_mask[rows], spare)
-        self.row_len = _rows_then_spare(self.row_len[rows], spare)
-        self.row_slot = _rows_then_spare(self.row_slot[rows], spare, FREE)
-        self.row_source = _rows_then_spare(self.row_source[rows], spare, STALE)
-        self.stepped_last = _rows_then_spare(self.stepped_last[rows], spare)
+        """Keep `rows` and the columns from `first` on, then `spare` free rows: new arrays, except the cross
+        feed's, whose rows move within their arrays."""
+        order = np.arange(self.width)[rows]  # new row i is old row order[i]
+        self._select_cross(order, spare)
+        self.present = [_rows_then_spare(array[:, :, first:], order, spare) for array in self.present]
+        self.keep = _rows_then_spare(self.keep[:, first:], order, spare)
+        self.row_len = _rows_then_spare(self.row_len, order, spare)
+        self.row_slot = _rows_then_spare(self.row_slot, order, spare, FREE)
+        self.row_source = _rows_then_spare(self.row_source, order, spare, STALE)
+        self.stepped_last = _rows_then_spare(self.stepped_last, order, spare)
+
+    def _select_cross(self, order: Ids, spare: int) -> None:
+        """The cross feed's rows `order`, then `spare` zeroed rows (masked whole), moved within its arrays."""
+        total = order.size + spare
+        if total > self.cross_store[0].shape[0]:  # wider than max_slots rows: new buffers, the rows carried over
+            old_store, self.cross_buffers = self.cross_store, []
+            self._lay_out_cross(old_store[0].shape[2], total)
+            for new, old in zip(self.cross_store, old_store, strict=True):
+                np.take(old, order, axis=0, out=new[: order.size], mode="clip")
+        else:
+            moved = np.flatnonzero(order != np.arange(order.size))
+            for array in self.cross_store:
+                array[moved] = array[order[moved]]  # the right side is read whole before any write
+        for array in self.cross_store:
+            array[order.size : total] = 0  # rows past the batch hold anything; a zeroed row's attention is finite
+        self.cross_mask = _rows_then_spare(self.cross_mask, order, spare)
 
     def _pad_columns(self, count: int) -> None:
         """`count` empty columns in front, for a parked slot longer than the batch."""
@@ -308,31 +333,34 @@ class WorkingBatchRunner(OnnxRunner):
         wanted = working_length(src_len, self.spec.max_source_len)
         length = self.cross_mask.shape[1]
         if wanted > length or length - wanted >= SHRINK_SLACK:
-            self._resize_cross(wanted, keep_rows=wanted > length)
+            self._resize_cross(wanted)
         stale = self.row_source[rows] != self.source_key[slot_ids]
         if stale.any():
             s, r, length = slot_ids[stale], rows[stale], self.cross_mask.shape[1]
-            for array, cache in zip(self.cross, self.cross_kv, strict=True):
+            for array, cache in zip(self.cross_store, self.cross_kv, strict=True):
                 array[r] = cache[s, :, :length]
             self.cross_mask[r] = self.src_mask[s, :length]
             self.row_source[r] = self.source_key[s]
 
-    def _resize_cross(self, length: int, keep_rows: bool) -> None:
-        """Growing keeps every row's entries; shrinking marks every row to be fetched again."""
-        old = min(length, self.cross_mask.shape[1])
-        resized = []
-        for array in self.cross:
-            new = np.zeros((self.width, array.shape[1], length, array.shape[3]), self.dtype)
-            if keep_rows:
-                new[:, :, :old] = array[:, :, :old]
-            resized.append(new)
-        self.cross = resized
-        mask = np.zeros((self.width, length), dtype=bool)
-        if keep_rows:
-            mask[:, :old] = self.cross_mask[:, :old]
-        else:
-            self.row_source[:] = STALE
-        self.cross_mask = mask
+    def _resize_cross(self, length: int) -> None:
+        """A new source length: every row zeroed and marked to be fetched again (the stepped ones are, next)."""
+        self._lay_out_cross(length, self.cross_store[0].shape[0])
+        for array in self.cross_store:
+            array[: self.width] = 0
+        self.cross_mask = np.zeros((self.width, length), dtype=bool)
+        self.row_source[:] = STALE
+
+    def _lay_out_cross(self, length: int, rows: int) -> None:
+        """The cross feed's arrays as (rows, H, length, Dh) views of flat buffers that keep their memory from
+        one length to the next (fresh memory costs a page fault per page first written); new buffers only
+        when the layout outgrows them or would use under 1 / CROSS_SLACK of them. The values are left as they
+        were: every row the batch holds is written before it is fed."""
+        meta = self.metadata
+        size = rows * meta.n_heads * length * meta.head_dim
+        held = self.cross_buffers[0].size if self.cross_buffers else 0
+        if size > held or CROSS_SLACK * size < held:
+            self.cross_buffers = [np.empty(size, self.dtype) for _ in range(2 * self.n_layers)]
+        self.cross_store = [b[:size].reshape(rows, meta.n_heads, length, meta.head_dim) for b in self.cross_buffers]
 
 
 def working_length(needed: int, limit: int) -> int:
@@ -340,11 +368,22 @@ def working_length(needed: int, limit: int) -> int:
     return min(limit, max(LENGTH_STEP, -(-needed // LENGTH_STEP) * LENGTH_STEP))
 
 
-def _rows_then_spare(rows: np.ndarray, spare: int, fill: object = 0) -> np.ndarray:
-    """`rows` followed by `spare` rows of `fill`, in one new array."""
-    out = np.empty((rows.shape[0] + spare, *rows.shape[1:]), dtype=rows.dtype)
-    out[: rows.shape[0]] = rows
-    out[rows.shape[0] :] = fill
+def _fill_holes(used: Ids) -> Ids:
+    """`used` in the order that moves the fewest rows into the first used.size places: a row already there
+    stays, the rows beyond them fill the places left free."""
+    n = used.size
+    order = np.arange(n)
+    staying = np.zeros(n, dtype=bool)
+    staying[used[used < n]] = True
+    order[~staying] = used[used >= n]
+    return order
+
+
+def _rows_then_spare(array: np.ndarray, order: Ids, spare: int, fill: object = 0) -> np.ndarray:
+    """Rows `order` of `array` followed by `spare` rows of `fill`, copied once into one new array."""
+    out = np.empty((order.size + spare, *array.shape[1:]), dtype=array.dtype)
+    np.take(array, order, axis=0, out=out[: order.size], mode="clip")  # "raise" would copy twice
+    out[order.size :] = fill
     return out
 
 
