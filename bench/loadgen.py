@@ -32,6 +32,7 @@ from pathlib import Path
 
 import grpc
 
+from model.languages import same_written_language
 from server.proto.translation.v1 import translation_pb2, translation_pb2_grpc
 
 
@@ -256,25 +257,29 @@ def load_queries(tsv: Path, texts_per_request: int = 1, glossary: Path | None = 
     return queries
 
 
-def served_directions(models: Sequence[translation_pb2.ModelInfo]) -> set[tuple[str, str]]:
-    """Every (source, target) the listed models translate, by the model's codes and by BCP-47; any-to-any
-    models as every source beside every target."""
-    served: set[tuple[str, str]] = set()
+def translates(models: Sequence[translation_pb2.ModelInfo], source: str, target: str) -> bool:
+    """Whether one of the listed models translates `source` into `target`, each matched as the server matches a
+    client's code against a model's (`de` reaches `deu_Latn`, listed as `de-Latn`; `zh` never reaches `zh-Hant`)."""
+
+    def reaches(code: str, listed: Sequence[str]) -> bool:
+        return any(code == name or same_written_language(code, name) for name in listed if name)
+
     for model in models:
         for pair in model.pairs:
-            served |= {(s, t) for s in (pair.source, pair.source_bcp47) for t in (pair.target, pair.target_bcp47)}
-        sources = {code for lang in model.any_to_any.sources for code in (lang.code, lang.bcp47)}
-        targets = {code for lang in model.any_to_any.targets for code in (lang.code, lang.bcp47)}
-        served |= {(s, t) for s in sources for t in targets}
-    return served
+            if reaches(source, (pair.source, pair.source_bcp47)) and reaches(target, (pair.target, pair.target_bcp47)):
+                return True
+        sources = [name for lang in model.any_to_any.sources for name in (lang.code, lang.bcp47)]
+        targets = [name for lang in model.any_to_any.targets for name in (lang.code, lang.bcp47)]
+        if reaches(source, sources) and reaches(target, targets):
+            return True
+    return False
 
 
 def servable(address: str, queries: Sequence[Query]) -> list[Query]:
     """The queries whose direction the server at `address` translates; SystemExit naming what it serves if none."""
     with grpc.insecure_channel(address) as channel:
         reply = translation_pb2_grpc.TranslatorStub(channel).ListModels(translation_pb2.ListModelsRequest(), timeout=30)
-    served = served_directions(reply.models)
-    kept = [q for q in queries if (q.source_language, q.target_language) in served]
+    kept = [q for q in queries if translates(reply.models, q.source_language, q.target_language)]
     if not kept:
         offered = sorted({f"{q.source_language}-{q.target_language}" for q in queries})
         names = ", ".join(m.name for m in reply.models) or "no model"

@@ -107,18 +107,20 @@ def _engine_step_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows = [
         "",
         "Engines during each closed-loop run (the server's step histograms; busy = decoder and encoder seconds per"
-        " second of the run, summed over engines):",
+        " second of the run, summed over engines; engine MB = the largest engine process's resident memory at the"
+        " run's end):",
         "",
         "| variant | beam | concurrency | decoder steps | ms per step | rows per step | encoder ms | busy "
-        "| queue wait ms | server ms per call | client p50 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| queue wait ms | server ms per call | client p50 ms | engine MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, beam, run in measured:
         e = run["engine"]
         rows.append(
             f"| {variant} | {beam} | {run['concurrency']} | {e['steps']:.0f} | {_fmt(e['step_ms'], 2)} | "
             f"{_fmt(e['rows_per_step'], 1)} | {_fmt(e['encode_ms'], 2)} | {_fmt(e['busy_share'], 2)} | "
-            f"{_fmt(e.get('queue_wait_ms'), 1)} | {_fmt(e.get('server_call_ms'), 1)} | {_fmt(run['p50_ms'], 0)} |"
+            f"{_fmt(e.get('queue_wait_ms'), 1)} | {_fmt(e.get('server_call_ms'), 1)} | {_fmt(run['p50_ms'], 0)} | "
+            f"{_fmt(e.get('engine_mb'), 0)} |"
         )
     return rows
 

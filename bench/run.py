@@ -275,6 +275,7 @@ ENGINE_HISTOGRAMS = {
     "translation_queue_wait_seconds": "queue",  # a sentence's wait for slots
     "translation_request_duration_seconds": "call",  # a call from the servicer's receipt to its answer
 }
+RESIDENT_GAUGE = "translation_child_process_resident_memory_bytes"  # by process; engines are "engine-<model>#<n>"
 
 
 @dataclass
@@ -282,7 +283,7 @@ class EngineProbe:
     """Reads the served engines' step histograms from /metrics, so that a closed-loop run can say what one
     decoder step cost while it ran, how many rows it stepped, what share of the run's wall time the engine
     spent inside its decoder and encoder calls (the rest is host work between steps, or idling), and how long
-    a call waited for slots and took inside the server."""
+    a call waited for slots and took inside the server; and the largest engine process's resident memory."""
 
     url: str
 
@@ -295,6 +296,9 @@ class EngineProbe:
             text = response.read().decode()
         totals: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
+            if family.name == RESIDENT_GAUGE:
+                engines = [s.value for s in family.samples if s.labels.get("process", "").startswith("engine-")]
+                totals["engine_bytes"] = max(engines, default=math.nan)
             short = ENGINE_HISTOGRAMS.get(family.name)
             if short is None:
                 continue
@@ -306,7 +310,8 @@ class EngineProbe:
 
 
 def engine_delta(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """Per decoder step over one run: mean milliseconds, mean rows, and the busy share of the run's wall time."""
+    """Per decoder step over one run: mean milliseconds, mean rows, and the busy share of the run's wall time;
+    the largest engine's resident memory at its end (a level, not a difference)."""
     diff = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
 
     def mean(name: str, scale: float = 1.0) -> float:
@@ -324,6 +329,7 @@ def engine_delta(before: dict[str, float], after: dict[str, float], seconds: flo
         "queue_wait_ms": mean("queue", 1000.0),
         "server_call_ms": mean("call", 1000.0),
         "busy_share": busy / seconds if seconds else math.nan,  # engine-seconds per second: above 1 with 2 engines
+        "engine_mb": after.get("engine_bytes", math.nan) / 1e6,
     }
 
 

@@ -247,6 +247,7 @@ def test_bench_arms_record_the_engines_step_figures_and_survive_a_failing_arm(
             assert engine["steps"] > 0 and engine["step_ms"] > 0 and engine["encode_ms"] > 0
             assert 1 <= engine["rows_per_step"] <= 2 * beam  # two sentences in flight, `beam` rows each
             assert engine["busy_share"] > 0  # engine-seconds per second: a figure, bounded by no test
+            assert engine["engine_mb"] > 10  # an interpreter with onnxruntime and a model loaded
             assert engine["queue_wait_ms"] >= 0 and engine["server_call_ms"] > 0
     assert "Engines during each closed-loop run" in (out / "results.md").read_text()
     with pytest.raises(SystemExit):
@@ -282,16 +283,18 @@ def test_loadgen_against_real_server_loses_no_request(tiny_model_dir: Path) -> N
     assert opened.p50_ms <= opened.p95_ms
 
 
-def test_served_directions_cover_pairs_and_any_to_any_models_by_either_code() -> None:
-    from bench.loadgen import served_directions
+def test_loadgen_matches_directions_as_the_server_matches_codes() -> None:
+    from bench.loadgen import translates
     from server.proto.translation.v1 import translation_pb2 as pb
 
-    pairwise = pb.ModelInfo(pairs=[pb.LanguagePair(source="deu", target="eng", source_bcp47="de", target_bcp47="en")])
-    languages = [pb.Language(code="deu_Latn", bcp47="de"), pb.Language(code="fra_Latn", bcp47="fr")]
-    many = pb.ModelInfo(any_to_any=pb.AnyToAny(sources=languages, targets=languages))
-    assert {("de", "en"), ("deu", "eng")} <= served_directions([pairwise])
-    assert ("en", "de") not in served_directions([pairwise])
-    assert {("de", "fr"), ("fr", "de"), ("deu_Latn", "fra_Latn")} <= served_directions([many])
+    pairwise = [pb.ModelInfo(pairs=[pb.LanguagePair(source="deu", target="eng", source_bcp47="de", target_bcp47="en")])]
+    codes = ("deu_Latn", "de-Latn"), ("eng_Latn", "en-Latn"), ("zho_Hans", "zh-Hans")
+    languages = [pb.Language(code=code, bcp47=tag) for code, tag in codes]
+    many = [pb.ModelInfo(any_to_any=pb.AnyToAny(sources=languages, targets=languages))]
+    assert translates(pairwise, "de", "en") and translates(pairwise, "deu", "eng")
+    assert not translates(pairwise, "en", "de")
+    assert translates(many, "de", "en") and translates(many, "en", "de") and translates(many, "en", "zh-Hans")
+    assert not translates(many, "fr", "en") and not translates(many, "en", "zh-Hant")
 
 
 def _offline(tps: float, p50: float) -> dict[str, Any]:
