@@ -32,7 +32,7 @@ from pathlib import Path
 
 import grpc
 
-from model.languages import same_written_language
+from model.languages import AmbiguousLanguage, match
 from server.proto.translation.v1 import translation_pb2, translation_pb2_grpc
 
 
@@ -258,19 +258,21 @@ def load_queries(tsv: Path, texts_per_request: int = 1, glossary: Path | None = 
 
 
 def translates(models: Sequence[translation_pb2.ModelInfo], source: str, target: str) -> bool:
-    """Whether one of the listed models translates `source` into `target`, each matched as the server matches a
-    client's code against a model's (`de` reaches `deu_Latn`, listed as `de-Latn`; `zh` never reaches `zh-Hant`)."""
+    """Whether one of the listed models translates `source` into `target`, each code matched by the server's own
+    rule (`model.languages.match`: `de` reaches NLLB's `deu_Latn`, `zh` never `zh-Hant`)."""
 
     def reaches(code: str, listed: Sequence[str]) -> bool:
-        return any(code == name or same_written_language(code, name) for name in listed if name)
+        try:
+            return match(code, listed) is not None
+        except AmbiguousLanguage:
+            return False
 
     for model in models:
         for pair in model.pairs:
-            if reaches(source, (pair.source, pair.source_bcp47)) and reaches(target, (pair.target, pair.target_bcp47)):
+            if reaches(source, [pair.source]) and reaches(target, [pair.target]):
                 return True
-        sources = [name for lang in model.any_to_any.sources for name in (lang.code, lang.bcp47)]
-        targets = [name for lang in model.any_to_any.targets for name in (lang.code, lang.bcp47)]
-        if reaches(source, sources) and reaches(target, targets):
+        sources, targets = model.any_to_any.sources, model.any_to_any.targets
+        if reaches(source, [lang.code for lang in sources]) and reaches(target, [lang.code for lang in targets]):
             return True
     return False
 
