@@ -104,6 +104,27 @@ def test_a_slot_idle_through_a_compaction_is_put_back(variant: Path) -> None:
     step_both(runners, [0, 6, 9], [90, 91, 92], [10, 5, 8])
 
 
+def test_the_cross_feed_grows_shrinks_and_grows_again_with_the_longest_source_stepped(variant: Path) -> None:
+    """A long source widens the cross feed (new buffers), sitting out shrinks it (the same buffers, laid out
+    again), and stepping again widens it inside them: every row fetched again, equal to the slot buffers."""
+    runners = pair(variant, 6)
+    long_source = [4 + i % 30 for i in range(59)] + [3]
+    for r in runners:
+        r.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[1], [1])])
+    step_both(runners, [0, 1], [40, 41], [0, 0])
+    for r in runners:
+        r.encode([EncodeItem(long_source, [2])])
+    buffers = None
+    for i in range(1, 4):
+        step_both(runners, [0, 1, 2], [42 + i, 43 + i, 44 + i], [i, i, i - 1])
+        buffers = buffers or [id(b) for b in runners[1].cross_buffers]
+    assert runners[1].cross_mask.shape[1] == 64
+    step_both(runners, [0, 1], [50, 51], [4, 4])  # the long source sits out: the feed shrinks
+    assert runners[1].cross_mask.shape[1] == 16 and [id(b) for b in runners[1].cross_buffers] == buffers
+    step_both(runners, [2, 0, 1], [52, 53, 54], [3, 5, 5])
+    assert runners[1].cross_mask.shape[1] == 64 and [id(b) for b in runners[1].cross_buffers] == buffers
+
+
 def test_a_slot_restepped_at_an_earlier_position_forgets_later_tokens(variant: Path) -> None:
     runners = pair(variant, 2)
     for r in runners:
