@@ -46,6 +46,10 @@ SHAPES = {
     "nllb-200-distilled-600M": MarianShape(
         d_model=1024, layers=12, heads=16, ffn=4096, vocab_size=256206, max_positions=1024, family="nllb"
     ),
+    # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) config.json: 1.37B parameters
+    "nllb-200-1.3B": MarianShape(
+        d_model=1024, layers=24, heads=16, ffn=8192, vocab_size=256206, max_positions=1024, family="nllb"
+    ),
 }
 
 

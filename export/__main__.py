@@ -77,9 +77,10 @@ def run(
     model_dir: Path, out: Path, variants: list[str], opset: int, int8_7bit: bool = False, capturable_fp32: bool = False
 ) -> None:
     validate(model_dir, variants, opset)
-    fp32_dir = export_float(model_dir, out / "fp32", "fp32", opset, capturable_fp32)  # int8 derives from it
+    if "fp32" in variants or capturable_fp32:
+        export_float(model_dir, out / "fp32", "fp32", opset, capturable_fp32)
     if "int8" in variants:
-        export_int8(fp32_dir, out / "int8", per_channel=int8_7bit, reduce_range=int8_7bit)
+        export_int8(model_dir, out / "int8", per_channel=int8_7bit, reduce_range=int8_7bit, opset=opset)
     if "fp16" in variants:
         export_float(model_dir, out / "fp16", "fp16", opset)
 

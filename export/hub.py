@@ -51,7 +51,7 @@ class BuildError(Exception):
 class BuildPlan:
     """Which graphs to build and how: the part of a cached directory's key that is this project's choice."""
 
-    variants: tuple[str, ...] = ("fp32",)  # always fp32 (the others derive from it or fall back to it)
+    variants: tuple[str, ...] = ("fp32",)  # fp32 beside fp16, which falls back to it where its gate fails
     int8_7bit: bool = False  # int8 with 7-bit weights per output channel (CPUs without VNNI)
     opset: int = OPSET
     fp16_gate: str = ""  # the provider whose fp16 agreement gate the build measures (export/fp16_gate.py), if any
@@ -94,7 +94,7 @@ def plan_for(variant: str, provider: str, cpu_int8: str) -> BuildPlan:
     from export.quantize import int8_flags_for
 
     per_channel, _ = int8_flags_for(cpu_int8)
-    return BuildPlan(("fp32", variant), int8_7bit=variant == "int8" and per_channel)
+    return BuildPlan((variant,), int8_7bit=variant == "int8" and per_channel)
 
 
 def ensure_model(
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    variants = tuple(dict.fromkeys(["fp32", *(v for v in args.variants.split(",") if v)]))
+    variants = tuple(dict.fromkeys(v for v in args.variants.split(",") if v))
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variants {unknown}")
     if args.fp16_gate and "fp16" not in variants:

@@ -1,19 +1,30 @@
-"""int8 dynamic quantization of the fp32 graphs for the CPU execution provider."""
+"""The int8 variant for the CPU execution provider: encoder and decoder step built from the weights with their
+MatMul weights and embedding tables in int8 (export/builder/int8.py); activations stay float32 and are
+quantized per call."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import logging
+import time
 from pathlib import Path
 
-from onnxruntime.quantization import QuantType, quantize_dynamic
+import numpy as np
 
-from export.int8_embeddings import quantize_embeddings
-from model.directory import DECODER_FILE, ENCODER_FILE, read_metadata
+from export.builder.build import build_metadata, save_graph
+from export.builder.decoder import decoder_step_graph
+from export.builder.encoder import encoder_graph
+from export.builder.int8 import Int8Recipe
+from export.builder.weights import load_weights
+from model.directory import DECODER_FILE, ENCODER_FILE
+from model.files import load_config
+
+log = logging.getLogger(__name__)
 
 
-def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce_range: bool = False) -> Path:
-    """Quantize MatMul weights and embedding tables to int8 (`export.int8_embeddings`: one scale per row);
-    activations stay float32 and are quantized per call.
+def export_int8(
+    model_dir: Path, out_dir: Path, per_channel: bool = False, reduce_range: bool = False, opset: int = 18
+) -> Path:
+    """Build the int8 graphs of `model_dir` in `out_dir`.
 
     The default, 8-bit weights with one scale per tensor, is what the shipped BLEU gate measured. On x86
     CPUs without VNNI onnxruntime multiplies uint8 activations by int8 weights with an instruction whose
@@ -22,15 +33,15 @@ def export_int8(fp32_dir: Path, out_dir: Path, per_channel: bool = False, reduce
     recipe to export and gate (`python -m export --int8-7bit`); `int8_flags_for` picks the recipe by the
     CPU's int8 class. docs/decisions.md gives both recipes' BLEU with the command that measures it.
     """
+    started = time.perf_counter()
+    recipe = Int8Recipe(per_channel, reduce_range)
+    cfg = load_config(model_dir)
+    weights = load_weights(model_dir, cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in (ENCODER_FILE, DECODER_FILE):
-        quantize_dynamic(
-            str(fp32_dir / name), str(out_dir / name), op_types_to_quantize=["MatMul"],
-            per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8,
-        )  # fmt: skip
-        quantize_embeddings(out_dir / name, reduce_range)
-    meta = replace(read_metadata(fp32_dir), variant="int8", recipe=int8_recipe(per_channel, reduce_range))
-    meta.write(out_dir)
+    for name, build in ((ENCODER_FILE, encoder_graph), (DECODER_FILE, decoder_step_graph)):
+        save_graph(build(weights, cfg, np.dtype(np.float32), opset, recipe), out_dir / name)
+    build_metadata(model_dir, "int8", opset, recipe.describe()).write(out_dir)
+    log.info("built int8 graphs in %s in %.1f s", out_dir, time.perf_counter() - started)
     return out_dir
 
 
@@ -44,7 +55,4 @@ def int8_flags_for(cpu_int8: str) -> tuple[bool, bool]:
 
 def int8_recipe(per_channel: bool = False, reduce_range: bool = False) -> str:
     """How `export_int8` made a graph, as its metadata records it (the BLEU gate checks it)."""
-    bits = "7-bit" if reduce_range else "8-bit"
-    scales = "a scale per output channel" if per_channel else "one scale per tensor"
-    return (f"int8 dynamic quantization of MatMul weights ({bits}, {scales}) and of the embedding tables "
-            "(a scale per row) from the fp32 graphs")  # fmt: skip
+    return Int8Recipe(per_channel, reduce_range).describe()

@@ -73,7 +73,7 @@ def test_int8_recipes_quantize_as_their_metadata_says(exported: Path, tmp_path: 
 
     from export.quantize import export_int8, int8_recipe
 
-    out = export_int8(exported / "onnx" / "fp32", tmp_path / "int8", per_channel=seven_bit, reduce_range=seven_bit)
+    out = export_int8(exported, tmp_path / "int8", per_channel=seven_bit, reduce_range=seven_bit)
     assert read_metadata(out).recipe == int8_recipe(seven_bit, seven_bit)
     for name in ("encoder.onnx", "decoder_step.onnx"):
         graph = onnx.load(str(out / name)).graph

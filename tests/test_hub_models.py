@@ -139,19 +139,17 @@ def test_the_cache_key_changes_with_the_format_version_and_the_recipe(monkeypatc
     assert BuildPlan().folder() != base
 
 
-def test_auto_builds_fp32_and_an_asked_variant_is_built_beside_it(
-    tmp_path: Path, hub: Path, offline: HubSettings
-) -> None:
+def test_auto_builds_fp32_and_an_asked_variant_is_built_alone(tmp_path: Path, hub: Path, offline: HubSettings) -> None:
     """auto on CPU: no BLEU gate can price a fetched model's int8 without a test set, so fp32 is built and
     served (on CUDA fp16 is built beside it and gated against it: tests/test_fp16_gate.py); int8 asked for is
-    built beside fp32 (7-bit weights per channel where the CPU has no int8 dot products)."""
+    built alone, from the weights (7-bit weights per channel where the CPU has no int8 dot products)."""
     assert plan_for("auto", "cpu", "vnni") == BuildPlan()
     assert plan_for("auto", "cuda", "plain") == BuildPlan(("fp32", "fp16"), fp16_gate="cuda")
-    assert plan_for("int8", "cpu", "plain") == BuildPlan(("fp32", "int8"), int8_7bit=True)
-    assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp32", "fp16"))
+    assert plan_for("int8", "cpu", "plain") == BuildPlan(("int8",), int8_7bit=True)
+    assert plan_for("fp16", "cuda", "plain") == BuildPlan(("fp16",))
     (model,) = load_models(server_config(tmp_path, hub, variant="int8"))
     close_model(model.runner)
-    assert model.description.variant == "int8" and model.description.available_variants == ["fp32", "int8"]
+    assert model.description.variant == "int8" and model.description.available_variants == ["int8"]
 
 
 def test_a_branch_resolves_offline_from_the_cache_and_a_sha_needs_no_ref(

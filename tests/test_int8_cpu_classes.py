@@ -49,8 +49,8 @@ def gaps_without_vnni(qemu: str, fp32_dir: Path, int8_dirs: list[Path]) -> dict[
 
 def test_int8_recipes_on_a_cpu_without_vnni(qemu: str, tiny_exported_dir: Path, tmp_path: Path) -> None:
     fp32 = tiny_exported_dir / "onnx" / "fp32"
-    seven_bit = export_int8(fp32, tmp_path / "seven_bit", per_channel=True, reduce_range=True)
-    eight_bit = export_int8(fp32, tmp_path / "eight_bit")
+    seven_bit = export_int8(tiny_exported_dir, tmp_path / "seven_bit", per_channel=True, reduce_range=True)
+    eight_bit = export_int8(tiny_exported_dir, tmp_path / "eight_bit")
     emulated = gaps_without_vnni(qemu, fp32, [seven_bit, eight_bit])
     assert emulated["seven_bit"] <= TOLERANCE, emulated
     assert emulated["eight_bit"] > TOLERANCE, f"the emulated CPU did not saturate 8-bit weights: {emulated}"

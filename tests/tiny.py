@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from export.builder.weights import Weights, expected_shapes
+from export.builder.weights import expected_shapes
 from model.config import ModelConfig
 from model.data import read_tsv
 from model.files import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
@@ -43,11 +43,11 @@ def tiny_config(out_dir: Path, config: ModelConfig = TINY_CONFIG) -> ModelConfig
     return ModelConfig(**{**config.to_dict(), **fields})
 
 
-def random_weights(cfg: ModelConfig, seed: int) -> Weights:
+def random_weights(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     """Every tensor the model has (export/builder's names and shapes), initialised as model.training.transformer does:
     Xavier-uniform matrices, N(0, d_model^-0.5) embeddings, unit LayerNorm scales, zero biases."""
     rng = np.random.default_rng(seed)
-    weights: Weights = {}
+    weights: dict[str, np.ndarray] = {}
     for name, shape in expected_shapes(cfg).items():
         if name.endswith("embed.weight"):
             weights[name] = rng.normal(0.0, cfg.d_model**-0.5, shape)

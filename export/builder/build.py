@@ -49,7 +49,17 @@ def check_graph(model: onnx.ModelProto, path: Path) -> None:
         raise RuntimeError(f"{path} contains an If node")
 
 
-def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write a built graph and check it; the caller's model is spent (its weights move to the file)."""
+    check_graph(model, path)
+    # past protobuf's 2 GiB (NLLB-600M's fp32 step) the weights go to a side file that onnxruntime reads
+    large = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+    onnx.save(model, str(path), save_as_external_data=large, location=f"{path.name}.data")
+    model.Clear()  # the checker reads the file: a graph of weights is not held twice
+    onnx.checker.check_model(str(path))
+
+
+def build_metadata(model_dir: Path, variant: str, opset: int, recipe: str = "") -> ExportMetadata:
     cfg = load_config(model_dir)
     tokenizer = open_tokenizer(model_dir, cfg.tokenizer, cfg.tokenizer_sha256)
     return ExportMetadata(
@@ -59,7 +69,7 @@ def build_metadata(model_dir: Path, variant: str, opset: int) -> ExportMetadata:
         n_decoder_layers=cfg.n_decoder_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
         vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
         tag_ids=dict(tokenizer.tag_ids), languages=tokenizer.directions.to_json(),
-        max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=FLOAT_RECIPES[variant],
+        max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=recipe or FLOAT_RECIPES[variant],
     )  # fmt: skip
 
 
@@ -86,14 +96,9 @@ def export_float(model_dir: Path, out_dir: Path, variant: str, opset: int, captu
         graphs[FUSED_ENCODER_FILE] = fused_encoder_graph
     for name, build in graphs.items():
         model = build(weights, cfg, np.dtype(DTYPES[variant]), opset)
-        check_graph(model, out_dir / name)
         if name == FUSED_DECODER_FILE:
             check_capturable(model, out_dir / name)
-        # past protobuf's 2 GiB (NLLB-600M's fp32 step) the weights go to a side file that onnxruntime reads
-        large = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
-        onnx.save(model, str(out_dir / name), save_as_external_data=large, location=f"{name}.data")
-        del model  # the checker reads the file: a graph of weights is not held twice
-        onnx.checker.check_model(str(out_dir / name))
+        save_graph(model, out_dir / name)
     meta = build_metadata(model_dir, variant, opset)
     meta.write(out_dir)
     if fused:

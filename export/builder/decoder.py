@@ -18,6 +18,7 @@ from onnx import TensorProto
 
 from export.builder import layers
 from export.builder.graph import GraphBuilder
+from export.builder.int8 import Int8Recipe
 from export.builder.ranking import RANKING_CHUNK, add_chunked_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
@@ -110,7 +111,7 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: boo
             if chunk:
                 logits = padded_projection(b, w, b.op("Squeeze", x, b.ints(1)), cfg, chunk)  # (B, V')
             else:
-                logits = b.op("MatMul", x, b.weight("embed.weight.T", w["embed.weight"].T))  # (B, 1, V)
+                logits = b.matmul(x, "embed.weight.T", w["embed.weight"].T)  # (B, 1, V)
                 if cfg.final_logits_bias:
                     logits = b.op("Add", logits, b.weight("logits_bias", w["logits_bias"]))
                 logits = b.op("Squeeze", logits, b.ints(1))  # (B, V)
@@ -130,7 +131,7 @@ def padded_projection(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, chu
     weight = np.pad(w["embed.weight"].T, ((0, 0), (0, extra)))  # (D, V')
     bias = w["logits_bias"] if cfg.final_logits_bias else np.zeros(cfg.vocab_size, np.float32)
     bias = np.concatenate([bias, np.full(extra, -np.inf, np.float32)])
-    logits = b.op("MatMul", x, b.weight("embed.weight.T", weight))
+    logits = b.matmul(x, "embed.weight.T", weight)
     if cfg.final_logits_bias or extra:
         logits = b.op("Add", logits, b.weight("logits_bias", bias))
     return logits
@@ -157,8 +158,10 @@ def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, sr
     return log_probs(b, w, x, cfg, chunk=RANKING_CHUNK)
 
 
-def decoder_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
-    b = GraphBuilder("decoder_step", dtype)
+def decoder_step_graph(
+    w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int, int8: Int8Recipe | None = None
+) -> onnx.ModelProto:
+    b = GraphBuilder("decoder_step", dtype, int8)
     x, self_keep, src_keep = step_inputs(b, w, cfg)
     scores = decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, self_keep, cfg), src_keep, cfg)
     layers = [(kind, i) for i in range(cfg.n_decoder_layers) for kind in "kv"]

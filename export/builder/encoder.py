@@ -14,6 +14,7 @@ from onnx import TensorProto
 
 from export.builder import layers
 from export.builder.graph import GraphBuilder
+from export.builder.int8 import Int8Recipe
 from export.builder.weights import Weights
 from model.config import ModelConfig
 
@@ -58,8 +59,10 @@ def packed_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, l
         return src_mask, packing, layers.embed(b, w, table, ids, positions, cfg)
 
 
-def encoder_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) -> onnx.ModelProto:
-    b = GraphBuilder("encoder", dtype)
+def encoder_graph(
+    w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int, int8: Int8Recipe | None = None
+) -> onnx.ModelProto:
+    b = GraphBuilder("encoder", dtype, int8)
     src_mask, packing, x = packed_inputs(b, w, cfg)
     with b.scope("encoder"):
         keep = layers.keep_mask(b, src_mask)  # (B, 1, 1, S)

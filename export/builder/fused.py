@@ -46,7 +46,7 @@ class Stream:
 
 def matmul(b: GraphBuilder, w: Weights, prefix: str, x: str) -> str:
     """x @ W^T without the bias, which the op after it adds."""
-    return b.op("MatMul", x, b.weight(f"{prefix}.weight", w[f"{prefix}.weight"].T))
+    return b.matmul(x, f"{prefix}.weight", w[f"{prefix}.weight"].T)
 
 
 def bias(b: GraphBuilder, w: Weights, prefix: str) -> str:
@@ -58,7 +58,7 @@ def packed_qkv(b: GraphBuilder, w: Weights, prefix: str, h: str) -> str:
     names = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
     weight = np.concatenate([w[f"{name}.weight"].T for name in names], axis=1)  # (D, 3D)
     packed_bias = np.concatenate([w[f"{name}.bias"] for name in names])
-    product = b.op("MatMul", h, b.weight(f"{prefix}.qkv_proj.weight", weight))
+    product = b.matmul(h, f"{prefix}.qkv_proj.weight", weight)
     return b.op("Add", product, b.weight(f"{prefix}.qkv_proj.bias", packed_bias))
 
 

@@ -53,7 +53,7 @@ def cross_keys_and_values(b: GraphBuilder, w: Weights, memory: str, cfg: ModelCo
     weight = np.concatenate([w[f"{name}.weight"].T for name in names], axis=1)  # (D, 2L D)
     packed_bias = np.concatenate([w[f"{name}.bias"] for name in names])
     with b.scope("decoder/cross_kv"):
-        product = b.op("MatMul", memory, b.weight("decoder.cross_kv_proj.weight", weight))
+        product = b.matmul(memory, "decoder.cross_kv_proj.weight", weight)
         projected = b.op("Add", product, b.weight("decoder.cross_kv_proj.bias", packed_bias))  # (B, S, 2L D)
         heads = b.op("Reshape", projected, b.ints(0, 0, len(names), cfg.n_heads, cfg.head_dim))  # (B, S, 2L, H, Dh)
         stacked = b.op("Transpose", heads, perm=[2, 0, 3, 1, 4])  # (2L, B, H, S, Dh)

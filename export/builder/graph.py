@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.builder.int8 import Int8Recipe, matmul_int8, per_row_int8
+
 # The IR version opset 18 came with: onnxruntime releases older than the installed onnx package refuse the IR
 # that package would stamp by default.
 IR_VERSION = 8
@@ -24,12 +26,15 @@ Dims = Sequence[int | str]
 
 
 class GraphBuilder:
-    """Accumulates the nodes, initializers, inputs and outputs of one graph in a float dtype."""
+    """Accumulates the nodes, initializers, inputs and outputs of one graph in a float dtype; with an int8
+    recipe, its MatMul weights and embedding tables are int8 (export/builder/int8.py)."""
 
-    def __init__(self, name: str, dtype: np.dtype) -> None:
+    def __init__(self, name: str, dtype: np.dtype, int8: Int8Recipe | None = None) -> None:
         self.name = name
         self.dtype = np.dtype(dtype)  # the float type of weights and activations
         self.elem = ELEM_TYPES[self.dtype]
+        self.int8 = int8
+        self._quantized_inputs: dict[str, list[str]] = {}  # value -> its DynamicQuantizeLinear's outputs
         self.nodes: list[onnx.NodeProto] = []
         # Initializers are written straight into the model that `model` returns: one copy of each weight.
         self._model = onnx.ModelProto(ir_version=IR_VERSION, producer_name="export.builder")
@@ -88,6 +93,37 @@ class GraphBuilder:
         tensor.name, tensor.data_type = name, self.elem
         tensor.dims.extend(array.shape)
         tensor.raw_data = np.ascontiguousarray(array, dtype=self.dtype).tobytes()
+        return name
+
+    def matmul(self, x: str, name: str, array: np.ndarray) -> str:
+        """x @ array, a weight (in, out) stored under `name`; int8 in an int8 graph, x then quantized per call
+        (one DynamicQuantizeLinear for every weight that multiplies the same x)."""
+        if self.int8 is None:
+            return self.op("MatMul", x, self.weight(name, array))
+        quantized, scale = matmul_int8(array, self.int8)
+        weights = [
+            self._initializer(quantized, f"{name}_quantized"),
+            self._initializer(scale, f"{name}_scale"),
+            self._initializer(np.zeros(scale.shape, np.int8), f"{name}_zero_point"),
+        ]
+        if x not in self._quantized_inputs:
+            self._quantized_inputs[x] = self.op_n("DynamicQuantizeLinear", x, name="DynamicQuantizeLinear", outputs=3)
+        x_q, x_scale, x_zero = self._quantized_inputs[x]
+        product = self.op("MatMulInteger", x_q, weights[0], x_zero, weights[2])  # int32
+        scales = self.op("Mul", x_scale, weights[1])
+        return self.op("Mul", self.op("Cast", product, to=TensorProto.FLOAT), scales)
+
+    def lookup(self, name: str, table: np.ndarray, ids: str) -> str:
+        """The rows of an embedding table (V, D) at `ids`; int8 rows with a scale each in an int8 graph."""
+        if self.int8 is None:
+            return self.op("Gather", self.weight(name, table), ids, axis=0)
+        quantized, scales = per_row_int8(table, self.int8.row_qmax)
+        rows = self.op("Gather", self._initializer(quantized, f"{name}_quantized"), ids, axis=0)
+        row_scales = self.op("Gather", self._initializer(scales[:, None], f"{name}_row_scale"), ids, axis=0)
+        return self.op("Mul", self.op("Cast", rows, to=TensorProto.FLOAT), row_scales)  # (..., D)
+
+    def _initializer(self, array: np.ndarray, name: str) -> str:
+        self._graph.initializer.append(numpy_helper.from_array(array, name))
         return name
 
     def const(self, values: object, dtype: np.dtype | type, name: str = "const") -> str:

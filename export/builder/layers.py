@@ -22,11 +22,10 @@ LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
 
 
 def linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
-    """x @ W^T + bias, as torch.nn.Linear; the transposed weight is stored, so MatMul reads it directly
-    (and dynamic quantization finds a MatMul weight initializer to quantize)."""
+    """x @ W^T + bias, as torch.nn.Linear; the transposed weight (in, out) is stored, so MatMul reads it
+    directly."""
     with b.scope(scope):
-        weight = b.weight(f"{prefix}.weight", w[f"{prefix}.weight"].T)  # (in, out)
-        product = b.op("MatMul", x, weight)
+        product = b.matmul(x, f"{prefix}.weight", w[f"{prefix}.weight"].T)
         return b.op("Add", product, b.weight(f"{prefix}.bias", w[f"{prefix}.bias"]))
 
 
@@ -142,7 +141,7 @@ def residual_output(b: GraphBuilder, w: Weights, norm: str, x: str, out: str, cf
 
 def embed(b: GraphBuilder, w: Weights, table: str, ids: str, positions: str, cfg: ModelConfig) -> str:
     """Token embedding (times sqrt(D) when `scale_embedding`) plus the sinusoid at each position."""
-    tokens = b.op("Gather", b.weight(table, w[table]), ids, axis=0)
+    tokens = b.lookup(table, w[table], ids)
     if cfg.scale_embedding:
         tokens = b.op("Mul", tokens, b.scalar(math.sqrt(cfg.d_model)))
     rows = sinusoid_table(cfg.max_len, cfg.d_model, cfg.position_layout, cfg.position_offset)

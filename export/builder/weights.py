@@ -3,15 +3,16 @@ against the config: every tensor the model has, of its shape, and nothing else."
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors import SafetensorError, safe_open
 
 from model.config import ModelConfig
 from model.files import WEIGHTS_FILE
 
-Weights = dict[str, np.ndarray]
+Weights = Mapping[str, np.ndarray]
 
 
 class WeightsError(ValueError):
@@ -54,14 +55,42 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+class StoredWeights(Mapping[str, np.ndarray]):
+    """The tensors of one safetensors file, each read when asked for: a graph builder holds the weights it is
+    writing, not the whole checkpoint beside them. The file is mapped only while a tensor is read, so that
+    the pages it touched do not stay in the process's resident memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with safe_open(str(path), framework="numpy") as stored:
+            names = stored.keys()  # a safetensors file is not iterable itself
+            self.shapes = {name: tuple(stored.get_slice(name).get_shape()) for name in names}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """float32 (a float16 checkpoint is widened exactly, as the PyTorch reference loads it)."""
+        if name not in self.shapes:
+            raise KeyError(name)
+        with safe_open(str(self.path), framework="numpy") as stored:
+            return stored.get_tensor(name).astype(np.float32, copy=False)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
 def load_weights(model_dir: Path, cfg: ModelConfig) -> Weights:
-    """Every tensor as float32 (a float16 checkpoint is widened exactly, as the PyTorch reference loads it)."""
-    stored = load_file(str(model_dir / WEIGHTS_FILE))
-    expected = expected_shapes(cfg)
-    if missing := sorted(set(expected) - set(stored)):
+    """Every tensor of model.safetensors, checked against the config, read as float32 when used."""
+    try:
+        stored = StoredWeights(model_dir / WEIGHTS_FILE)
+    except (SafetensorError, OSError) as exc:  # cut short, or not safetensors at all
+        raise WeightsError(f"{model_dir / WEIGHTS_FILE} cannot be read ({exc})") from exc
+    expected, shapes = expected_shapes(cfg), stored.shapes
+    if missing := sorted(set(expected) - set(shapes)):
         raise WeightsError(f"{model_dir / WEIGHTS_FILE} lacks {missing[:5]} ({len(missing)} missing)")
-    if unknown := sorted(set(stored) - set(expected)):
+    if unknown := sorted(set(shapes) - set(expected)):
         raise WeightsError(f"{model_dir / WEIGHTS_FILE} holds tensors the config has no place for: {unknown[:5]}")
-    if wrong := [f"{k} {stored[k].shape} != {v}" for k, v in expected.items() if stored[k].shape != v]:
+    if wrong := [f"{k} {shapes[k]} != {v}" for k, v in expected.items() if shapes[k] != v]:
         raise WeightsError(f"{model_dir / WEIGHTS_FILE}: shapes disagree with the config: {wrong[:5]}")
-    return {name: array.astype(np.float32, copy=False) for name, array in stored.items()}
+    return stored
