@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from export.fetch import FetchError, HubSettings, download, parse_name, resolve_commit
 from export.importers import importer_for
 from export.importers.card import card
-from export.importers.files import DamagedFiles, Source, UnsupportedModel, load_weights, read_json
+from export.importers.files import DamagedFiles, Source, UnsupportedModel, load_weights, read_json, write_weights
 from export.importers.generation import generation_defaults
 from model.config import ModelConfig
 from model.directions import LANGUAGES_FILE
@@ -74,13 +73,11 @@ def import_model(args: argparse.Namespace) -> Path:
     directions = importer.directions(args, source, out)
     (out / LANGUAGES_FILE).write_text(json.dumps(directions.to_json(), indent=2, ensure_ascii=False) + "\n")
     cfg = ModelConfig(**{**cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(out, cfg.tokenizer)})
-    save_file(
-        {k: np.ascontiguousarray(v) for k, v in weights.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"}
-    )
+    write_weights(out / WEIGHTS_FILE, weights, weights.shapes)
     (out / CONFIG_FILE).write_text(cfg.to_json() + "\n")
     defaults = generation_defaults(source.directory, hf, direction_names(directions), weights_sha256(out))
     (out / DECODING_FILE).write_text(json.dumps(defaults, indent=2, sort_keys=True) + "\n")
-    parameters = sum(v.size for v in weights.values())
+    parameters = sum(int(np.prod(shape)) for shape in weights.shapes.values())
     (out / CARD_FILE).write_text(card(source, importer.architecture, cfg, directions, parameters))
     return out
 

@@ -25,7 +25,9 @@ def load_config(model_dir: Path) -> ModelConfig:
 
 
 def weights_sha256(model_dir: Path) -> str:
-    return hashlib.sha256((model_dir / WEIGHTS_FILE).read_bytes()).hexdigest()
+    """Read in blocks: the weights of a large model are not held in memory to be hashed."""
+    with (model_dir / WEIGHTS_FILE).open("rb") as weights:
+        return hashlib.file_digest(weights, "sha256").hexdigest()
 
 
 def read_json_map(path: Path, value_type: type[V], what: str) -> dict[str, V]:

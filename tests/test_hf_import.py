@@ -433,3 +433,30 @@ def test_a_separate_vocabulary_model_with_tags_decodes_every_target_piece(tmp_pa
     for de, result in zip(sources, reply.results, strict=True):
         ids = transformers_ids(hf, ours.encode_source(de, "fr"), 2, 10)
         assert result.translation == read(ids), de
+
+
+def test_the_weights_are_written_one_tensor_at_a_time_as_safetensors_reads_them(tmp_path: Path) -> None:
+    """`write_weights` (the import's writer, which holds one tensor at a time) against safetensors' own reader:
+    float32 out of any float in, names and shapes kept, an empty tensor too; a tensor of another shape than the
+    header announced is refused."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from export.importers.files import UnsupportedModel, write_weights
+
+    rng = np.random.default_rng(0)
+    tensors: dict[str, np.ndarray] = {
+        "decoder.0.ff.w1.weight": rng.normal(size=(3, 5)).astype(np.float32),
+        "embed.weight": rng.normal(size=(7, 2)).astype(np.float16),
+        "logits_bias": np.zeros((0,), np.float32),
+        "encoder_norm.bias": rng.normal(size=(5,)).astype(np.float32),
+    }
+    shapes = {name: array.shape for name, array in tensors.items()}
+    write_weights(tmp_path / "model.safetensors", tensors, shapes)
+    loaded = load_file(str(tmp_path / "model.safetensors"))
+    assert loaded.keys() == tensors.keys()
+    for name, array in tensors.items():
+        assert loaded[name].dtype == np.float32, name
+        np.testing.assert_array_equal(loaded[name], array.astype(np.float32), err_msg=name)
+    with pytest.raises(UnsupportedModel, match="where its header said"):
+        write_weights(tmp_path / "other.safetensors", tensors, {**shapes, "embed.weight": (2, 7)})

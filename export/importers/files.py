@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file
+
+from export.builder.weights import StoredWeights
 
 PICKLED_WEIGHTS = "pytorch_model.bin"  # a torch pickle: older repositories ship only this (opus-mt-en-fr)
 
@@ -50,11 +53,12 @@ def read_json(path: Path) -> dict[str, Any]:
     return found
 
 
-def load_weights(directory: Path) -> dict[str, np.ndarray]:
-    """model.safetensors, else pytorch_model.bin (older repositories ship only that)."""
+def load_weights(directory: Path) -> Mapping[str, np.ndarray]:
+    """model.safetensors (each tensor read when used), else pytorch_model.bin (older repositories ship only
+    that; read whole)."""
     if (path := directory / "model.safetensors").is_file():
         try:
-            return load_file(str(path))
+            return StoredWeights(path)
         except (SafetensorError, OSError, ValueError) as exc:  # cut short, or not safetensors at all
             raise damaged(path, f"cannot be read ({exc})") from exc
     if (directory / "pytorch_model.bin").is_file():
@@ -91,3 +95,22 @@ def torch_needed(what: str, repository: str | None = None) -> str:
     )
     install = "pip install 'translate-service[train]'"
     return f"{what} ships only {PICKLED_WEIGHTS}; reading it needs torch ({install}) or {other}"
+
+
+def write_weights(path: Path, weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """A safetensors file of float32 `weights` written one tensor at a time, so that an import holds one tensor,
+    not the model: the header (tensor names, shapes and offsets, padded to 8 bytes), then each tensor's bytes."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    end = 0
+    for name, shape in shapes.items():
+        start, end = end, end + 4 * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [start, end]}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with path.open("wb") as out:
+        out.write(struct.pack("<Q", len(encoded)) + encoded)
+        for name, shape in shapes.items():
+            array = np.ascontiguousarray(weights[name], dtype=np.float32)
+            if array.shape != shape:
+                raise UnsupportedModel(f"{name} holds {array.shape} values where its header said {shape}")
+            out.write(array.data)

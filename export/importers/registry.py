@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from export.importers.files import Source, UnsupportedModel
 from export.importers.generation import ending
-from export.importers.weights import convert_weights
+from export.importers.weights import ConvertedWeights, convert_weights
 from model.config import ModelConfig
 from model.directions import Directions
 
@@ -31,7 +32,7 @@ class Importer(ABC):
     def model_config(self, hf: dict[str, Any], max_len: int) -> ModelConfig:
         """Our config for the family's config.json; UnsupportedModel for what ours cannot represent."""
 
-    def weights(self, hf: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    def weights(self, hf: Mapping[str, np.ndarray], cfg: ModelConfig) -> ConvertedWeights:
         """transformers' state dict -> ours."""
         return convert_weights(hf, cfg)
 

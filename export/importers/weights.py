@@ -1,9 +1,11 @@
 """transformers' BART-family state dict (Marian, M2M100, NLLB) -> this project's Transformer names, float32;
-checks ties, position tables and that nothing is left over."""
+checks ties, position tables and that nothing is left over. Tensors are renamed, not copied: each is read from
+the checkpoint when the import writes it."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -41,47 +43,73 @@ def _split_layer_key(rest: str) -> tuple[str, str, str]:
     return match.group(1), match.group(2), match.group(3)
 
 
-def convert_weights(hf: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+class ConvertedWeights(Mapping[str, np.ndarray]):
+    """Our tensors by our names, each read from the checkpoint as float32 when asked for; the few the import
+    makes itself (a reshaped or absent logits bias) held."""
+
+    def __init__(self, hf: Mapping[str, np.ndarray], names: dict[str, str], made: dict[str, np.ndarray]) -> None:
+        self._hf, self._names, self._made = hf, names, made
+        stored = getattr(hf, "shapes", None)  # a lazily read checkpoint knows its shapes without reading
+        self.shapes = {ours: tuple(stored[key] if stored else hf[key].shape) for ours, key in names.items()}
+        self.shapes |= {name: array.shape for name, array in made.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._made:
+            return self._made[name]
+        return self._hf[self._names[name]].astype(np.float32, copy=False)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def convert_weights(hf: Mapping[str, np.ndarray], cfg: ModelConfig) -> ConvertedWeights:
     """transformers' state dict -> ours, float32: embeddings, the logits bias where the config has one, each
     stack's final LayerNorm under pre-norm, the layers."""
-    weights = {k.removeprefix("model."): v.astype(np.float32) for k, v in hf.items()}
-    ours = embeddings(weights, cfg)
+    keys = {k.removeprefix("model."): k for k in hf}  # transformers' name without its prefix -> as stored
+    names = embeddings(hf, keys, cfg)
+    made: dict[str, np.ndarray] = {}
     if cfg.final_logits_bias:
-        bias = weights.pop("final_logits_bias", np.zeros((1, cfg.vocab_size), dtype=np.float32))
-        ours["logits_bias"] = bias.reshape(cfg.vocab_size)
+        key = keys.pop("final_logits_bias", None)
+        bias = hf[key] if key is not None else np.zeros((1, cfg.vocab_size))
+        made["logits_bias"] = bias.astype(np.float32).reshape(cfg.vocab_size)
     for side in ("encoder", "decoder"):
-        check_positions(weights.pop(f"{side}.embed_positions.weight", None), cfg)
+        positions = keys.pop(f"{side}.embed_positions.weight", None)
+        check_positions(hf[positions] if positions is not None else None, cfg)
         if cfg.norm_placement == "pre":
             for param in ("weight", "bias"):
-                if (norm := weights.pop(f"{side}.layer_norm.{param}", None)) is None:
+                if (norm := keys.pop(f"{side}.layer_norm.{param}", None)) is None:
                     raise UnsupportedModel(f"no {side}.layer_norm.{param} among the weights of a pre-norm model")
-                ours[f"{side}_norm.{param}"] = norm
-    for key, value in weights.items():
-        side, _, rest = key.partition(".")
+                names[f"{side}_norm.{param}"] = norm
+    for name, key in keys.items():
+        side, _, rest = name.partition(".")
         if side not in ("encoder", "decoder"):
-            raise UnsupportedModel(f"unknown weight {key!r}")
-        ours[layer_rename(side, rest)] = value
-    return ours
+            raise UnsupportedModel(f"unknown weight {name!r}")
+        names[layer_rename(side, rest)] = key
+    return ConvertedWeights(hf, names, made)
 
 
-def embeddings(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Pops the embedding tables and the output projection from `weights`: one table for both sides and the
-    output, or a separate source table where the config keeps two; an untied output is refused."""
-    target = weights.pop("decoder.embed_tokens.weight", None)
-    shared = weights.pop("shared.weight", None)
-    source = weights.pop("encoder.embed_tokens.weight", None)
+def embeddings(hf: Mapping[str, np.ndarray], keys: dict[str, str], cfg: ModelConfig) -> dict[str, str]:
+    """Pops the embedding tables and the output projection from `keys`: one table for both sides and the
+    output, or a separate source table where the config keeps two; an untied output is refused. Our names ->
+    the checkpoint's."""
+    target = keys.pop("decoder.embed_tokens.weight", None)
+    shared = keys.pop("shared.weight", None)
+    source = keys.pop("encoder.embed_tokens.weight", None)
     target = target if target is not None else shared
     if target is None:
         raise UnsupportedModel("no decoder or shared embedding table among the weights")
-    ours: dict[str, np.ndarray] = {"embed.weight": target}
+    ours = {"embed.weight": target}
     if cfg.src_vocab_size:
         if source is None:
             raise UnsupportedModel("no encoder embedding table among the weights of a model with two vocabularies")
         ours["src_embed.weight"] = source
-    elif source is not None and not np.array_equal(source, target):
+    elif source is not None and not np.array_equal(hf[source], hf[target]):
         raise UnsupportedModel("encoder and decoder embeddings differ although the config shares them")
-    lm_head = weights.pop("lm_head.weight", None)
-    if lm_head is not None and not np.array_equal(lm_head, target):
+    lm_head = keys.pop("lm_head.weight", None)
+    if lm_head is not None and not np.array_equal(hf[lm_head], hf[target]):
         raise UnsupportedModel("lm_head is not tied to the decoder embedding; an untied output is not representable")
     return ours
 
