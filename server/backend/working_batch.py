@@ -21,7 +21,8 @@ sat out a step, has columns that are not). Under continuous batching rows come a
 - Keys/values of a slot whose row was reclaimed are parked per slot and put back into a row if the
   slot is stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
 The cross-attention feed is kept in row order the same way: a row's source keys/values are copied
-from the slot caches (numpy, (max_slots, H, max_source_len, Dh) per cache) only when the row's source changes;
+from the slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the
+row's source changes;
 along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP. It lives in arrays of
 max_slots rows (the feed is their first W), kept from one source length to the next: a batch that grows
 copies no source keys/values, a compaction moves only the rows whose place changes, and no step writes
@@ -31,6 +32,7 @@ the caches is checked, so a slot is zeroed for its next sentence only if a NaN o
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +88,7 @@ class WorkingBatchRunner(OnnxRunner):
 
     def _open_caches(self, variant_dir: Path) -> None:
         self.self_kv = []  # the working batch holds the self-attention keys/values
-        self.cross_kv = [np.zeros(self.cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
+        self.cross_kv = [untouched_zeros(self.cross_shape, self.dtype) for _ in range(2 * self.n_layers)]
 
     @property
     def width(self) -> int:
@@ -361,6 +363,15 @@ class WorkingBatchRunner(OnnxRunner):
         if size > held or CROSS_SLACK * size < held:
             self.cross_buffers = [np.empty(size, self.dtype) for _ in range(2 * self.n_layers)]
         self.cross_store = [b[:size].reshape(rows, meta.n_heads, length, meta.head_dim) for b in self.cross_buffers]
+
+
+def untouched_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros in anonymous memory that becomes resident a 4 KB page at a time as it is written. numpy asks the
+    kernel for 2 MB pages for large arrays, and a slot cache is mostly unwritten: its sources fill the first
+    positions of each (max_source_len, Dh) block, which a 2 MB page would make resident whole."""
+    count = int(np.prod(shape))
+    memory = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize), flags=mmap.MAP_PRIVATE)
+    return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 def working_length(needed: int, limit: int) -> int:
