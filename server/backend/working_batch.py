@@ -365,7 +365,7 @@ class WorkingBatchRunner(OnnxRunner):
         self.cross_store = [b[:size].reshape(rows, meta.n_heads, length, meta.head_dim) for b in self.cross_buffers]
 
 
-def untouched_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def untouched_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """Zeros in anonymous memory that becomes resident a 4 KB page at a time as it is written. numpy asks the
     kernel for 2 MB pages for large arrays, and a slot cache is mostly unwritten: its sources fill the first
     positions of each (max_source_len, Dh) block, which a 2 MB page would make resident whole."""
