@@ -1,7 +1,7 @@
 """Random transformers checkpoints, built offline the way `save_pretrained` lays out an OPUS-MT model (MarianMTModel)
 or NLLB-200 (M2M100ForConditionalGeneration), with small SentencePiece models trained on the spot: the importer's
 test input and the CPU rehearsal of the GPU check (the tiny shapes) and the benchmark's stand-ins for
-opus-mt-de-en and nllb-200-distilled-600M (their exact shapes, random weights).
+opus-mt-de-en, nllb-200-distilled-600M and nllb-200-1.3B (their exact shapes, random weights).
 
     python -m bench.marian_random --out DIR [--shape opus-mt-de-en|nllb-200-distilled-600M|tiny|...] [--separate-vocabs]
 """

@@ -81,7 +81,8 @@ def test_a_first_start_on_cpu_builds_what_the_cpu_serves_and_no_fp16(tiny_model_
 
 def test_the_graphs_a_start_serves_follow_the_variant_the_provider_and_its_gate(tmp_path: Path) -> None:
     assert graphs_served(tmp_path, "auto", "cpu") == graphs_served(tmp_path, "auto", "cuda") == ["fp32"]  # no gate
-    assert graphs_served(tmp_path, "fp16", "cpu") == ["fp32", "fp16"]  # asked for: built, wherever it runs
+    assert graphs_served(tmp_path, "fp16", "cpu") == ["fp16"]  # asked for: built alone, wherever it runs
+    assert graphs_served(tmp_path, "int8", "cpu") == ["int8"]
     assert graphs_served(tmp_path, "fp32", "cuda") == ["fp32"]
     gate_record(tmp_path, "cuda", "fp16")
     assert graphs_served(tmp_path, "auto", "cuda") == ["fp32", "fp16"]

@@ -282,14 +282,14 @@ def current_variants(model_dir: Path) -> list[str]:
 
 
 def graphs_served(model_dir: Path, variant: str, provider: str) -> list[str]:
-    """The variants a start with `--variant variant` on `provider` ("cpu" or "cuda") may serve: fp32 (what auto
-    falls back to) and the variant asked for, or for auto the provider's fast variant where the model's
+    """The variants a start with `--variant variant` on `provider` ("cpu" or "cuda") may serve: the variant asked
+    for (which never falls back), or for auto fp32 and the provider's fast variant where the model's
     variants.json records it passed that provider's gate. Nothing else: fp16 graphs on a CPU, which never serves
-    them, would only cost their build and their disk."""
+    them, or fp32 graphs beside an int8 asked for, would only cost their build and their disk."""
     from model.directory import DEFAULT_BY_PROVIDER, VARIANTS_FILE
 
     if variant != "auto":
-        return list(dict.fromkeys(("fp32", variant)))
+        return [variant]
     fast = DEFAULT_BY_PROVIDER[provider]
     path = model_dir / VARIANTS_FILE
     record = json.loads(path.read_text()).get(provider, {}) if path.is_file() else {}
