@@ -44,6 +44,7 @@ from model.directory import (
     MAX_BIAS_PER_ROW,
     VARIANTS_FILE,
     ExportMetadata,
+    buffer_head_dim,
     log_probs_from_ranking,
     read_metadata,
 )
@@ -124,7 +125,8 @@ def _session(path: Path, provider: str) -> ort.InferenceSession:
 
 
 class _Graphs:
-    """One variant's encoder and ordinary decoder step, stepped with the caches in host memory."""
+    """One variant's encoder and ordinary decoder step, stepped over buffers of the model's whole target length,
+    each bound as both past and present as the server binds them (server/backend/working_batch.py)."""
 
     encoder_file, step_file = ENCODER_FILE, DECODER_FILE
 
@@ -137,9 +139,8 @@ class _Graphs:
         self.provider = self.decoder.get_providers()[0]
         self.device = "cuda" if self.provider == PROVIDER_NAMES["cuda"] else "cpu"
         self.dtype = np.float16 if self.meta.dtype == "float16" else np.float32
-        layers = self.meta.n_decoder_layers
-        self.new_names = [f"new_{kind}_{i}" for i in range(layers) for kind in ("k", "v")]
-        self.past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("k", "v")]
+        self.past_names = [f"past_{kind}_{i}" for i in range(self.meta.n_decoder_layers) for kind in ("k", "v")]
+        self.buffer_head_dim = buffer_head_dim(self.meta.head_dim)
 
     def _encode(self, sources: list[list[int]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The sources' padding mask (B, S) and the encoder's cross keys and values by name."""
@@ -167,48 +168,51 @@ class _Graphs:
         return np.stack(best, axis=1), finite
 
     def _start(self, sources: list[list[int]]) -> None:
-        """Encode the sources; empty caches (host arrays the step's new row is appended to)."""
-        self.mask, self.cross = self._encode(sources)
-        shape = (len(sources), self.meta.n_heads, 0, self.meta.head_dim)
-        self.past = [np.zeros(shape, self.dtype) for _ in self.past_names]
-
-    def _step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """(B, V) log-probabilities of one step, its new keys and values appended to the caches."""
-        rows, position = len(tokens), int(positions[0])
-        feeds = {
-            "tokens": tokens, "positions": positions, "src_mask": self.mask,
-            "past_keep": np.ones((rows, position), dtype=bool), "row_scores": np.zeros(rows, np.float32),
-            "bias_ids": np.zeros((rows, 1), np.int64), "bias_values": np.zeros((rows, 1), np.float32),
-            "top_k": np.asarray([self.meta.vocab_size], np.int64), **self.cross,
-            **dict(zip(self.past_names, self.past, strict=True)),
-        }  # fmt: skip
-        scores, ids, *new = self.decoder.run(["top_scores", "top_ids", *self.new_names], feeds)
-        self.past = [np.concatenate([cache, step], axis=2) for cache, step in zip(self.past, new, strict=True)]
-        return log_probs_from_ranking(scores, ids, self.meta.vocab_size)
-
-
-class _FusedGraphs(_Graphs):
-    """The fused encoder and the capturable fused step over static buffers of the model's whole target length,
-    each buffer bound as both past and present as the server binds it (server/backend/captured.py)."""
-
-    encoder_file, step_file = FUSED_ENCODER_FILE, FUSED_DECODER_FILE
-
-    def _start(self, sources: list[list[int]]) -> None:
+        """Encode the sources; bind the step's outputs, the cross keys and values and empty key/value buffers."""
         meta, rows = self.meta, len(sources)
         mask, cross = self._encode(sources)
         binding = self.binding = self.decoder.io_binding()
-        binding.bind_output("log_probs", "cpu")  # the first output bound: get_outputs()[0], on the host
-        for name in ("top_scores", "top_ids"):
-            binding.bind_output(name, self.device, 0)
+        self._bind_outputs(binding)
         for name, value in cross.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, self.device, 0))
-        shape = (rows, meta.n_heads, meta.max_target_len, meta.head_dim)
+        shape = (rows, meta.n_heads, meta.max_target_len, self.buffer_head_dim)
         for past in self.past_names:
             buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
             binding.bind_ortvalue_input(past, buffer)
             binding.bind_ortvalue_output(f"present_{past.removeprefix('past_')}", buffer)
         binding.bind_cpu_input("src_mask", mask)
         binding.bind_cpu_input("row_scores", np.zeros(rows, np.float32))
+        self._bind_bias(binding, rows)
+
+    def _bind_outputs(self, binding: ort.IOBinding) -> None:
+        for name in ("top_scores", "top_ids"):  # every id ranked: the whole distribution, on the host
+            binding.bind_output(name, "cpu")
+
+    def _bind_bias(self, binding: ort.IOBinding, rows: int) -> None:
+        binding.bind_cpu_input("bias_ids", np.zeros((rows, 1), np.int64))
+        binding.bind_cpu_input("bias_values", np.zeros((rows, 1), np.float32))
+        binding.bind_cpu_input("top_k", np.asarray([self.meta.vocab_size], np.int64))
+
+    def _step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """(B, V) log-probabilities of one step; its keys and values written into the bound buffers."""
+        self.binding.bind_cpu_input("tokens", tokens)
+        self.binding.bind_cpu_input("positions", positions)
+        self.decoder.run_with_iobinding(self.binding)
+        scores, ids = (value.numpy() for value in self.binding.get_outputs()[:2])  # bound first, then the buffers
+        return log_probs_from_ranking(scores, ids, self.meta.vocab_size)
+
+
+class _FusedGraphs(_Graphs):
+    """The fused encoder and the capturable fused step, whose log_probs output is the whole distribution."""
+
+    encoder_file, step_file = FUSED_ENCODER_FILE, FUSED_DECODER_FILE
+
+    def _bind_outputs(self, binding: ort.IOBinding) -> None:
+        binding.bind_output("log_probs", "cpu")  # the first output bound: get_outputs()[0], on the host
+        for name in ("top_scores", "top_ids"):
+            binding.bind_output(name, self.device, 0)
+
+    def _bind_bias(self, binding: ort.IOBinding, rows: int) -> None:
         binding.bind_cpu_input("bias_ids", np.zeros((rows, MAX_BIAS_PER_ROW), np.int64))
         binding.bind_cpu_input("bias_values", np.zeros((rows, MAX_BIAS_PER_ROW), np.float32))
 

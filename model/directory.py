@@ -50,7 +50,7 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE)  # what every variant holds
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
@@ -87,6 +87,12 @@ class ModelSpec:
 def capturable_head_dim(head_dim: int) -> bool:
     """Whether a model of this head size can have the capturable step (and so the captured runner)."""
     return head_dim % HEAD_DIM_MULTIPLE == 0
+
+
+def buffer_head_dim(head_dim: int) -> int:
+    """The head size of the ordinary decoder step's key/value buffers: the model's, padded with zeros up to a
+    multiple of HEAD_DIM_MULTIPLE, which the step's attention kernel needs."""
+    return -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
 
 
 class MetadataError(ValueError):

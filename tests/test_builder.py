@@ -167,7 +167,7 @@ def test_nodes_are_named_per_layer_and_weights_by_checkpoint_name(option_model: 
     names = [node.name for node in graph.node]
     assert len(set(names)) == len(names) and all(names)
     last = model.cfg.n_decoder_layers - 1
-    for name in ("self_attn/q_proj/MatMul", "cross_attn/out_proj/Add", "ff/w2/MatMul", "self_attn/k_cache"):
+    for name in ("self_attn/q_proj/MatMul", "cross_attn/out_proj/Add", "ff/w2/MatMul", "self_attn/GroupQueryAttention"):
         assert f"/decoder/layers.{last}/{name}" in names, name
     weights = {t.name for t in graph.initializer}
     assert {f"decoder.{last}.cross_attn.q_proj.weight", "embed.weight", "embed.weight.T"} <= weights

@@ -174,7 +174,7 @@ def self_entries(runner: OnnxRunner, slot: int) -> list[np.ndarray]:
     """The self-attention keys/values `slot` holds, (H, tokens fed, Dh) per cache, wherever they live."""
     if isinstance(runner, WorkingBatchRunner):
         row = int(runner.row_of_slot[slot])
-        return [array[row][:, runner.keep[row]] for array in runner.present]
+        return [array[row, :, : runner.row_len[row]].copy() for array in runner.kv_store]
     return [host(cache)[slot, :, : int(runner.tgt_len[slot])].copy() for cache in runner.self_kv]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from model.directory import MetadataError
 from server.backend.captured import CapturedRunner
-from server.backend.working_batch import TRIM_COLUMNS, WorkingBatchRunner
+from server.backend.working_batch import LENGTH_STEP, WorkingBatchRunner
 from server.core.offline import translate_ids
 from server.core.runner import EncodeItem
 
@@ -41,7 +41,7 @@ def step_both(
 
 def test_step_for_step_equal_to_the_slot_buffers_through_joins_copies_and_compactions(variant: Path) -> None:
     """Rows join at different steps, beams reorder within and across sources, sentences leave and their
-    slots take new sources, and the batch compacts (most rows sit idle) and trims its leading columns."""
+    slots take new sources, the batch compacts (most rows sit idle) and its buffers grow longer."""
     runners = pair(variant, 12)
     rng = np.random.default_rng(0)
     position = dict.fromkeys(range(12), 0)
@@ -78,7 +78,7 @@ def test_step_for_step_equal_to_the_slot_buffers_through_joins_copies_and_compac
             moved = {d: position[p] for p, d in zip(parents, [0, 1, 2], strict=True)}
             position.update(moved)
     assert compactions >= 1
-    assert runners[1].keep.shape[1] < 40 - TRIM_COLUMNS + 2 * TRIM_COLUMNS  # leading columns were dropped
+    assert runners[1].kv_store[0].shape[2] > LENGTH_STEP  # the buffers grew with the rows
 
 
 def test_a_slot_idle_through_a_compaction_is_put_back(variant: Path) -> None:
@@ -158,21 +158,21 @@ def test_a_step_that_raised_leaves_the_batch_as_it_was(variant: Path, monkeypatc
         r.encode([EncodeItem(SOURCES[0], [0]), EncodeItem(SOURCES[2], [1])])
     step_both(runners, [0], [40], [0])
     working = runners[1]
-    real_run = working.decoder.run
+    real_run = working.decoder.run_with_iobinding
 
     def fail(*_: object) -> None:
         raise RuntimeError("onnxruntime failed")
 
-    monkeypatch.setattr(working.decoder, "run", fail)
+    monkeypatch.setattr(working.decoder, "run_with_iobinding", fail)
     with pytest.raises(RuntimeError, match="onnxruntime failed"):
         working.step_log_probs([0, 1], [41, 50], [1, 0])  # slot 1 joins in the step that fails
-    monkeypatch.setattr(working.decoder, "run", real_run)
+    monkeypatch.setattr(working.decoder, "run_with_iobinding", real_run)
     step_both(runners, [0, 1], [41, 50], [1, 0])
     step_both(runners, [1, 0], [51, 42], [1, 2])
 
 
 def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> None:
-    """A former occupant's NaN sits in columns the new sentence masks, and 0 x NaN = NaN: a taken row is zeroed."""
+    """A former occupant's NaN sits in the entries past the new sentence's own, which the step never reads."""
     runners = pair(variant, 3)
     for r in runners:
         r.encode([EncodeItem(SOURCES[2], [0]), EncodeItem(SOURCES[0], [1])])
@@ -180,7 +180,7 @@ def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> No
         step_both(runners, [0, 1], [40 + i, 50 + i], [i, i])
     working = runners[1]
     row = int(working.row_of_slot[0])
-    for array in working.present:
+    for array in working.kv_store:
         array[row] = np.nan  # what a sentence whose activations overflowed leaves behind
     for r in runners:
         r.encode([EncodeItem(SOURCES[1], [0])])  # a new sentence takes slot 0
@@ -188,22 +188,45 @@ def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> No
         step_both(runners, [0, 1], [60 + j, 55 + j], [j, 5 + j])
 
 
-def test_present_is_the_past_then_the_new_row(variant: Path) -> None:
-    """The export's present_* outputs are what the working batch feeds back: past + new along the past axis."""
+def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothing_past_it(variant: Path) -> None:
+    """The export's contract with the buffers bound as past_* and present_*: each row's new key and value land at
+    that row's position, every other entry stays as it was, and entries past a row's position are never read
+    (NaN there leaves every score finite and equal to the same step over zeros)."""
     runner = WorkingBatchRunner(variant, 2, intra_op_threads=1)
     rng = np.random.default_rng(1)
     heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
-    past = [rng.standard_normal((2, heads, 3, head_dim)).astype(np.float32) for _ in range(2 * n)]
+    positions = np.asarray([3, 1])
     cross = [rng.standard_normal((2, heads, 4, head_dim)).astype(np.float32) for _ in range(2 * n)]
-    feeds = {"tokens": np.asarray([5, 6]), "positions": np.asarray([3, 3]), "src_mask": np.ones((2, 4), bool),
-             "past_keep": np.ones((2, 3), bool), "row_scores": np.zeros(2, np.float32),
-             "bias_ids": np.zeros((2, 1), np.int64), "bias_values": np.zeros((2, 1), np.float32),
-             "top_k": np.asarray([1])}  # fmt: skip
-    feeds |= dict(zip(runner.past_names, past, strict=True)) | dict(zip(runner.cross_names, cross, strict=True))
-    present_names = [name.replace("new", "present") for name in runner.new_names]
-    outputs = runner.decoder.run([*runner.new_names, *present_names], feeds)
-    for old, new, present in zip(past, outputs[: 2 * n], outputs[2 * n :], strict=True):
-        np.testing.assert_array_equal(present, np.concatenate([old, new], axis=2))
+    feeds = {"tokens": np.asarray([5, 6]), "positions": positions, "src_mask": np.ones((2, 4), bool),
+             "row_scores": np.zeros(2, np.float32), "bias_ids": np.zeros((2, 1), np.int64),
+             "bias_values": np.zeros((2, 1), np.float32), "top_k": np.asarray([5])}  # fmt: skip
+    feeds |= dict(zip(runner.cross_names, cross, strict=True))
+
+    base = [rng.standard_normal((2, heads, 6, head_dim)).astype(np.float32) for _ in range(2 * n)]
+
+    def step(past_fill: float) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        buffers = [array.copy() for array in base]
+        for buffer in buffers:
+            for row, position in enumerate(positions):
+                buffer[row, :, position:] = past_fill
+        before = [buffer.copy() for buffer in buffers]
+        binding = runner.decoder.io_binding()
+        binding.bind_output("top_scores", "cpu")
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for past, present, buffer in zip(runner.past_names, runner.present_names, buffers, strict=True):
+            binding.bind_cpu_input(past, buffer)
+            binding.bind_output(present, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
+        runner.decoder.run_with_iobinding(binding)
+        return before, buffers, binding.copy_outputs_to_cpu()[0]
+
+    before, after, scores = step(np.nan)
+    for old, new in zip(before, after, strict=True):
+        written = np.zeros(old.shape, bool)
+        written[[0, 1], :, positions] = True
+        assert np.isfinite(new[written]).all()
+        np.testing.assert_array_equal(new[~written], old[~written])
+    np.testing.assert_array_equal(scores, step(0.0)[2])
 
 
 def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path, tmp_path: Path) -> None:
@@ -215,5 +238,5 @@ def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path
     model.graph.output.extend(kept)
     onnx.save(model, str(old / "decoder_step.onnx"))
     CapturedRunner(old, 2)  # the captured runner steps its own graph
-    with pytest.raises(MetadataError, match=r"predates the present_\* outputs.*python -m export"):
+    with pytest.raises(MetadataError, match=r"predates the decoder step that writes.*python -m export"):
         WorkingBatchRunner(old, 2)

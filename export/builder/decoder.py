@@ -1,11 +1,17 @@
-"""decoder_step.onnx from the weights: one step for B rows at any mix of positions against a gathered cache.
+"""decoder_step.onnx from the weights: one step for B rows at any mix of positions, each row's keys and values
+kept in buffers the caller binds.
 
-In: tokens (B,), positions (B,), src_mask (B, S), past_keep (B, P), cross_k_i / cross_v_i (B, H, S, Dh),
-past_k_i / past_v_i (B, H, P, Dh), then the ranking's row_scores (B,), bias_ids / bias_values (B, J) and top_k (1,).
-Out: new_k_i / new_v_i (B, H, 1, Dh), top_scores / top_ids (B, k), bias_scores (B, J), and
-present_k_i / present_v_i (B, H, P + 1, Dh), the past with this step appended, which the working batch feeds
-back as the next past. No `If` node: every row runs the same nodes. The whole (B, V) distribution is no output:
-the ranking works on it in place, and a parity check that wants it ranks all V ids.
+In: tokens (B,), positions (B,) (each row's entries before this step), src_mask (B, S), cross_k_i / cross_v_i
+(B, H, S, Dh), past_k_i / past_v_i (B, H, L, Dh'), then the ranking's row_scores (B,), bias_ids / bias_values
+(B, J) and top_k (1,). Out: top_scores / top_ids (B, k), bias_scores (B, J), and present_k_i / present_v_i
+(B, H, L, Dh'), Dh' = `model.directory.buffer_head_dim` of the model's head size Dh.
+
+Self-attention is onnxruntime's GroupQueryAttention in its shared-buffer form
+(`export.builder.fused.shared_buffer_attention`): bound to the buffers of past_*, present_* is those buffers
+with this step's key and value written at each row's position, and a row reads its own entries 0 .. position
+only, so the past is neither copied nor read past a row's own entries. L, any length above every position, is
+read from past_k_0's shape. No `If` node: every row runs the same nodes. The whole (B, V) distribution is no
+output: the ranking works on it in place, and a parity check that wants it ranks all V ids.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from export.builder import layers
+from export.builder import fused, layers
 from export.builder.graph import GraphBuilder
 from export.builder.int8 import Int8Recipe
 from export.builder.ranking import RANKING_CHUNK, add_chunked_selection
 from export.builder.weights import Weights
 from model.config import ModelConfig
+from model.directory import buffer_head_dim
 
 # model.training.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
 BANNED_LOG_PROB = -1e9
@@ -29,20 +36,37 @@ BANNED_LOG_PROB = -1e9
 SelfAttention = Callable[[int, str], str]  # (layer i, its normed input h (B, 1, D)) -> attended (B, 1, D)
 
 
-def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, keep: str, cfg: ModelConfig) -> str:
-    """Attend from this step's h (B, 1, D) to the past plus its own keys and values; names the graph's
-    new_* (B, H, 1, Dh) and present_* (B, H, P + 1, Dh) outputs of layer i."""
-    kv_dims: list[int | str] = ["B", cfg.n_heads, "P", cfg.head_dim]
+def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: str, total: str, cfg: ModelConfig) -> str:
+    """Attend from this step's h (B, 1, D) to each row's own entries in layer i's buffers plus its own key and
+    value, which the step writes there (present_*); -> (B, 1, D). The three projections stay three products
+    of h, so that int8 quantizes each weight as onnxruntime's `quantize_dynamic` does. A head size the
+    attention kernel cannot take is padded (`model.directory.buffer_head_dim`): each head's queries, keys and
+    values gain zero columns (a zero adds nothing to q.k; zero in the range quantizes to zero) and the output
+    projection zero rows for them, so every sum is the unpadded one."""
+    prefix, width = f"decoder.{i}.self_attn", buffer_head_dim(cfg.head_dim)
     with b.scope("self_attn"):
-        new = layers.project_kv(b, w, f"decoder.{i}.self_attn", h, cfg)
-        present = []
-        for kind, value in zip("kv", new, strict=True):
-            past = b.add_input(f"past_{kind}_{i}", b.elem, kv_dims)
-            b.rename(value, f"new_{kind}_{i}")
-            present.append(
-                b.op_to("Concat", f"present_{kind}_{i}", past, f"new_{kind}_{i}", name=f"{kind}_cache", axis=2)
-            )
-        return layers.multi_head_attention(b, w, f"decoder.{i}.self_attn", h, (present[0], present[1]), keep, cfg)
+        qkv = []
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight, bias = w[f"{prefix}.{name}.weight"].T, w[f"{prefix}.{name}.bias"]  # (D, H * Dh), (H * Dh,)
+            with b.scope(name):
+                product = b.matmul(h, f"{prefix}.{name}.weight", _pad_heads(weight, cfg, width, axis=1))
+                qkv.append(b.op("Add", product, b.weight(f"{prefix}.{name}.bias", _pad_heads(bias, cfg, width, 0))))
+        attended = fused.shared_buffer_attention(b, i, (qkv[0], qkv[1], qkv[2]), seqlens, total, "L", cfg, width)
+        weight = _pad_heads(w[f"{prefix}.out_proj.weight"].T, cfg, width, axis=0)  # (H * width, D)
+        with b.scope("out_proj"):
+            product = b.matmul(attended, f"{prefix}.out_proj.weight", weight)
+            return b.op("Add", product, b.weight(f"{prefix}.out_proj.bias", w[f"{prefix}.out_proj.bias"]))
+
+
+def _pad_heads(array: np.ndarray, cfg: ModelConfig, width: int, axis: int) -> np.ndarray:
+    """`array` with its H x Dh axis `axis` widened to H x width, each head's extra entries zero."""
+    if width == cfg.head_dim:
+        return array
+    shape = array.shape
+    heads = array.reshape(*shape[:axis], cfg.n_heads, cfg.head_dim, *shape[axis + 1 :])
+    pad = [(0, 0)] * heads.ndim
+    pad[axis + 1] = (0, width - cfg.head_dim)
+    return np.pad(heads, pad).reshape(*shape[:axis], cfg.n_heads * width, *shape[axis + 1 :])
 
 
 def decoder_layer(
@@ -63,16 +87,12 @@ def decoder_layer(
         return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
-def row_inputs(
-    b: GraphBuilder, w: Weights, cfg: ModelConfig, past_keep: bool, keep_mask: bool = True
-) -> tuple[str, str, str]:
-    """The row inputs (past_keep (B, P) too, if asked) and the cross caches; returns x (B, 1, D), the positions
-    and the source keep mask (B, 1, 1, S), or with `keep_mask` False the src_mask input (B, S) itself."""
+def row_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig, keep_mask: bool = True) -> tuple[str, str, str]:
+    """The row inputs and the cross caches; returns x (B, 1, D), the positions and the source keep mask
+    (B, 1, 1, S), or with `keep_mask` False the src_mask input (B, S) itself."""
     tokens = b.add_input("tokens", TensorProto.INT64, ["B"])
     positions = b.add_input("positions", TensorProto.INT64, ["B"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
-    if past_keep:
-        b.add_input("past_keep", TensorProto.BOOL, ["B", "P"])
     for i in range(cfg.n_decoder_layers):
         for kind in "kv":
             b.add_input(f"cross_{kind}_{i}", b.elem, ["B", cfg.n_heads, "S", cfg.head_dim])
@@ -83,15 +103,15 @@ def row_inputs(
         return x, positions, layers.keep_mask(b, src_mask) if keep_mask else src_mask
 
 
-def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str]:
-    """`row_inputs` with past_keep; returns x (B, 1, D) and the keep masks, self (B, 1, 1, P + 1) and source
-    (B, 1, 1, S)."""
-    x, _, src_keep = row_inputs(b, w, cfg, past_keep=True)
+def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str, str]:
+    """`row_inputs`; returns x (B, 1, D), the self-attention's seqlens (int32 (B,)) and total length (the buffers'
+    L, an int32 scalar) and the source keep mask (B, 1, 1, S)."""
+    x, positions, src_keep = row_inputs(b, w, cfg)
     with b.scope("decoder"):
-        column = b.ints(1)
-        own = b.op("Expand", b.const([[True]], np.bool_), b.op("Concat", b.op("Shape", "tokens"), column, axis=0))
-        self_keep = layers.keep_mask(b, b.op("Concat", "past_keep", own, axis=1))  # each row also sees its own step
-        return x, self_keep, src_keep
+        seqlens = b.op("Cast", positions, to=TensorProto.INT32, name="seqlens_k")
+        length = b.op("Gather", b.op("Shape", "past_k_0"), b.const(2, np.int64))  # the buffers' L, a scalar
+        total = b.op("Cast", length, to=TensorProto.INT32, name="total_sequence_length")
+        return x, seqlens, total, src_keep
 
 
 def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: bool = False, chunk: int = 0) -> str:
@@ -162,12 +182,10 @@ def decoder_step_graph(
     w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int, int8: Int8Recipe | None = None
 ) -> onnx.ModelProto:
     b = GraphBuilder("decoder_step", dtype, int8)
-    x, self_keep, src_keep = step_inputs(b, w, cfg)
-    scores = decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, self_keep, cfg), src_keep, cfg)
-    layers = [(kind, i) for i in range(cfg.n_decoder_layers) for kind in "kv"]
-    for kind, i in layers:
-        b.add_output(f"new_{kind}_{i}", b.elem, ["B", cfg.n_heads, 1, cfg.head_dim])
+    x, seqlens, total, src_keep = step_inputs(b, w, cfg)
+    scores = decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, seqlens, total, cfg), src_keep, cfg)
     add_chunked_selection(b, scores, opset)
-    for kind, i in layers:
-        b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, "P1", cfg.head_dim])
+    for i in range(cfg.n_decoder_layers):
+        for kind in "kv":
+            b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, "L", buffer_head_dim(cfg.head_dim)])
     return b.model(opset)

@@ -23,8 +23,6 @@ a CUDA graph that replays every kernel it holds.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -52,28 +50,14 @@ def check_capturable(model: onnx.ModelProto, path: object) -> None:
         raise RuntimeError(f"{path} is not capturable: it contains {', '.join(found)}")
 
 
-def shared_buffer_attention(b: GraphBuilder, i: int, qkv: tuple[str, str, str], seqlens: str, cfg: ModelConfig) -> str:
-    """GroupQueryAttention of layer i over its shared past/present buffers (B, H, L, Dh), naming present_*:
-    queries, keys and values (B, 1, D) each, or packed (B, 1, 3D) with the other two "" -> (B, 1, D)."""
-    kv_dims: list[int | str] = ["B", cfg.n_heads, cfg.max_len, cfg.head_dim]
-    past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
-    total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
-    node = b.op_n(
-        "GroupQueryAttention", *qkv, past[0], past[1], seqlens, total, outputs=3, domain="com.microsoft",
-        num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
-    )  # fmt: skip
-    for kind, value in zip("kv", node[1:], strict=True):
-        b.rename(value, f"present_{kind}_{i}")
-    return node[0]
-
-
 def fused_self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: str, cfg: ModelConfig) -> str:
     """GroupQueryAttention of h (B, 1, D), packed QKV, over layer i's shared past/present buffers (B, H, L, Dh)
     -> the output projection's product (B, 1, D), its bias left to the residual."""
     prefix = f"decoder.{i}.self_attn"
     with b.scope("self_attn"):
         qkv = fused.packed_qkv(b, w, prefix, h)  # (B, 1, 3D)
-        attended = shared_buffer_attention(b, i, (qkv, "", ""), seqlens, cfg)
+        total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
+        attended = fused.shared_buffer_attention(b, i, (qkv, "", ""), seqlens, total, cfg.max_len, cfg)
         return fused.matmul(b, w, f"{prefix}.out_proj", attended)
 
 
@@ -102,7 +86,7 @@ def fused_step_graph(w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int) 
     if not capturable(cfg):
         raise ValueError(f"head_dim {cfg.head_dim} is not a multiple of {HEAD_DIM_MULTIPLE}")
     b = GraphBuilder("decoder_step_fused", dtype)
-    x, positions, src_mask = row_inputs(b, w, cfg, past_keep=False, keep_mask=False)
+    x, positions, src_mask = row_inputs(b, w, cfg, keep_mask=False)
     with b.scope("decoder"):
         seqlens = b.op("Cast", positions, to=TensorProto.INT32, name="seqlens_k")  # entries before this step
         key_mask = fused.key_padding_mask(b, src_mask)

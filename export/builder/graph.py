@@ -74,12 +74,6 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=node_name, **attrs))
         return names
 
-    def op_to(self, op_type: str, output: str, *inputs: str, name: str | None = None, **attrs: Any) -> str:
-        """Adds a node that writes a value of a fixed name (a graph output); returns that name."""
-        node_name = self._node_name(op_type, name)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=node_name, **attrs))
-        return output
-
     def rename(self, value: str, name: str) -> str:
         """Gives a computed value a fixed name (a graph input or output's), wherever it is made or read."""
         for node in self.nodes:

@@ -44,17 +44,31 @@ class ArenaRelease:
         self, session: ort.InferenceSession, names: Sequence[str] | None, feeds: Mapping[str, Any], size: int
     ) -> list[Any]:
         """`session.run(names, feeds)`; `size` measures the call (elements of the inputs its memory grows with)."""
+        if not self._releases(session, size):
+            return session.run(names, feeds)
+        outputs = session.run(names, feeds, self.release_options)
+        trim_heap()
+        return outputs
+
+    def run_bound(self, session: ort.InferenceSession, binding: ort.IOBinding, size: int) -> None:
+        """`session.run_with_iobinding(binding)`, measured and released as `run` is."""
+        if not self._releases(session, size):
+            session.run_with_iobinding(binding)
+            return
+        session.run_with_iobinding(binding, self.release_options)
+        trim_heap()
+
+    def _releases(self, session: ort.InferenceSession, size: int) -> bool:
+        """Count the call; whether it runs with a release."""
         self.calls += 1
         largest = max(self.largest.get(session, 0), size)
         spaced = self.calls - self.released_at.get(session, 0) >= self.spacing
         if size * self.ratio > largest or not spaced:
             self.largest[session] = largest
-            return session.run(names, feeds)
+            return False
         self.largest[session], self.released_at[session] = size, self.calls
         self.releases += 1
-        outputs = session.run(names, feeds, self.release_options)
-        trim_heap()
-        return outputs
+        return True
 
 
 def trim_heap() -> None:

@@ -106,7 +106,6 @@ class OnnxRunner(ABC):
         # Graph argument names, built once: the decode loop binds them every step.
         self.cross_names = kv_names("cross_k", "cross_v", self.n_layers)
         self.past_names = kv_names("past_k", "past_v", self.n_layers)
-        self.new_names = kv_names("new_k", "new_v", self.n_layers)
         meta = self.metadata
         self.self_shape = (max_slots, meta.n_heads, meta.max_target_len, meta.head_dim)
         self.cross_shape = (max_slots, meta.n_heads, meta.max_source_len, meta.head_dim)

@@ -1,33 +1,30 @@
 """`WorkingBatchRunner`: the caches in host memory, the self-attention keys/values kept as the decoder's working
 batch (`--kv-cache working`: the CPU path, and the fallback wherever the captured step cannot run).
 
-A slot cache would gather, at every step, the stepped rows' slots up to the longest position into a fresh
-(B, H, P, Dh) feed, which the graph then copies again into its past + new `Concat`. This runner instead
-feeds that Concat's output (the graph's `present_*`, (W, H, C + 1, Dh)) back as the next step's past,
-untouched: a step whose rows stay where they are copies no keys or values at all.
-
-The working batch has W rows and C columns. Row r holds one slot's keys/values, column c one step of
-the batch; `keep[r, c]` says whether column c is one of row r's own tokens (a row that joined late, or
-sat out a step, has columns that are not). Under continuous batching rows come and go every step:
-- A slot the step needs but no row holds (a new sentence, a beam copy's destination) takes a free row:
-  one whose slot was encoded again, else one the step does not use (its keys/values are parked), else
-  a new row at the end. A taken row is zeroed, so a NaN or inf a former occupant left cannot reach it
-  through a masked weight (0 x NaN is NaN).
-- Rows the step does not use are still computed (their results are dropped) until a compaction
-  gathers the stepped rows into a smaller batch, and with them only the columns some stepped row
-  keeps. It runs when more than a quarter of the rows sit idle, or leading columns no stepped row
-  keeps have piled up: one copy every several steps instead of one per step.
-- A beam reorder (`copy_slots`) copies the moved rows within the batch.
-- Keys/values of a slot whose row was reclaimed are parked per slot and put back into a row if the
-  slot is stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
-The cross-attention feed is kept in row order the same way: a row's source keys/values are copied
-from the slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the
-row's source changes;
-along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP. It lives in arrays of
-max_slots rows (the feed is their first W), kept from one source length to the next: a batch that grows
-copies no source keys/values, a compaction moves only the rows whose place changes, and no step writes
-into freshly mapped memory. Every block written into
-the caches is checked, so a slot is zeroed for its next sentence only if a NaN or inf went in.
+The decoder step (`export.builder.decoder`) writes each row's new key and value into buffers the runner binds as
+both its past and its present, at the row's own position, and a row reads only its own entries: a step copies
+no keys or values at all, and reads no padding. The buffers hold the batch's rows in the order the step feeds
+them, the working batch: W rows of up to L entries (a row's first `row_len` are its slot's keys/values). Under
+continuous batching rows come and go every step:
+- A slot the step needs but no row holds (a new sentence, a beam copy's destination) takes a free row: one
+  whose slot was encoded again, else one the step does not use (its keys/values are parked), else a new row
+  at the end. A taken row needs no cleaning: the step never reads past a row's own entries, so nothing a
+  former occupant left (a NaN or inf included) reaches the new sentence.
+- Rows the step does not use are still computed (their results are dropped; each writes its key and value
+  just past its own entries, where nothing reads them) until a compaction moves the stepped rows into the
+  first places: it runs when more than a quarter of the rows sit idle, one move every several steps.
+- A beam reorder (`copy_slots`) copies the moved rows' entries within the buffers.
+- Keys/values of a slot whose row was reclaimed are parked per slot and put back into a row if the slot is
+  stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
+L grows in steps of LENGTH_STEP as rows get longer (new buffers, each row's entries carried over) and the
+buffers are laid out again, smaller, once the longest row would use under 1 / BUFFER_SLACK of them.
+The cross-attention feed is kept in row order the same way: a row's source keys/values are copied from the
+slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the row's
+source changes; along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP, masked
+per row. Both live in buffers of at least max_slots rows (the step is fed their first W), kept from one step
+to the next: a batch that grows copies nothing, a compaction moves only the rows whose place changes. Every
+block the encoder writes into the slot caches is checked, so a slot is zeroed for its next sentence only if
+a NaN or inf went in.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from model.directory import DECODER_FILE, MetadataError
+from model.directory import DECODER_FILE, MetadataError, buffer_head_dim
 from server.backend.runtime import Feeds, OnnxRunner, kv_names
 from server.core.runner import EncodeItem
 
@@ -46,10 +43,9 @@ FREE = -1  # a row that holds no slot; a slot that no row holds
 STALE = -2  # a row whose cross keys/values must be fetched again
 IDLE_SHARE = 4  # compact once more than 1 / IDLE_SHARE of the rows sit idle ...
 MIN_IDLE = 4  # ... and at least this many
-TRIM_COLUMNS = 16  # compact once this many leading columns belong to no stepped row
-LENGTH_STEP = 16  # the cross feed's source axis grows and shrinks in steps of this many entries
-SHRINK_SLACK = 2 * LENGTH_STEP  # shrink once this many entries past the longest source go unused
-CROSS_SLACK = 4  # the cross feed's buffers are given back once a layout would use under a quarter of them
+LENGTH_STEP = 16  # the buffers' entries per row and the cross feed's source axis grow and shrink in steps of this
+SHRINK_SLACK = 2 * LENGTH_STEP  # the cross feed shrinks once this many entries past the longest source go unused
+BUFFER_SLACK = 4  # buffers are given back once a layout would use under a quarter of them
 
 Ids = npt.NDArray[np.int64]
 
@@ -65,19 +61,18 @@ class WorkingBatchRunner(OnnxRunner):
     ) -> None:  # fmt: skip
         super().__init__(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
         self.present_names = kv_names("present_k", "present_v", self.n_layers)
-        if not set(self.present_names) <= {arg.name for arg in self.decoder.get_outputs()}:
+        inputs = {arg.name for arg in self.decoder.get_inputs()}
+        if "past_keep" in inputs or not set(self.present_names) <= {arg.name for arg in self.decoder.get_outputs()}:
             raise MetadataError(
-                f"{variant_dir / DECODER_FILE} predates the present_* outputs the working-batch cache feeds "
-                "back: export again with python -m export"
+                f"{variant_dir / DECODER_FILE} predates the decoder step that writes its keys and values into the "
+                "buffers the runner binds: export again with python -m export"
             )
-        meta = self.metadata
-        empty = np.zeros((0, meta.n_heads, 0, meta.head_dim), self.dtype)
-        self.present: list[np.ndarray] = [empty] * (2 * self.n_layers)  # (W, H, C, Dh) per cache
-        self.keep = np.zeros((0, 0), dtype=bool)  # (W, C): column c is one of row r's tokens
-        self.row_len = np.zeros(0, dtype=np.int64)  # (W,) how many columns each row keeps
+        self.row_len = np.zeros(0, dtype=np.int64)  # (W,) how many entries each row holds
         self.row_slot = np.zeros(0, dtype=np.int64)  # (W,) the slot each row holds, or FREE
         self.row_of_slot = np.full(max_slots, FREE, dtype=np.int64)
-        self.parked: dict[int, list[np.ndarray]] = {}  # slot -> its kept (H, n, Dh) per cache
+        self.parked: dict[int, list[np.ndarray]] = {}  # slot -> its (H, n, Dh) entries per cache
+        self.kv_store: list[np.ndarray] = []  # (rows, H, L, Dh) per cache, rows >= W: the batch's keys/values
+        self._lay_out_kv(max_slots, LENGTH_STEP)
         self.cross_buffers: list[np.ndarray] = []  # flat, one per cache: the cross feed's memory
         self.cross_store: list[np.ndarray] = []  # (max_slots, H, S, Dh) views of them, the first W rows fed
         length = working_length(1, self.spec.max_source_len)
@@ -148,40 +143,49 @@ class WorkingBatchRunner(OnnxRunner):
         if not src.size:
             return
         dst_rows = self._rows_for(dst, reserved=np.concatenate([src_rows, stepped]))
-        for array in self.present:
-            array[dst_rows] = array[src_rows]  # the right side is read whole before any write
-        self.keep[dst_rows] = self.keep[src_rows]
+        self._move_rows(src_rows, dst_rows)
         self.row_len[dst_rows] = self.row_len[src_rows]
 
     def _step(
         self, slots: list[int], tokens: list[int], positions: list[int], ranking: Feeds, wanted: tuple[str, ...]
     ) -> list[np.ndarray]:
-        """Feed one token per row against the working batch; its present keys/values become the next past."""
+        """Feed one token per row against the working batch; the step writes its keys/values into the buffers."""
         slot_ids = np.asarray(slots, dtype=np.int64)
         pos = self._positions(positions)
         rows = self._place(slot_ids, pos)
         self._fit_cross(slot_ids, rows, int(self.src_len[slot_ids].max()))
         width = self.width
+        # A row the step does not use writes just past its own entries (the last one, at the longest length:
+        # a row that long is never stepped again, so that entry is never read).
+        at = np.minimum(self.row_len, self.spec.max_target_len - 1)
+        at[rows] = pos
+        self._fit_length(int(at.max(initial=0)) + 1)
         feeds: Feeds = {
-            "tokens": _scatter(width, rows, tokens, self.spec.pad_id, np.int64),
-            "positions": _scatter(width, rows, pos, 0, np.int64),
+            "tokens": _scatter(width, rows, tokens, self.spec.pad_id, np.int64), "positions": at,
             "row_scores": _scatter(width, rows, ranking["row_scores"], 0, np.float32),
             "bias_ids": _scatter(width, rows, ranking["bias_ids"], 0, np.int64),
             "bias_values": _scatter(width, rows, ranking["bias_values"], 0, np.float32),
-            "top_k": ranking["top_k"], "past_keep": self.keep, "src_mask": self.cross_mask,
+            "top_k": ranking["top_k"], "src_mask": self.cross_mask,
         }  # fmt: skip
-        cross = [array[:width] for array in self.cross_store]
-        feeds |= dict(zip(self.cross_names, cross, strict=True))
-        feeds |= dict(zip(self.past_names, self.present, strict=True))
-        size = self.present[0].size + cross[0].size  # what the step's memory grows with
-        outputs = self.memory.run(self.decoder, [*wanted, *self.present_names], feeds, size)
+        binding = self.decoder.io_binding()
+        for name in wanted:
+            binding.bind_output(name, "cpu")
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name, array in zip(self.cross_names, self.cross_store, strict=True):
+            binding.bind_cpu_input(name, array[:width])
+        for past, present, array in zip(self.past_names, self.present_names, self.kv_store, strict=True):
+            buffer = array[:width]  # the first rows of a C-ordered array: contiguous, bound as past and present
+            binding.bind_cpu_input(past, buffer)
+            binding.bind_output(present, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
+        size = self.kv_store[0][:width].size + self.cross_store[0][:width].size  # what the step's memory grows with
+        self.memory.run_bound(self.decoder, binding, size)
+        outputs = [value.numpy() for value in binding.get_outputs()[: len(wanted)]]  # bound first; not the buffers
         self.stepped_last = np.zeros(width, dtype=bool)
         self.stepped_last[rows] = True
-        self.present = outputs[len(wanted) :]
-        self.keep = np.concatenate([self.keep, self.stepped_last[:, None]], axis=1)
-        self.row_len[rows] += 1
+        self.row_len[rows] = pos + 1
         self.tgt_len[slot_ids] = pos + 1
-        return [out[rows] for out in outputs[: len(wanted)]]
+        return [out[rows] for out in outputs]
 
     # -- rows -----------------------------------------------------------------------------------
 
@@ -190,7 +194,7 @@ class WorkingBatchRunner(OnnxRunner):
         held = self.row_of_slot[slot_ids]
         used = held[held >= 0]
         idle = self.width - slot_ids.size  # rows left over once every stepped slot has one
-        if idle > max(MIN_IDLE, self.width // IDLE_SHARE) or self._dead_columns(used) >= TRIM_COLUMNS:
+        if idle > max(MIN_IDLE, self.width // IDLE_SHARE):
             self._compact(used, spare=slot_ids.size - used.size)  # free rows for the slots that join
         missing = self.row_of_slot[slot_ids] < 0
         if missing.any():
@@ -225,10 +229,7 @@ class WorkingBatchRunner(OnnxRunner):
         return rows
 
     def _take(self, row: int, slot: int) -> None:
-        """Zero `row` and give it to `slot`, with the slot's parked keys/values if it has any."""
-        for array in self.present:
-            array[row] = 0
-        self.keep[row] = False
+        """Give `row` to `slot`, with the slot's parked keys/values if it has any."""
         self.row_len[row] = 0
         self.row_slot[row] = slot
         self.row_source[row] = STALE
@@ -237,24 +238,21 @@ class WorkingBatchRunner(OnnxRunner):
         if entries is None:
             return
         n = entries[0].shape[1]
-        if n > self.keep.shape[1]:
-            self._pad_columns(n - self.keep.shape[1])
-        for array, kept in zip(self.present, entries, strict=True):
-            array[row, :, -n:] = kept
-        self.keep[row, -n:] = True
+        if n >= self.kv_store[0].shape[2]:
+            self._lay_out_kv(self.kv_store[0].shape[0], working_length(n + 1, self.spec.max_target_len))
+        for array, kept in zip(self.kv_store, entries, strict=True):
+            array[row, :, :n] = kept
         self.row_len[row] = n
 
     def _rewind(self, rows: Ids, pos: Ids) -> None:
-        """A row stepped at `pos` attends to its first `pos` tokens: drop later ones (a re-stepped slot)."""
-        longer = np.flatnonzero(self.row_len[rows] != pos)
-        for i in longer.tolist():
-            row, want = int(rows[i]), int(pos[i])
-            if self.row_len[row] < want:
-                raise RuntimeError(
-                    f"slot {int(self.row_slot[row])} stepped at position {want} holds {int(self.row_len[row])} tokens"
-                )
-            self.keep[row, np.flatnonzero(self.keep[row])[want:]] = False
-            self.row_len[row] = want
+        """A row stepped at `pos` attends to its first `pos` tokens: later ones are dropped (a re-stepped slot)."""
+        short = np.flatnonzero(self.row_len[rows] < pos)
+        if short.size:
+            row, want = int(rows[short[0]]), int(pos[short[0]])
+            raise RuntimeError(
+                f"slot {int(self.row_slot[row])} stepped at position {want} holds {int(self.row_len[row])} tokens"
+            )
+        self.row_len[rows] = pos
 
     def _forget(self, slot: int) -> None:
         row = self.row_of_slot[slot]
@@ -264,47 +262,65 @@ class WorkingBatchRunner(OnnxRunner):
         self.parked.pop(slot, None)
 
     def _park(self, row: int) -> None:
-        slot = int(self.row_slot[row])
-        columns = np.flatnonzero(self.keep[row])
-        self.parked[slot] = [array[row][:, columns] for array in self.present]
+        slot, n = int(self.row_slot[row]), int(self.row_len[row])
+        self.parked[slot] = [array[row, :, :n].copy() for array in self.kv_store]
         self.row_of_slot[slot] = FREE
         self.row_slot[row] = FREE
 
     # -- reshaping the batch --------------------------------------------------------------------
 
-    def _dead_columns(self, used: Ids) -> int:
-        """Leading columns that no row in `used` keeps."""
-        if not used.size or not self.keep.shape[1]:
-            return 0
-        kept = np.flatnonzero(self.keep[used].any(axis=0))
-        return int(kept[0]) if kept.size else self.keep.shape[1]
-
     def _compact(self, used: Ids, spare: int) -> None:
-        """Keep only rows `used` (those already among the first len(used) stay where they are) and the columns
-        they keep, then `spare` free rows; park other slots' rows."""
+        """Keep only rows `used` (those already among the first len(used) stay where they are), then `spare` free
+        rows; park other slots' rows."""
         for row in np.setdiff1d(np.flatnonzero(self.row_slot != FREE), used).tolist():
             self._park(row)
-        self._select_rows(_fill_holes(used), self._dead_columns(used), spare)
+        self._select_rows(_fill_holes(used), spare)
         self.row_of_slot[:] = FREE
         self.row_of_slot[self.row_slot[: used.size]] = np.arange(used.size)
 
     def _grow(self, count: int) -> Ids:
-        """`count` new zeroed rows at the end."""
+        """`count` new free rows at the end."""
         start = self.width
-        self._select_rows(slice(None), 0, count)
+        self._select_rows(np.arange(start), count)
         return np.arange(start, start + count)
 
-    def _select_rows(self, rows: Ids | slice, first: int, spare: int) -> None:
-        """Keep `rows` and the columns from `first` on, then `spare` free rows: new arrays, except the cross
-        feed's, whose rows move within their arrays."""
-        order = np.arange(self.width)[rows]  # new row i is old row order[i]
+    def _select_rows(self, order: Ids, spare: int) -> None:
+        """Keep rows `order` (new row i is old row order[i]), then `spare` free rows, moved within the buffers."""
+        total = order.size + spare
+        if total > self.kv_store[0].shape[0]:  # more rows than the buffers hold: new ones, the rows carried over
+            self._lay_out_kv(total, self.kv_store[0].shape[2])
+        moved = np.flatnonzero(order != np.arange(order.size))
+        self._move_rows(order[moved], moved)
         self._select_cross(order, spare)
-        self.present = [_rows_then_spare(array[:, :, first:], order, spare) for array in self.present]
-        self.keep = _rows_then_spare(self.keep[:, first:], order, spare)
         self.row_len = _rows_then_spare(self.row_len, order, spare)
         self.row_slot = _rows_then_spare(self.row_slot, order, spare, FREE)
         self.row_source = _rows_then_spare(self.row_source, order, spare, STALE)
         self.stepped_last = _rows_then_spare(self.stepped_last, order, spare)
+
+    def _move_rows(self, src: Ids, dst: Ids) -> None:
+        """Row dst[i] of every buffer gets row src[i]'s entries (all sources read before any write)."""
+        if not src.size:
+            return
+        n = int(self.row_len[src].max())
+        for array in self.kv_store:
+            array[dst, :, :n] = array[src, :, :n]
+
+    def _fit_length(self, needed: int) -> None:
+        """Buffers of at least `needed` entries per row: longer ones once a row needs them, shorter ones once the
+        longest would use under 1 / BUFFER_SLACK of them."""
+        length = self.kv_store[0].shape[2]
+        if needed > length or BUFFER_SLACK * working_length(needed, self.spec.max_target_len) <= length:
+            self._lay_out_kv(self.kv_store[0].shape[0], working_length(needed, self.spec.max_target_len))
+
+    def _lay_out_kv(self, rows: int, length: int) -> None:
+        """New (rows, H, length, Dh) buffers, each row of the batch carried over with its entries (at most
+        `length` of them). Their memory becomes resident where written."""
+        meta, old = self.metadata, self.kv_store
+        shape = (rows, meta.n_heads, length, buffer_head_dim(meta.head_dim))
+        self.kv_store = [untouched_zeros(shape, self.dtype) for _ in range(2 * self.n_layers)]
+        n, width = min(length, int(self.row_len.max(initial=0))), self.width
+        for new, array in zip(self.kv_store, old, strict=False):
+            new[:width, :, :n] = array[:width, :, :n]
 
     def _select_cross(self, order: Ids, spare: int) -> None:
         """The cross feed's rows `order`, then `spare` zeroed rows (masked whole), moved within its arrays."""
@@ -321,14 +337,6 @@ class WorkingBatchRunner(OnnxRunner):
         for array in self.cross_store:
             array[order.size : total] = 0  # rows past the batch hold anything; a zeroed row's attention is finite
         self.cross_mask = _rows_then_spare(self.cross_mask, order, spare)
-
-    def _pad_columns(self, count: int) -> None:
-        """`count` empty columns in front, for a parked slot longer than the batch."""
-        self.present = [
-            np.concatenate([np.zeros((a.shape[0], a.shape[1], count, a.shape[3]), a.dtype), a], axis=2)
-            for a in self.present
-        ]
-        self.keep = np.concatenate([np.zeros((self.width, count), dtype=bool), self.keep], axis=1)
 
     def _fit_cross(self, slot_ids: Ids, rows: Ids, src_len: int) -> None:
         """Resize the source axis if need be; fetch cross rows whose source changed from the slot caches."""
@@ -355,12 +363,12 @@ class WorkingBatchRunner(OnnxRunner):
     def _lay_out_cross(self, length: int, rows: int) -> None:
         """The cross feed's arrays as (rows, H, length, Dh) views of flat buffers that keep their memory from
         one length to the next (fresh memory costs a page fault per page first written); new buffers only
-        when the layout outgrows them or would use under 1 / CROSS_SLACK of them. The values are left as they
+        when the layout outgrows them or would use under 1 / BUFFER_SLACK of them. The values are left as they
         were: every row the batch holds is written before it is fed."""
         meta = self.metadata
         size = rows * meta.n_heads * length * meta.head_dim
         held = self.cross_buffers[0].size if self.cross_buffers else 0
-        if size > held or CROSS_SLACK * size < held:
+        if size > held or BUFFER_SLACK * size < held:
             self.cross_buffers = [np.empty(size, self.dtype) for _ in range(2 * self.n_layers)]
         self.cross_store = [b[:size].reshape(rows, meta.n_heads, length, meta.head_dim) for b in self.cross_buffers]
 
