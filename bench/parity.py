@@ -131,6 +131,13 @@ def normalized_score(model: Transformer, src: list[int], tokens: list[int], limi
     return normalize(score, len(scored), LENGTH_PENALTY)
 
 
+def _unpadded(heads: np.ndarray, head_dim: int) -> np.ndarray:
+    """(H, S, Dh') cross keys or values as the model's (H, S, Dh); the padding's entries must be zero."""
+    if np.any(heads[..., head_dim:]):
+        raise RuntimeError("the cross keys/values' head padding is not zero")
+    return heads[..., :head_dim]
+
+
 @torch.no_grad()
 def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int], target: list[int]) -> float:
     """Max abs difference of cross K/V and of the log-probabilities at every step of `target` (pieces +
@@ -139,7 +146,7 @@ def max_logit_difference(model: Transformer, runner: OnnxRunner, src: list[int],
     runner.encode([EncodeItem(src, [0])])
     cross = model.cross_kv(model.encode(s, s != model.cfg.pad_id))
     diff = max(
-        float(np.abs(runner.cross_kv[2 * i + j][0, :, : len(src)] - kv[j][0].numpy()).max())
+        float(np.abs(_unpadded(runner.cross_kv[2 * i + j][0, :, : len(src)], kv[j].shape[-1]) - kv[j][0].numpy()).max())
         for i, kv in enumerate(cross)
         for j in range(2)
     )

@@ -173,8 +173,12 @@ class _Graphs:
         mask, cross = self._encode(sources)
         binding = self.binding = self.decoder.io_binding()
         self._bind_outputs(binding)
+        outputs = {output.name for output in self.decoder.get_outputs()}
         for name, value in cross.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, self.device, 0))
+            feed = ort.OrtValue.ortvalue_from_numpy(value, self.device, 0)
+            binding.bind_ortvalue_input(name, feed)
+            if f"cross_present_{name.removeprefix('cross_')}" in outputs:  # the ordinary step: GroupQueryAttention
+                binding.bind_ortvalue_output(f"cross_present_{name.removeprefix('cross_')}", feed)
         shape = (rows, meta.n_heads, meta.max_target_len, self.buffer_head_dim)
         for past in self.past_names:
             buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)

@@ -1,22 +1,25 @@
 """decoder_step.onnx from the weights: one step for B rows at any mix of positions, each row's keys and values
 kept in buffers the caller binds.
 
-In: tokens (B,), positions (B,) (each row's entries before this step), src_mask (B, S), cross_k_i / cross_v_i
-(B, H, S, Dh), past_k_i / past_v_i (B, H, L, Dh'), then the ranking's row_scores (B,), bias_ids / bias_values
-(B, J) and top_k (1,). Out: top_scores / top_ids (B, k), bias_scores (B, J), and present_k_i / present_v_i
-(B, H, L, Dh'), Dh' = `model.directory.buffer_head_dim` of the model's head size Dh.
+In: tokens (B,), positions (B,) (each row's entries before this step), src_mask (B, S) (a prefix per row: sources
+are right-padded), cross_k_i / cross_v_i (B, H, S, Dh'), past_k_i / past_v_i (B, H, L, Dh'), then the ranking's
+row_scores (B,), bias_ids / bias_values (B, J) and top_k (1,). Out: top_scores / top_ids (B, k), bias_scores
+(B, J), present_k_i / present_v_i (B, H, L, Dh') and cross_present_k_i / cross_present_v_i (B, H, S, Dh'), Dh' =
+`model.directory.buffer_head_dim` of the model's head size.
 
-Self-attention is onnxruntime's GroupQueryAttention in its shared-buffer form
-(`export.builder.fused.shared_buffer_attention`): bound to the buffers of past_*, present_* is those buffers
-with this step's key and value written at each row's position, and a row reads its own entries 0 .. position
-only, so the past is neither copied nor read past a row's own entries. L, any length above every position, is
-read from past_k_0's shape. No `If` node: every row runs the same nodes. The whole (B, V) distribution is no
-output: the ranking works on it in place, and a parity check that wants it ranks all V ids.
+Both attentions are onnxruntime's GroupQueryAttention in its shared-buffer form
+(`export.builder.fused.shared_buffer_attention`), the outputs bound to the very buffers of the inputs: the
+self-attention writes this step's key and value at each row's position, the cross-attention writes back each
+row's last source entry where it already is, and a row reads its own entries only. So the past is never copied,
+no padding of either cache is read, and no mask is applied. L, any length above every position, is read from
+past_k_0's shape. No `If` node: every row runs the same nodes. The whole (B, V) distribution is no output: the
+ranking works on it in place, and a parity check that wants it ranks all V ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -30,88 +33,102 @@ from export.builder.weights import Weights
 from model.config import ModelConfig
 from model.directory import buffer_head_dim
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 # model.training.transformer.BANNED_LOG_PROB: finite, so adding a row score stays exact elsewhere
 BANNED_LOG_PROB = -1e9
 
-SelfAttention = Callable[[int, str], str]  # (layer i, its normed input h (B, 1, D)) -> attended (B, 1, D)
+Attention = Callable[[int, str], str]  # (layer i, its normed input h (B, 1, D)) -> attended (B, 1, D)
 
 
-def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: str, total: str, cfg: ModelConfig) -> str:
-    """Attend from this step's h (B, 1, D) to each row's own entries in layer i's buffers plus its own key and
-    value, which the step writes there (present_*); -> (B, 1, D). The three projections stay three products
-    of h, so that int8 quantizes each weight as onnxruntime's `quantize_dynamic` does. A head size the
-    attention kernel cannot take is padded (`model.directory.buffer_head_dim`): each head's queries, keys and
-    values gain zero columns (a zero adds nothing to q.k; zero in the range quantizes to zero) and the output
-    projection zero rows for them, so every sum is the unpadded one."""
-    prefix, width = f"decoder.{i}.self_attn", buffer_head_dim(cfg.head_dim)
+@dataclass(frozen=True)
+class StepLengths:
+    """What the CPU step's attention reads of each row: its entries in the self-attention buffers and its source
+    entries in the cross feed, each as GroupQueryAttention takes them."""
+
+    positions: str  # int32 (B,): the self-attention entries each row holds, where this step writes its own
+    total: str  # int32 scalar: the self-attention buffers' length L
+    last_source: str  # int32 (B,): each row's last source entry (its source length - 1; 0 for a row without one)
+    source_total: str  # int32 scalar: the cross feed's length S
+    last_index: str  # int64 (B, H, 1, Dh'): last_source as a GatherElements index along the cross feed
+
+
+def step_lengths(b: GraphBuilder, positions: str, cfg: ModelConfig) -> StepLengths:
+    """The lengths from the positions, past_k_0's shape and the source mask (a prefix: sources are right-padded)."""
+    with b.scope("decoder/lengths"):
+        int32 = TensorProto.INT32
+        seqlens = b.op("Cast", positions, to=int32)
+        total = b.op("Cast", b.op("Gather", b.op("Shape", "past_k_0"), b.const(2, np.int64)), to=int32)
+        src_len = b.op("ReduceSum", b.op("Cast", "src_mask", to=int32), b.ints(1), keepdims=0)  # (B,)
+        last = b.op("Max", b.op("Sub", src_len, b.const(np.int32(1), np.int32)), b.const(np.int32(0), np.int32))
+        source_total = b.op("Cast", b.op("Gather", b.op("Shape", "src_mask"), b.const(1, np.int64)), to=int32)
+        width = [1, cfg.n_heads, 1, buffer_head_dim(cfg.head_dim)]
+        index = b.op(
+            "Expand", b.op("Reshape", b.op("Cast", last, to=TensorProto.INT64), b.ints(-1, 1, 1, 1)), b.ints(*width)
+        )
+        return StepLengths(seqlens, total, last, source_total, index)
+
+
+def self_attention(b: GraphBuilder, w: Weights, i: int, h: str, lengths: StepLengths, cfg: ModelConfig) -> str:
+    """Attend from this step's h (B, 1, D) to each row's own entries in layer i's buffers past_k_i / past_v_i
+    (B, H, L, Dh') plus its own key and value, which the step writes there (present_*) -> (B, 1, D). The three
+    projections stay three products of h, so that int8 quantizes each weight as `quantize_dynamic` does; the
+    heads are padded to Dh' where the kernel needs it (`layers.head_linear`)."""
+    prefix = f"decoder.{i}.self_attn"
     with b.scope("self_attn"):
-        qkv = []
-        for name in ("q_proj", "k_proj", "v_proj"):
-            weight, bias = w[f"{prefix}.{name}.weight"].T, w[f"{prefix}.{name}.bias"]  # (D, H * Dh), (H * Dh,)
-            with b.scope(name):
-                product = b.matmul(h, f"{prefix}.{name}.weight", _pad_heads(weight, cfg, width, axis=1))
-                qkv.append(b.op("Add", product, b.weight(f"{prefix}.{name}.bias", _pad_heads(bias, cfg, width, 0))))
-        attended = fused.shared_buffer_attention(b, i, (qkv[0], qkv[1], qkv[2]), seqlens, total, "L", cfg, width)
-        weight = _pad_heads(w[f"{prefix}.out_proj.weight"].T, cfg, width, axis=0)  # (H * width, D)
-        with b.scope("out_proj"):
-            product = b.matmul(attended, f"{prefix}.out_proj.weight", weight)
-            return b.op("Add", product, b.weight(f"{prefix}.out_proj.bias", w[f"{prefix}.out_proj.bias"]))
+        q, k, v = (layers.head_linear(b, w, f"{prefix}.{name}", h, name, cfg, "out") for name in PROJECTIONS)
+        buffers = fused.buffer_inputs(b, "past", i, ["B", cfg.n_heads, "L", buffer_head_dim(cfg.head_dim)])
+        present = (f"present_k_{i}", f"present_v_{i}")
+        attended = fused.shared_buffer_attention(b, (q, k, v), buffers, present, lengths.positions, lengths.total, cfg)
+        return layers.head_linear(b, w, f"{prefix}.out_proj", attended, "out_proj", cfg, "in")
 
 
-def _pad_heads(array: np.ndarray, cfg: ModelConfig, width: int, axis: int) -> np.ndarray:
-    """`array` with its H x Dh axis `axis` widened to H x width, each head's extra entries zero."""
-    if width == cfg.head_dim:
-        return array
-    shape = array.shape
-    heads = array.reshape(*shape[:axis], cfg.n_heads, cfg.head_dim, *shape[axis + 1 :])
-    pad = [(0, 0)] * heads.ndim
-    pad[axis + 1] = (0, width - cfg.head_dim)
-    return np.pad(heads, pad).reshape(*shape[:axis], cfg.n_heads * width, *shape[axis + 1 :])
+def cross_attention(b: GraphBuilder, w: Weights, i: int, h: str, lengths: StepLengths, cfg: ModelConfig) -> str:
+    """Queries of h (B, 1, D) against each row's own source entries in layer i's cross feed cross_k_i /
+    cross_v_i (B, H, S, Dh') -> (B, 1, D): GroupQueryAttention over the feed as its shared buffers, fed as the
+    step's key and value each row's last source entry, which the kernel writes back where it already is
+    (cross_present_*, bound to the feed's own memory). A row reads no padding, and no mask is needed."""
+    prefix = f"decoder.{i}.cross_attn"
+    feed = (f"cross_k_{i}", f"cross_v_{i}")
+    with b.scope("cross_attn"):
+        q = layers.head_linear(b, w, f"{prefix}.q_proj", h, "q_proj", cfg, "out")
+        last = []
+        for name in feed:
+            entry = b.op("GatherElements", name, lengths.last_index, axis=2)  # (B, H, 1, Dh')
+            last.append(b.op("Reshape", b.op("Transpose", entry, perm=[0, 2, 1, 3]), b.ints(0, 1, -1)))  # (B, 1, H Dh')
+        present = (f"cross_present_k_{i}", f"cross_present_v_{i}")
+        attended = fused.shared_buffer_attention(
+            b, (q, last[0], last[1]), feed, present, lengths.last_source, lengths.source_total, cfg
+        )
+        return layers.head_linear(b, w, f"{prefix}.out_proj", attended, "out_proj", cfg, "in")
 
 
 def decoder_layer(
-    b: GraphBuilder, w: Weights, i: int, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig
+    b: GraphBuilder, w: Weights, i: int, x: str, attend: Attention, cross: Attention, cfg: ModelConfig
 ) -> str:
-    """Self-attention (`attend`, over the graph's own cache form), encoder-decoder attention, feed-forward:
-    (B, 1, D) -> (B, 1, D)."""
+    """Self-attention (`attend`), encoder-decoder attention (`cross`), feed-forward: (B, 1, D) -> (B, 1, D)."""
     prefix = f"decoder.{i}"
     with b.scope(f"decoder/layers.{i}"):
         h = layers.residual_input(b, w, f"{prefix}.norm1", x, cfg)
         x = layers.residual_output(b, w, f"{prefix}.norm1", x, attend(i, h), cfg)
         h = layers.residual_input(b, w, f"{prefix}.norm2", x, cfg)
-        with b.scope("cross_attn"):
-            cross = (f"cross_k_{i}", f"cross_v_{i}")
-            attended = layers.multi_head_attention(b, w, f"{prefix}.cross_attn", h, cross, src_keep, cfg)
-        x = layers.residual_output(b, w, f"{prefix}.norm2", x, attended, cfg)
+        x = layers.residual_output(b, w, f"{prefix}.norm2", x, cross(i, h), cfg)
         h = layers.residual_input(b, w, f"{prefix}.norm3", x, cfg)
         return layers.residual_output(b, w, f"{prefix}.norm3", x, layers.feed_forward(b, w, prefix, h, cfg), cfg)
 
 
 def row_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig, keep_mask: bool = True) -> tuple[str, str, str]:
-    """The row inputs and the cross caches; returns x (B, 1, D), the positions and the source keep mask
-    (B, 1, 1, S), or with `keep_mask` False the src_mask input (B, S) itself."""
+    """The row inputs and the cross caches (B, H, S, Dh'); returns x (B, 1, D), the positions and the source keep
+    mask (B, 1, 1, S), or with `keep_mask` False the src_mask input (B, S) itself."""
     tokens = b.add_input("tokens", TensorProto.INT64, ["B"])
     positions = b.add_input("positions", TensorProto.INT64, ["B"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
     for i in range(cfg.n_decoder_layers):
-        for kind in "kv":
-            b.add_input(f"cross_{kind}_{i}", b.elem, ["B", cfg.n_heads, "S", cfg.head_dim])
+        fused.buffer_inputs(b, "cross", i, ["B", cfg.n_heads, "S", buffer_head_dim(cfg.head_dim)])
     with b.scope("decoder"):
         column = b.ints(1)
         ids, steps = b.op("Unsqueeze", tokens, column), b.op("Unsqueeze", positions, column)  # (B, 1)
         x = layers.embed(b, w, "embed.weight", ids, steps, cfg)  # (B, 1, D)
         return x, positions, layers.keep_mask(b, src_mask) if keep_mask else src_mask
-
-
-def step_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, str, str, str]:
-    """`row_inputs`; returns x (B, 1, D), the self-attention's seqlens (int32 (B,)) and total length (the buffers'
-    L, an int32 scalar) and the source keep mask (B, 1, 1, S)."""
-    x, positions, src_keep = row_inputs(b, w, cfg)
-    with b.scope("decoder"):
-        seqlens = b.op("Cast", positions, to=TensorProto.INT32, name="seqlens_k")
-        length = b.op("Gather", b.op("Shape", "past_k_0"), b.const(2, np.int64))  # the buffers' L, a scalar
-        total = b.op("Cast", length, to=TensorProto.INT32, name="total_sequence_length")
-        return x, seqlens, total, src_keep
 
 
 def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: bool = False, chunk: int = 0) -> str:
@@ -170,22 +187,23 @@ def set_column(b: GraphBuilder, scores: str, token: int, value: float, name: str
         return b.op("ScatterElements", scores, index, values, axis=1)
 
 
-def decoder_stack(b: GraphBuilder, w: Weights, x: str, attend: SelfAttention, src_keep: str, cfg: ModelConfig) -> str:
-    """Every decoder layer over x (B, 1, D), then the ranking's (B, V') log-probabilities (`log_probs` by
-    RANKING_CHUNK)."""
-    for i in range(cfg.n_decoder_layers):
-        x = decoder_layer(b, w, i, x, attend, src_keep, cfg)
-    return log_probs(b, w, x, cfg, chunk=RANKING_CHUNK)
-
-
 def decoder_step_graph(
     w: Weights, cfg: ModelConfig, dtype: np.dtype, opset: int, int8: Int8Recipe | None = None
 ) -> onnx.ModelProto:
     b = GraphBuilder("decoder_step", dtype, int8)
-    x, seqlens, total, src_keep = step_inputs(b, w, cfg)
-    scores = decoder_stack(b, w, x, lambda i, h: self_attention(b, w, i, h, seqlens, total, cfg), src_keep, cfg)
-    add_chunked_selection(b, scores, opset)
+    x, positions, _ = row_inputs(b, w, cfg, keep_mask=False)
+    lengths = step_lengths(b, positions, cfg)
+    for i in range(cfg.n_decoder_layers):
+        x = decoder_layer(
+            b, w, i, x, lambda i, h: self_attention(b, w, i, h, lengths, cfg),
+            lambda i, h: cross_attention(b, w, i, h, lengths, cfg), cfg,
+        )  # fmt: skip
+    add_chunked_selection(b, log_probs(b, w, x, cfg, chunk=RANKING_CHUNK), opset)
+    dims: list[int | str] = ["B", cfg.n_heads, "L", buffer_head_dim(cfg.head_dim)]
     for i in range(cfg.n_decoder_layers):
         for kind in "kv":
-            b.add_output(f"present_{kind}_{i}", b.elem, ["B", cfg.n_heads, "L", buffer_head_dim(cfg.head_dim)])
+            b.add_output(f"present_{kind}_{i}", b.elem, dims)
+    for i in range(cfg.n_decoder_layers):
+        for kind in "kv":
+            b.add_output(f"cross_present_{kind}_{i}", b.elem, [*dims[:2], "S", dims[3]])
     return b.model(opset)

@@ -1,10 +1,11 @@
-"""encoder.onnx from the weights: src_ids (B, S), src_mask (B, S) -> cross_k_i, cross_v_i (B, H, S, Dh) for every
-decoder layer i, the encoder-decoder keys and values the decoder step reads instead of recomputing them.
+"""encoder.onnx from the weights: src_ids (B, S), src_mask (B, S) -> cross_k_i, cross_v_i (B, H, S, Dh') for every
+decoder layer i, the encoder-decoder keys and values the decoder step reads instead of recomputing them (Dh' =
+`model.directory.buffer_head_dim` of the model's head size, each head's extra entries zero).
 
 The per-token work (embeddings, projections, norms, feed-forward) runs on the batch's real tokens only, packed
 (T, D) (`layers.Packing`); attention alone sees the padded (B, S) layout. A batch of sentences of mixed lengths
 is mostly padding, which a padded encoder computes in full (docs/decisions.md). Positions past a source's end
-in the cross keys and values repeat a real token's: the decoder masks them."""
+in the cross keys and values repeat a real token's: the decoder reads each row's own entries only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from export.builder.graph import GraphBuilder
 from export.builder.int8 import Int8Recipe
 from export.builder.weights import Weights
 from model.config import ModelConfig
+from model.directory import buffer_head_dim
 
 
 def encoder_layer(
@@ -51,7 +53,7 @@ def packed_inputs(b: GraphBuilder, w: Weights, cfg: ModelConfig) -> tuple[str, l
     src_ids = b.add_input("src_ids", TensorProto.INT64, ["B", "S"])
     src_mask = b.add_input("src_mask", TensorProto.BOOL, ["B", "S"])
     with b.scope("encoder"):
-        packing = layers.pack_tokens(b, src_mask, cfg)
+        packing = layers.pack_tokens(b, src_mask)
         ids = b.op("Gather", b.op("Reshape", src_ids, b.ints(-1)), packing.kept, axis=0)  # (T,)
         length = b.op("Gather", b.op("Shape", src_ids), b.const(1, np.int64), axis=0)  # S, a scalar
         positions = b.op("Mod", packing.kept, length)  # (T,) each token's column
@@ -71,10 +73,10 @@ def encoder_graph(
     if cfg.norm_placement == "pre":
         with b.scope("encoder"):
             x = layers.layer_norm(b, w, "encoder_norm", x, "encoder_norm")  # memory (T, D)
-    kv_dims: list[int | str] = ["B", cfg.n_heads, "S", cfg.head_dim]
+    kv_dims: list[int | str] = ["B", cfg.n_heads, "S", buffer_head_dim(cfg.head_dim)]
     for i in range(cfg.n_decoder_layers):
         with b.scope(f"decoder/layers.{i}/cross_attn"):
-            k, v = layers.project_kv(b, w, f"decoder.{i}.cross_attn", x, cfg, packing)
+            k, v = layers.project_kv(b, w, f"decoder.{i}.cross_attn", x, cfg, packing, padded=True)
         for kind, value in (("k", k), ("v", v)):
             b.add_output(b.rename(value, f"cross_{kind}_{i}"), b.elem, kv_dims)
     return b.model(opset)

@@ -116,26 +116,28 @@ def cross_attention(b: GraphBuilder, w: Weights, i: int, h: str, key_mask: str, 
         return matmul(b, w, f"{prefix}.out_proj", attended)
 
 
+def buffer_inputs(b: GraphBuilder, prefix: str, i: int, dims: list[int | str]) -> tuple[str, str]:
+    """Layer i's key and value buffer inputs, `{prefix}_k_i` and `{prefix}_v_i` of `dims` (B, H, length, Dh)."""
+    return b.add_input(f"{prefix}_k_{i}", b.elem, dims), b.add_input(f"{prefix}_v_{i}", b.elem, dims)
+
+
 def shared_buffer_attention(
-    b: GraphBuilder, i: int, qkv: tuple[str, str, str], seqlens: str, total: str, length: int | str, cfg: ModelConfig,
-    head_dim: int = 0,
+    b: GraphBuilder, qkv: tuple[str, str, str], buffers: tuple[str, str], present: tuple[str, str], seqlens: str,
+    total: str, cfg: ModelConfig,
 ) -> str:  # fmt: skip
-    """GroupQueryAttention of layer i (kv_num_heads = num_heads: plain multi-head attention) in its shared-buffer
-    form, over the inputs past_k_i / past_v_i (B, H, length, Dh) that the outputs present_k_i / present_v_i
-    name: bound to the very same buffers, the step writes each row's new key and value at that row's own
-    position `seqlens` (int32 (B,), the entries before this step) and the row attends to its entries
-    0 .. seqlens, nothing past them. `total` is the int32 scalar total_sequence_length, which the kernel reads on
-    the host. Queries, keys and values (B, 1, D) each, or packed (B, 1, 3D) with the other two "" -> (B, 1, D);
-    with `head_dim` (the model's padded with zero columns, `export.builder.decoder.self_attention`) each head
-    that wide, D = H x head_dim, still scaled by the model's own head size."""
-    kv_dims: list[int | str] = ["B", cfg.n_heads, length, head_dim or cfg.head_dim]
-    past = [b.add_input(f"past_{kind}_{i}", b.elem, kv_dims) for kind in "kv"]
+    """GroupQueryAttention (kv_num_heads = num_heads: plain multi-head attention) in its shared-buffer form over
+    the key and value `buffers` (B, H, length, Dh), whose updated forms the outputs named `present` are: bound
+    to the very same memory, the step writes each row's new key and value at that row's own position `seqlens`
+    (int32 (B,)) and the row attends to its entries 0 .. seqlens, nothing past them. `total` is the int32
+    scalar total_sequence_length, which the kernel reads on the host. Queries, keys and values (B, 1, H x Dh)
+    each, or packed (B, 1, 3 x H x Dh) with the other two "" -> (B, 1, H x Dh); scores scaled by the model's
+    own head size, whatever Dh the buffers pad it to."""
     node = b.op_n(
-        "GroupQueryAttention", *qkv, past[0], past[1], seqlens, total, outputs=3, domain=MS,
+        "GroupQueryAttention", *qkv, *buffers, seqlens, total, outputs=3, domain=MS,
         num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
     )  # fmt: skip
-    for kind, value in zip("kv", node[1:], strict=True):
-        b.rename(value, f"present_{kind}_{i}")
+    for value, name in zip(node[1:], present, strict=True):
+        b.rename(value, name)
     return node[0]
 
 

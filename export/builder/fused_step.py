@@ -57,7 +57,9 @@ def fused_self_attention(b: GraphBuilder, w: Weights, i: int, h: str, seqlens: s
     with b.scope("self_attn"):
         qkv = fused.packed_qkv(b, w, prefix, h)  # (B, 1, 3D)
         total = b.const(np.int32(cfg.max_len), np.int32, "total_sequence_length")
-        attended = fused.shared_buffer_attention(b, i, (qkv, "", ""), seqlens, total, cfg.max_len, cfg)
+        buffers = fused.buffer_inputs(b, "past", i, ["B", cfg.n_heads, cfg.max_len, cfg.head_dim])
+        present = (f"present_k_{i}", f"present_v_{i}")
+        attended = fused.shared_buffer_attention(b, (qkv, "", ""), buffers, present, seqlens, total, cfg)
         return fused.matmul(b, w, f"{prefix}.out_proj", attended)
 
 

@@ -16,6 +16,7 @@ from export.builder.graph import GraphBuilder
 from export.builder.positions import sinusoid_table
 from export.builder.weights import Weights
 from model.config import ModelConfig
+from model.directory import buffer_head_dim
 
 MASK_VALUE = -1e4  # model.training.transformer.MASK_VALUE: finite, so float16 neither overflows nor yields NaN rows
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -27,6 +28,33 @@ def linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
     with b.scope(scope):
         product = b.matmul(x, f"{prefix}.weight", w[f"{prefix}.weight"].T)
         return b.op("Add", product, b.weight(f"{prefix}.bias", w[f"{prefix}.bias"]))
+
+
+def head_linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str, cfg: ModelConfig, side: str) -> str:
+    """`linear` whose H x Dh side (`side` "out": its outputs, a projection into heads; "in": its inputs, the
+    projection out of them) is H x buffer_head_dim(Dh), the head size the attention kernel takes: each head's
+    extra outputs are zero, or its extra inputs meet zero rows, so every sum is `linear`'s (and int8, whose
+    range holds zero already, quantizes the real weights alike). `linear` itself where Dh needs no padding."""
+    width = buffer_head_dim(cfg.head_dim)
+    weight, bias = w[f"{prefix}.weight"].T, w[f"{prefix}.bias"]  # (in, out), (out,)
+    if side == "out":
+        weight, bias = pad_heads(weight, cfg, width, axis=1), pad_heads(bias, cfg, width, axis=0)
+    else:
+        weight = pad_heads(weight, cfg, width, axis=0)
+    with b.scope(scope):
+        product = b.matmul(x, f"{prefix}.weight", weight)
+        return b.op("Add", product, b.weight(f"{prefix}.bias", bias))
+
+
+def pad_heads(array: np.ndarray, cfg: ModelConfig, width: int, axis: int) -> np.ndarray:
+    """`array` with its H x Dh axis `axis` widened to H x width, each head's extra entries zero."""
+    if width == cfg.head_dim:
+        return array
+    shape = array.shape
+    heads = array.reshape(*shape[:axis], cfg.n_heads, cfg.head_dim, *shape[axis + 1 :])
+    pad = [(0, 0)] * heads.ndim
+    pad[axis + 1] = (0, width - cfg.head_dim)
+    return np.pad(heads, pad).reshape(*shape[:axis], cfg.n_heads * width, *shape[axis + 1 :])
 
 
 def layer_norm(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
@@ -45,22 +73,22 @@ class Packing:
 
     kept: str  # (T,) each real token's position in the flattened B * S
     row_of: str  # (B * S,) the packed row each position reads back: its own token's, any real row at padding
-    padded: str  # (3,) the padded shape [B, S, D]
+    padded: str  # (3,) the padded shape [B, S, -1]: the width of whatever is unpacked
 
 
-def pack_tokens(b: GraphBuilder, mask: str, cfg: ModelConfig) -> Packing:
+def pack_tokens(b: GraphBuilder, mask: str) -> Packing:
     """The packing of a (B, S) bool mask. Padding reads back a real row, not zeros: attention masks those keys
     (weight exactly 0 times a finite value) and the padded queries' outputs are packed away unread."""
     flat = b.op("Reshape", mask, b.ints(-1))  # (B * S,)
     kept = b.op("Squeeze", b.op("NonZero", flat), b.ints(0))  # (T,)
     count = b.op("CumSum", b.op("Cast", flat, to=TensorProto.INT64), b.const(0, np.int64))  # (B * S,)
     row_of = b.op("Where", flat, b.op("Sub", count, b.const(1, np.int64)), b.const(0, np.int64))
-    padded = b.op("Concat", b.op("Shape", mask), b.ints(cfg.d_model), axis=0)
+    padded = b.op("Concat", b.op("Shape", mask), b.ints(-1), axis=0)
     return Packing(kept, row_of, padded)
 
 
 def unpack(b: GraphBuilder, packing: Packing, x: str) -> str:
-    """(T, D) -> (B, S, D)."""
+    """(T, N) -> (B, S, N)."""
     return b.op("Reshape", b.op("Gather", x, packing.row_of, axis=0), packing.padded)
 
 
@@ -69,9 +97,9 @@ def pack(b: GraphBuilder, packing: Packing, x: str, cfg: ModelConfig) -> str:
     return b.op("Gather", b.op("Reshape", x, b.ints(-1, cfg.d_model)), packing.kept, axis=0)
 
 
-def split_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
-    """(B, T, D) -> (B, H, T, Dh)."""
-    heads = b.op("Reshape", x, b.ints(0, -1, cfg.n_heads, cfg.head_dim))  # (B, T, H, Dh)
+def split_heads(b: GraphBuilder, x: str, cfg: ModelConfig, head_dim: int = 0) -> str:
+    """(B, T, H x Dh) -> (B, H, T, Dh), Dh the model's head size or `head_dim`."""
+    heads = b.op("Reshape", x, b.ints(0, -1, cfg.n_heads, head_dim or cfg.head_dim))  # (B, T, H, Dh)
     return b.op("Transpose", heads, perm=[0, 2, 1, 3])
 
 
@@ -82,13 +110,19 @@ def merge_heads(b: GraphBuilder, x: str, cfg: ModelConfig) -> str:
 
 
 def project_kv(
-    b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig, packing: Packing | None = None
-) -> tuple[str, str]:
-    """Keys and values of x (B, S, D), or of packed tokens x (T, D) with their `packing`, each (B, H, S, Dh)."""
-    k, v = (linear(b, w, f"{prefix}.{name}", x, name) for name in ("k_proj", "v_proj"))
+    b: GraphBuilder, w: Weights, prefix: str, x: str, cfg: ModelConfig, packing: Packing | None = None,
+    padded: bool = False,
+) -> tuple[str, str]:  # fmt: skip
+    """Keys and values of x (B, S, D), or of packed tokens x (T, D) with their `packing`, each (B, H, S, Dh); with
+    `padded`, each head buffer_head_dim(Dh) wide (`head_linear`)."""
+    if padded:
+        k, v = (head_linear(b, w, f"{prefix}.{name}", x, name, cfg, "out") for name in ("k_proj", "v_proj"))
+    else:
+        k, v = (linear(b, w, f"{prefix}.{name}", x, name) for name in ("k_proj", "v_proj"))
     if packing is not None:
         k, v = unpack(b, packing, k), unpack(b, packing, v)
-    return split_heads(b, k, cfg), split_heads(b, v, cfg)
+    width = buffer_head_dim(cfg.head_dim) if padded else cfg.head_dim
+    return split_heads(b, k, cfg, width), split_heads(b, v, cfg, width)
 
 
 def attention(b: GraphBuilder, q: str, k: str, v: str, keep: str, cfg: ModelConfig) -> str:

@@ -38,6 +38,7 @@ from model.directory import (
     ENCODER_FILE,
     ExportMetadata,
     MetadataError,
+    buffer_head_dim,
     log_probs_from_ranking,
     read_metadata,
 )
@@ -108,7 +109,7 @@ class OnnxRunner(ABC):
         self.past_names = kv_names("past_k", "past_v", self.n_layers)
         meta = self.metadata
         self.self_shape = (max_slots, meta.n_heads, meta.max_target_len, meta.head_dim)
-        self.cross_shape = (max_slots, meta.n_heads, meta.max_source_len, meta.head_dim)
+        self.cross_shape = (max_slots, meta.n_heads, meta.max_source_len, buffer_head_dim(meta.head_dim))
         self.src_mask = np.zeros((max_slots, meta.max_source_len), dtype=bool)
         self.src_len = np.zeros(max_slots, dtype=np.int64)
         # What is valid in each slot, so copies move only that: target positions written so far, and

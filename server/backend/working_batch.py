@@ -20,11 +20,12 @@ L grows in steps of LENGTH_STEP as rows get longer (new buffers, each row's entr
 buffers are laid out again, smaller, once the longest row would use under 1 / BUFFER_SLACK of them.
 The cross-attention feed is kept in row order the same way: a row's source keys/values are copied from the
 slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the row's
-source changes; along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP, masked
-per row. Both live in buffers of at least max_slots rows (the step is fed their first W), kept from one step
-to the next: a batch that grows copies nothing, a compaction moves only the rows whose place changes. Every
-block the encoder writes into the slot caches is checked, so a slot is zeroed for its next sentence only if
-a NaN or inf went in.
+source changes; along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP, and the
+step reads each row's own source entries only (it is bound as the step's cross_present_* too, which writes
+back each row's last entry unchanged). Both live in buffers of at least max_slots rows (the step is fed their
+first W), kept from one step to the next: a batch that grows copies nothing, a compaction moves only the rows
+whose place changes. Every block the encoder writes into the slot caches is checked, so a slot is zeroed for
+its next sentence only if a NaN or inf went in.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class WorkingBatchRunner(OnnxRunner):
     ) -> None:  # fmt: skip
         super().__init__(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
         self.present_names = kv_names("present_k", "present_v", self.n_layers)
-        inputs = {arg.name for arg in self.decoder.get_inputs()}
-        if "past_keep" in inputs or not set(self.present_names) <= {arg.name for arg in self.decoder.get_outputs()}:
+        self.cross_present_names = kv_names("cross_present_k", "cross_present_v", self.n_layers)
+        written = {*self.present_names, *self.cross_present_names}
+        if not written <= {arg.name for arg in self.decoder.get_outputs()}:
             raise MetadataError(
                 f"{variant_dir / DECODER_FILE} predates the decoder step that writes its keys and values into the "
                 "buffers the runner binds: export again with python -m export"
@@ -172,12 +174,12 @@ class WorkingBatchRunner(OnnxRunner):
             binding.bind_output(name, "cpu")
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
-        for name, array in zip(self.cross_names, self.cross_store, strict=True):
-            binding.bind_cpu_input(name, array[:width])
-        for past, present, array in zip(self.past_names, self.present_names, self.kv_store, strict=True):
-            buffer = array[:width]  # the first rows of a C-ordered array: contiguous, bound as past and present
-            binding.bind_cpu_input(past, buffer)
-            binding.bind_output(present, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
+        buffers = (*zip(self.past_names, self.present_names, self.kv_store, strict=True),
+                   *zip(self.cross_names, self.cross_present_names, self.cross_store, strict=True))  # fmt: skip
+        for name, updated, array in buffers:
+            buffer = array[:width]  # the first rows of a C-ordered array: contiguous, bound as input and output
+            binding.bind_cpu_input(name, buffer)
+            binding.bind_output(updated, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
         size = self.kv_store[0][:width].size + self.cross_store[0][:width].size  # what the step's memory grows with
         self.memory.run_bound(self.decoder, binding, size)
         outputs = [value.numpy() for value in binding.get_outputs()[: len(wanted)]]  # bound first; not the buffers
@@ -365,12 +367,12 @@ class WorkingBatchRunner(OnnxRunner):
         one length to the next (fresh memory costs a page fault per page first written); new buffers only
         when the layout outgrows them or would use under 1 / BUFFER_SLACK of them. The values are left as they
         were: every row the batch holds is written before it is fed."""
-        meta = self.metadata
-        size = rows * meta.n_heads * length * meta.head_dim
+        heads, head_dim = self.metadata.n_heads, buffer_head_dim(self.metadata.head_dim)
+        size = rows * heads * length * head_dim
         held = self.cross_buffers[0].size if self.cross_buffers else 0
         if size > held or BUFFER_SLACK * size < held:
             self.cross_buffers = [np.empty(size, self.dtype) for _ in range(2 * self.n_layers)]
-        self.cross_store = [b[:size].reshape(rows, meta.n_heads, length, meta.head_dim) for b in self.cross_buffers]
+        self.cross_store = [b[:size].reshape(rows, heads, length, head_dim) for b in self.cross_buffers]
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
