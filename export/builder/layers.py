@@ -25,9 +25,14 @@ LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
 def linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str) -> str:
     """x @ W^T + bias, as torch.nn.Linear; the transposed weight (in, out) is stored, so MatMul reads it
     directly."""
+    return affine(b, prefix, x, scope, w[f"{prefix}.weight"].T, w[f"{prefix}.bias"])
+
+
+def affine(b: GraphBuilder, prefix: str, x: str, scope: str, weight: np.ndarray, bias: np.ndarray) -> str:
+    """x @ weight + bias, weight (in, out) and bias stored under `prefix`'s checkpoint names."""
     with b.scope(scope):
-        product = b.matmul(x, f"{prefix}.weight", w[f"{prefix}.weight"].T)
-        return b.op("Add", product, b.weight(f"{prefix}.bias", w[f"{prefix}.bias"]))
+        product = b.matmul(x, f"{prefix}.weight", weight)
+        return b.op("Add", product, b.weight(f"{prefix}.bias", bias))
 
 
 def head_linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str, cfg: ModelConfig, side: str) -> str:
@@ -41,9 +46,7 @@ def head_linear(b: GraphBuilder, w: Weights, prefix: str, x: str, scope: str, cf
         weight, bias = pad_heads(weight, cfg, width, axis=1), pad_heads(bias, cfg, width, axis=0)
     else:
         weight = pad_heads(weight, cfg, width, axis=0)
-    with b.scope(scope):
-        product = b.matmul(x, f"{prefix}.weight", weight)
-        return b.op("Add", product, b.weight(f"{prefix}.bias", bias))
+    return affine(b, prefix, x, scope, weight, bias)
 
 
 def pad_heads(array: np.ndarray, cfg: ModelConfig, width: int, axis: int) -> np.ndarray:

@@ -259,15 +259,20 @@ class WorkingBatchRunner(OnnxRunner):
     def _forget(self, slot: int) -> None:
         row = self.row_of_slot[slot]
         if row >= 0:
-            self.row_slot[row] = FREE
-            self.row_of_slot[slot] = FREE
+            self._free(int(row))
         self.parked.pop(slot, None)
 
     def _park(self, row: int) -> None:
         slot, n = int(self.row_slot[row]), int(self.row_len[row])
         self.parked[slot] = [array[row, :, :n].copy() for array in self.kv_store]
-        self.row_of_slot[slot] = FREE
+        self._free(row)
+
+    def _free(self, row: int) -> None:
+        """`row` holds no slot and no entries: an idle step writes at its entry 0, and it keeps no length the
+        buffers must hold."""
+        self.row_of_slot[self.row_slot[row]] = FREE
         self.row_slot[row] = FREE
+        self.row_len[row] = 0
 
     # -- reshaping the batch --------------------------------------------------------------------
 
