@@ -23,6 +23,7 @@ from tests.int8_check import teacher_forced_log_probs
 from tests.tiny import TINY_CONFIG, build_tiny_artifact
 
 TABLES = ("embed.weight", "src_embed.weight")
+SHARED = ("const_", "ints_", "scalar_")  # `GraphBuilder.const`'s names
 LAYOUTS = {
     "post-norm, one vocabulary": {},
     "pre-norm, scaled embeddings, logits bias, separate vocabularies": {
@@ -35,11 +36,60 @@ def weights_of(path: Path) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
 
 
-def quantize_dynamic_reference(fp32_dir: Path, out: Path, recipe: Int8Recipe) -> Path:
-    """`quantize_dynamic` of the fp32 graphs whose embedding tables hold their int8 rows dequantized."""
+def named(weights: dict[str, np.ndarray]) -> set[str]:
+    """The initializers other than the builder's shared constants (numbered in the order a graph makes them)."""
+    return {name for name in weights if not name.startswith(SHARED)}
+
+
+def constants(weights: dict[str, np.ndarray]) -> set[tuple[str, bytes, tuple[int, ...]]]:
+    return {(a.dtype.str, a.tobytes(), a.shape) for name, a in weights.items() if name.startswith(SHARED)}
+
+
+def unfold_logits_bias(model: onnx.ModelProto) -> None:
+    """A float step multiplies [x, 1] by the output weight with the logits bias as its last row; an int8 step
+    adds the bias after its quantized product (`export.builder.decoder.padded_projection`). Rewrite the float
+    form into the int8 one: MatMul(x, W) + bias, the bias no weight `quantize_dynamic` quantizes."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        concat = producers.get(node.input[0])
+        if node.op_type != "MatMul" or node.input[1] not in weights or concat is None or concat.op_type != "Concat":
+            continue
+        folded = numpy_helper.to_array(weights[node.input[1]])
+        weights[node.input[1]].CopyFrom(numpy_helper.from_array(folded[:-1], node.input[1]))
+        graph.initializer.append(numpy_helper.from_array(folded[-1], "logits_bias"))
+        product, node.input[0] = node.output[0], concat.input[0]
+        node.output[0] = f"{product}_unbiased"
+        graph.node.append(onnx.helper.make_node("Add", [node.output[0], "logits_bias"], [product]))
+        nodes = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(topological(nodes))
+        return
+    raise AssertionError("no MatMul of a Concat with the bias row")
+
+
+def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    made = {out for node in nodes for out in node.output}
+    ready: set[str] = set()
+    ordered: list[onnx.NodeProto] = []
+    left = list(nodes)
+    while left:
+        node = next(n for n in left if all(i in ready or i not in made for i in n.input))
+        ordered.append(node)
+        ready.update(node.output)
+        left.remove(node)
+    return ordered
+
+
+def quantize_dynamic_reference(fp32_dir: Path, out: Path, recipe: Int8Recipe, bias: bool) -> Path:
+    """`quantize_dynamic` of the fp32 graphs whose embedding tables hold their int8 rows dequantized (and whose
+    logits bias, with `bias`, is added after the product, as in the int8 step)."""
     out.mkdir()
     for name in (ENCODER_FILE, DECODER_FILE):
         model = onnx.load(str(fp32_dir / name))
+        if bias and name == DECODER_FILE:
+            unfold_logits_bias(model)
         for tensor in model.graph.initializer:
             if tensor.name in TABLES:
                 quantized, scales = per_row_int8(numpy_helper.to_array(tensor), recipe.row_qmax)
@@ -60,7 +110,8 @@ def test_the_int8_graphs_are_quantize_dynamics_to_the_bit(tmp_path: Path, layout
     recipe = Int8Recipe(per_channel=seven_bit, reduce_range=seven_bit)
     ours = export_int8(model_dir, tmp_path / "int8", seven_bit, seven_bit)
     fp32 = export_float(model_dir, tmp_path / "fp32", "fp32", 18)
-    reference = quantize_dynamic_reference(fp32, tmp_path / "ref", recipe)
+    bias = layout.get("final_logits_bias", False)
+    reference = quantize_dynamic_reference(fp32, tmp_path / "ref", recipe, bias)
     shutil.copy(ours / METADATA_FILE, reference / METADATA_FILE)
     for name in (ENCODER_FILE, DECODER_FILE):
         built, expected = weights_of(ours / name), weights_of(reference / name)
@@ -70,7 +121,8 @@ def test_the_int8_graphs_are_quantize_dynamics_to_the_bit(tmp_path: Path, layout
             assert built[weight].dtype == expected[weight].dtype, weight
             np.testing.assert_array_equal(built[weight], expected[weight], err_msg=weight)
         rows = {f"{table}{suffix}" for table in TABLES for suffix in ("_quantized", "_row_scale")}
-        assert not set(built) - set(expected) - rows, "nothing else is new"
+        assert not named(built) - named(expected) - rows, "nothing else is new"
+        assert constants(built) <= constants(expected), "no constant the float graph lacks"
         assert not [t for t in TABLES if t in built], "no float32 embedding table is left"
     np.testing.assert_array_equal(teacher_forced_log_probs(ours), teacher_forced_log_probs(reference))
 

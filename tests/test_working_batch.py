@@ -5,13 +5,14 @@ slots, compactions and parked slots; whole decodes; NaN left by a former occupan
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from model.directory import MetadataError
+from model.directory import MetadataError, buffer_head_dim
 from server.backend.captured import CapturedRunner
 from server.backend.working_batch import LENGTH_STEP, WorkingBatchRunner
 from server.core.offline import translate_ids
@@ -188,6 +189,22 @@ def test_a_row_left_with_nan_is_clean_for_its_next_sentence(variant: Path) -> No
         step_both(runners, [0, 1], [60 + j, 55 + j], [j, 5 + j])
 
 
+def bound_step(
+    runner: WorkingBatchRunner, feeds: dict[str, np.ndarray], bound: Iterable[tuple[str, str, np.ndarray]]
+) -> np.ndarray:
+    """One decoder step of `feeds`, each (input, output, buffer) of `bound` bound as both; its top_scores."""
+    binding = runner.decoder.io_binding()
+    binding.bind_output("top_scores", "cpu")
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for name, updated, buffer in bound:
+        binding.bind_cpu_input(name, buffer)
+        binding.bind_output(updated, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
+    runner.decoder.run_with_iobinding(binding)
+    scores: np.ndarray = binding.copy_outputs_to_cpu()[0]
+    return scores
+
+
 def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothing_past_it(variant: Path) -> None:
     """The export's contract with the buffers bound as past_* and present_*: each row's new key and value land at
     that row's position, every other entry stays as it was, and entries past a row's position are never read
@@ -210,15 +227,8 @@ def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothi
             for row, position in enumerate(positions):
                 buffer[row, :, position:] = past_fill
         before = [buffer.copy() for buffer in buffers]
-        binding = runner.decoder.io_binding()
-        binding.bind_output("top_scores", "cpu")
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for past, present, buffer in zip(runner.past_names, runner.present_names, buffers, strict=True):
-            binding.bind_cpu_input(past, buffer)
-            binding.bind_output(present, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
-        runner.decoder.run_with_iobinding(binding)
-        return before, buffers, binding.copy_outputs_to_cpu()[0]
+        scores = bound_step(runner, feeds, zip(runner.past_names, runner.present_names, buffers, strict=True))
+        return before, buffers, scores
 
     before, after, scores = step(np.nan)
     for old, new in zip(before, after, strict=True):
@@ -226,6 +236,40 @@ def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothi
         written[[0, 1], :, positions] = True
         assert np.isfinite(new[written]).all()
         np.testing.assert_array_equal(new[~written], old[~written])
+    np.testing.assert_array_equal(scores, step(0.0)[2])
+
+
+def test_the_cross_feed_is_read_only_within_each_rows_own_source(variant: Path) -> None:
+    """The step reads a row's cross keys/values up to its own source length and no further, which is why the
+    working batch fetches only those entries into a row and leaves the rest as a former occupant left them:
+    NaN past each row's source leaves every score equal to the same step over zeros, and the feed unchanged."""
+    runner = WorkingBatchRunner(variant, 2, intra_op_threads=1)
+    rng = np.random.default_rng(2)
+    heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
+    lengths = np.asarray([5, 2])
+    width = buffer_head_dim(head_dim)
+    feeds = {"tokens": np.asarray([5, 6]), "positions": np.asarray([1, 1]),
+             "src_mask": np.arange(6)[None, :] < lengths[:, None], "row_scores": np.zeros(2, np.float32),
+             "bias_ids": np.zeros((2, 1), np.int64), "bias_values": np.zeros((2, 1), np.float32),
+             "top_k": np.asarray([5])}  # fmt: skip
+    base = [rng.standard_normal((2, heads, 6, width)).astype(np.float32) for _ in range(2 * n)]
+    past = [rng.standard_normal((2, heads, 4, width)).astype(np.float32) for _ in range(2 * n)]
+
+    def step(fill: float) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        cross = [array.copy() for array in base]
+        for array in cross:
+            for row, length in enumerate(lengths):
+                array[row, :, length:] = fill
+        before = [array.copy() for array in cross]
+        buffers = [array.copy() for array in past]
+        bound = (*zip(runner.past_names, runner.present_names, buffers, strict=True),
+                 *zip(runner.cross_names, runner.cross_present_names, cross, strict=True))  # fmt: skip
+        return before, cross, bound_step(runner, feeds, bound)
+
+    before, after, scores = step(np.nan)
+    assert np.isfinite(scores).all()
+    for old, new in zip(before, after, strict=True):
+        np.testing.assert_array_equal(new, old)  # NaN compares equal here: the past-source entries stay NaN
     np.testing.assert_array_equal(scores, step(0.0)[2])
 
 

@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto
 
 from export.builder import fused, layers
-from export.builder.graph import GraphBuilder
+from export.builder.graph import ELEM_TYPES, GraphBuilder
 from export.builder.int8 import Int8Recipe
 from export.builder.ranking import RANKING_CHUNK, add_chunked_selection
 from export.builder.weights import Weights
@@ -49,7 +49,7 @@ class StepLengths:
     total: str  # int32 scalar: the self-attention buffers' length L
     last_source: str  # int32 (B,): each row's last source entry (its source length - 1; 0 for a row without one)
     source_total: str  # int32 scalar: the cross feed's length S
-    last_index: str  # int64 (B, H, 1, Dh'): last_source as a GatherElements index along the cross feed
+    last_index: str  # int64 (B, H, 1): last_source per head, a GatherND index into the cross feed (batch_dims 2)
 
 
 def step_lengths(b: GraphBuilder, positions: str, cfg: ModelConfig) -> StepLengths:
@@ -61,10 +61,8 @@ def step_lengths(b: GraphBuilder, positions: str, cfg: ModelConfig) -> StepLengt
         src_len = b.op("ReduceSum", b.op("Cast", "src_mask", to=int32), b.ints(1), keepdims=0)  # (B,)
         last = b.op("Max", b.op("Sub", src_len, b.const(np.int32(1), np.int32)), b.const(np.int32(0), np.int32))
         source_total = b.op("Cast", b.op("Gather", b.op("Shape", "src_mask"), b.const(1, np.int64)), to=int32)
-        width = [1, cfg.n_heads, 1, buffer_head_dim(cfg.head_dim)]
-        index = b.op(
-            "Expand", b.op("Reshape", b.op("Cast", last, to=TensorProto.INT64), b.ints(-1, 1, 1, 1)), b.ints(*width)
-        )
+        column = b.op("Reshape", b.op("Cast", last, to=TensorProto.INT64), b.ints(-1, 1, 1))  # (B, 1, 1)
+        index = b.op("Expand", column, b.ints(1, cfg.n_heads, 1))  # (B, H, 1)
         return StepLengths(seqlens, total, last, source_total, index)
 
 
@@ -93,8 +91,8 @@ def cross_attention(b: GraphBuilder, w: Weights, i: int, h: str, lengths: StepLe
         q = layers.head_linear(b, w, f"{prefix}.q_proj", h, "q_proj", cfg, "out")
         last = []
         for name in feed:
-            entry = b.op("GatherElements", name, lengths.last_index, axis=2)  # (B, H, 1, Dh')
-            last.append(b.op("Reshape", b.op("Transpose", entry, perm=[0, 2, 1, 3]), b.ints(0, 1, -1)))  # (B, 1, H Dh')
+            entry = b.op("GatherND", name, lengths.last_index, batch_dims=2)  # (B, H, Dh'): one copy per head
+            last.append(b.op("Reshape", entry, b.ints(0, 1, -1)))  # (B, 1, H Dh')
         present = (f"cross_present_k_{i}", f"cross_present_v_{i}")
         attended = fused.shared_buffer_attention(
             b, (q, last[0], last[1]), feed, present, lengths.last_source, lengths.source_total, cfg
@@ -138,9 +136,8 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: boo
     `renormalize_logits`).
 
     With `chunk`, the rows are (B, V') instead, V' = V rounded up to a multiple of `chunk`, for a ranking that
-    reshapes them into chunks (`export.builder.ranking.add_chunked_selection`): the projection gains zero columns
-    and the bias -inf there, so the extra columns hold -inf and change no other log-probability. The projection
-    then runs on (B, D), where onnxruntime folds the bias into the matrix product."""
+    reshapes them into chunks (`export.builder.ranking.add_chunked_selection`): the extra columns hold -inf and
+    change no other log-probability (`padded_projection`)."""
     with b.scope("decoder"):
         if cfg.norm_placement == "pre" and not normed:
             x = layers.layer_norm(b, w, "decoder_norm", x, "decoder_norm")
@@ -163,27 +160,45 @@ def log_probs(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, normed: boo
 
 
 def padded_projection(b: GraphBuilder, w: Weights, x: str, cfg: ModelConfig, chunk: int) -> str:
-    """(B, D) -> logits (B, V') with V' = V rounded up to a multiple of `chunk`, -inf past V."""
+    """(B, D) -> logits (B, V') with V' = V rounded up to a multiple of `chunk`, -inf past V, in one pass over the
+    (B, V') product: a float graph multiplies [x, 1] by the weight with the logits bias as one more row (-inf past
+    V), where an add of the bias after the product (onnxruntime's Gemm, too) writes and reads every logit once
+    more; an int8 graph adds the bias inside its quantized product (onnxruntime fuses it); without a bias the
+    projection gains zero columns, set to -inf in place afterwards (a scatter of B x (V' - V) values)."""
     extra = -cfg.vocab_size % chunk
     weight = np.pad(w["embed.weight"].T, ((0, 0), (0, extra)))  # (D, V')
-    bias = w["logits_bias"] if cfg.final_logits_bias else np.zeros(cfg.vocab_size, np.float32)
-    bias = np.concatenate([bias, np.full(extra, -np.inf, np.float32)])
-    logits = b.matmul(x, "embed.weight.T", weight)
-    if cfg.final_logits_bias or extra:
-        logits = b.op("Add", logits, b.weight("logits_bias", bias))
-    return logits
+    if not cfg.final_logits_bias:
+        logits = b.matmul(x, "embed.weight.T", weight)
+        padding = np.arange(cfg.vocab_size, cfg.vocab_size + extra)
+        return set_columns(b, logits, padding, -np.inf, "padding", b.dtype) if extra else logits
+    bias = np.concatenate([w["logits_bias"], np.full(extra, -np.inf, np.float32)])  # (V',)
+    if b.int8 is not None:
+        return b.op("Add", b.matmul(x, "embed.weight.T", weight), b.weight("logits_bias", bias))
+    with b.scope("with_bias"):
+        rows = b.op("Cast", b.op("Unsqueeze", "tokens", b.ints(1)), to=b.elem)  # (B, 1)
+        ones = b.op("Add", b.op("Mul", rows, b.scalar(0.0)), b.scalar(1.0))  # (B, 1)
+        extended = b.op("Concat", x, ones, axis=1)  # (B, D + 1)
+    return b.matmul(extended, "embed.weight.T", np.concatenate([weight, bias[None].astype(weight.dtype)]))
 
 
 def set_column(b: GraphBuilder, scores: str, token: int, value: float, name: str) -> str:
-    """float32 scores (B, V) with column `token` set to `value` in every row: a ScatterElements of one (B, 1)
-    column, which onnxruntime runs as at most a copy of the scores (in place where they have no other reader and
+    """float32 scores (B, V) with column `token` set to `value` in every row (`set_columns`)."""
+    return set_columns(b, scores, np.asarray([token]), value, name)
+
+
+def set_columns(
+    b: GraphBuilder, scores: str, tokens: np.ndarray, value: float, name: str, dtype: np.dtype | type = np.float32
+) -> str:
+    """Scores (B, V) of `dtype` with columns `tokens` set to `value` in every row: a ScatterElements of (B, P)
+    columns, which onnxruntime runs as at most a copy of the scores (in place where they have no other reader and
     the result is no graph output), where a Where against a vocabulary-wide mask costs more (docs/decisions.md).
-    Its (B, 1) index and values count their rows from the graph's tokens input: a capturable graph holds no Shape."""
+    Its (B, P) index and values count their rows from the graph's tokens input: a capturable graph holds no Shape."""
     with b.scope(name):
         rows = b.op("Unsqueeze", "tokens", b.ints(1))  # (B, 1)
-        index = b.op("Add", b.op("Mul", rows, b.const(0, np.int64)), b.const(token, np.int64))  # (B, 1)
-        zeros = b.op("Mul", b.op("Cast", rows, to=TensorProto.FLOAT), b.const(0.0, np.float32))  # (B, 1)
-        values = b.op("Add", zeros, b.const(value, np.float32))  # (B, 1)
+        index = b.op("Add", b.op("Mul", rows, b.const(0, np.int64)), b.const(tokens, np.int64))  # (B, P)
+        elem = ELEM_TYPES[np.dtype(dtype)]
+        zeros = b.op("Mul", b.op("Cast", rows, to=elem), b.const(0.0, dtype))  # (B, 1)
+        values = b.op("Add", zeros, b.const(np.full(len(tokens), value), dtype))  # (B, P)
         return b.op("ScatterElements", scores, index, values, axis=1)
 
 

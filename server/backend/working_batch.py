@@ -18,7 +18,7 @@ continuous batching rows come and go every step:
   stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
 L grows in steps of LENGTH_STEP as rows get longer (new buffers, each row's entries carried over) and the
 buffers are laid out again, smaller, once the longest row would use under 1 / BUFFER_SLACK of them.
-The cross-attention feed is kept in row order the same way: a row's source keys/values are copied from the
+The cross-attention feed is kept in row order the same way: a row's own source keys/values are copied from the
 slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the row's
 source changes; along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP, and the
 step reads each row's own source entries only (it is bound as the step's cross_present_* too, which writes
@@ -330,7 +330,9 @@ class WorkingBatchRunner(OnnxRunner):
             new[:width, :, :n] = array[:width, :, :n]
 
     def _select_cross(self, order: Ids, spare: int) -> None:
-        """The cross feed's rows `order`, then `spare` zeroed rows (masked whole), moved within its arrays."""
+        """The cross feed's rows `order`, then `spare` rows masked whole, moved within its arrays. A spare row's
+        entries are left as they are: it is taken for a slot in the same step, which fetches its source entries,
+        and a row reads no entry past its own."""
         total = order.size + spare
         if total > self.cross_store[0].shape[0]:  # wider than max_slots rows: new buffers, the rows carried over
             old_store, self.cross_buffers = self.cross_store, []
@@ -341,8 +343,6 @@ class WorkingBatchRunner(OnnxRunner):
             moved = np.flatnonzero(order != np.arange(order.size))
             for array in self.cross_store:
                 array[moved] = array[order[moved]]  # the right side is read whole before any write
-        for array in self.cross_store:
-            array[order.size : total] = 0  # rows past the batch hold anything; a zeroed row's attention is finite
         self.cross_mask = _rows_then_spare(self.cross_mask, order, spare)
 
     def _fit_cross(self, slot_ids: Ids, rows: Ids, src_len: int) -> None:
@@ -354,9 +354,10 @@ class WorkingBatchRunner(OnnxRunner):
         stale = self.row_source[rows] != self.source_key[slot_ids]
         if stale.any():
             s, r, length = slot_ids[stale], rows[stale], self.cross_mask.shape[1]
-            for array, cache in zip(self.cross_store, self.cross_kv, strict=True):
-                array[r] = cache[s, :, :length]
             self.cross_mask[r] = self.src_mask[s, :length]
+            n = int(self.cross_mask[r].sum(axis=1).max())  # the longest of their own sources: all the step reads
+            for array, cache in zip(self.cross_store, self.cross_kv, strict=True):
+                array[r, :, :n] = cache[s, :, :n]
             self.row_source[r] = self.source_key[s]
 
     def _resize_cross(self, length: int) -> None:
