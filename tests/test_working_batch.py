@@ -205,6 +205,25 @@ def bound_step(
     return scores
 
 
+def step_feeds(positions: np.ndarray, src_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Two rows' non-buffer inputs: tokens 5 and 6 at `positions` over `src_mask`, no bias, 5 candidates."""
+    return {"tokens": np.asarray([5, 6]), "positions": positions, "src_mask": src_mask,
+            "row_scores": np.zeros(2, np.float32), "bias_ids": np.zeros((2, 1), np.int64),
+            "bias_values": np.zeros((2, 1), np.float32), "top_k": np.asarray([5])}  # fmt: skip
+
+
+def filled_beyond(
+    base: list[np.ndarray], lengths: np.ndarray, fill: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Copies of the (rows, H, n, Dh) `base` buffers with each row's entries from lengths[row] on set to `fill`, and
+    a second copy of them as they were before a step."""
+    buffers = [array.copy() for array in base]
+    for buffer in buffers:
+        for row, length in enumerate(lengths):
+            buffer[row, :, length:] = fill
+    return buffers, [buffer.copy() for buffer in buffers]
+
+
 def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothing_past_it(variant: Path) -> None:
     """The export's contract with the buffers bound as past_* and present_*: each row's new key and value land at
     that row's position, every other entry stays as it was, and entries past a row's position are never read
@@ -214,19 +233,12 @@ def test_the_step_writes_each_rows_key_and_value_at_its_position_and_reads_nothi
     heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
     positions = np.asarray([3, 1])
     cross = [rng.standard_normal((2, heads, 4, head_dim)).astype(np.float32) for _ in range(2 * n)]
-    feeds = {"tokens": np.asarray([5, 6]), "positions": positions, "src_mask": np.ones((2, 4), bool),
-             "row_scores": np.zeros(2, np.float32), "bias_ids": np.zeros((2, 1), np.int64),
-             "bias_values": np.zeros((2, 1), np.float32), "top_k": np.asarray([5])}  # fmt: skip
-    feeds |= dict(zip(runner.cross_names, cross, strict=True))
+    feeds = step_feeds(positions, np.ones((2, 4), bool)) | dict(zip(runner.cross_names, cross, strict=True))
 
     base = [rng.standard_normal((2, heads, 6, head_dim)).astype(np.float32) for _ in range(2 * n)]
 
     def step(past_fill: float) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-        buffers = [array.copy() for array in base]
-        for buffer in buffers:
-            for row, position in enumerate(positions):
-                buffer[row, :, position:] = past_fill
-        before = [buffer.copy() for buffer in buffers]
+        buffers, before = filled_beyond(base, positions, past_fill)
         scores = bound_step(runner, feeds, zip(runner.past_names, runner.present_names, buffers, strict=True))
         return before, buffers, scores
 
@@ -248,19 +260,12 @@ def test_the_cross_feed_is_read_only_within_each_rows_own_source(variant: Path) 
     heads, head_dim, n = runner.metadata.n_heads, runner.metadata.head_dim, runner.n_layers
     lengths = np.asarray([5, 2])
     width = buffer_head_dim(head_dim)
-    feeds = {"tokens": np.asarray([5, 6]), "positions": np.asarray([1, 1]),
-             "src_mask": np.arange(6)[None, :] < lengths[:, None], "row_scores": np.zeros(2, np.float32),
-             "bias_ids": np.zeros((2, 1), np.int64), "bias_values": np.zeros((2, 1), np.float32),
-             "top_k": np.asarray([5])}  # fmt: skip
+    feeds = step_feeds(np.asarray([1, 1]), np.arange(6)[None, :] < lengths[:, None])
     base = [rng.standard_normal((2, heads, 6, width)).astype(np.float32) for _ in range(2 * n)]
     past = [rng.standard_normal((2, heads, 4, width)).astype(np.float32) for _ in range(2 * n)]
 
     def step(fill: float) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-        cross = [array.copy() for array in base]
-        for array in cross:
-            for row, length in enumerate(lengths):
-                array[row, :, length:] = fill
-        before = [array.copy() for array in cross]
+        cross, before = filled_beyond(base, lengths, fill)
         buffers = [array.copy() for array in past]
         bound = (*zip(runner.past_names, runner.present_names, buffers, strict=True),
                  *zip(runner.cross_names, runner.cross_present_names, cross, strict=True))  # fmt: skip
