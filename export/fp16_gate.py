@@ -185,6 +185,9 @@ class _Graphs:
             binding.bind_ortvalue_input(past, buffer)
             binding.bind_ortvalue_output(f"present_{past.removeprefix('past_')}", buffer)
         binding.bind_cpu_input("src_mask", mask)
+        if "cross_rows" in {arg.name for arg in self.decoder.get_inputs()}:  # the ordinary step: a group per row
+            binding.bind_cpu_input("cross_rows", np.arange(rows, dtype=np.int64)[:, None])
+            binding.bind_cpu_input("row_cross", np.arange(rows, dtype=np.int64))
         binding.bind_cpu_input("row_scores", np.zeros(rows, np.float32))
         self._bind_bias(binding, rows)
 

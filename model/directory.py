@@ -50,9 +50,11 @@ KV_MOVE_FILE = "kv_move.onnx"
 KV_WRITE_FILE = "kv_write.onnx"
 # The layout of an exported variant directory. Bump it whenever what export writes changes meaning; the
 # server then refuses older exports with a message naming the command that rebuilds them.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 VARIANT_FILES = (METADATA_FILE, ENCODER_FILE, DECODER_FILE)  # what every variant holds
 VARIANTS = ("fp32", "int8", "fp16")
+# The onnxruntime whose GroupQueryAttention takes query_seqlens with attention_bias: several queries per cross group
+QUERY_SEQLENS_SINCE = (1, 32)
 VARIANTS_FILE = "variants.json"  # BLEU gate results, tracked beside the shipped model
 AGREEMENT_GATE = "fp16 agreement"  # a variants.json record of export/fp16_gate.py (imported models), not BLEU
 DECODING_FILE = "decoding.json"  # decoding defaults tuned on the validation set, tracked beside the model
@@ -95,6 +97,11 @@ def buffer_head_dim(head_dim: int) -> int:
     return -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
 
 
+def takes_cross_groups(onnxruntime_version: str) -> bool:
+    """Whether this onnxruntime runs a step with several queries per cross group (`ExportMetadata.cross_groups`)."""
+    return tuple(int(part) for part in onnxruntime_version.split(".")[:2]) >= QUERY_SEQLENS_SINCE
+
+
 class MetadataError(ValueError):
     """An export directory is missing files or does not match its metadata."""
 
@@ -122,6 +129,9 @@ class ExportMetadata:
     # How the graphs were derived from the weights (dtype, quantization scheme); the BLEU gate is trusted
     # only for the recipe it measured.
     recipe: str
+    # The decoder step's cross groups take several queries each (a sentence's beams share one copy of its
+    # source's keys and values): export.builder.decoder.shares_cross_groups. Else every group is one row.
+    cross_groups: bool
 
     def spec(self) -> ModelSpec:
         return ModelSpec(

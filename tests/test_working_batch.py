@@ -118,12 +118,12 @@ def test_the_cross_feed_grows_shrinks_and_grows_again_with_the_longest_source_st
     buffers = None
     for i in range(1, 4):
         step_both(runners, [0, 1, 2], [42 + i, 43 + i, 44 + i], [i, i, i - 1])
-        buffers = buffers or [id(b) for b in runners[1].cross_buffers]
-    assert runners[1].cross_mask.shape[1] == 64
+        buffers = buffers or [id(b) for b in runners[1].cross.buffers]
+    assert runners[1].cross.mask.shape[1] == 64
     step_both(runners, [0, 1], [50, 51], [4, 4])  # the long source sits out: the feed shrinks
-    assert runners[1].cross_mask.shape[1] == 16 and [id(b) for b in runners[1].cross_buffers] == buffers
+    assert runners[1].cross.mask.shape[1] == 16 and [id(b) for b in runners[1].cross.buffers] == buffers
     step_both(runners, [2, 0, 1], [52, 53, 54], [3, 5, 5])
-    assert runners[1].cross_mask.shape[1] == 64 and [id(b) for b in runners[1].cross_buffers] == buffers
+    assert runners[1].cross.mask.shape[1] == 64 and [id(b) for b in runners[1].cross.buffers] == buffers
 
 
 def test_a_slot_restepped_at_an_earlier_position_forgets_later_tokens(variant: Path) -> None:
@@ -206,10 +206,13 @@ def bound_step(
 
 
 def step_feeds(positions: np.ndarray, src_mask: np.ndarray) -> dict[str, np.ndarray]:
-    """Two rows' non-buffer inputs: tokens 5 and 6 at `positions` over `src_mask`, no bias, 5 candidates."""
-    return {"tokens": np.asarray([5, 6]), "positions": positions, "src_mask": src_mask,
-            "row_scores": np.zeros(2, np.float32), "bias_ids": np.zeros((2, 1), np.int64),
-            "bias_values": np.zeros((2, 1), np.float32), "top_k": np.asarray([5])}  # fmt: skip
+    """Two rows' non-buffer inputs: tokens 5 and 6 at `positions` over `src_mask` (a row's source each, or one
+    source both rows read as one cross group), no bias, 5 candidates."""
+    groups = np.arange(2, dtype=np.int64).reshape(len(src_mask), -1)  # two masks: a group per row; one: one group
+    return {"tokens": np.asarray([5, 6]), "positions": positions, "src_mask": src_mask, "cross_rows": groups,
+            "row_cross": np.arange(2, dtype=np.int64), "row_scores": np.zeros(2, np.float32),
+            "bias_ids": np.zeros((2, 1), np.int64), "bias_values": np.zeros((2, 1), np.float32),
+            "top_k": np.asarray([5])}  # fmt: skip
 
 
 def filled_beyond(
@@ -276,6 +279,31 @@ def test_the_cross_feed_is_read_only_within_each_rows_own_source(variant: Path) 
     for old, new in zip(before, after, strict=True):
         np.testing.assert_array_equal(new, old)  # NaN compares equal here: the past-source entries stay NaN
     np.testing.assert_array_equal(scores, step(0.0)[2])
+
+
+def test_a_groups_rows_read_one_copy_of_its_source_as_each_would_read_its_own(variant: Path) -> None:
+    """Two rows of one source fed as one cross group (G = 2) score as the same rows fed a copy each: the kernel
+    writes its G - 1 entries past the source before any query reads, and the bias keeps every query off them and
+    off whatever lies beyond (NaN there changes nothing)."""
+    runner = WorkingBatchRunner(variant, 2, intra_op_threads=1)
+    assert runner.metadata.cross_groups
+    rng = np.random.default_rng(3)
+    heads, width, n = runner.metadata.n_heads, buffer_head_dim(runner.metadata.head_dim), runner.n_layers
+    length, span = 3, 6
+    base = [rng.standard_normal((1, heads, span, width)).astype(np.float32) for _ in range(2 * n)]
+    past = [rng.standard_normal((2, heads, 4, width)).astype(np.float32) for _ in range(2 * n)]
+
+    def step(cross: list[np.ndarray], sources: int) -> np.ndarray:
+        feeds = step_feeds(np.asarray([1, 2]), np.repeat(np.arange(span)[None, :] < length, sources, axis=0))
+        buffers = [array.copy() for array in past]
+        bound = (*zip(runner.past_names, runner.present_names, buffers, strict=True),
+                 *zip(runner.cross_names, runner.cross_present_names, cross, strict=True))  # fmt: skip
+        return bound_step(runner, feeds, bound)
+
+    apart = step([np.repeat(array, 2, axis=0) for array in base], 2)
+    shared = step(filled_beyond(base, np.asarray([length]), np.nan)[0], 1)
+    assert np.isfinite(shared).all()
+    np.testing.assert_allclose(shared, apart, rtol=0, atol=1e-5)
 
 
 def test_an_export_without_present_outputs_is_refused_with_the_fix(variant: Path, tmp_path: Path) -> None:

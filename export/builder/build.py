@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from export.builder.decoder import decoder_step_graph
+from export.builder.decoder import decoder_step_graph, shares_cross_groups
 from export.builder.encoder import encoder_graph
 from export.builder.fused_encoder import fused_encoder_graph
 from export.builder.fused_step import capturable, check_capturable, fused_step_graph
@@ -70,6 +70,7 @@ def build_metadata(model_dir: Path, variant: str, opset: int, recipe: str = "") 
         vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
         tag_ids=dict(tokenizer.tag_ids), languages=tokenizer.directions.to_json(),
         max_source_len=cfg.max_len, max_target_len=cfg.max_len, recipe=recipe or FLOAT_RECIPES[variant],
+        cross_groups=shares_cross_groups(np.float16 if variant == "fp16" else np.float32),
     )  # fmt: skip
 
 

@@ -123,7 +123,7 @@ def buffer_inputs(b: GraphBuilder, prefix: str, i: int, dims: list[int | str]) -
 
 def shared_buffer_attention(
     b: GraphBuilder, qkv: tuple[str, str, str], buffers: tuple[str, str], present: tuple[str, str], seqlens: str,
-    total: str, cfg: ModelConfig,
+    total: str, cfg: ModelConfig, groups: tuple[str, str] | None = None,
 ) -> str:  # fmt: skip
     """GroupQueryAttention (kv_num_heads = num_heads: plain multi-head attention) in its shared-buffer form over
     the key and value `buffers` (B, H, length, Dh), whose updated forms the outputs named `present` are: bound
@@ -131,9 +131,14 @@ def shared_buffer_attention(
     (int32 (B,)) and the row attends to its entries 0 .. seqlens, nothing past them. `total` is the int32
     scalar total_sequence_length, which the kernel reads on the host. Queries, keys and values (B, 1, H x Dh)
     each, or packed (B, 1, 3 x H x Dh) with the other two "" -> (B, 1, H x Dh); scores scaled by the model's
-    own head size, whatever Dh the buffers pad it to."""
+    own head size, whatever Dh the buffers pad it to.
+
+    With `groups` (attention_bias (B, 1, G, length), query_seqlens int32 (B,)), each of the B buffers serves G
+    queries (B, G, H x Dh) at once: the kernel writes the G new keys and values at seqlens - G + 1 .. seqlens
+    and query g attends causally to entries 0 .. seqlens - G + 1 + g, which the bias narrows."""
+    extra = ("", "", "", groups[0], "", "", "", "", "", groups[1]) if groups else ()
     node = b.op_n(
-        "GroupQueryAttention", *qkv, *buffers, seqlens, total, outputs=3, domain=MS,
+        "GroupQueryAttention", *qkv, *buffers, seqlens, total, *extra, outputs=3, domain=MS,
         num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0 / math.sqrt(cfg.head_dim),
     )  # fmt: skip
     for value, name in zip(node[1:], present, strict=True):

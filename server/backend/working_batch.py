@@ -18,14 +18,12 @@ continuous batching rows come and go every step:
   stepped or copied again, so every slot keeps its cache as the `Runner` protocol promises.
 L grows in steps of LENGTH_STEP as rows get longer (new buffers, each row's entries carried over) and the
 buffers are laid out again, smaller, once the longest row would use under 1 / BUFFER_SLACK of them.
-The cross-attention feed is kept in row order the same way: a row's own source keys/values are copied from the
-slot caches ((max_slots, H, max_source_len, Dh) per cache, resident only where written) only when the row's
-source changes; along the source axis it holds the longest source stepped, rounded up to LENGTH_STEP, and the
-step reads each row's own source entries only (it is bound as the step's cross_present_* too, which writes
-back each row's last entry unchanged). Both live in buffers of at least max_slots rows (the step is fed their
-first W), kept from one step to the next: a batch that grows copies nothing, a compaction moves only the rows
-whose place changes. Every block the encoder writes into the slot caches is checked, so a slot is zeroed for
-its next sentence only if a NaN or inf went in.
+The cross-attention feed is kept apart from the rows, one copy of each source stepped however many beams attend
+to it (`server.backend.cross_groups`); the slot caches ((max_slots, H, max_source_len, Dh) per cache, resident
+only where written) are read only when a new source is stepped. Both live in buffers kept from one step to the
+next: a batch that grows copies nothing, a compaction moves only the rows whose place changes. Every block the
+encoder writes into the slot caches is checked, so a slot is zeroed for its next sentence only if a NaN or inf
+went in.
 """
 
 from __future__ import annotations
@@ -35,18 +33,28 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import onnxruntime as ort
 
-from model.directory import DECODER_FILE, MetadataError, buffer_head_dim
+from model.directory import (
+    DECODER_FILE,
+    QUERY_SEQLENS_SINCE,
+    MetadataError,
+    buffer_head_dim,
+    read_metadata,
+    takes_cross_groups,
+)
+from server.backend.cross_groups import (
+    BUFFER_SLACK,
+    FREE,
+    IDLE_SHARE,
+    LENGTH_STEP,
+    MIN_IDLE,
+    CrossGroups,
+    fill_holes,
+    working_length,
+)
 from server.backend.runtime import Feeds, OnnxRunner, kv_names
 from server.core.runner import EncodeItem
-
-FREE = -1  # a row that holds no slot; a slot that no row holds
-STALE = -2  # a row whose cross keys/values must be fetched again
-IDLE_SHARE = 4  # compact once more than 1 / IDLE_SHARE of the rows sit idle ...
-MIN_IDLE = 4  # ... and at least this many
-LENGTH_STEP = 16  # the buffers' entries per row and the cross feed's source axis grow and shrink in steps of this
-SHRINK_SLACK = 2 * LENGTH_STEP  # the cross feed shrinks once this many entries past the longest source go unused
-BUFFER_SLACK = 4  # buffers are given back once a layout would use under a quarter of them
 
 Ids = npt.NDArray[np.int64]
 
@@ -60,6 +68,14 @@ class WorkingBatchRunner(OnnxRunner):
         self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, *,
         spin_threads: bool = True,
     ) -> None:  # fmt: skip
+        meta = read_metadata(variant_dir)
+        if meta.cross_groups and not takes_cross_groups(ort.__version__):
+            raise MetadataError(
+                f"{variant_dir / DECODER_FILE} takes several queries per cross group, which onnxruntime "
+                f"{ort.__version__} cannot run (GroupQueryAttention's query_seqlens came in "
+                f"{'.'.join(map(str, QUERY_SEQLENS_SINCE))}): install a newer onnxruntime, or export again with "
+                "python -m export under this one"
+            )
         super().__init__(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
         self.present_names = kv_names("present_k", "present_v", self.n_layers)
         self.cross_present_names = kv_names("cross_present_k", "cross_present_v", self.n_layers)
@@ -75,12 +91,10 @@ class WorkingBatchRunner(OnnxRunner):
         self.parked: dict[int, list[np.ndarray]] = {}  # slot -> its (H, n, Dh) entries per cache
         self.kv_store: list[np.ndarray] = []  # (rows, H, L, Dh) per cache, rows >= W: the batch's keys/values
         self._lay_out_kv(max_slots, LENGTH_STEP)
-        self.cross_buffers: list[np.ndarray] = []  # flat, one per cache: the cross feed's memory
-        self.cross_store: list[np.ndarray] = []  # (max_slots, H, S, Dh) views of them, the first W rows fed
-        length = working_length(1, self.spec.max_source_len)
-        self._lay_out_cross(length, max_slots)
-        self.cross_mask = np.zeros((0, length), dtype=bool)  # (W, S)
-        self.row_source = np.zeros(0, dtype=np.int64)  # (W,) the source key whose cross rows a row holds
+        meta = self.metadata
+        self.cross = CrossGroups(
+            2 * self.n_layers, meta.n_heads, buffer_head_dim(meta.head_dim), self.dtype, meta.max_source_len, max_slots
+        )  # fmt: skip
         self.stepped_last = np.zeros(0, dtype=bool)  # (W,) the rows the last step used
 
     def _open_caches(self, variant_dir: Path) -> None:
@@ -155,8 +169,10 @@ class WorkingBatchRunner(OnnxRunner):
         slot_ids = np.asarray(slots, dtype=np.int64)
         pos = self._positions(positions)
         rows = self._place(slot_ids, pos)
-        self._fit_cross(slot_ids, rows, int(self.src_len[slot_ids].max()))
         width = self.width
+        cross_rows, row_cross = self.cross.place(
+            self._group_keys(slot_ids), slot_ids, rows, width, self.src_mask, self.src_len, self.cross_kv
+        )  # fmt: skip
         # A row the step does not use writes just past its own entries (the last one, at the longest length:
         # a row that long is never stepped again, so that entry is never read).
         at = np.minimum(self.row_len, self.spec.max_target_len - 1)
@@ -167,20 +183,20 @@ class WorkingBatchRunner(OnnxRunner):
             "row_scores": _scatter(width, rows, ranking["row_scores"], 0, np.float32),
             "bias_ids": _scatter(width, rows, ranking["bias_ids"], 0, np.int64),
             "bias_values": _scatter(width, rows, ranking["bias_values"], 0, np.float32),
-            "top_k": ranking["top_k"], "src_mask": self.cross_mask,
+            "top_k": ranking["top_k"], "src_mask": self.cross.mask, "cross_rows": cross_rows, "row_cross": row_cross,
         }  # fmt: skip
         binding = self.decoder.io_binding()
         for name in wanted:
             binding.bind_output(name, "cpu")
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
-        buffers = (*zip(self.past_names, self.present_names, self.kv_store, strict=True),
-                   *zip(self.cross_names, self.cross_present_names, self.cross_store, strict=True))  # fmt: skip
-        for name, updated, array in buffers:
-            buffer = array[:width]  # the first rows of a C-ordered array: contiguous, bound as input and output
+        fed = self.cross.fed()
+        buffers = (*zip(self.past_names, self.present_names, [array[:width] for array in self.kv_store], strict=True),
+                   *zip(self.cross_names, self.cross_present_names, fed, strict=True))  # fmt: skip
+        for name, updated, buffer in buffers:  # the first rows of C-ordered arrays: contiguous, input and output
             binding.bind_cpu_input(name, buffer)
             binding.bind_output(updated, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
-        size = self.kv_store[0][:width].size + self.cross_store[0][:width].size  # what the step's memory grows with
+        size = self.kv_store[0][:width].size + fed[0].size  # what the step's memory grows with
         self.memory.run_bound(self.decoder, binding, size)
         outputs = [value.numpy() for value in binding.get_outputs()[: len(wanted)]]  # bound first; not the buffers
         self.stepped_last = np.zeros(width, dtype=bool)
@@ -234,7 +250,6 @@ class WorkingBatchRunner(OnnxRunner):
         """Give `row` to `slot`, with the slot's parked keys/values if it has any."""
         self.row_len[row] = 0
         self.row_slot[row] = slot
-        self.row_source[row] = STALE
         self.row_of_slot[slot] = row
         entries = self.parked.pop(slot, None)
         if entries is None:
@@ -281,7 +296,7 @@ class WorkingBatchRunner(OnnxRunner):
         rows; park other slots' rows."""
         for row in np.setdiff1d(np.flatnonzero(self.row_slot != FREE), used).tolist():
             self._park(row)
-        self._select_rows(_fill_holes(used), spare)
+        self._select_rows(fill_holes(used), spare)
         self.row_of_slot[:] = FREE
         self.row_of_slot[self.row_slot[: used.size]] = np.arange(used.size)
 
@@ -298,10 +313,8 @@ class WorkingBatchRunner(OnnxRunner):
             self._lay_out_kv(total, self.kv_store[0].shape[2])
         moved = np.flatnonzero(order != np.arange(order.size))
         self._move_rows(order[moved], moved)
-        self._select_cross(order, spare)
         self.row_len = _rows_then_spare(self.row_len, order, spare)
         self.row_slot = _rows_then_spare(self.row_slot, order, spare, FREE)
-        self.row_source = _rows_then_spare(self.row_source, order, spare, STALE)
         self.stepped_last = _rows_then_spare(self.stepped_last, order, spare)
 
     def _move_rows(self, src: Ids, dst: Ids) -> None:
@@ -329,56 +342,11 @@ class WorkingBatchRunner(OnnxRunner):
         for new, array in zip(self.kv_store, old, strict=False):
             new[:width, :, :n] = array[:width, :, :n]
 
-    def _select_cross(self, order: Ids, spare: int) -> None:
-        """The cross feed's rows `order`, then `spare` rows masked whole, moved within its arrays. A spare row's
-        entries are left as they are: it is taken for a slot in the same step, which fetches its source entries,
-        and a row reads no entry past its own."""
-        total = order.size + spare
-        if total > self.cross_store[0].shape[0]:  # wider than max_slots rows: new buffers, the rows carried over
-            old_store, self.cross_buffers = self.cross_store, []
-            self._lay_out_cross(old_store[0].shape[2], total)
-            for new, old in zip(self.cross_store, old_store, strict=True):
-                np.take(old, order, axis=0, out=new[: order.size], mode="clip")
-        else:
-            moved = np.flatnonzero(order != np.arange(order.size))
-            for array in self.cross_store:
-                array[moved] = array[order[moved]]  # the right side is read whole before any write
-        self.cross_mask = _rows_then_spare(self.cross_mask, order, spare)
-
-    def _fit_cross(self, slot_ids: Ids, rows: Ids, src_len: int) -> None:
-        """Resize the source axis if need be; fetch cross rows whose source changed from the slot caches."""
-        wanted = working_length(src_len, self.spec.max_source_len)
-        length = self.cross_mask.shape[1]
-        if wanted > length or length - wanted >= SHRINK_SLACK:
-            self._resize_cross(wanted)
-        stale = self.row_source[rows] != self.source_key[slot_ids]
-        if stale.any():
-            s, r, length = slot_ids[stale], rows[stale], self.cross_mask.shape[1]
-            self.cross_mask[r] = self.src_mask[s, :length]
-            n = int(self.cross_mask[r].sum(axis=1).max())  # the longest of their own sources: all the step reads
-            for array, cache in zip(self.cross_store, self.cross_kv, strict=True):
-                array[r, :, :n] = cache[s, :, :n]
-            self.row_source[r] = self.source_key[s]
-
-    def _resize_cross(self, length: int) -> None:
-        """A new source length: every row zeroed and marked to be fetched again (the stepped ones are, next)."""
-        self._lay_out_cross(length, self.cross_store[0].shape[0])
-        for array in self.cross_store:
-            array[: self.width] = 0
-        self.cross_mask = np.zeros((self.width, length), dtype=bool)
-        self.row_source[:] = STALE
-
-    def _lay_out_cross(self, length: int, rows: int) -> None:
-        """The cross feed's arrays as (rows, H, length, Dh) views of flat buffers that keep their memory from
-        one length to the next (fresh memory costs a page fault per page first written); new buffers only
-        when the layout outgrows them or would use under 1 / BUFFER_SLACK of them. The values are left as they
-        were: every row the batch holds is written before it is fed."""
-        heads, head_dim = self.metadata.n_heads, buffer_head_dim(self.metadata.head_dim)
-        size = rows * heads * length * head_dim
-        held = self.cross_buffers[0].size if self.cross_buffers else 0
-        if size > held or BUFFER_SLACK * size < held:
-            self.cross_buffers = [np.empty(size, self.dtype) for _ in range(2 * self.n_layers)]
-        self.cross_store = [b[:size].reshape(rows, heads, length, head_dim) for b in self.cross_buffers]
+    def _group_keys(self, slot_ids: Ids) -> Ids:
+        """Each slot's cross group: its source, which a sentence's beams share, where the step takes several
+        queries per group; else the slot itself (its source key and slot number together)."""
+        keys = self.source_key[slot_ids]
+        return keys if self.metadata.cross_groups else keys * self.max_slots + slot_ids
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
@@ -388,22 +356,6 @@ def untouched_zeros(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     count = int(np.prod(shape))
     memory = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize), flags=mmap.MAP_PRIVATE)
     return np.frombuffer(memory, dtype, count).reshape(shape)
-
-
-def working_length(needed: int, limit: int) -> int:
-    """The cross feed's source length for a longest source of `needed`: a multiple of LENGTH_STEP, at most `limit`."""
-    return min(limit, max(LENGTH_STEP, -(-needed // LENGTH_STEP) * LENGTH_STEP))
-
-
-def _fill_holes(used: Ids) -> Ids:
-    """`used` in the order that moves the fewest rows into the first used.size places: a row already there
-    stays, the rows beyond them fill the places left free."""
-    n = used.size
-    order = np.arange(n)
-    staying = np.zeros(n, dtype=bool)
-    staying[used[used < n]] = True
-    order[~staying] = used[used >= n]
-    return order
 
 
 def _rows_then_spare(array: np.ndarray, order: Ids, spare: int, fill: object = 0) -> np.ndarray:
