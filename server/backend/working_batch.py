@@ -40,7 +40,6 @@ from model.directory import (
     QUERY_SEQLENS_SINCE,
     MetadataError,
     buffer_head_dim,
-    read_metadata,
     takes_cross_groups,
 )
 from server.backend.cross_groups import (
@@ -68,14 +67,6 @@ class WorkingBatchRunner(OnnxRunner):
         self, variant_dir: Path, max_slots: int, provider: str = "cpu", intra_op_threads: int = 0, *,
         spin_threads: bool = True,
     ) -> None:  # fmt: skip
-        meta = read_metadata(variant_dir)
-        if meta.cross_groups and not takes_cross_groups(ort.__version__):
-            raise MetadataError(
-                f"{variant_dir / DECODER_FILE} takes several queries per cross group, which onnxruntime "
-                f"{ort.__version__} cannot run (GroupQueryAttention's query_seqlens came in "
-                f"{'.'.join(map(str, QUERY_SEQLENS_SINCE))}): install a newer onnxruntime, or export again with "
-                "python -m export under this one"
-            )
         super().__init__(variant_dir, max_slots, provider, intra_op_threads, spin_threads=spin_threads)
         self.present_names = kv_names("present_k", "present_v", self.n_layers)
         self.cross_present_names = kv_names("cross_present_k", "cross_present_v", self.n_layers)
@@ -96,6 +87,17 @@ class WorkingBatchRunner(OnnxRunner):
             2 * self.n_layers, meta.n_heads, buffer_head_dim(meta.head_dim), self.dtype, meta.max_source_len, max_slots
         )  # fmt: skip
         self.stepped_last = np.zeros(0, dtype=bool)  # (W,) the rows the last step used
+
+    def _check_export(self, variant_dir: Path, provider: str) -> None:
+        """Also refuse, before any session opens, a step this onnxruntime cannot run (several queries per group)."""
+        super()._check_export(variant_dir, provider)
+        if self.metadata.cross_groups and not takes_cross_groups(ort.__version__):
+            raise MetadataError(
+                f"{variant_dir / DECODER_FILE} takes several queries per cross group, which onnxruntime "
+                f"{ort.__version__} cannot run (GroupQueryAttention's query_seqlens came in "
+                f"{'.'.join(map(str, QUERY_SEQLENS_SINCE))}): install a newer onnxruntime, or export again with "
+                "python -m export under this one"
+            )
 
     def _open_caches(self, variant_dir: Path) -> None:
         self.self_kv = []  # the working batch holds the self-attention keys/values
